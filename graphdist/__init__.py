@@ -1,0 +1,51 @@
+"""graphdist: TensorFlow's graph-mode distributed runtime, without the fragile parts.
+
+``import graphdist`` does not import TensorFlow; the parts that need it import it on first use.
+"""
+
+from graphdist._cluster import Cluster, Task
+from graphdist._exceptions import (
+    ClusterSpecError,
+    FleetClosedError,
+    FleetError,
+    FleetStartError,
+    GraphdistError,
+    PlacementError,
+    PortInUseError,
+    StartTimeoutError,
+    StateError,
+    TaskNotFoundError,
+)
+from graphdist._fleet import DEFAULT_START_TIMEOUT_S, FleetState, FleetTask, LocalFleet
+from graphdist._placement import DeviceSpec, check_device, device, normalize_device, parse_device
+from graphdist._session import DEFAULT_OPERATION_TIMEOUT_MS, session, session_config
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_OPERATION_TIMEOUT_MS",
+    "DEFAULT_START_TIMEOUT_S",
+    "Cluster",
+    "ClusterSpecError",
+    "DeviceSpec",
+    "FleetClosedError",
+    "FleetError",
+    "FleetStartError",
+    "FleetState",
+    "FleetTask",
+    "GraphdistError",
+    "LocalFleet",
+    "PlacementError",
+    "PortInUseError",
+    "StartTimeoutError",
+    "StateError",
+    "Task",
+    "TaskNotFoundError",
+    "__version__",
+    "check_device",
+    "device",
+    "normalize_device",
+    "parse_device",
+    "session",
+    "session_config",
+]

@@ -1,0 +1,385 @@
+"""The cluster model: which jobs exist, how many tasks each has, and where each task listens.
+
+:class:`Cluster` is the one type every other part of graphdist takes. :meth:`Cluster.parse`
+normalises every form a user may hold (a dict, JSON text, a JSON file, compact counts such as
+``"local=2,ps=1"``, a ``tf.train.ClusterSpec``, a TF_CONFIG-style ``{"cluster": ...}``) in one place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Union
+
+from graphdist._exceptions import ClusterSpecError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+__all__ = ["Cluster", "ClusterLike", "Task"]
+
+JOB_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # what TensorFlow accepts as a job name
+_COUNTS_RE = re.compile(r"^\s*[^=,\s]+\s*=\s*[^=,]*(\s*,\s*[^=,\s]+\s*=\s*[^=,]*)*\s*$")
+DEFAULT_HOST = "localhost"
+MAX_TASKS_PER_JOB = 1024
+
+ClusterLike = Union["Cluster", Mapping[str, Any], str, os.PathLike[str], "tf.train.ClusterSpec"]
+
+
+@dataclass(frozen=True, order=True)
+class Task:
+    """One task of a cluster: ``job``, ``index`` and the ``address`` (``host:port``) it serves on."""
+
+    job: str
+    index: int
+    address: str
+
+    @property
+    def name(self) -> str:
+        """``job-index``, as used for log files and output prefixes (``worker-1``)."""
+        return f"{self.job}-{self.index}"
+
+    @property
+    def host(self) -> str:
+        return split_address(self.address)[0]
+
+    @property
+    def port(self) -> int:
+        return split_address(self.address)[1]
+
+    @property
+    def target(self) -> str:
+        """The session target of this task: ``grpc://host:port``."""
+        return f"grpc://{self.address}"
+
+    def __str__(self) -> str:
+        return f"/job:{self.job}/task:{self.index} ({self.address})"
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """Split ``host:port`` (or ``[v6]:port``) and check both halves; raises ClusterSpecError."""
+    if not isinstance(address, str):
+        raise ClusterSpecError(
+            f"Task address {address!r} is not a string; write it as 'host:port'", address
+        )
+    if address.startswith("grpc://"):
+        raise ClusterSpecError(
+            f"Task address {address!r} has a scheme; write it as 'host:port' without 'grpc://'",
+            address,
+        )
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host:
+        raise ClusterSpecError(
+            f"Task address {address!r} has no port; write it as 'host:port'", address
+        )
+    if host.startswith("["):
+        if not host.endswith("]") or len(host) < 3:
+            raise ClusterSpecError(f"Task address {address!r} has a malformed IPv6 host", address)
+    elif ":" in host:
+        raise ClusterSpecError(
+            f"Task address {address!r} looks like IPv6 without brackets; write '[{host}]:PORT'",
+            address,
+        )
+    if any(c.isspace() for c in host) or "/" in host:
+        raise ClusterSpecError(f"Task address {address!r} has a malformed host", address)
+    if not port_text.isdigit():
+        raise ClusterSpecError(
+            f"Task address {address!r} has port {port_text!r}, which is not a number", address
+        )
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise ClusterSpecError(
+            f"Task address {address!r} has port {port}, outside 1-65535", address
+        )
+    return host, port
+
+
+def _check_job_name(job: object) -> str:
+    if not isinstance(job, str) or not JOB_NAME_RE.match(job):
+        raise ClusterSpecError(
+            f"Job name {job!r} is not valid: use a letter followed by letters, digits or '_'",
+            job,
+        )
+    return job
+
+
+class Cluster:
+    """An immutable, validated description of a cluster's jobs and task addresses.
+
+    Build one with :meth:`parse` (any supported form) or directly from a dict such as
+    ``{"local": ["localhost:2020", "localhost:2021"]}``. Jobs are kept sorted by name, as
+    TensorFlow does, so every listing is deterministic. Task indices may be sparse
+    (``{"worker": {0: "a:1", 2: "b:1"}}``), as in TensorFlow.
+
+    Raises :class:`ClusterSpecError` for an empty cluster or job, a bad job name, a malformed
+    address or port, or an address used twice.
+    """
+
+    __slots__ = ("_jobs",)
+
+    def __init__(self, jobs: Mapping[str, Sequence[str] | Mapping[int, str]]) -> None:
+        if not isinstance(jobs, Mapping):
+            raise ClusterSpecError(
+                f"A cluster is a mapping of job name to addresses, not {type(jobs).__name__}",
+                jobs,
+            )
+        if not jobs:
+            raise ClusterSpecError("The cluster has no jobs; name at least one job", jobs)
+        normalised: dict[str, dict[int, str]] = {}
+        seen: dict[str, str] = {}
+        for job in sorted(jobs, key=str):
+            _check_job_name(job)
+            tasks = _job_tasks(job, jobs[job])
+            for index, address in tasks.items():
+                host, port = split_address(address)
+                key = f"{host.lower()}:{port}"
+                if key in seen:
+                    raise ClusterSpecError(
+                        f"Address {address!r} is used by both {seen[key]} and {job}:{index}; "
+                        "give every task its own host:port",
+                        address,
+                    )
+                seen[key] = f"{job}:{index}"
+            normalised[job] = tasks
+        self._jobs = normalised
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def parse(cls, spec: ClusterLike, *, host: str = DEFAULT_HOST) -> Cluster:
+        """Turn any supported cluster form into a :class:`Cluster`.
+
+        ``spec`` may be a Cluster; a mapping ``{job: [addresses]}`` or ``{job: {index: address}}``;
+        a mapping or JSON text with a top-level ``"cluster"`` key (TF_CONFIG style); JSON text; a
+        path to a JSON file; compact counts ``"job=N[,job=N...]"`` (free ports on ``host`` are
+        chosen and reserved for this process); or a ``tf.train.ClusterSpec``.
+        """
+        if isinstance(spec, Cluster):
+            return spec
+        if hasattr(spec, "as_cluster_def") and hasattr(spec, "as_dict"):  # tf.train.ClusterSpec
+            return cls(spec.as_dict())
+        if isinstance(spec, Mapping):
+            if "cluster" in spec and isinstance(spec["cluster"], Mapping):
+                return cls(spec["cluster"])
+            return cls(spec)
+        if isinstance(spec, os.PathLike):
+            return cls._from_file(os.fspath(spec))
+        if not isinstance(spec, str):
+            raise ClusterSpecError(
+                f"Cannot read a cluster from {type(spec).__name__} {spec!r}; pass a dict, JSON "
+                "text, a JSON file path or 'job=N,...'",
+                spec,
+            )
+        text = spec.strip()
+        if not text:
+            raise ClusterSpecError(
+                "The cluster spec is empty; pass JSON, a JSON file path or 'job=N,...'", spec
+            )
+        if text.startswith(("{", "[")):
+            return cls.parse(_load_json(text, "cluster spec text"), host=host)
+        if "=" in text and _COUNTS_RE.match(text):
+            return cls.from_counts(_parse_counts(text), host=host)
+        if os.path.exists(text) or text.endswith(".json"):
+            return cls._from_file(text)
+        raise ClusterSpecError(
+            f"Cannot read a cluster from {spec!r}: it is not JSON, not 'job=N[,job=N...]' and "
+            "not an existing file",
+            spec,
+        )
+
+    @classmethod
+    def _from_file(cls, path: str) -> Cluster:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise ClusterSpecError(
+                f"Cannot read cluster file {path!r}: {exc.strerror or exc}", path
+            ) from None
+        data = _load_json(text, f"cluster file {path!r}")
+        if not isinstance(data, Mapping):
+            raise ClusterSpecError(
+                f"Cluster file {path!r} holds {type(data).__name__}, not a JSON object", path
+            )
+        return cls.parse(data)
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[str, int], *, host: str = DEFAULT_HOST) -> Cluster:
+        """A cluster of ``counts[job]`` tasks per job on free ports of ``host``.
+
+        The ports are reserved for this process (see :mod:`graphdist._ports`) until a fleet that
+        serves them is up, so concurrent processes never pick the same one.
+        """
+        from graphdist._ports import pick_free_ports
+
+        if not counts:
+            raise ClusterSpecError("The cluster has no jobs; name at least one job", counts)
+        for job, n in counts.items():
+            _check_job_name(job)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ClusterSpecError(
+                    f"Job {job!r} asks for {n!r} tasks; the count must be a whole number >= 1", n
+                )
+            if n > MAX_TASKS_PER_JOB:
+                raise ClusterSpecError(
+                    f"Job {job!r} asks for {n} tasks; at most {MAX_TASKS_PER_JOB} per job", n
+                )
+        ports = iter(pick_free_ports(sum(counts.values())))
+        return cls(
+            {job: [f"{host}:{next(ports)}" for _ in range(n)] for job, n in counts.items()}
+        )
+
+    # -- queries --------------------------------------------------------------------------------
+
+    @property
+    def jobs(self) -> tuple[str, ...]:
+        """Job names, sorted."""
+        return tuple(self._jobs)
+
+    @property
+    def tasks(self) -> tuple[Task, ...]:
+        """Every task, sorted by job name then index."""
+        return tuple(
+            Task(job, index, address)
+            for job, tasks in self._jobs.items()
+            for index, address in sorted(tasks.items())
+        )
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self.tasks)
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self._jobs.values())
+
+    def __contains__(self, job: object) -> bool:
+        return job in self._jobs
+
+    def task_indices(self, job: str) -> tuple[int, ...]:
+        """The task indices of ``job``, sorted; raises ClusterSpecError for an unknown job."""
+        return tuple(sorted(self._job(job)))
+
+    def num_tasks(self, job: str) -> int:
+        return len(self._job(job))
+
+    def task(self, job: str, index: int) -> Task:
+        """The :class:`Task` ``job:index``; raises ClusterSpecError naming what exists."""
+        tasks = self._job(job)
+        if index not in tasks:
+            raise ClusterSpecError(
+                f"No task with index {index} in job {job!r}; it has {_describe(tasks)}", index
+            )
+        return Task(job, index, tasks[index])
+
+    def address(self, job: str, index: int) -> str:
+        return self.task(job, index).address
+
+    def target(self, job: str, index: int) -> str:
+        return self.task(job, index).target
+
+    def _job(self, job: str) -> dict[int, str]:
+        try:
+            return self._jobs[job]
+        except KeyError:
+            raise ClusterSpecError(
+                f"No job named {job!r} in the cluster; its jobs are {', '.join(self.jobs)}", job
+            ) from None
+
+    @property
+    def is_sparse(self) -> bool:
+        return any(sorted(t) != list(range(len(t))) for t in self._jobs.values())
+
+    # -- conversions ----------------------------------------------------------------------------
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{job: [addresses]}``, or ``{job: {index: address}}`` for a job with sparse indices."""
+        out: dict[str, Any] = {}
+        for job, tasks in self._jobs.items():
+            if sorted(tasks) == list(range(len(tasks))):
+                out[job] = [tasks[i] for i in range(len(tasks))]
+            else:
+                out[job] = dict(sorted(tasks.items()))
+        return out
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.as_dict(), **kwargs)
+
+    def to_cluster_spec(self) -> tf.train.ClusterSpec:
+        """The equivalent ``tf.train.ClusterSpec`` (imports TensorFlow)."""
+        from tensorflow.python.training.server_lib import ClusterSpec
+
+        return ClusterSpec(self.as_dict())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Cluster) and self._jobs == other._jobs
+
+    def __hash__(self) -> int:
+        return hash(self.to_json(sort_keys=True))
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.as_dict()!r})"
+
+
+def _describe(tasks: Mapping[int, str]) -> str:
+    indices = sorted(tasks)
+    if indices == list(range(len(indices))):
+        return f"{len(indices)} task(s), indices 0-{len(indices) - 1}"
+    return "task indices " + ", ".join(map(str, indices))
+
+
+def _job_tasks(job: str, value: object) -> dict[int, str]:
+    if isinstance(value, str):
+        value = [value]  # TensorFlow accepts a lone address for a one-task job
+    if isinstance(value, Mapping):
+        tasks: dict[int, str] = {}
+        for key, address in value.items():
+            try:
+                index = int(key)
+            except (TypeError, ValueError):
+                raise ClusterSpecError(
+                    f"Job {job!r} has task index {key!r}, which is not a whole number", key
+                ) from None
+            if index < 0:
+                raise ClusterSpecError(f"Job {job!r} has negative task index {index}", key)
+            tasks[index] = address
+    elif isinstance(value, Sequence):
+        tasks = dict(enumerate(value))
+    else:
+        raise ClusterSpecError(
+            f"Job {job!r} maps to {type(value).__name__} {value!r}; give a list of 'host:port'",
+            value,
+        )
+    if not tasks:
+        raise ClusterSpecError(f"Job {job!r} has no tasks; give it at least one address", job)
+    for address in tasks.values():
+        split_address(address)
+    return tasks
+
+
+def _load_json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ClusterSpecError(
+            f"The {what} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
+            text,
+        ) from None
+
+
+def _parse_counts(text: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for part in text.split(","):
+        job, _, count_text = (s.strip() for s in part.partition("="))
+        _check_job_name(job)
+        if job in counts:
+            raise ClusterSpecError(f"Job {job!r} is named twice in {text!r}", job)
+        try:
+            count = int(count_text)
+        except ValueError:
+            raise ClusterSpecError(
+                f"Job {job!r} has count {count_text!r}, which is not a whole number", count_text
+            ) from None
+        counts[job] = count
+    return counts

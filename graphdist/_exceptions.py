@@ -1,0 +1,152 @@
+"""The graphdist exception tree.
+
+Every error graphdist raises on purpose derives from :class:`GraphdistError` and carries the
+values that explain it as attributes, so callers can react without parsing messages::
+
+    GraphdistError
+    ├── ClusterSpecError        a cluster spec that cannot be used (bad job, address, port, count)
+    ├── PlacementError          a device string that is malformed or not in the cluster
+    ├── FleetError              something about a running fleet of servers
+    │   ├── FleetStartError     a server did not come up (carries task, address, log tail)
+    │   │   ├── PortInUseError  a port is already taken (carries port and holder pid)
+    │   │   └── StartTimeoutError  servers were not ready in time (ready / expected / timeout)
+    │   ├── FleetClosedError    the fleet is closed or closing
+    │   └── TaskNotFoundError   no such job or task index in the fleet
+    └── StateError              the state folder of a detached fleet (none running, stale, busy)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "ClusterSpecError",
+    "FleetClosedError",
+    "FleetError",
+    "FleetStartError",
+    "GraphdistError",
+    "PlacementError",
+    "PortInUseError",
+    "StartTimeoutError",
+    "StateError",
+    "TaskNotFoundError",
+]
+
+
+class GraphdistError(Exception):
+    """Root of every error graphdist raises on purpose."""
+
+
+class ClusterSpecError(GraphdistError, ValueError):
+    """A cluster spec cannot be used; ``value`` is the offending piece."""
+
+    def __init__(self, message: str, value: object = None) -> None:
+        super().__init__(message)
+        self.value = value
+
+
+class PlacementError(GraphdistError, ValueError):
+    """A device string is malformed or names a job, task or device the cluster lacks."""
+
+    def __init__(self, message: str, device: str | None = None) -> None:
+        super().__init__(message)
+        self.device = device
+
+
+class FleetError(GraphdistError):
+    """Something went wrong with a fleet of servers."""
+
+
+class TaskNotFoundError(FleetError, KeyError):
+    """A job name or task index that the fleet does not have."""
+
+    def __init__(self, message: str, job: str | None = None, task: int | None = None) -> None:
+        super().__init__(message)
+        self.job = job
+        self.task = task
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class FleetClosedError(FleetError):
+    """An operation needs a running fleet, but this one is closed or closing."""
+
+
+def _with_log(message: str, log_tail: Sequence[str]) -> str:
+    if not log_tail:
+        return message
+    lines = "\n".join(f"    {line}" for line in log_tail)
+    return f"{message}\n  last lines of its log:\n{lines}"
+
+
+class FleetStartError(FleetError):
+    """A server process failed to start; nothing of the fleet is left running.
+
+    Attributes: ``task`` (``"job:index"``), ``address``, ``exitcode`` (``None`` if it was still
+    running), ``log_path`` and ``log_tail`` (its last lines).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        task: str | None = None,
+        address: str | None = None,
+        exitcode: int | None = None,
+        log_path: str | None = None,
+        log_tail: Sequence[str] = (),
+    ) -> None:
+        super().__init__(_with_log(message, log_tail))
+        self.summary = message
+        self.task = task
+        self.address = address
+        self.exitcode = exitcode
+        self.log_path = log_path
+        self.log_tail = list(log_tail)
+
+
+class PortInUseError(FleetStartError):
+    """A port the cluster names is already in use; ``holder_pid`` is set when the system tells."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        port: int,
+        holder_pid: int | None = None,
+        task: str | None = None,
+        address: str | None = None,
+        log_tail: Sequence[str] = (),
+    ) -> None:
+        super().__init__(message, task=task, address=address, log_tail=log_tail)
+        self.port = port
+        self.holder_pid = holder_pid
+
+
+class StartTimeoutError(FleetStartError):
+    """Not every server answered within the start timeout."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        ready: int,
+        expected: int,
+        timeout_s: float,
+        task: str | None = None,
+        address: str | None = None,
+        log_tail: Sequence[str] = (),
+    ) -> None:
+        super().__init__(message, task=task, address=address, log_tail=log_tail)
+        self.ready = ready
+        self.expected = expected
+        self.timeout_s = timeout_s
+
+
+class StateError(GraphdistError):
+    """The state folder of a detached fleet: none running, stale, or already in use."""
+
+    def __init__(self, message: str, state_dir: str | None = None) -> None:
+        super().__init__(message)
+        self.state_dir = state_dir

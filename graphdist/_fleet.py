@@ -1,0 +1,517 @@
+"""LocalFleet: a fleet of TensorFlow gRPC servers on this machine, one OS process each.
+
+Every server process is forked from one fork server (``multiprocess``'s ``forkserver`` context)
+that imported TensorFlow once, so a fleet of 8 costs about one TensorFlow import instead of 8.
+A fleet is ready only when every server has answered a real gRPC call; a failed start stops what
+did start and raises an error naming the task, its address and the last lines of its log. Each
+server exits by itself as soon as the fleet's owner process is gone, however it died.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import enum
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from graphdist._cluster import Cluster, ClusterLike, Task
+from graphdist._exceptions import (
+    FleetClosedError,
+    FleetError,
+    FleetStartError,
+    PortInUseError,
+    StartTimeoutError,
+    TaskNotFoundError,
+)
+from graphdist._placement import DeviceSpec, check_device, device
+from graphdist._ports import is_port_free, port_holder, release_ports
+from graphdist._probe import Prober
+from graphdist._server import EXIT_PORT_IN_USE, fleet_child
+from graphdist._session import session
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+__all__ = ["DEFAULT_START_TIMEOUT_S", "STOP_GRACE_S", "FleetState", "FleetTask", "LocalFleet"]
+
+log = logging.getLogger("graphdist.fleet")
+
+DEFAULT_START_TIMEOUT_S = 60.0
+STOP_GRACE_S = 3.0
+LOG_TAIL_LINES = 12
+_POLL_S = 0.02
+_PRELOAD = ["tensorflow", "graphdist._server"]
+_live_fleets: weakref.WeakSet[LocalFleet] = weakref.WeakSet()
+
+
+class FleetState(enum.Enum):
+    CREATED = "created"
+    STARTING = "starting"
+    RUNNING = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+_launch_lock = threading.Lock()
+
+
+def _process_class() -> Any:
+    """A fork-server Process that does not re-run the owner's ``__main__`` in the child.
+
+    By default a fork-server child re-imports the parent's main script (or fails to, for a
+    notebook or ``python -``); a server process needs nothing from it, and re-running a user's
+    script in every server would be slow and surprising.
+    """
+    import multiprocess
+    from multiprocess import popen_forkserver, spawn
+    from multiprocess.context import ForkServerProcess
+
+    class _Popen(popen_forkserver.Popen):  # type: ignore[misc]
+        def _launch(self, process_obj: Any) -> None:
+            original = spawn.get_preparation_data
+
+            def without_main(name: str) -> dict[str, Any]:
+                data: dict[str, Any] = original(name)
+                data.pop("init_main_from_path", None)
+                data.pop("init_main_from_name", None)
+                return data
+
+            with _launch_lock:
+                spawn.get_preparation_data = without_main
+                try:
+                    super()._launch(process_obj)
+                finally:
+                    spawn.get_preparation_data = original
+
+    class _Process(ForkServerProcess):  # type: ignore[misc]
+        @staticmethod
+        def _Popen(process_obj: Any) -> Any:
+            return _Popen(process_obj)
+
+    # Only takes effect before the fork server's first start; harmless afterwards.
+    multiprocess.get_context("forkserver").set_forkserver_preload(_PRELOAD)
+    return _Process
+
+
+def read_log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of a log file ([] if it cannot be read)."""
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line for line in data.splitlines() if line.strip()][-lines:]
+
+
+def _local_addresses() -> set[str]:
+    names = {"localhost", "0.0.0.0", "::", "::1", socket.gethostname(), socket.getfqdn()}
+    with contextlib.suppress(OSError):
+        for addrs in psutil.net_if_addrs().values():
+            names.update(a.address.split("%")[0] for a in addrs)
+    return {n.lower() for n in names}
+
+
+def _is_local(host: str) -> bool:
+    bare = host.strip("[]").lower()
+    return bare.startswith("127.") or bare in _local_addresses()
+
+
+class FleetTask:
+    """One server process of a fleet: its task, process, log file and restart count."""
+
+    def __init__(self, task: Task, log_path: str) -> None:
+        self.task = task
+        self.log_path = log_path
+        self.restarts = 0
+        self._process: Any = None
+
+    job = property(lambda self: self.task.job)
+    index = property(lambda self: self.task.index)
+    address = property(lambda self: self.task.address)
+    target = property(lambda self: self.task.target)
+    name = property(lambda self: self.task.name)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        return None if self._process is None else self._process.exitcode
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
+        return read_log_tail(self.log_path, lines)
+
+    def _start(self, process_class: Any, spec: dict[str, Any]) -> None:
+        self._process = process_class(
+            target=fleet_child, args=(spec,), name=f"graphdist-{self.name}"
+        )
+        self._process.daemon = False
+        self._process.start()
+
+    def _signal(self, sig: int) -> None:
+        if self._process is not None and self._process.is_alive():
+            with contextlib.suppress(ProcessLookupError, OSError):
+                os.kill(self._process.pid, sig)
+
+    def _join(self, timeout_s: float) -> bool:
+        if self._process is None:
+            return True
+        self._process.join(timeout_s)
+        return self._process.exitcode is not None
+
+    def __repr__(self) -> str:
+        if self._process is None:
+            state = "not started"
+        elif self.alive:
+            state = "running"
+        else:
+            state = f"exited {self.exitcode}"
+        return f"<FleetTask {self.job}:{self.index} at {self.address} pid={self.pid} {state}>"
+
+
+class LocalFleet:
+    """A fleet of TensorFlow servers on this machine, one process per task of ``cluster``.
+
+    ``cluster`` is anything :meth:`Cluster.parse` accepts; the default ``"local=2"`` is the seed's
+    two-task job on free ports. Use it as a context manager, or call :meth:`start` and
+    :meth:`close`::
+
+        with graphdist.LocalFleet("local=2") as fleet:
+            with fleet.session("local", 0) as sess:
+                ...
+
+    Arguments (all keyword-only but ``cluster``):
+
+    - ``start_timeout_s`` (default 60 s): how long :meth:`start` waits for every server.
+    - ``log_dir``: where ``JOB-INDEX.log`` files go; default a temporary folder removed at close.
+    - ``env``: extra environment variables for every server process.
+    - ``server_config``: a ``ConfigProto`` for the servers' default session config.
+    - ``operation_timeout_ms``: the timeout :meth:`session` puts in every config
+      (default :data:`graphdist.DEFAULT_OPERATION_TIMEOUT_MS`).
+
+    :meth:`start` raises :class:`PortInUseError` (a port is taken: nothing is started),
+    :class:`FleetStartError` (a server exited while starting) or :class:`StartTimeoutError`;
+    in every case no process of the fleet is left running.
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterLike = "local=2",
+        *,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        log_dir: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        server_config: tf.compat.v1.ConfigProto | None = None,
+        operation_timeout_ms: int | None = None,
+    ) -> None:
+        self.cluster = Cluster.parse(cluster)
+        if start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s must be > 0 seconds, not {start_timeout_s!r}")
+        self.start_timeout_s = float(start_timeout_s)
+        self.operation_timeout_ms = operation_timeout_ms
+        self._env = dict(env or {})
+        self._server_config = server_config.SerializeToString() if server_config else None
+        self._own_log_dir = log_dir is None
+        self.log_dir = os.fspath(log_dir) if log_dir is not None else ""
+        self.state = FleetState.CREATED
+        self._owner_pid = os.getpid()
+        self._tasks: dict[tuple[str, int], FleetTask] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> LocalFleet:
+        """Start every server and wait until each answers over gRPC; returns ``self``."""
+        if self.state is not FleetState.CREATED:
+            raise FleetError(f"This fleet was already started (state {self.state.value})")
+        self.state = FleetState.STARTING
+        try:
+            self._check_hosts_and_ports()
+            if self._own_log_dir:
+                self.log_dir = tempfile.mkdtemp(prefix="graphdist-fleet-")
+            os.makedirs(self.log_dir, exist_ok=True)
+            process_class = _process_class()
+            for task in self.cluster.tasks:
+                ft = FleetTask(task, os.path.join(self.log_dir, f"{task.name}.log"))
+                self._tasks[(task.job, task.index)] = ft
+                self._start_task(process_class, ft)
+            _live_fleets.add(self)
+            self._wait_ready(list(self._tasks.values()), self.start_timeout_s)
+        except BaseException:
+            self.state = FleetState.FAILED
+            self._stop_all()
+            self._remove_own_logs()
+            raise
+        release_ports(t.port for t in self.cluster.tasks)
+        self.state = FleetState.RUNNING
+        log.info("fleet ready: %s", ", ".join(f"{t.name}={t.address}" for t in self.cluster))
+        return self
+
+    def close(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop every server: SIGTERM, up to ``grace_s`` seconds, then SIGKILL. Safe to repeat."""
+        if self.state in (FleetState.CLOSED, FleetState.CLOSING):
+            return
+        self.state = FleetState.CLOSING
+        try:
+            self._stop_all(grace_s)
+        finally:
+            self.state = FleetState.CLOSED
+            _live_fleets.discard(self)
+            self._remove_own_logs()
+
+    def __enter__(self) -> LocalFleet:
+        if self.state is FleetState.CREATED:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "state", None) in (FleetState.RUNNING, FleetState.STARTING):
+            if os.getpid() == self._owner_pid:
+                warnings.warn(
+                    f"{self!r} was never closed; closing it now", ResourceWarning, stacklevel=2
+                )
+                with contextlib.suppress(Exception):
+                    self.close()
+
+    # -- queries --------------------------------------------------------------------------------
+
+    @property
+    def tasks(self) -> tuple[FleetTask, ...]:
+        """Every task's process, in the cluster's order (job name, then index)."""
+        return tuple(self._tasks.values())
+
+    def __iter__(self) -> Iterator[FleetTask]:
+        return iter(self.tasks)
+
+    @property
+    def pids(self) -> list[int]:
+        return [t.pid for t in self._tasks.values() if t.pid is not None]
+
+    def task(self, job: str | None = None, index: int = 0) -> FleetTask:
+        """The :class:`FleetTask` for ``job:index`` (``job`` may be omitted in a one-job cluster)."""
+        job = self._job_or_only(job)
+        try:
+            return self._tasks[(job, index)]
+        except KeyError:
+            if job not in self.cluster:
+                raise TaskNotFoundError(
+                    f"No job {job!r} in this fleet; its jobs are {', '.join(self.cluster.jobs)}",
+                    job,
+                    index,
+                ) from None
+            raise TaskNotFoundError(
+                f"No task {index} in job {job!r}; it has indices "
+                f"{', '.join(map(str, self.cluster.task_indices(job)))}",
+                job,
+                index,
+            ) from None
+
+    def target(self, job: str | None = None, index: int = 0) -> str:
+        """``grpc://host:port`` of ``job:index``, for ``tf.compat.v1.Session(target)``."""
+        return self.task(job, index).target
+
+    def device(self, job: str | None = None, task: int | None = None, **kwargs: Any) -> str:
+        """A device string on this fleet, checked against its cluster (see :func:`device`).
+
+        ``job`` may be omitted in a one-job cluster and ``task`` in a one-task job; otherwise a
+        :class:`PlacementError` says what to pass.
+        """
+        job = self._job_or_only(job)
+        if task is None:
+            indices = self.cluster.task_indices(job) if job in self.cluster else ()
+            if len(indices) == 1:
+                task = indices[0]
+        text = device(job, task, **kwargs)
+        check_device(text, self.cluster)
+        return text
+
+    def check(self, spec: str | DeviceSpec | None) -> DeviceSpec:
+        """Check any device string against this fleet's cluster; raises :class:`PlacementError`."""
+        return check_device(spec, self.cluster)
+
+    def session(
+        self,
+        job: str | None = None,
+        task: int = 0,
+        graph: tf.Graph | None = None,
+        config: tf.compat.v1.ConfigProto | None = None,
+        *,
+        operation_timeout_ms: int | None = None,
+    ) -> Any:
+        """A ``tf.compat.v1.Session`` whose master is ``job:task``, with a bounded operation
+        timeout (``operation_timeout_ms``, else the fleet's, else the config's, else
+        :data:`graphdist.DEFAULT_OPERATION_TIMEOUT_MS`)."""
+        self._require_running()
+        return session(
+            self.target(job, task),
+            graph=graph,
+            config=config,
+            operation_timeout_ms=operation_timeout_ms or self.operation_timeout_ms,
+        )
+
+    def dead_tasks(self) -> list[FleetTask]:
+        """Tasks whose process has exited."""
+        return [t for t in self._tasks.values() if t.pid is not None and not t.alive]
+
+    def __repr__(self) -> str:
+        tasks = ", ".join(f"{t.name}={t.address}" for t in self.cluster)
+        return f"<LocalFleet {self.state.value} [{tasks}]>"
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _job_or_only(self, job: str | None) -> str:
+        if job is not None:
+            return job
+        if len(self.cluster.jobs) == 1:
+            return self.cluster.jobs[0]
+        raise TaskNotFoundError(
+            f"This fleet has several jobs ({', '.join(self.cluster.jobs)}); pass job=",
+        )
+
+    def _require_running(self) -> None:
+        if self.state is not FleetState.RUNNING:
+            raise FleetClosedError(f"The fleet is {self.state.value}; start it first")
+
+    def _check_hosts_and_ports(self) -> None:
+        for task in self.cluster:
+            if not _is_local(task.host):
+                raise FleetStartError(
+                    f"Task {task.job}:{task.index} is at {task.address}, but {task.host!r} is not "
+                    "an address of this machine; LocalFleet runs servers here (use `graphdist "
+                    "serve` on that host instead)",
+                    task=f"{task.job}:{task.index}",
+                    address=task.address,
+                )
+            if not is_port_free(task.port):
+                holder = port_holder(task.port)
+                who = f" by pid {holder}" if holder else ""
+                raise PortInUseError(
+                    f"Port {task.port} of task {task.job}:{task.index} ({task.address}) is "
+                    f"already in use{who}; stop that process or choose another port "
+                    "(a spec like 'local=2' picks free ports)",
+                    port=task.port,
+                    holder_pid=holder,
+                    task=f"{task.job}:{task.index}",
+                    address=task.address,
+                )
+
+    def _spec(self, ft: FleetTask) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster.as_dict(),
+            "job": ft.job,
+            "index": ft.index,
+            "log_path": ft.log_path,
+            "owner_pid": self._owner_pid,
+            "env": self._env,
+            "config": self._server_config,
+        }
+
+    def _start_task(self, process_class: Any, ft: FleetTask) -> None:
+        ft._start(process_class, self._spec(ft))
+        log.debug("started %r", ft)
+
+    def _wait_ready(self, pending: list[FleetTask], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        probers = {ft.name: Prober(ft.address) for ft in pending}
+        expected = len(pending)
+        try:
+            while pending:
+                for ft in list(pending):
+                    if not ft.alive:
+                        raise self._start_failure(ft)
+                    if probers[ft.name].probe(timeout_s=0.5):
+                        pending.remove(ft)
+                if not pending:
+                    break
+                if time.monotonic() > deadline:
+                    ft = pending[0]
+                    raise StartTimeoutError(
+                        f"{expected - len(pending)} of {expected} servers answered within "
+                        f"{timeout_s:g} s; {ft.job}:{ft.index} at {ft.address} did not "
+                        f"(last gRPC error: {probers[ft.name].last_error}); raise start_timeout_s "
+                        "if the machine is slow",
+                        ready=expected - len(pending),
+                        expected=expected,
+                        timeout_s=timeout_s,
+                        task=f"{ft.job}:{ft.index}",
+                        address=ft.address,
+                        log_tail=ft.log_tail(),
+                    )
+                time.sleep(_POLL_S)
+        finally:
+            for prober in probers.values():
+                prober.close()
+
+    def _start_failure(self, ft: FleetTask) -> FleetStartError:
+        ft._join(1.0)
+        tail = ft.log_tail()
+        name = f"{ft.job}:{ft.index}"
+        if ft.exitcode == EXIT_PORT_IN_USE:
+            holder = port_holder(ft.task.port)
+            who = f" by pid {holder}" if holder else ""
+            return PortInUseError(
+                f"Server {name} could not listen on {ft.address}: port {ft.task.port} is in "
+                f"use{who}",
+                port=ft.task.port,
+                holder_pid=holder,
+                task=name,
+                address=ft.address,
+                log_tail=tail,
+            )
+        return FleetStartError(
+            f"Server {name} at {ft.address} exited with code {ft.exitcode} while starting "
+            f"(log: {ft.log_path})",
+            task=name,
+            address=ft.address,
+            exitcode=ft.exitcode,
+            log_path=ft.log_path,
+            log_tail=tail,
+        )
+
+    def _stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
+        tasks = list(self._tasks.values())
+        for ft in tasks:
+            ft._signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for ft in tasks:
+            if not ft._join(max(0.0, deadline - time.monotonic())):
+                log.warning("%r ignored SIGTERM for %.1f s; killing it", ft, grace_s)
+                ft._signal(signal.SIGKILL)
+                ft._join(5.0)
+
+    def _remove_own_logs(self) -> None:
+        if self._own_log_dir and self.log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+@atexit.register
+def _close_live_fleets() -> None:
+    for fleet in list(_live_fleets):
+        if os.getpid() == fleet._owner_pid:
+            with contextlib.suppress(Exception):
+                fleet.close()

@@ -1,0 +1,135 @@
+"""What runs inside one server process: build a ``tf.train.Server`` and serve until told to stop.
+
+This module is preloaded by the fork server together with TensorFlow, so a forked child only has
+to build its server (tens of milliseconds). It imports TensorFlow lazily, inside functions: the
+fleet's owner must be able to pickle a reference to :func:`fleet_child` without importing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+__all__ = ["EXIT_PORT_IN_USE", "EXIT_START_FAILED", "READY_MARKER", "fleet_child", "run_server"]
+
+EXIT_START_FAILED = 3
+EXIT_PORT_IN_USE = 4
+READY_MARKER = "graphdist: server ready"
+_PR_SET_PDEATHSIG = 1
+_OWNER_POLL_S = 0.25
+
+
+def _redirect_output(log_path: str) -> None:
+    """Send fds 1 and 2 (Python's and TensorFlow's C++ logging) to the task's log file."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the process
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def _exit_with(owner_pid: int) -> None:
+    """Make this process exit as soon as ``owner_pid`` does, whatever killed the owner.
+
+    The owner is not our parent (the fork server is), so ``PR_SET_PDEATHSIG`` alone would not
+    do: it covers the fork server dying, and a watcher thread covers the owner. The watcher waits
+    on a pidfd (exact, no polling, immune to pid reuse) and falls back to polling.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    pidfd: int | None
+    try:
+        pidfd = os.pidfd_open(owner_pid)
+    except ProcessLookupError:
+        os._exit(EXIT_START_FAILED)  # the owner is already gone
+    except (OSError, AttributeError):
+        pidfd = None
+
+    def watch() -> None:
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(owner_pid, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    pass
+                time.sleep(_OWNER_POLL_S)
+        print(f"graphdist: owner process {owner_pid} is gone; exiting", flush=True)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="graphdist-owner-watch", daemon=True).start()
+
+
+def run_server(
+    cluster: dict[str, Any],
+    job: str,
+    index: int,
+    *,
+    config: bytes | None = None,
+    on_ready: Any = None,
+) -> None:
+    """Build and start the server for ``job:index`` of ``cluster``, then serve forever.
+
+    ``config`` is a serialized ``ConfigProto`` for the server's default session config.
+    Raises what TensorFlow raises; a taken port surfaces as ``tf.errors.UnknownError``.
+    """
+    import tensorflow as tf
+
+    server_config = None
+    if config:
+        server_config = tf.compat.v1.ConfigProto.FromString(config)
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(cluster),
+        job_name=job,
+        task_index=index,
+        protocol="grpc",
+        config=server_config,
+        start=True,
+    )
+    print(f"{READY_MARKER}: /job:{job}/task:{index} at {server.target}", flush=True)
+    if on_ready is not None:
+        on_ready()
+    server.join()
+
+
+def fleet_child(spec: dict[str, Any]) -> None:
+    """Entry point of a fleet's server process (runs in a child of the fork server).
+
+    ``spec`` holds ``cluster``, ``job``, ``index``, ``log_path``, ``owner_pid``, ``env`` and
+    ``config``. Exit codes: :data:`EXIT_PORT_IN_USE`, :data:`EXIT_START_FAILED`.
+    """
+    _redirect_output(spec["log_path"])
+    _exit_with(spec["owner_pid"])
+    # A fresh signal state: the fork server ignores SIGINT; a server should die on SIGTERM/SIGINT.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.environ.update(spec.get("env") or {})
+    print(
+        f"graphdist: starting /job:{spec['job']}/task:{spec['index']} pid={os.getpid()}",
+        flush=True,
+    )
+    try:
+        run_server(spec["cluster"], spec["job"], spec["index"], config=spec.get("config"))
+    except BaseException as exc:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        text = str(exc)
+        in_use = "Could not start gRPC server" in text or "Address already in use" in text
+        os._exit(EXIT_PORT_IN_USE if in_use else EXIT_START_FAILED)
