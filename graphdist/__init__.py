@@ -19,6 +19,7 @@ from graphdist._exceptions import (
 from graphdist._fleet import DEFAULT_START_TIMEOUT_S, FleetState, FleetTask, LocalFleet
 from graphdist._placement import DeviceSpec, check_device, device, normalize_device, parse_device
 from graphdist._session import DEFAULT_OPERATION_TIMEOUT_MS, session, session_config
+from graphdist._trace import Placement, no_folding_config, run_traced
 
 __version__ = "0.1.0"
 
@@ -35,6 +36,7 @@ __all__ = [
     "FleetTask",
     "GraphdistError",
     "LocalFleet",
+    "Placement",
     "PlacementError",
     "PortInUseError",
     "StartTimeoutError",
@@ -44,8 +46,10 @@ __all__ = [
     "__version__",
     "check_device",
     "device",
+    "no_folding_config",
     "normalize_device",
     "parse_device",
+    "run_traced",
     "session",
     "session_config",
 ]

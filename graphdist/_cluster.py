@@ -2,7 +2,8 @@
 
 :class:`Cluster` is the one type every other part of graphdist takes. :meth:`Cluster.parse`
 normalises every form a user may hold (a dict, JSON text, a JSON file, compact counts such as
-``"local=2,ps=1"``, a ``tf.train.ClusterSpec``, a TF_CONFIG-style ``{"cluster": ...}``) in one place.
+``"local=2,ps=1"``, a ``tf.train.ClusterSpec``, a TF_CONFIG-style ``{"cluster": ...}``) in one
+place.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ ClusterLike = Union["Cluster", Mapping[str, Any], str, os.PathLike[str], "tf.tra
 
 @dataclass(frozen=True, order=True)
 class Task:
-    """One task of a cluster: ``job``, ``index`` and the ``address`` (``host:port``) it serves on."""
+    """One task of a cluster: its ``job``, ``index`` and ``address`` (``host:port``)."""
 
     job: str
     index: int
@@ -228,9 +229,7 @@ class Cluster:
                     f"Job {job!r} asks for {n} tasks; at most {MAX_TASKS_PER_JOB} per job", n
                 )
         ports = iter(pick_free_ports(sum(counts.values())))
-        return cls(
-            {job: [f"{host}:{next(ports)}" for _ in range(n)] for job, n in counts.items()}
-        )
+        return cls({job: [f"{host}:{next(ports)}" for _ in range(n)] for job, n in counts.items()})
 
     # -- queries --------------------------------------------------------------------------------
 

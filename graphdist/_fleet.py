@@ -29,6 +29,7 @@ import psutil
 
 from graphdist._cluster import Cluster, ClusterLike, Task
 from graphdist._exceptions import (
+    ClusterSpecError,
     FleetClosedError,
     FleetError,
     FleetStartError,
@@ -132,6 +133,30 @@ def _local_addresses() -> set[str]:
 def _is_local(host: str) -> bool:
     bare = host.strip("[]").lower()
     return bare.startswith("127.") or bare in _local_addresses()
+
+
+def check_hosts_and_ports(cluster: Cluster) -> None:
+    """Raise before anything starts if a task's host is not this machine or its port is taken."""
+    for task in cluster:
+        if not _is_local(task.host):
+            raise ClusterSpecError(
+                f"Task {task.job}:{task.index} is at {task.address}, but {task.host!r} is not "
+                "an address of this machine; a local fleet runs its servers here (run "
+                "`graphdist serve` on that host instead)",
+                task.address,
+            )
+        if not is_port_free(task.port):
+            holder = port_holder(task.port)
+            who = f" by pid {holder}" if holder else ""
+            raise PortInUseError(
+                f"Port {task.port} of task {task.job}:{task.index} ({task.address}) is "
+                f"already in use{who}; stop that process or choose another port "
+                "(a spec like 'local=2' picks free ports)",
+                port=task.port,
+                holder_pid=holder,
+                task=f"{task.job}:{task.index}",
+                address=task.address,
+            )
 
 
 class FleetTask:
@@ -248,7 +273,7 @@ class LocalFleet:
             raise FleetError(f"This fleet was already started (state {self.state.value})")
         self.state = FleetState.STARTING
         try:
-            self._check_hosts_and_ports()
+            check_hosts_and_ports(self.cluster)
             if self._own_log_dir:
                 self.log_dir = tempfile.mkdtemp(prefix="graphdist-fleet-")
             os.makedirs(self.log_dir, exist_ok=True)
@@ -290,13 +315,13 @@ class LocalFleet:
         self.close()
 
     def __del__(self) -> None:
-        if getattr(self, "state", None) in (FleetState.RUNNING, FleetState.STARTING):
-            if os.getpid() == self._owner_pid:
-                warnings.warn(
-                    f"{self!r} was never closed; closing it now", ResourceWarning, stacklevel=2
-                )
-                with contextlib.suppress(Exception):
-                    self.close()
+        running = getattr(self, "state", None) in (FleetState.RUNNING, FleetState.STARTING)
+        if running and os.getpid() == self._owner_pid:
+            warnings.warn(
+                f"{self!r} was never closed; closing it now", ResourceWarning, stacklevel=2
+            )
+            with contextlib.suppress(Exception):
+                self.close()
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -313,7 +338,7 @@ class LocalFleet:
         return [t.pid for t in self._tasks.values() if t.pid is not None]
 
     def task(self, job: str | None = None, index: int = 0) -> FleetTask:
-        """The :class:`FleetTask` for ``job:index`` (``job`` may be omitted in a one-job cluster)."""
+        """The :class:`FleetTask` of ``job:index`` (``job`` may be left out in a one-job fleet)."""
         job = self._job_or_only(job)
         try:
             return self._tasks[(job, index)]
@@ -333,7 +358,8 @@ class LocalFleet:
 
     def target(self, job: str | None = None, index: int = 0) -> str:
         """``grpc://host:port`` of ``job:index``, for ``tf.compat.v1.Session(target)``."""
-        return self.task(job, index).target
+        target: str = self.task(job, index).target
+        return target
 
     def device(self, job: str | None = None, task: int | None = None, **kwargs: Any) -> str:
         """A device string on this fleet, checked against its cluster (see :func:`device`).
@@ -396,29 +422,6 @@ class LocalFleet:
     def _require_running(self) -> None:
         if self.state is not FleetState.RUNNING:
             raise FleetClosedError(f"The fleet is {self.state.value}; start it first")
-
-    def _check_hosts_and_ports(self) -> None:
-        for task in self.cluster:
-            if not _is_local(task.host):
-                raise FleetStartError(
-                    f"Task {task.job}:{task.index} is at {task.address}, but {task.host!r} is not "
-                    "an address of this machine; LocalFleet runs servers here (use `graphdist "
-                    "serve` on that host instead)",
-                    task=f"{task.job}:{task.index}",
-                    address=task.address,
-                )
-            if not is_port_free(task.port):
-                holder = port_holder(task.port)
-                who = f" by pid {holder}" if holder else ""
-                raise PortInUseError(
-                    f"Port {task.port} of task {task.job}:{task.index} ({task.address}) is "
-                    f"already in use{who}; stop that process or choose another port "
-                    "(a spec like 'local=2' picks free ports)",
-                    port=task.port,
-                    holder_pid=holder,
-                    task=f"{task.job}:{task.index}",
-                    address=task.address,
-                )
 
     def _spec(self, ft: FleetTask) -> dict[str, Any]:
         return {

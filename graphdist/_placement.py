@@ -1,4 +1,4 @@
-"""The device-placement DSL: build, parse, normalise and check ``/job:J/task:N/device:GPU:0`` strings.
+"""The device-placement DSL: build, parse, normalise and check ``/job:J/task:N/gpu:0`` strings.
 
 The grammar is TensorFlow's (``tensorflow/python/framework/device_spec.py``): ``/``-separated
 parts ``job:NAME``, ``replica:N``, ``task:N``, and one device part, either the full
@@ -82,9 +82,7 @@ class DeviceSpec:
 
 def _int_part(name: str, text: str, spec: str) -> int:
     if not text.isdigit():
-        raise PlacementError(
-            f"Device {spec!r}: {name} {text!r} is not a whole number >= 0", spec
-        )
+        raise PlacementError(f"Device {spec!r}: {name} {text!r} is not a whole number >= 0", spec)
     return int(text)
 
 
@@ -124,9 +122,7 @@ def parse_device(spec: str | DeviceSpec | None) -> DeviceSpec:
         head = pieces[0]
         if len(pieces) == 2 and head == "job":
             if not _NAME_RE.match(pieces[1]):
-                raise PlacementError(
-                    f"Device {spec!r}: job name {pieces[1]!r} is not valid", spec
-                )
+                raise PlacementError(f"Device {spec!r}: job name {pieces[1]!r} is not valid", spec)
             put("job", pieces[1], part)
         elif len(pieces) == 2 and head == "replica":
             put("replica", _int_part("replica", pieces[1], spec), part)
@@ -174,7 +170,9 @@ def device(
     one of ``gpu``, ``cpu`` or ``device_type`` (with ``index``; ``None`` index means ``*``). The
     task is left out when ``None``; ``replica`` defaults to 0. Raises :class:`PlacementError`.
     """
-    chosen = [(t, i) for t, i in (("GPU", gpu), ("CPU", cpu)) if i is not None]
+    chosen: list[tuple[str, int | None]] = [
+        (t, i) for t, i in (("GPU", gpu), ("CPU", cpu)) if i is not None
+    ]
     if device_type is not None:
         chosen.append((_device_type(device_type, device_type), index))
     elif index is not None:

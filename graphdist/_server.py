@@ -117,6 +117,8 @@ def fleet_child(spec: dict[str, Any]) -> None:
     _redirect_output(spec["log_path"])
     _exit_with(spec["owner_pid"])
     # A fresh signal state: the fork server ignores SIGINT; a server should die on SIGTERM/SIGINT.
+    # The owner may block signals (the supervisor does, to sigwait); masks survive fork and exec.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.environ.update(spec.get("env") or {})

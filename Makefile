@@ -1,0 +1,30 @@
+# Two entry points for users: `make demo` (the main job) and `make test` (the whole suite).
+# Both create .venv and install graphdist into it on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint bench clean
+
+$(VENV)/.installed: setup.cfg setup.py pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.installed
+	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/graphdist demo
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check graphdist tests examples benchmarks
+	$(BIN)/ruff format --check graphdist
+	$(BIN)/mypy graphdist
+
+test: lint
+	$(BIN)/pytest
+
+bench: $(VENV)/.installed
+	$(BIN)/python benchmarks/startup.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .mypy_cache .ruff_cache .pytest_cache

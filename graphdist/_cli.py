@@ -1,0 +1,351 @@
+"""The ``graphdist`` command: a thin layer over the library.
+
+Parsing (:func:`build_parser`) is separate from running (:func:`main`), so both can be tested.
+A user mistake prints one line ``Error: ...`` and exits 2; a failure of the machinery (a server
+that crashed while starting) exits 1; neither shows a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from graphdist._cluster import Cluster
+from graphdist._exceptions import (
+    ClusterSpecError,
+    FleetStartError,
+    GraphdistError,
+    PlacementError,
+    PortInUseError,
+    StateError,
+)
+
+__all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UsageError", "build_parser", "main"]
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+DETACH_TIMEOUT_S = 90.0
+_USER_MISTAKES = (ClusterSpecError, PlacementError, PortInUseError, StateError)
+
+
+class UsageError(GraphdistError):
+    """Bad command-line arguments."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _add_state_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="folder that holds a detached fleet's state and logs (default: $GRAPHDIST_STATE_DIR, "
+        "else ~/.local/state/graphdist); use one per fleet to run several side by side",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="graphdist", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    up = sub.add_parser("up", help="start a fleet of TensorFlow servers on this machine")
+    up.add_argument(
+        "--cluster",
+        required=True,
+        metavar="SPEC",
+        help="JSON text, a JSON file path, or job=N[,job=N...] (free ports are chosen)",
+    )
+    up.add_argument(
+        "--detach", action="store_true", help="return once ready; a supervisor keeps it running"
+    )
+    up.add_argument(
+        "--start-timeout", type=float, default=60.0, metavar="S", help="seconds (default 60)"
+    )
+    up.add_argument("--json", action="store_true", help="print the tasks as JSON")
+    _add_state_dir(up)
+
+    status = sub.add_parser("status", help="show the detached fleet's tasks")
+    status.add_argument("--json", action="store_true", help="print a JSON list of tasks")
+    _add_state_dir(status)
+
+    down = sub.add_parser("down", help="stop the detached fleet and remove its state")
+    _add_state_dir(down)
+
+    demo = sub.add_parser("demo", help="run the seeds' split graph (238) on a two-task fleet")
+    demo.add_argument(
+        "--seed-ports",
+        action="store_true",
+        help="use the seed's localhost:2020 and localhost:2021 instead of free ports",
+    )
+    demo.add_argument(
+        "--master", type=int, default=0, metavar="TASK", help="task the session talks to (0)"
+    )
+    return parser
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def _rows_table(rows: list[dict[str, Any]]) -> str:
+    header = ["JOB", "TASK", "ADDRESS", "PID", "ALIVE", "TARGET"]
+    table = [header] + [
+        [
+            r["job"],
+            str(r["task"]),
+            r["address"],
+            str(r["pid"]),
+            "yes" if r["alive"] else "NO",
+            f"grpc://{r['address']}",
+        ]
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
+    )
+
+
+def _print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(_rows_table(rows))
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+def _state_dir(args: argparse.Namespace) -> str:
+    from graphdist._state import default_state_dir
+
+    return os.path.abspath(args.state_dir) if args.state_dir else default_state_dir()
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    cluster = Cluster.parse(args.cluster)
+    if args.start_timeout <= 0:
+        raise UsageError(f"--start-timeout must be > 0 seconds, not {args.start_timeout:g}")
+    if args.detach:
+        return _up_detached(args, cluster)
+    from graphdist._fleet import LocalFleet
+
+    stop_signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    with LocalFleet(cluster, start_timeout_s=args.start_timeout) as fleet:
+        rows = [
+            {"job": t.job, "task": t.index, "address": t.address, "pid": t.pid, "alive": t.alive}
+            for t in fleet.tasks
+        ]
+        _print_rows(rows, args.json)
+        print("graphdist: fleet running; press Ctrl-C to stop it", file=sys.stderr, flush=True)
+        reported: set[str] = set()
+        while True:
+            sig = signal.sigtimedwait(stop_signals, 1.0)
+            if sig is not None:
+                break
+            for t in fleet.dead_tasks():
+                if t.name not in reported:
+                    reported.add(t.name)
+                    print(
+                        f"graphdist: task {t.job}:{t.index} exited with code {t.exitcode} "
+                        f"(log: {t.log_path})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        print("graphdist: stopping the fleet", file=sys.stderr, flush=True)
+    return 0
+
+
+def _up_detached(args: argparse.Namespace, cluster: Cluster) -> int:
+    from graphdist._fleet import check_hosts_and_ports
+    from graphdist._state import SUPERVISOR_LOG, clear_state, read_error, read_state
+
+    state_dir = _state_dir(args)
+    record = _live_record(state_dir, cleanup=True)
+    if record is not None:
+        raise StateError(
+            f"A fleet is already running in {state_dir} (supervisor pid "
+            f"{record.supervisor.pid}); stop it with `graphdist down` or pass another --state-dir",
+            state_dir,
+        )
+    check_hosts_and_ports(cluster)
+    os.makedirs(state_dir, exist_ok=True)
+    log_path = os.path.join(state_dir, SUPERVISOR_LOG)
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "graphdist._supervisor",
+                "--state-dir",
+                state_dir,
+                "--cluster",
+                cluster.to_json(),
+                "--start-timeout",
+                str(args.start_timeout),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    deadline = time.monotonic() + args.start_timeout + 30.0
+    while True:
+        record = read_state(state_dir)
+        if record is not None:
+            break
+        error = read_error(state_dir)
+        code = proc.poll()
+        if error is not None or code is not None:
+            proc.wait(10)
+            if error is None:
+                raise FleetStartError(
+                    f"The supervisor exited with code {code} before the fleet was ready; see "
+                    f"{log_path}"
+                )
+            clear_state(state_dir)
+            raise FleetStartError(error["message"])
+        if time.monotonic() > deadline:
+            proc.terminate()
+            proc.wait(10)
+            raise FleetStartError(
+                f"The detached fleet was not ready after {args.start_timeout:g} s; raise "
+                f"--start-timeout (supervisor log: {log_path})"
+            )
+        time.sleep(0.05)
+    _print_rows(_status_rows(record), args.json)
+    print(
+        f"graphdist: fleet detached (supervisor pid {record.supervisor.pid}, state {state_dir}); "
+        "stop it with `graphdist down`",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _status_rows(record: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "job": t.job,
+            "task": t.task,
+            "address": t.address,
+            "pid": t.pid,
+            "alive": t.process.alive(),
+            "log": t.log,
+        }
+        for t in record.tasks
+    ]
+
+
+def _live_record(state_dir: str, *, cleanup: bool) -> Any:
+    """The running fleet in ``state_dir``; a stale one (supervisor gone) is cleaned up and
+    reported as StateError unless ``cleanup`` is set, in which case ``None`` is returned."""
+    from graphdist._state import clear_state, read_state, stop_processes
+
+    record = read_state(state_dir)
+    if record is None or record.supervisor.alive():
+        return record
+    leftovers = stop_processes(t.process for t in record.tasks)
+    clear_state(state_dir)
+    if cleanup:
+        return None
+    note = f"; {len(leftovers)} server(s) would not die" if leftovers else ""
+    raise StateError(
+        f"The fleet in {state_dir} was stale (supervisor pid {record.supervisor.pid} is gone); "
+        f"its state was cleaned up{note}",
+        state_dir,
+    )
+
+
+def _no_fleet(state_dir: str) -> StateError:
+    return StateError(
+        f"No detached fleet is running in {state_dir}; start one with "
+        "`graphdist up --cluster SPEC --detach`",
+        state_dir,
+    )
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    state_dir = _state_dir(args)
+    record = _live_record(state_dir, cleanup=False)
+    if record is None:
+        raise _no_fleet(state_dir)
+    _print_rows(_status_rows(record), args.json)
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    from graphdist._state import clear_state, read_state, stop_processes
+
+    state_dir = _state_dir(args)
+    record = read_state(state_dir)
+    if record is None:
+        raise _no_fleet(state_dir)
+    stale = not record.supervisor.alive()
+    # The supervisor stops its servers on SIGTERM; then make sure every pid is really gone.
+    left = stop_processes([record.supervisor], grace_s=10.0)
+    left += stop_processes(t.process for t in record.tasks)
+    if left:
+        raise GraphdistError(
+            "Could not stop pid(s) " + ", ".join(str(r.pid) for r in left) + f" of {state_dir}"
+        )
+    clear_state(state_dir)
+    what = "cleaned up a stale fleet" if stale else f"stopped {len(record.tasks)} server(s)"
+    print(f"graphdist: {what}; removed {state_dir}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from graphdist._fleet import LocalFleet
+    from graphdist._graphs import split_graph
+    from graphdist._trace import no_folding_config, run_traced
+
+    spec: Any = {"local": ["localhost:2020", "localhost:2021"]} if args.seed_ports else "local=2"
+    with LocalFleet(spec) as fleet:
+        if args.master not in fleet.cluster.task_indices("local"):
+            raise UsageError(f"--master {args.master}: the demo fleet has tasks 0 and 1")
+        print(
+            "graphdist demo: "
+            + ", ".join(f"{t.job}:{t.index} at {t.address} (pid {t.pid})" for t in fleet.tasks),
+            file=sys.stderr,
+        )
+        graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
+        with fleet.session("local", args.master, graph=graph, config=no_folding_config()) as sess:
+            result, placement = run_traced(sess, y)
+        print(result)
+        print(f"\nwhere each op ran (master: {fleet.target('local', args.master)}):")
+        print(placement.table())
+    return 0
+
+
+_COMMANDS = {"up": _cmd_up, "status": _cmd_status, "down": _cmd_down, "demo": _cmd_demo}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``graphdist`` command; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        return _COMMANDS[args.command](args)
+    except (*_USER_MISTAKES, UsageError) as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except GraphdistError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print("Error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""The state folder of a detached fleet: who supervises it, which pids serve which tasks, and logs.
+
+Layout of a state folder: ``fleet.json`` (written atomically once every server is ready),
+``error.json`` (written instead when the start failed), ``supervisor.log`` and
+``logs/JOB-INDEX.log``.
+Pids are stored with their process start times, so a pid reused by an unrelated process is never
+mistaken for one of ours (and never signalled).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psutil
+
+from graphdist._exceptions import StateError
+
+__all__ = [
+    "STATE_DIR_ENV",
+    "FleetRecord",
+    "ProcessRef",
+    "TaskRecord",
+    "clear_state",
+    "default_state_dir",
+    "read_error",
+    "read_state",
+    "stop_processes",
+    "write_state",
+]
+
+STATE_DIR_ENV = "GRAPHDIST_STATE_DIR"
+STATE_FILE = "fleet.json"
+ERROR_FILE = "error.json"
+SUPERVISOR_LOG = "supervisor.log"
+
+
+def default_state_dir() -> str:
+    """``$GRAPHDIST_STATE_DIR``, else ``$XDG_STATE_HOME/graphdist``, else
+    ``~/.local/state/graphdist``: one default fleet per user."""
+    if os.environ.get(STATE_DIR_ENV):
+        return os.path.abspath(os.environ[STATE_DIR_ENV])
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return os.path.join(base, "graphdist")
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """A pid plus its start time, so that a reused pid is not taken for ours."""
+
+    pid: int
+    create_time: float
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessRef:
+        return cls(pid, psutil.Process(pid).create_time())
+
+    def alive(self) -> bool:
+        try:
+            proc = psutil.Process(self.pid)
+            return (
+                abs(proc.create_time() - self.create_time) < 0.01
+                and proc.status() != psutil.STATUS_ZOMBIE
+            )
+        except psutil.Error:
+            return False
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` only if this is still the same process."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    job: str
+    task: int
+    address: str
+    pid: int
+    create_time: float
+    log: str
+
+    @property
+    def process(self) -> ProcessRef:
+        return ProcessRef(self.pid, self.create_time)
+
+
+@dataclass(frozen=True)
+class FleetRecord:
+    supervisor: ProcessRef
+    cluster: dict[str, Any]
+    tasks: list[TaskRecord] = field(default_factory=list)
+    started_at: float = 0.0
+    restart_policy: str = "no"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> FleetRecord:
+        data = json.loads(text)
+        return cls(
+            supervisor=ProcessRef(**data["supervisor"]),
+            cluster=data["cluster"],
+            tasks=[TaskRecord(**t) for t in data["tasks"]],
+            started_at=data.get("started_at", 0.0),
+            restart_policy=data.get("restart_policy", "no"),
+        )
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_state(state_dir: str, record: FleetRecord) -> None:
+    _write_atomic(os.path.join(state_dir, STATE_FILE), record.to_json())
+
+
+def write_error(state_dir: str, kind: str, message: str) -> None:
+    _write_atomic(
+        os.path.join(state_dir, ERROR_FILE), json.dumps({"kind": kind, "message": message})
+    )
+
+
+def read_error(state_dir: str) -> dict[str, str] | None:
+    try:
+        with open(os.path.join(state_dir, ERROR_FILE), encoding="utf-8") as f:
+            data: dict[str, str] = json.load(f)
+            return data
+    except (OSError, ValueError):
+        return None
+
+
+def read_state(state_dir: str) -> FleetRecord | None:
+    """The fleet recorded in ``state_dir``, or ``None``; raises StateError if it is unreadable."""
+    path = os.path.join(state_dir, STATE_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StateError(f"Cannot read {path}: {exc.strerror}", state_dir) from None
+    try:
+        return FleetRecord.from_json(text)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StateError(
+            f"State file {path} is corrupt ({exc}); remove {state_dir} by hand", state_dir
+        ) from None
+
+
+def clear_state(state_dir: str) -> None:
+    """Remove the state folder (fleet.json, error.json, logs)."""
+    shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def stop_processes(refs: Iterable[ProcessRef], grace_s: float = 3.0) -> list[ProcessRef]:
+    """SIGTERM each live process, wait up to ``grace_s``, SIGKILL the rest; return survivors."""
+    live = [r for r in refs if r.alive()]
+    for ref in live:
+        ref.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while live and time.monotonic() < deadline:
+        time.sleep(0.05)
+        live = [r for r in live if r.alive()]
+    for ref in live:
+        ref.signal(signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while live and time.monotonic() < deadline:
+        time.sleep(0.05)
+        live = [r for r in live if r.alive()]
+    return live

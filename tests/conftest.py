@@ -1,0 +1,68 @@
+"""Shared helpers. The fleets themselves come from graphdist's own pytest plugin
+(``graphdist_fleet``, ``graphdist_fleet_factory``), loaded through its ``pytest11`` entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import psutil
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def is_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie waiting to be reaped counts as exited)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
+    """Wait until every pid is gone; return those still alive after ``timeout_s``."""
+    pending = list(pids)
+    deadline = time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        pending = [p for p in pending if not is_gone(p)]
+        if pending:
+            time.sleep(0.05)
+    return [p for p in pending if not is_gone(p)]
+
+
+def run_python(
+    args: list[str],
+    *,
+    timeout: float = 90,
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python ARGS`` (a script, ``-m graphdist ...``) and capture its output."""
+    full_env = {**os.environ, **QUIET_TF, **(env or {})}
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or REPO,
+        env=full_env,
+    )
+
+
+def read_json(path: str) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.fixture
+def state_dir(tmp_path: object) -> str:
+    """A private state folder for CLI fleets, so tests never touch the user's default one."""
+    path = os.path.join(str(tmp_path), "state")
+    return path

@@ -1,0 +1,73 @@
+"""Every example of the legacy seed runs through graphdist and prints the seed's results."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from graphdist._ports import is_port_free
+from tests.conftest import REPO, run_python
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+EXAMPLES = os.path.join(REPO, "examples")
+
+
+def run_example(name: str, *args: str):
+    result = run_python([os.path.join(EXAMPLES, name), *args], cwd=EXAMPLES)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.splitlines()
+
+
+def test_unlinked_local_sessions():
+    assert run_example("seed_unlinked_sessions.py") == [
+        "Value of var (Session 1): 0.0",
+        "Value of var (Session 2): 0.0",
+        "Increment var in Session 1",
+        "Value of var (Session 1): 1.0",
+        "Value of var (Session 2): 0.0",
+    ]
+
+
+def test_variable_shared_by_two_sessions_on_two_servers():
+    assert run_example("seed_shared_variable.py") == [
+        "Value of var (Session 1): 0.0",
+        "Value of var (Session 2): 0.0",
+        "Increment var in Session 1",
+        "Value of var (Session 1): 1.0",
+        "Value of var (Session 2): 1.0",
+    ]
+
+
+def test_two_variables_on_two_tasks_initialized_by_one_call():
+    assert run_example("seed_two_variables.py") == [
+        "var1 = 0.0 on local:0",
+        "var2 = 0.0 on local:1",
+        "seen from task 1: [0.0, 0.0]",
+    ]
+
+
+def test_split_graph_prints_238_locally_and_split():
+    lines = run_example("seed_split_graph.py")
+    assert lines[:2] == ["238", "238"]
+    table = {ln.split()[0]: ln.split()[-1] for ln in lines[3:]}
+    assert table["sub"].startswith("/job:local/replica:0/task:0")
+    assert table["add"].startswith("/job:local/replica:0/task:1")
+
+
+def test_seed_ports_work_when_free_and_fail_clearly_when_taken():
+    if not (is_port_free(2020) and is_port_free(2021)):
+        pytest.skip("ports 2020/2021 are taken on this machine")
+    lines = run_example("seed_split_graph.py", "--seed-ports")
+    assert lines[:2] == ["238", "238"]
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # 2020 may be in TIME_WAIT
+        holder.bind(("127.0.0.1", 2020))
+        holder.listen()
+        result = run_python(
+            [os.path.join(EXAMPLES, "seed_split_graph.py"), "--seed-ports"], cwd=EXAMPLES
+        )
+    assert result.returncode == 2
+    assert "Error: Port 2020" in result.stderr and "already in use" in result.stderr
+    assert "Traceback" not in result.stderr
