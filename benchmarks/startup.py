@@ -18,41 +18,14 @@ import statistics
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 BARE = "import tensorflow\nprint('READY', flush=True)"
 
-SEED_STYLE = textwrap.dedent(
-    """
-    import multiprocessing, sys, time
-    from graphdist import Cluster
-    from graphdist._probe import Prober
-
-    def create_server(cluster, index):
-        import tensorflow.compat.v1 as tf
-        server = tf.train.Server(tf.train.ClusterSpec(cluster), job_name="local", task_index=index)
-        server.join()
-
-    if __name__ == "__main__":
-        n = int(sys.argv[1])
-        cluster = Cluster.parse(f"local={n}").as_dict()
-        ctx = multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=create_server, args=(cluster, i)) for i in range(n)]
-        for p in procs:
-            p.start()
-        for address in cluster["local"]:
-            prober = Prober(address)
-            while not prober.probe(0.5):
-                time.sleep(0.02)
-            prober.close()
-        print("READY", flush=True)
-        for p in procs:
-            p.kill()
-            p.join()
-    """
-)
+SEED_STYLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seed_style_fleet.py")
 
 LOCAL_FLEET = textwrap.dedent(
     """
@@ -65,23 +38,29 @@ LOCAL_FLEET = textwrap.dedent(
 )
 
 
-def time_to_ready(code: str, *args: str) -> float:
-    """Seconds from launching ``python -c code`` until it prints READY."""
+def time_to_ready(code: str, *args: str, timeout_s: float = 180.0) -> float:
+    """Seconds from launching ``python -c code`` (or ``python FILE`` when ``code`` is a path) until
+    it prints READY; raises RuntimeError if it exits first or takes over ``timeout_s``."""
+    argv = [code] if code.endswith(".py") else ["-c", code]
     start = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, *args],
+        [sys.executable, *argv, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
         env=QUIET,
     )
     assert proc.stdout is not None
+    timer = threading.Timer(timeout_s, proc.kill)
+    timer.start()
     for line in proc.stdout:
         if line.strip() == "READY":
             elapsed = time.perf_counter() - start
             break
     else:
+        timer.cancel()
         raise RuntimeError(f"benchmark child exited with {proc.wait()} before READY")
+    timer.cancel()
     proc.wait(60)
     return elapsed
 
