@@ -12,20 +12,26 @@ from graphdist._exceptions import (
     GraphdistError,
     PlacementError,
     PortInUseError,
+    SplitError,
     StartTimeoutError,
     StateError,
     TaskNotFoundError,
 )
 from graphdist._fleet import DEFAULT_START_TIMEOUT_S, FleetState, FleetTask, LocalFleet
+from graphdist._master import master_for
 from graphdist._placement import DeviceSpec, check_device, device, normalize_device, parse_device
 from graphdist._session import DEFAULT_OPERATION_TIMEOUT_MS, session, session_config
+from graphdist._split import AutoPlan, ByName, Plan, RoundRobin, SplitGraph, split
 from graphdist._trace import Placement, no_folding_config, run_traced
+from graphdist._variables import initialize_uninitialized, shared_variable
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_OPERATION_TIMEOUT_MS",
     "DEFAULT_START_TIMEOUT_S",
+    "AutoPlan",
+    "ByName",
     "Cluster",
     "ClusterSpecError",
     "DeviceSpec",
@@ -38,7 +44,11 @@ __all__ = [
     "LocalFleet",
     "Placement",
     "PlacementError",
+    "Plan",
     "PortInUseError",
+    "RoundRobin",
+    "SplitError",
+    "SplitGraph",
     "StartTimeoutError",
     "StateError",
     "Task",
@@ -46,10 +56,14 @@ __all__ = [
     "__version__",
     "check_device",
     "device",
+    "initialize_uninitialized",
+    "master_for",
     "no_folding_config",
     "normalize_device",
     "parse_device",
     "run_traced",
     "session",
     "session_config",
+    "shared_variable",
+    "split",
 ]

@@ -90,6 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--master", type=int, default=0, metavar="TASK", help="task the session talks to (0)"
     )
+    demo.add_argument(
+        "--picture",
+        metavar="FILE",
+        help="write the placed graph coloured by task (.svg, .png, .pdf need Graphviz; or .dot)",
+    )
+    demo.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="write a TensorBoard log (graph + run metadata; colour the graph view by device)",
+    )
     return parser
 
 
@@ -325,6 +335,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         print(result)
         print(f"\nwhere each op ran (master: {fleet.target('local', args.master)}):")
         print(placement.table())
+        if args.picture:
+            print(f"\npicture: {placement.write_picture(args.picture)}")
+        if args.tensorboard:
+            logdir = placement.write_tensorboard(args.tensorboard)
+            print(f"TensorBoard log: {logdir} (tensorboard --logdir {logdir})")
     return 0
 
 

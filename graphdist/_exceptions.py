@@ -6,6 +6,7 @@ values that explain it as attributes, so callers can react without parsing messa
     GraphdistError
     ├── ClusterSpecError        a cluster spec that cannot be used (bad job, address, port, count)
     ├── PlacementError          a device string that is malformed or not in the cluster
+    ├── SplitError              a split plan that does not fit the graph (unknown op, no rule)
     ├── FleetError              something about a running fleet of servers
     │   ├── FleetStartError     a server did not come up (carries task, address, log tail)
     │   │   ├── PortInUseError  a port is already taken (carries port and holder pid)
@@ -27,6 +28,7 @@ __all__ = [
     "GraphdistError",
     "PlacementError",
     "PortInUseError",
+    "SplitError",
     "StartTimeoutError",
     "StateError",
     "TaskNotFoundError",
@@ -51,6 +53,10 @@ class PlacementError(GraphdistError, ValueError):
     def __init__(self, message: str, device: str | None = None) -> None:
         super().__init__(message)
         self.device = device
+
+
+class SplitError(GraphdistError, ValueError):
+    """A plan that cannot be applied: an op name that does not exist, an op no rule covers."""
 
 
 class FleetError(GraphdistError):

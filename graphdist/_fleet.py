@@ -37,6 +37,7 @@ from graphdist._exceptions import (
     StartTimeoutError,
     TaskNotFoundError,
 )
+from graphdist._master import master_for
 from graphdist._placement import DeviceSpec, check_device, device
 from graphdist._ports import is_port_free, port_holder, release_ports
 from graphdist._probe import Prober
@@ -398,6 +399,21 @@ class LocalFleet:
             graph=graph,
             config=config,
             operation_timeout_ms=operation_timeout_ms or self.operation_timeout_ms,
+        )
+
+    def session_for(
+        self,
+        fetches: Any,
+        graph: tf.Graph | None = None,
+        config: tf.compat.v1.ConfigProto | None = None,
+        *,
+        operation_timeout_ms: int | None = None,
+    ) -> Any:
+        """A session whose master is the task that owns most of ``fetches`` (see
+        :func:`graphdist.master_for`), so results need no extra hop to reach the client."""
+        master = master_for(fetches, self.cluster)
+        return self.session(
+            master.job, master.index, graph, config, operation_timeout_ms=operation_timeout_ms
         )
 
     def dead_tasks(self) -> list[FleetTask]:

@@ -8,10 +8,14 @@ off when a demo's split must be real (TF_FACTS, "Placement evidence").
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from graphdist._exceptions import GraphdistError
 from graphdist._placement import parse_device
 
 if TYPE_CHECKING:
@@ -36,15 +40,21 @@ def no_folding_config(
     return out
 
 
+_PALETTE = ["#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5", "#d9d9d9"]
+
+
 @dataclass(frozen=True)
 class Placement(Mapping[str, str]):
     """``node name → device`` where each node of the graph actually ran (from step stats).
 
-    ``requested`` maps the same names to ``op.device`` (what the graph asked for).
+    ``requested`` maps the same names to ``op.device`` (what the graph asked for); ``metadata`` is
+    the run's ``RunMetadata`` and ``graph`` the graph it ran, for the picture and TensorBoard.
     """
 
     executed: Mapping[str, str]
     requested: Mapping[str, str]
+    metadata: Any = field(default=None, compare=False, repr=False)
+    graph: Any = field(default=None, compare=False, repr=False)
 
     def __getitem__(self, name: str) -> str:
         return self.executed[name]
@@ -69,6 +79,76 @@ class Placement(Mapping[str, str]):
             "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
             for row in rows
         )
+
+    def tasks(self) -> list[str]:
+        """The ``job:task`` names that executed at least one node, sorted."""
+        return sorted({self.task_of(n) for n in self.executed})
+
+    def to_dot(self) -> str:
+        """Graphviz DOT text of the executed nodes, each filled with its task's colour and
+        labelled with name, op type and task; edges follow the graph's data inputs."""
+        tasks = self.tasks()
+        colour = {t: _PALETTE[i % len(_PALETTE)] for i, t in enumerate(tasks)}
+        lines = [
+            "digraph placement {",
+            '  rankdir="LR";',
+            '  node [shape=box, style="rounded,filled"];',
+        ]
+        for task in tasks:
+            lines.append(
+                f'  "legend {task}" [label="{task}", fillcolor="{colour[task]}", shape=note];'
+            )
+        for name in sorted(self.executed):
+            task = self.task_of(name)
+            kind = self.graph.get_operation_by_name(name).type if self.graph is not None else ""
+            label = f"{name}\\n{kind}\\n{task}" if kind else f"{name}\\n{task}"
+            lines.append(f'  "{name}" [label="{label}", fillcolor="{colour[task]}"];')
+        if self.graph is not None:
+            for name in sorted(self.executed):
+                for tensor in self.graph.get_operation_by_name(name).inputs:
+                    if tensor.op.name in self.executed:
+                        lines.append(f'  "{tensor.op.name}" -> "{name}";')
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    def write_picture(self, path: str | os.PathLike[str]) -> str:
+        """Write the placed graph to ``path``: ``.dot`` as text, ``.svg``/``.png``/``.pdf``
+        rendered by Graphviz ``dot``. Raises GraphdistError if ``dot`` is needed but missing."""
+        path = os.fspath(path)
+        fmt = os.path.splitext(path)[1].lstrip(".").lower()
+        dot_text = self.to_dot()
+        if fmt in ("dot", "gv"):
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(dot_text)
+            return path
+        if fmt not in ("svg", "png", "pdf"):
+            raise GraphdistError(
+                f"Cannot write a picture as {path!r}: use .dot, .svg, .png or .pdf"
+            )
+        exe = shutil.which("dot")
+        if exe is None:
+            raise GraphdistError(
+                f"Graphviz `dot` is not installed, so {path!r} cannot be rendered; install "
+                "graphviz (apt-get install graphviz) or write a .dot file"
+            )
+        subprocess.run([exe, f"-T{fmt}", "-o", path], input=dot_text.encode(), check=True)
+        return path
+
+    def write_tensorboard(self, logdir: str | os.PathLike[str]) -> str:
+        """Write the graph and this run's metadata as a TensorBoard log in ``logdir``; the graph
+        view's "colour by device" then shows the split. Returns the folder."""
+        import tensorflow as tf
+
+        if self.graph is None or self.metadata is None:
+            raise GraphdistError("This placement has no graph or run metadata to write")
+        logdir = os.fspath(logdir)
+        with self.graph.as_default():  # FileWriter refuses to run eagerly
+            writer = tf.compat.v1.summary.FileWriter(logdir, graph=self.graph)
+            try:
+                writer.add_run_metadata(self.metadata, "traced_run")
+            finally:
+                writer.close()
+        return logdir
 
 
 def _device_name(raw: str) -> str:
@@ -99,4 +179,4 @@ def run_traced(
             if node.node_name in names:
                 executed[node.node_name] = _device_name(dev_stats.device)
     requested = {name: graph.get_operation_by_name(name).device for name in executed}
-    return result, Placement(executed, requested)
+    return result, Placement(executed, requested, metadata, graph)

@@ -141,9 +141,12 @@ def test_foreground_up_stops_everything_on_ctrl_c(state_dir):
             proc.wait()
 
 
-def test_demo_prints_238_and_where_each_op_ran():
-    result = gd("demo")
+def test_demo_prints_238_and_where_each_op_ran(tmp_path):
+    picture, logdir = tmp_path / "placed.dot", tmp_path / "tb"
+    result = gd("demo", "--picture", str(picture), "--tensorboard", str(logdir))
     assert result.returncode == 0, result.stderr
+    assert "fillcolor" in picture.read_text()
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(logdir))
     lines = result.stdout.splitlines()
     assert lines[0] == "238"
     placed = {ln.split()[0]: ln.split()[-1] for ln in lines if ln.startswith(("y ", "y1 ", "y2 "))}

@@ -71,3 +71,25 @@ def test_seed_ports_work_when_free_and_fail_clearly_when_taken():
     assert result.returncode == 2
     assert "Error: Port 2020" in result.stderr and "already in use" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("mode", [[], ["--ref"]], ids=["resource", "ref"])
+def test_two_client_processes_share_a_variable(mode):
+    out = run_example("shared_variable_clients.py", *mode)
+    lines = [ln for ln in out if ln.startswith("client")]
+    assert lines == [
+        "client 1: initialized ['counter'], incremented counter to 1.0",
+        "client 2: read counter = 1.0 without initializing",
+    ]
+
+
+def test_matrix_products_split_over_four_tasks_match_local():
+    lines = run_example("split_matmul.py")
+    assert lines[-1] == "match"
+    assert "tasks used: worker:0, worker:1, worker:2, worker:3" in lines
+
+
+def test_between_graph_replication_learns_the_known_weights():
+    lines = run_example("between_graph_replication.py")
+    assert lines[-1] == "w = 3.000 (true 3.0), b = 2.000 (true 2.0)"
+    assert sum(ln.startswith("worker ") and " done" in ln for ln in lines) == 2
