@@ -30,6 +30,7 @@ test: lint
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/startup.py
+	$(BIN)/python benchmarks/master_choice.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .mypy_cache .ruff_cache .pytest_cache
