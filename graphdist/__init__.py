@@ -10,18 +10,29 @@ from graphdist._exceptions import (
     FleetError,
     FleetStartError,
     GraphdistError,
+    LoopbackUnavailableError,
     PlacementError,
     PortInUseError,
     SplitError,
     StartTimeoutError,
     StateError,
+    TaskFailedError,
     TaskNotFoundError,
+    TFConfigError,
 )
-from graphdist._fleet import DEFAULT_START_TIMEOUT_S, FleetState, FleetTask, LocalFleet
+from graphdist._fleet import (
+    DEFAULT_START_TIMEOUT_S,
+    FleetState,
+    FleetTask,
+    LocalFleet,
+    ReopeningSession,
+)
+from graphdist._health import TaskHealth
 from graphdist._master import master_for
 from graphdist._placement import DeviceSpec, check_device, device, normalize_device, parse_device
 from graphdist._session import DEFAULT_OPERATION_TIMEOUT_MS, session, session_config
 from graphdist._split import AutoPlan, ByName, Plan, RoundRobin, SplitGraph, split
+from graphdist._tfconfig import TFConfig, cluster_resolver, parse_tf_config, tf_config
 from graphdist._trace import Placement, no_folding_config, run_traced
 from graphdist._variables import initialize_uninitialized, shared_variable
 
@@ -42,28 +53,37 @@ __all__ = [
     "FleetTask",
     "GraphdistError",
     "LocalFleet",
+    "LoopbackUnavailableError",
     "Placement",
     "PlacementError",
     "Plan",
     "PortInUseError",
+    "ReopeningSession",
     "RoundRobin",
     "SplitError",
     "SplitGraph",
     "StartTimeoutError",
     "StateError",
+    "TFConfig",
+    "TFConfigError",
     "Task",
+    "TaskFailedError",
+    "TaskHealth",
     "TaskNotFoundError",
     "__version__",
     "check_device",
+    "cluster_resolver",
     "device",
     "initialize_uninitialized",
     "master_for",
     "no_folding_config",
     "normalize_device",
     "parse_device",
+    "parse_tf_config",
     "run_traced",
     "session",
     "session_config",
     "shared_variable",
     "split",
+    "tf_config",
 ]

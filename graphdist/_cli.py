@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,17 +21,25 @@ from graphdist._exceptions import (
     ClusterSpecError,
     FleetStartError,
     GraphdistError,
+    LoopbackUnavailableError,
     PlacementError,
     PortInUseError,
     StateError,
 )
+from graphdist._signals import stop_on_signals
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 DETACH_TIMEOUT_S = 90.0
-_USER_MISTAKES = (ClusterSpecError, PlacementError, PortInUseError, StateError)
+_USER_MISTAKES = (
+    ClusterSpecError,
+    PlacementError,
+    PortInUseError,
+    StateError,
+    LoopbackUnavailableError,
+)
 
 
 class UsageError(GraphdistError):
@@ -72,6 +79,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--start-timeout", type=float, default=60.0, metavar="S", help="seconds (default 60)"
     )
     up.add_argument("--json", action="store_true", help="print the tasks as JSON")
+    up.add_argument(
+        "--expose",
+        action="store_true",
+        help="let servers listen on every interface (default: loopback only); TensorFlow's "
+        "servers have no authentication, so anyone who reaches the ports can run code",
+    )
+    up.add_argument(
+        "--restart",
+        choices=["no", "on-failure"],
+        default="no",
+        help="with --detach: restart a task whose server dies (default: no)",
+    )
+    up.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        metavar="N",
+        help="with --restart on-failure: restarts per task before giving up (default 3)",
+    )
     _add_state_dir(up)
 
     status = sub.add_parser("status", help="show the detached fleet's tasks")
@@ -80,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     down = sub.add_parser("down", help="stop the detached fleet and remove its state")
     _add_state_dir(down)
+
+    tfc = sub.add_parser("tf-config", help="print a task's TF_CONFIG for a cluster, as JSON")
+    tfc.add_argument("--cluster", required=True, metavar="SPEC", help="as for `up`")
+    tfc.add_argument(
+        "--task", required=True, metavar="TYPE:INDEX", help="chief:0, worker:1, ps:0, evaluator:0"
+    )
 
     demo = sub.add_parser("demo", help="run the seeds' split graph (238) on a two-task fleet")
     demo.add_argument(
@@ -145,13 +177,16 @@ def _cmd_up(args: argparse.Namespace) -> int:
     cluster = Cluster.parse(args.cluster)
     if args.start_timeout <= 0:
         raise UsageError(f"--start-timeout must be > 0 seconds, not {args.start_timeout:g}")
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be >= 0, not {args.max_restarts}")
+    if args.restart != "no" and not args.detach:
+        raise UsageError("--restart needs --detach (a foreground fleet stops on any failure)")
     if args.detach:
         return _up_detached(args, cluster)
     from graphdist._fleet import LocalFleet
 
-    stop_signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
-    with LocalFleet(cluster, start_timeout_s=args.start_timeout) as fleet:
+    stop = stop_on_signals()
+    with LocalFleet(cluster, start_timeout_s=args.start_timeout, expose=args.expose) as fleet:
         rows = [
             {"job": t.job, "task": t.index, "address": t.address, "pid": t.pid, "alive": t.alive}
             for t in fleet.tasks
@@ -159,10 +194,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         _print_rows(rows, args.json)
         print("graphdist: fleet running; press Ctrl-C to stop it", file=sys.stderr, flush=True)
         reported: set[str] = set()
-        while True:
-            sig = signal.sigtimedwait(stop_signals, 1.0)
-            if sig is not None:
-                break
+        while not stop.wait(1.0):
             for t in fleet.dead_tasks():
                 if t.name not in reported:
                     reported.add(t.name)
@@ -177,7 +209,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _up_detached(args: argparse.Namespace, cluster: Cluster) -> int:
-    from graphdist._fleet import check_hosts_and_ports
+    from graphdist._fleet import check_hosts_and_ports, check_loopback
     from graphdist._state import SUPERVISOR_LOG, clear_state, read_error, read_state
 
     state_dir = _state_dir(args)
@@ -189,6 +221,8 @@ def _up_detached(args: argparse.Namespace, cluster: Cluster) -> int:
             state_dir,
         )
     check_hosts_and_ports(cluster)
+    if not args.expose:
+        check_loopback(cluster)
     os.makedirs(state_dir, exist_ok=True)
     log_path = os.path.join(state_dir, SUPERVISOR_LOG)
     with open(log_path, "ab") as log_file:
@@ -203,6 +237,11 @@ def _up_detached(args: argparse.Namespace, cluster: Cluster) -> int:
                 cluster.to_json(),
                 "--start-timeout",
                 str(args.start_timeout),
+                "--restart",
+                args.restart,
+                "--max-restarts",
+                str(args.max_restarts),
+                *(["--expose"] if args.expose else []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=log_file,
@@ -343,7 +382,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"up": _cmd_up, "status": _cmd_status, "down": _cmd_down, "demo": _cmd_demo}
+def _cmd_tf_config(args: argparse.Namespace) -> int:
+    from graphdist._tfconfig import tf_config
+
+    print(tf_config(args.cluster, args.task).to_json())
+    return 0
+
+
+_COMMANDS = {
+    "tf-config": _cmd_tf_config,
+    "up": _cmd_up,
+    "status": _cmd_status,
+    "down": _cmd_down,
+    "demo": _cmd_demo,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

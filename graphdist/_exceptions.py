@@ -5,12 +5,15 @@ values that explain it as attributes, so callers can react without parsing messa
 
     GraphdistError
     ├── ClusterSpecError        a cluster spec that cannot be used (bad job, address, port, count)
+    │   └── TFConfigError       a TF_CONFIG that is not valid for its cluster
     ├── PlacementError          a device string that is malformed or not in the cluster
     ├── SplitError              a split plan that does not fit the graph (unknown op, no rule)
     ├── FleetError              something about a running fleet of servers
     │   ├── FleetStartError     a server did not come up (carries task, address, log tail)
     │   │   ├── PortInUseError  a port is already taken (carries port and holder pid)
     │   │   └── StartTimeoutError  servers were not ready in time (ready / expected / timeout)
+    │   ├── LoopbackUnavailableError  no way to keep servers on loopback (and expose not asked)
+    │   ├── TaskFailedError     a task died or stopped answering during a run (names the task)
     │   ├── FleetClosedError    the fleet is closed or closing
     │   └── TaskNotFoundError   no such job or task index in the fleet
     └── StateError              the state folder of a detached fleet (none running, stale, busy)
@@ -26,11 +29,14 @@ __all__ = [
     "FleetError",
     "FleetStartError",
     "GraphdistError",
+    "LoopbackUnavailableError",
     "PlacementError",
     "PortInUseError",
     "SplitError",
     "StartTimeoutError",
     "StateError",
+    "TFConfigError",
+    "TaskFailedError",
     "TaskNotFoundError",
 ]
 
@@ -45,6 +51,10 @@ class ClusterSpecError(GraphdistError, ValueError):
     def __init__(self, message: str, value: object = None) -> None:
         super().__init__(message)
         self.value = value
+
+
+class TFConfigError(ClusterSpecError):
+    """A TF_CONFIG text or mapping that is malformed or does not fit its cluster."""
 
 
 class PlacementError(GraphdistError, ValueError):
@@ -77,6 +87,34 @@ class TaskNotFoundError(FleetError, KeyError):
 
 class FleetClosedError(FleetError):
     """An operation needs a running fleet, but this one is closed or closing."""
+
+
+class LoopbackUnavailableError(FleetError):
+    """graphdist cannot keep the servers on loopback here, and ``expose`` was not asked for."""
+
+
+class TaskFailedError(FleetError):
+    """A task died or stopped answering while a session used it.
+
+    Attributes: ``task`` (``"job:index"``), ``address``, ``status`` (``"dead"`` or
+    ``"not answering"``), ``timeout_ms`` (the session's operation timeout). The TensorFlow error is
+    the ``__cause__``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        task: str | None = None,
+        address: str | None = None,
+        status: str | None = None,
+        timeout_ms: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.task = task
+        self.address = address
+        self.status = status
+        self.timeout_ms = timeout_ms
 
 
 def _with_log(message: str, log_tail: Sequence[str]) -> str:

@@ -18,7 +18,6 @@ import shutil
 import signal
 import socket
 import tempfile
-import threading
 import time
 import warnings
 import weakref
@@ -35,12 +34,16 @@ from graphdist._exceptions import (
     FleetStartError,
     PortInUseError,
     StartTimeoutError,
+    TaskFailedError,
     TaskNotFoundError,
 )
+from graphdist._forkserver import process_class
+from graphdist._health import ALIVE, DEAD, NOT_ANSWERING, TaskHealth, probe_all
+from graphdist._loopback import BIND_ADDR_ENV, bind_address_for, loopback_library
 from graphdist._master import master_for
 from graphdist._placement import DeviceSpec, check_device, device
 from graphdist._ports import is_port_free, port_holder, release_ports
-from graphdist._probe import Prober
+from graphdist._probe import PROBE_TIMEOUT_S, Prober
 from graphdist._server import EXIT_PORT_IN_USE, fleet_child
 from graphdist._session import session
 
@@ -55,7 +58,6 @@ DEFAULT_START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 3.0
 LOG_TAIL_LINES = 12
 _POLL_S = 0.02
-_PRELOAD = ["tensorflow", "graphdist._server"]
 _live_fleets: weakref.WeakSet[LocalFleet] = weakref.WeakSet()
 
 
@@ -66,47 +68,6 @@ class FleetState(enum.Enum):
     CLOSING = "closing"
     CLOSED = "closed"
     FAILED = "failed"
-
-
-_launch_lock = threading.Lock()
-
-
-def _process_class() -> Any:
-    """A fork-server Process that does not re-run the owner's ``__main__`` in the child.
-
-    By default a fork-server child re-imports the parent's main script (or fails to, for a
-    notebook or ``python -``); a server process needs nothing from it, and re-running a user's
-    script in every server would be slow and surprising.
-    """
-    import multiprocess
-    from multiprocess import popen_forkserver, spawn
-    from multiprocess.context import ForkServerProcess
-
-    class _Popen(popen_forkserver.Popen):  # type: ignore[misc]
-        def _launch(self, process_obj: Any) -> None:
-            original = spawn.get_preparation_data
-
-            def without_main(name: str) -> dict[str, Any]:
-                data: dict[str, Any] = original(name)
-                data.pop("init_main_from_path", None)
-                data.pop("init_main_from_name", None)
-                return data
-
-            with _launch_lock:
-                spawn.get_preparation_data = without_main
-                try:
-                    super()._launch(process_obj)
-                finally:
-                    spawn.get_preparation_data = original
-
-    class _Process(ForkServerProcess):  # type: ignore[misc]
-        @staticmethod
-        def _Popen(process_obj: Any) -> Any:
-            return _Popen(process_obj)
-
-    # Only takes effect before the fork server's first start; harmless afterwards.
-    multiprocess.get_context("forkserver").set_forkserver_preload(_PRELOAD)
-    return _Process
 
 
 def read_log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -157,6 +118,18 @@ def check_hosts_and_ports(cluster: Cluster) -> None:
                 holder_pid=holder,
                 task=f"{task.job}:{task.index}",
                 address=task.address,
+            )
+
+
+def check_loopback(cluster: Cluster) -> None:
+    """Raise ClusterSpecError if a task is not on a loopback host (needed unless exposed)."""
+    for task in cluster:
+        if bind_address_for(task.host) is None:
+            raise ClusterSpecError(
+                f"Task {task.job}:{task.index} is on {task.host!r}, which is not a loopback "
+                "address; servers stay on loopback unless you pass expose=True (CLI: --expose), "
+                "which makes them reachable from the network without authentication",
+                task.address,
             )
 
 
@@ -218,6 +191,49 @@ class FleetTask:
         return f"<FleetTask {self.job}:{self.index} at {self.address} pid={self.pid} {state}>"
 
 
+class ReopeningSession:
+    """A session that is reopened once when a run fails because a task died or was restarted.
+
+    Safe only for idempotent fetches (reads, pure computations): the failed run may have
+    executed in part before it failed. Use it as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, open_session: Any) -> None:
+        self._open = open_session
+        self.session: Any = open_session()
+        self.reopened = 0
+
+    def run(self, fetches: Any, feed_dict: Any = None, **kwargs: Any) -> Any:
+        try:
+            return self.session.run(fetches, feed_dict=feed_dict, **kwargs)
+        except Exception as exc:
+            if not _is_task_failure(exc):
+                raise
+            log.info("run failed (%s); reopening the session once", type(exc).__name__)
+            with contextlib.suppress(Exception):
+                self.session.close()
+            self.session = self._open()
+            self.reopened += 1
+            return self.session.run(fetches, feed_dict=feed_dict, **kwargs)
+
+    def close(self) -> None:
+        self.session.close()
+
+    def __enter__(self) -> ReopeningSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _is_task_failure(exc: BaseException) -> bool:
+    if isinstance(exc, TaskFailedError):
+        return True
+    from graphdist._session import TASK_FAILURE_ERRORS
+
+    return type(exc).__name__ in TASK_FAILURE_ERRORS
+
+
 class LocalFleet:
     """A fleet of TensorFlow servers on this machine, one process per task of ``cluster``.
 
@@ -237,6 +253,11 @@ class LocalFleet:
     - ``server_config``: a ``ConfigProto`` for the servers' default session config.
     - ``operation_timeout_ms``: the timeout :meth:`session` puts in every config
       (default :data:`graphdist.DEFAULT_OPERATION_TIMEOUT_MS`).
+    - ``expose`` (default ``False``): servers accept connections from loopback only (TensorFlow's
+      servers have no authentication); ``True`` lets them listen on every interface, as
+      TensorFlow does by itself, and logs the risk. Without it every task must be on a loopback
+      host, and :class:`LoopbackUnavailableError` is raised where the loopback shim cannot be
+      built (no C compiler), instead of exposing the ports silently.
 
     :meth:`start` raises :class:`PortInUseError` (a port is taken: nothing is started),
     :class:`FleetStartError` (a server exited while starting) or :class:`StartTimeoutError`;
@@ -252,8 +273,10 @@ class LocalFleet:
         env: Mapping[str, str] | None = None,
         server_config: tf.compat.v1.ConfigProto | None = None,
         operation_timeout_ms: int | None = None,
+        expose: bool = False,
     ) -> None:
         self.cluster = Cluster.parse(cluster)
+        self.expose = bool(expose)
         if start_timeout_s <= 0:
             raise ValueError(f"start_timeout_s must be > 0 seconds, not {start_timeout_s!r}")
         self.start_timeout_s = float(start_timeout_s)
@@ -265,6 +288,7 @@ class LocalFleet:
         self.state = FleetState.CREATED
         self._owner_pid = os.getpid()
         self._tasks: dict[tuple[str, int], FleetTask] = {}
+        self._process_class: Any = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -278,11 +302,11 @@ class LocalFleet:
             if self._own_log_dir:
                 self.log_dir = tempfile.mkdtemp(prefix="graphdist-fleet-")
             os.makedirs(self.log_dir, exist_ok=True)
-            process_class = _process_class()
+            self._process_class = process_class(self._bind_shim())
             for task in self.cluster.tasks:
                 ft = FleetTask(task, os.path.join(self.log_dir, f"{task.name}.log"))
                 self._tasks[(task.job, task.index)] = ft
-                self._start_task(process_class, ft)
+                self._start_task(ft)
             _live_fleets.add(self)
             self._wait_ready(list(self._tasks.values()), self.start_timeout_s)
         except BaseException:
@@ -392,13 +416,115 @@ class LocalFleet:
     ) -> Any:
         """A ``tf.compat.v1.Session`` whose master is ``job:task``, with a bounded operation
         timeout (``operation_timeout_ms``, else the fleet's, else the config's, else
-        :data:`graphdist.DEFAULT_OPERATION_TIMEOUT_MS`)."""
+        :data:`graphdist.DEFAULT_OPERATION_TIMEOUT_MS`).
+
+        Raises :class:`TaskFailedError` at once if the master is dead or not answering. When a
+        run fails because a task died or froze (TensorFlow's Unavailable, DeadlineExceeded,
+        Aborted... errors), ``sess.run`` raises :class:`TaskFailedError` naming that task, with
+        TensorFlow's error as its cause; other errors pass through unchanged.
+        """
         self._require_running()
-        return session(
-            self.target(job, task),
+        master = self.task(job, task)
+        (health,) = self.health(tasks=[master])
+        if not health.ok:
+            raise self._task_failed(health, operation_timeout_ms, "cannot open a session")
+        sess = session(
+            master.target,
             graph=graph,
             config=config,
             operation_timeout_ms=operation_timeout_ms or self.operation_timeout_ms,
+            diagnose=self._diagnose,
+        )
+        return sess
+
+    def health(
+        self, timeout_s: float = PROBE_TIMEOUT_S, tasks: list[FleetTask] | None = None
+    ) -> list[TaskHealth]:
+        """Each task's :class:`TaskHealth` (``alive``, ``dead`` or ``not answering``), checked
+        with a real gRPC call of at most ``timeout_s`` seconds (all tasks at once)."""
+        tasks = list(self._tasks.values()) if tasks is None else tasks
+        results = probe_all([t.address for t in tasks], timeout_s)
+        out = []
+        for ft, (answered, error) in zip(tasks, results, strict=True):
+            if not ft.alive:
+                status, detail = DEAD, f"exit code {ft.exitcode}"
+            elif answered:
+                status, detail = ALIVE, ""
+            else:
+                status, detail = NOT_ANSWERING, error or ""
+            out.append(TaskHealth(ft.job, ft.index, ft.address, ft.pid, status, detail))
+        return out
+
+    def kill(self, job: str | None = None, index: int = 0, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` (default SIGKILL) to the server of ``job:index``; with SIGKILL or
+        SIGTERM, wait until its process is gone. For fault drills; see :meth:`restart`."""
+        self._require_running()
+        ft = self.task(job, index)
+        ft._signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            ft._join(10.0)
+
+    def restart(self, job: str | None = None, index: int = 0) -> FleetTask:
+        """Start the server of ``job:index`` again on the same address (killing it first if it
+        still runs) and wait until it answers. Variables on other tasks keep their values; old
+        sessions that used this task are broken (TensorFlow never recovers them), new ones work
+        at once. Raises :class:`FleetStartError` if it does not come back."""
+        self._require_running()
+        ft = self.task(job, index)
+        if ft.alive:
+            ft._signal(signal.SIGKILL)
+            ft._join(10.0)
+        ft.restarts += 1
+        self._start_task(ft)
+        self._wait_ready([ft], self.start_timeout_s)
+        log.info("restarted %r (restart %d)", ft, ft.restarts)
+        return ft
+
+    def reopening_session(
+        self,
+        job: str | None = None,
+        task: int = 0,
+        graph: tf.Graph | None = None,
+        config: tf.compat.v1.ConfigProto | None = None,
+        *,
+        operation_timeout_ms: int | None = None,
+    ) -> ReopeningSession:
+        """A session on ``job:task`` whose :meth:`~ReopeningSession.run` reopens the session
+        once and runs again when a run fails because a task was restarted or died. Only safe for
+        idempotent fetches: a failed run may have executed in part."""
+        return ReopeningSession(
+            lambda: self.session(
+                job, task, graph, config, operation_timeout_ms=operation_timeout_ms
+            )
+        )
+
+    def _diagnose(self, exc: BaseException, timeout_ms: int) -> FleetError | None:
+        """Which task made a run fail, as a TaskFailedError (None if every task is fine)."""
+        if self.state is not FleetState.RUNNING:
+            return None
+        for health in self.health(timeout_s=0.5):
+            if not health.ok:
+                return self._task_failed(
+                    health, timeout_ms, f"the run failed ({type(exc).__name__})"
+                )
+        return None
+
+    def _task_failed(
+        self, health: TaskHealth, timeout_ms: int | None, what: str
+    ) -> TaskFailedError:
+        hint = (
+            f"restart it with fleet.restart({health.job!r}, {health.index}) and open a new session"
+            if health.status == DEAD
+            else "it may be frozen or overloaded"
+        )
+        return TaskFailedError(
+            f"Task {health.job}:{health.index} at {health.address} is {health.status}"
+            + (f" ({health.detail})" if health.detail else "")
+            + f": {what}; {hint}",
+            task=f"{health.job}:{health.index}",
+            address=health.address,
+            status=health.status,
+            timeout_ms=timeout_ms,
         )
 
     def session_for(
@@ -439,6 +565,13 @@ class LocalFleet:
         if self.state is not FleetState.RUNNING:
             raise FleetClosedError(f"The fleet is {self.state.value}; start it first")
 
+    def _task_env(self, task: Task) -> dict[str, str]:
+        env = dict(self._env)
+        address = bind_address_for(task.host)
+        if not self.expose and address is not None:
+            env[BIND_ADDR_ENV] = address
+        return env
+
     def _spec(self, ft: FleetTask) -> dict[str, Any]:
         return {
             "cluster": self.cluster.as_dict(),
@@ -446,12 +579,25 @@ class LocalFleet:
             "index": ft.index,
             "log_path": ft.log_path,
             "owner_pid": self._owner_pid,
-            "env": self._env,
+            "env": self._task_env(ft.task),
             "config": self._server_config,
         }
 
-    def _start_task(self, process_class: Any, ft: FleetTask) -> None:
-        ft._start(process_class, self._spec(ft))
+    def _bind_shim(self) -> str:
+        """The LD_PRELOAD library that keeps servers on loopback ("" when exposed)."""
+        if self.expose:
+            log.warning(
+                "expose=True: the servers of %r listen on every network interface; TensorFlow's "
+                "gRPC runtime has no authentication, so anyone who can reach these ports can run "
+                "code in them",
+                self,
+            )
+            return ""
+        check_loopback(self.cluster)
+        return loopback_library()
+
+    def _start_task(self, ft: FleetTask) -> None:
+        ft._start(self._process_class, self._spec(ft))
         log.debug("started %r", ft)
 
     def _wait_ready(self, pending: list[FleetTask], timeout_s: float) -> None:

@@ -14,13 +14,15 @@ import argparse
 import contextlib
 import logging
 import os
-import signal
 import sys
 import time
+
+import psutil
 
 from graphdist._cluster import Cluster
 from graphdist._exceptions import GraphdistError
 from graphdist._fleet import LocalFleet
+from graphdist._signals import stop_on_signals
 from graphdist._state import (
     STATE_FILE,
     FleetRecord,
@@ -31,7 +33,28 @@ from graphdist._state import (
 )
 
 log = logging.getLogger("graphdist.supervisor")
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+RESTART_POLICIES = ("no", "on-failure")
+DEFAULT_MAX_RESTARTS = 3
+MONITOR_INTERVAL_S = 0.5
+
+
+def _record(fleet: LocalFleet, started_at: float, policy: str) -> FleetRecord:
+    tasks = []
+    for t in fleet.tasks:
+        if t.pid is None:
+            continue
+        try:
+            ref = ProcessRef.of(t.pid)
+        except psutil.Error:
+            ref = ProcessRef(t.pid, 0.0)  # already gone: recorded, and seen as not alive
+        tasks.append(TaskRecord(t.job, t.index, t.address, t.pid, ref.create_time, t.log_path))
+    return FleetRecord(
+        supervisor=ProcessRef.of(os.getpid()),
+        cluster=fleet.cluster.as_dict(),
+        tasks=tasks,
+        started_at=started_at,
+        restart_policy=policy,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,16 +62,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--cluster", required=True, help="cluster as JSON text")
     parser.add_argument("--start-timeout", type=float, default=60.0)
+    parser.add_argument("--expose", action="store_true")
+    parser.add_argument("--restart", choices=RESTART_POLICIES, default="no")
+    parser.add_argument("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    stop = stop_on_signals()
     state_dir = args.state_dir
     try:
         fleet = LocalFleet(
             Cluster.parse(args.cluster),
             start_timeout_s=args.start_timeout,
             log_dir=os.path.join(state_dir, "logs"),
+            expose=args.expose,
         ).start()
     except GraphdistError as exc:
         write_error(state_dir, type(exc).__name__, str(exc))
@@ -57,29 +84,28 @@ def main(argv: list[str] | None = None) -> int:
         write_error(state_dir, type(exc).__name__, f"{type(exc).__name__}: {exc}")
         raise
     try:
-        write_state(
-            state_dir,
-            FleetRecord(
-                supervisor=ProcessRef.of(os.getpid()),
-                cluster=fleet.cluster.as_dict(),
-                tasks=[
-                    TaskRecord(
-                        t.job,
-                        t.index,
-                        t.address,
-                        t.pid,
-                        ProcessRef.of(t.pid).create_time,
-                        t.log_path,
-                    )
-                    for t in fleet.tasks
-                    if t.pid is not None
-                ],
-                started_at=time.time(),
-            ),
-        )
-        log.info("fleet ready: %r", fleet)
-        sig = signal.sigwait(_STOP_SIGNALS)
-        log.info("got signal %d; stopping the fleet", sig)
+        started_at = time.time()
+        write_state(state_dir, _record(fleet, started_at, args.restart))
+        log.info("fleet ready: %r (restart policy %s)", fleet, args.restart)
+        given_up: set[str] = set()
+        while not stop.wait(MONITOR_INTERVAL_S):
+            if args.restart != "on-failure":
+                continue
+            for task in fleet.dead_tasks():
+                if task.restarts >= args.max_restarts:
+                    if task.name not in given_up:
+                        given_up.add(task.name)
+                        log.error(
+                            "%r died %d times; not restarting it again", task, task.restarts + 1
+                        )
+                    continue
+                log.warning("%r died (exit code %s); restarting it", task, task.exitcode)
+                try:
+                    fleet.restart(task.job, task.index)
+                except GraphdistError as exc:
+                    log.error("restart of %s failed: %s", task.name, exc)
+                write_state(state_dir, _record(fleet, started_at, args.restart))
+        log.info("got a stop signal; stopping the fleet")
     finally:
         fleet.close()
         with contextlib.suppress(FileNotFoundError):
