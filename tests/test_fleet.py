@@ -133,7 +133,8 @@ def test_non_local_host_is_refused():
         graphdist.LocalFleet({"local": ["example.invalid:2020"]}).start()
 
 
-def test_servers_exit_when_the_owner_is_killed():
+@pytest.mark.parametrize("attempt", range(10))
+def test_servers_exit_when_the_owner_is_killed(attempt):
     owner_code = textwrap.dedent(
         """
         import sys, time, graphdist
