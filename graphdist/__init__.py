@@ -28,10 +28,25 @@ from graphdist._fleet import (
     ReopeningSession,
 )
 from graphdist._health import TaskHealth
+from graphdist._launcher import (
+    LaunchError,
+    LaunchTimeoutError,
+    TaskExitError,
+    TaskResult,
+    run_command,
+    run_function,
+)
 from graphdist._master import master_for
 from graphdist._placement import DeviceSpec, check_device, device, normalize_device, parse_device
 from graphdist._session import DEFAULT_OPERATION_TIMEOUT_MS, session, session_config
 from graphdist._split import AutoPlan, ByName, Plan, RoundRobin, SplitGraph, split
+from graphdist._strategy import (
+    checkpoint_dir,
+    global_batch_size,
+    is_chief,
+    shard,
+    strategy_from_environment,
+)
 from graphdist._tfconfig import TFConfig, cluster_resolver, parse_tf_config, tf_config
 from graphdist._trace import Placement, no_folding_config, run_traced
 from graphdist._variables import initialize_uninitialized, shared_variable
@@ -52,6 +67,8 @@ __all__ = [
     "FleetState",
     "FleetTask",
     "GraphdistError",
+    "LaunchError",
+    "LaunchTimeoutError",
     "LocalFleet",
     "LoopbackUnavailableError",
     "Placement",
@@ -67,23 +84,32 @@ __all__ = [
     "TFConfig",
     "TFConfigError",
     "Task",
+    "TaskExitError",
     "TaskFailedError",
     "TaskHealth",
     "TaskNotFoundError",
+    "TaskResult",
     "__version__",
     "check_device",
+    "checkpoint_dir",
     "cluster_resolver",
     "device",
+    "global_batch_size",
     "initialize_uninitialized",
+    "is_chief",
     "master_for",
     "no_folding_config",
     "normalize_device",
     "parse_device",
     "parse_tf_config",
+    "run_command",
+    "run_function",
     "run_traced",
     "session",
     "session_config",
+    "shard",
     "shared_variable",
     "split",
+    "strategy_from_environment",
     "tf_config",
 ]

@@ -107,6 +107,20 @@ def build_parser() -> argparse.ArgumentParser:
     down = sub.add_parser("down", help="stop the detached fleet and remove its state")
     _add_state_dir(down)
 
+    run = sub.add_parser(
+        "run",
+        help="run a multi-worker command: one process per task, each with its TF_CONFIG",
+        description="Start a local cluster and run COMMAND once per chief/worker task with its "
+        "TF_CONFIG and TF_USE_LEGACY_KERAS=1; with --ps, the chief runs COMMAND as coordinator "
+        "while workers and ps tasks are plain servers. Exits 0 only if every task does.",
+    )
+    run.add_argument("--workers", type=int, default=2, metavar="N", help="worker tasks (2)")
+    run.add_argument("--ps", type=int, default=0, metavar="M", help="parameter servers (0)")
+    run.add_argument("--chief", action="store_true", help="add a chief task (needed with --ps)")
+    run.add_argument("--timeout", type=float, metavar="S", help="stop everything after S seconds")
+    run.add_argument("--expose", action="store_true", help="do not keep servers on loopback")
+    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+
     tfc = sub.add_parser("tf-config", help="print a task's TF_CONFIG for a cluster, as JSON")
     tfc.add_argument("--cluster", required=True, metavar="SPEC", help="as for `up`")
     tfc.add_argument(
@@ -382,6 +396,26 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from graphdist._launcher import run_command
+
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not command:
+        raise UsageError("No command to run; put it after `--`, e.g. -- python train.py")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0 seconds, not {args.timeout:g}")
+    results = run_command(
+        command,
+        workers=args.workers,
+        ps=args.ps,
+        chief=args.chief,
+        timeout_s=args.timeout,
+        expose=args.expose,
+    )
+    print(f"graphdist: all {len(results)} task(s) exited 0", file=sys.stderr)
+    return 0
+
+
 def _cmd_tf_config(args: argparse.Namespace) -> int:
     from graphdist._tfconfig import tf_config
 
@@ -391,6 +425,7 @@ def _cmd_tf_config(args: argparse.Namespace) -> int:
 
 _COMMANDS = {
     "tf-config": _cmd_tf_config,
+    "run": _cmd_run,
     "up": _cmd_up,
     "status": _cmd_status,
     "down": _cmd_down,

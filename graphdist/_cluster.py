@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
@@ -285,6 +285,10 @@ class Cluster:
             raise ClusterSpecError(
                 f"No job named {job!r} in the cluster; its jobs are {', '.join(self.jobs)}", job
             ) from None
+
+    def subset(self, jobs: Iterable[str]) -> Cluster:
+        """The cluster of only ``jobs`` (same indices and addresses)."""
+        return Cluster({job: dict(self._job(job)) for job in jobs})
 
     @property
     def is_sparse(self) -> bool:

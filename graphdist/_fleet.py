@@ -21,7 +21,7 @@ import tempfile
 import time
 import warnings
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -253,6 +253,8 @@ class LocalFleet:
     - ``server_config``: a ``ConfigProto`` for the servers' default session config.
     - ``operation_timeout_ms``: the timeout :meth:`session` puts in every config
       (default :data:`graphdist.DEFAULT_OPERATION_TIMEOUT_MS`).
+    - ``jobs``: serve only the tasks of these jobs (default: all); the others are served by
+      other processes, e.g. the chief and workers of :func:`graphdist.run_command`.
     - ``expose`` (default ``False``): servers accept connections from loopback only (TensorFlow's
       servers have no authentication); ``True`` lets them listen on every interface, as
       TensorFlow does by itself, and logs the risk. Without it every task must be on a loopback
@@ -274,9 +276,13 @@ class LocalFleet:
         server_config: tf.compat.v1.ConfigProto | None = None,
         operation_timeout_ms: int | None = None,
         expose: bool = False,
+        jobs: Iterable[str] | None = None,
     ) -> None:
         self.cluster = Cluster.parse(cluster)
         self.expose = bool(expose)
+        self.jobs = tuple(jobs) if jobs is not None else self.cluster.jobs
+        for job in self.jobs:
+            self.cluster.task_indices(job)  # raises ClusterSpecError naming an unknown job
         if start_timeout_s <= 0:
             raise ValueError(f"start_timeout_s must be > 0 seconds, not {start_timeout_s!r}")
         self.start_timeout_s = float(start_timeout_s)
@@ -298,12 +304,12 @@ class LocalFleet:
             raise FleetError(f"This fleet was already started (state {self.state.value})")
         self.state = FleetState.STARTING
         try:
-            check_hosts_and_ports(self.cluster)
+            check_hosts_and_ports(self.served)
             if self._own_log_dir:
                 self.log_dir = tempfile.mkdtemp(prefix="graphdist-fleet-")
             os.makedirs(self.log_dir, exist_ok=True)
             self._process_class = process_class(self._bind_shim())
-            for task in self.cluster.tasks:
+            for task in self.served:
                 ft = FleetTask(task, os.path.join(self.log_dir, f"{task.name}.log"))
                 self._tasks[(task.job, task.index)] = ft
                 self._start_task(ft)
@@ -349,6 +355,11 @@ class LocalFleet:
                 self.close()
 
     # -- queries --------------------------------------------------------------------------------
+
+    @property
+    def served(self) -> Cluster:
+        """The part of the cluster this fleet runs servers for (see ``jobs``)."""
+        return self.cluster.subset(self.jobs)
 
     @property
     def tasks(self) -> tuple[FleetTask, ...]:
@@ -593,7 +604,7 @@ class LocalFleet:
                 self,
             )
             return ""
-        check_loopback(self.cluster)
+        check_loopback(self.served)
         return loopback_library()
 
     def _start_task(self, ft: FleetTask) -> None:

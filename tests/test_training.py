@@ -1,0 +1,122 @@
+"""The seeds' tf.distribute training, for real, through `graphdist run`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import QUIET_TF, REPO, wait_gone
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+EXAMPLES = os.path.join(REPO, "examples")
+
+
+def launch(*args: str, **popen) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "graphdist", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=EXAMPLES,
+        env={**os.environ, **QUIET_TF},
+        **popen,
+    )
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[int, list[str], str]:
+    out, err = proc.communicate(timeout=240)
+    return proc.returncode, out.splitlines(), err
+
+
+def test_mwms_two_workers_identical_weights_and_real_accuracy(tmp_path):
+    code, lines, err = finish(
+        launch(
+            "--workers",
+            "2",
+            "--",
+            sys.executable,
+            "seed_mwms_training.py",
+            "--epochs",
+            "4",
+            "--out",
+            str(tmp_path),
+        )
+    )
+    assert code == 0, err[-2000:]
+    assert "[worker-0] Number of devices: 2" in lines
+    a = np.load(tmp_path / "weights-worker-0.npz")
+    b = np.load(tmp_path / "weights-worker-1.npz")
+    assert len(a.files) == 4
+    assert all(np.array_equal(a[k], b[k]) for k in a.files)
+    accuracy = [float(ln.split()[-1]) for ln in lines if "held-out accuracy" in ln]
+    assert len(accuracy) == 2 and min(accuracy) > 0.5  # chance is 0.1
+    assert os.listdir(tmp_path / "checkpoints")  # written by the chief only
+
+
+def test_killed_worker_then_rerun_resumes_from_the_last_checkpoint(tmp_path):
+    epochs = 10
+    argv = [
+        "--workers",
+        "2",
+        "--",
+        sys.executable,
+        "seed_mwms_training.py",
+        "--epochs",
+        str(epochs),
+        "--out",
+        str(tmp_path),
+    ]
+    proc = launch(*argv)
+    assert proc.stdout is not None
+    pids: dict[str, int] = {}
+    try:
+        for line in proc.stdout:
+            if " pid " in line and line.startswith("[worker-"):
+                pids[line.split()[2]] = int(line.split()[-1])
+            if line.startswith("[worker-0] epoch 2/"):
+                break
+        os.kill(pids["worker-1"], signal.SIGKILL)
+        code, _, err = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 1 and "worker-1 exited with code -9" in err
+    assert wait_gone(pids.values(), 5) == []
+
+    code, lines, err = finish(launch(*argv))
+    assert code == 0, err[-2000:]
+    resumed = [ln for ln in lines if ln.startswith("[worker-0] resuming from epoch")]
+    assert resumed, lines[:20]
+    assert int(resumed[0].split()[4]) >= 2
+    assert "[worker-0] starting from scratch" not in lines
+    assert f"[worker-0] epoch {epochs}/{epochs} done" in " ".join(lines)
+
+
+@pytest.mark.parametrize("mode", ["custom", "fit"])
+def test_parameter_server_training_keeps_variables_on_the_ps(mode):
+    code, lines, err = finish(
+        launch(
+            "--chief",
+            "--ps",
+            "1",
+            "--workers",
+            "2",
+            "--",
+            sys.executable,
+            "ps_training.py",
+            "--mode",
+            mode,
+        )
+    )
+    assert code == 0, err[-2000:]
+    devices = [ln.split(" on ")[-1] for ln in lines if "] variable " in ln]
+    assert len(devices) == 4
+    assert all(d == "/job:ps/replica:0/task:0/device:CPU:0" for d in devices)
+    accuracy = float(next(ln for ln in lines if "held-out accuracy" in ln).split()[-1])
+    assert accuracy > 0.5
