@@ -31,6 +31,7 @@ test: lint
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/master_choice.py
+	$(BIN)/python benchmarks/mwms_throughput.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .mypy_cache .ruff_cache .pytest_cache
