@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-full clean
 
 $(VENV)/.installed: setup.cfg setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,9 +28,16 @@ lint: $(VENV)/.installed
 test: lint
 	$(BIN)/pytest
 
-bench: $(VENV)/.installed
-	$(BIN)/python benchmarks/startup.py
-	$(BIN)/python benchmarks/master_choice.py
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	touch $@
+
+# The benchmark suite, quick mode (about 2 minutes); rewrites README's benchmark section.
+bench: $(VENV)/.bench-installed
+	$(BIN)/python benchmarks/suite.py --readme README.md
+
+bench-full: $(VENV)/.bench-installed
+	$(BIN)/python benchmarks/suite.py --full --readme README.md
 	$(BIN)/python benchmarks/mwms_throughput.py
 
 clean:

@@ -1,10 +1,12 @@
-"""Fleet start-up: graphdist's LocalFleet against the seed's way and a bare TensorFlow import.
+"""Fleet start-up and memory: graphdist's LocalFleet against the seed's way, TensorFlow's
+``create_local_cluster`` and a bare TensorFlow import.
 
 Each figure is the wall time from launching a fresh Python process until every server of the
 fleet has answered a gRPC GetStatus call, the median of ``--repeats`` runs, all measured in this
-one run on this machine. Printed as ratios against the floor, a bare ``python -c "import
-tensorflow"``. The seed's way is one ``multiprocessing`` ``spawn`` process per server, each
-importing TensorFlow and building its server, as in the legacy tutorial.
+one run on this machine, and printed as ratios against the floor, a bare ``python -c "import
+tensorflow"``. The seed's way is one ``multiprocessing`` ``spawn`` process per server
+(``seed_style_fleet.py``). Once ready, each child also reports the PSS and RSS of its server
+processes (for ``create_local_cluster``, of its one process, which holds every server).
 
     python benchmarks/startup.py [--sizes 1 4 8] [--repeats 3] [--json out.json]
 """
@@ -20,27 +22,63 @@ import sys
 import textwrap
 import threading
 import time
+from typing import Any
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
-BARE = "import tensorflow\nprint('READY', flush=True)"
-
-SEED_STYLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seed_style_fleet.py")
-
-LOCAL_FLEET = textwrap.dedent(
+MEMORY = textwrap.dedent(
     """
-    import sys
-    import graphdist
-    fleet = graphdist.LocalFleet(f"local={sys.argv[1]}").start()
-    print("READY", flush=True)
-    fleet.close()
+    def memory(pids):
+        import psutil
+        infos = [psutil.Process(p).memory_full_info() for p in pids]
+        return {"pss_mib": sum(i.pss for i in infos) / 2**20,
+                "rss_mib": sum(i.rss for i in infos) / 2**20}
     """
 )
 
+CHILDREN = {
+    "bare_import": MEMORY
+    + textwrap.dedent(
+        """
+        import json, os, sys
+        import tensorflow
+        print("READY", json.dumps(memory([os.getpid()])), flush=True)
+        """
+    ),
+    "local_fleet": MEMORY
+    + textwrap.dedent(
+        """
+        import json, sys
+        import graphdist
+        fleet = graphdist.LocalFleet(f"local={sys.argv[1]}").start()
+        print("READY", json.dumps(memory(fleet.pids)), flush=True)
+        fleet.close()
+        """
+    ),
+    "create_local_cluster": MEMORY
+    + textwrap.dedent(
+        """
+        import json, os, sys
+        import tensorflow as tf
+        from graphdist._probe import Prober
+        workers, _ = tf.test.create_local_cluster(int(sys.argv[1]), 0)
+        for w in workers:
+            with Prober(w.target[len("grpc://"):]) as p:
+                assert p.probe(30)
+        print("READY", json.dumps(memory([os.getpid()])), flush=True)
+        os._exit(0)  # its servers can never be stopped otherwise
+        """
+    ),
+    "seed_style": os.path.join(HERE, "seed_style_fleet.py"),
+}
+METHODS = ("local_fleet", "seed_style", "create_local_cluster")
 
-def time_to_ready(code: str, *args: str, timeout_s: float = 180.0) -> float:
-    """Seconds from launching ``python -c code`` (or ``python FILE`` when ``code`` is a path) until
-    it prints READY; raises RuntimeError if it exits first or takes over ``timeout_s``."""
+
+def time_to_ready(code: str, *args: str, timeout_s: float = 180.0) -> tuple[float, dict[str, Any]]:
+    """Seconds from launching ``python -c code`` (or ``python FILE`` when ``code`` is a path)
+    until it prints READY, and the JSON it printed after READY (memory figures, may be empty).
+    Raises RuntimeError if it exits first or takes over ``timeout_s``."""
     argv = [code] if code.endswith(".py") else ["-c", code]
     start = time.perf_counter()
     proc = subprocess.Popen(
@@ -53,48 +91,58 @@ def time_to_ready(code: str, *args: str, timeout_s: float = 180.0) -> float:
     assert proc.stdout is not None
     timer = threading.Timer(timeout_s, proc.kill)
     timer.start()
-    for line in proc.stdout:
-        if line.strip() == "READY":
-            elapsed = time.perf_counter() - start
-            break
-    else:
+    try:
+        for line in proc.stdout:
+            if line.startswith("READY"):
+                elapsed = time.perf_counter() - start
+                extra = line[len("READY") :].strip()
+                break
+        else:
+            raise RuntimeError(f"benchmark child exited with {proc.wait()} before READY")
+    finally:
         timer.cancel()
-        raise RuntimeError(f"benchmark child exited with {proc.wait()} before READY")
-    timer.cancel()
+    proc.stdout.read()
     proc.wait(60)
-    return elapsed
+    return elapsed, json.loads(extra) if extra else {}
 
 
-def median_of(repeats: int, code: str, *args: str) -> float:
-    return statistics.median(time_to_ready(code, *args) for _ in range(repeats))
+def measure(method: str, servers: int, repeats: int) -> dict[str, float]:
+    """Median start-up seconds and memory of ``method`` with ``servers`` servers."""
+    runs = [time_to_ready(CHILDREN[method], str(servers)) for _ in range(repeats)]
+    out: dict[str, float] = {"seconds": statistics.median(t for t, _ in runs)}
+    for key in ("pss_mib", "rss_mib"):
+        values = [m[key] for _, m in runs if key in m]
+        if values:
+            out[key] = statistics.median(values)
+    return out
 
 
-def main(argv: list[str] | None = None) -> dict[str, object]:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--methods", nargs="+", default=["local_fleet", "seed_style"])
     parser.add_argument("--json", metavar="PATH", help="also write the raw figures here")
     args = parser.parse_args(argv)
 
-    bare = median_of(args.repeats, BARE)
-    rows = []
-    for n in args.sizes:
-        seed = median_of(args.repeats, SEED_STYLE, str(n))
-        fleet = median_of(args.repeats, LOCAL_FLEET, str(n))
-        rows.append({"servers": n, "seed_style_s": seed, "local_fleet_s": fleet})
-
+    floor = measure("bare_import", 0, args.repeats)
+    rows = [
+        {"servers": n, **{m: measure(m, n, args.repeats) for m in args.methods}} for n in args.sizes
+    ]
+    bare = floor["seconds"]
     print(f"bare `import tensorflow`: {bare:.2f} s (median of {args.repeats}; the floor)")
-    print(
-        f"{'servers':>7}  {'seed-style':>12}  {'LocalFleet':>12}  {'seed/floor':>10}  "
-        f"{'fleet/floor':>11}  {'seed/fleet':>10}"
-    )
+    header = "".join(f"  {m:>22}" for m in args.methods)
+    print(f"{'servers':>7}{header}")
     for r in rows:
-        seed, fleet = r["seed_style_s"], r["local_fleet_s"]
-        print(
-            f"{r['servers']:>7}  {seed:>10.2f} s  {fleet:>10.2f} s  {seed / bare:>10.2f}  "
-            f"{fleet / bare:>11.2f}  {seed / fleet:>10.2f}"
+        cells = "".join(
+            f"  {r[m]['seconds']:>8.2f} s = {r[m]['seconds'] / bare:>5.2f}x" for m in args.methods
         )
-    result = {"bare_import_s": bare, "repeats": args.repeats, "rows": rows, "cpus": os.cpu_count()}
+        print(f"{r['servers']:>7}{cells}")
+    if "seed_style" in args.methods and "local_fleet" in args.methods:
+        last = rows[-1]
+        ratio = last["seed_style"]["seconds"] / last["local_fleet"]["seconds"]
+        print(f"seed-style / LocalFleet at {last['servers']} servers: {ratio:.2f}x")
+    result = {"bare_import": floor, "repeats": args.repeats, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -121,6 +121,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--expose", action="store_true", help="do not keep servers on loopback")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
+    srv = sub.add_parser(
+        "serve",
+        help="run one server of a cluster in the foreground (for systemd, Kubernetes, Slurm)",
+    )
+    srv.add_argument("--cluster", metavar="SPEC", help="JSON text or a JSON file path")
+    srv.add_argument("--job", help="this server's job name")
+    srv.add_argument("--task", type=int, metavar="INDEX", help="this server's task index")
+    srv.add_argument(
+        "--slurm",
+        metavar="JOB=N[,JOB=N]",
+        help="take the cluster and this task from Slurm's environment (SlurmClusterResolver)",
+    )
+    srv.add_argument("--port-base", type=int, default=8888, help="with --slurm (8888)")
+    srv.add_argument(
+        "--bind-all",
+        action="store_true",
+        help="listen on every interface as TensorFlow does (default: only the task's address)",
+    )
+
     tfc = sub.add_parser("tf-config", help="print a task's TF_CONFIG for a cluster, as JSON")
     tfc.add_argument("--cluster", required=True, metavar="SPEC", help="as for `up`")
     tfc.add_argument(
@@ -416,6 +435,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from graphdist._serve import serve, slurm_task
+
+    if args.slurm:
+        if args.cluster or args.job or args.task is not None:
+            raise UsageError("--slurm takes the cluster, job and task from Slurm; drop the others")
+        counts = {job: int(n) for job, n in Cluster.parse_counts(args.slurm).items()}
+        cluster, job, index = slurm_task(counts, port_base=args.port_base)
+    else:
+        if not args.cluster or not args.job or args.task is None:
+            raise UsageError("serve needs --cluster, --job and --task (or --slurm)")
+        cluster, job, index = Cluster.parse(args.cluster), args.job, args.task
+    return serve(cluster, job, index, bind_all=args.bind_all, argv=argv)
+
+
 def _cmd_tf_config(args: argparse.Namespace) -> int:
     from graphdist._tfconfig import tf_config
 
@@ -436,7 +470,10 @@ _COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``graphdist`` command; returns the exit status."""
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(argv)
+        if args.command == "serve":
+            return _cmd_serve(args, argv)
         return _COMMANDS[args.command](args)
     except (*_USER_MISTAKES, UsageError) as exc:
         print(f"Error: {exc}", file=sys.stderr)

@@ -207,6 +207,15 @@ class Cluster:
             )
         return cls.parse(data)
 
+    @staticmethod
+    def parse_counts(text: str) -> dict[str, int]:
+        """``"worker=2,ps=1"`` → ``{"worker": 2, "ps": 1}``; raises ClusterSpecError."""
+        counts = _parse_counts(text)
+        for job, n in counts.items():
+            if n < 1:
+                raise ClusterSpecError(f"Job {job!r} asks for {n} tasks; the count must be >= 1", n)
+        return counts
+
     @classmethod
     def from_counts(cls, counts: Mapping[str, int], *, host: str = DEFAULT_HOST) -> Cluster:
         """A cluster of ``counts[job]`` tasks per job on free ports of ``host``.

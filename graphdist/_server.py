@@ -18,7 +18,14 @@ import time
 import traceback
 from typing import Any
 
-__all__ = ["EXIT_PORT_IN_USE", "EXIT_START_FAILED", "READY_MARKER", "fleet_child", "run_server"]
+__all__ = [
+    "EXIT_PORT_IN_USE",
+    "EXIT_START_FAILED",
+    "READY_MARKER",
+    "fleet_child",
+    "run_server",
+    "start_server",
+]
 
 EXIT_START_FAILED = 3
 EXIT_PORT_IN_USE = 4
@@ -76,15 +83,10 @@ def _exit_with(owner_pid: int) -> None:
     threading.Thread(target=watch, name="graphdist-owner-watch", daemon=True).start()
 
 
-def run_server(
-    cluster: dict[str, Any],
-    job: str,
-    index: int,
-    *,
-    config: bytes | None = None,
-    on_ready: Any = None,
-) -> None:
-    """Build and start the server for ``job:index`` of ``cluster``, then serve forever.
+def start_server(
+    cluster: dict[str, Any], job: str, index: int, *, config: bytes | None = None
+) -> Any:
+    """Build and start the ``tf.distribute.Server`` for ``job:index`` of ``cluster``.
 
     ``config`` is a serialized ``ConfigProto`` for the server's default session config.
     Raises what TensorFlow raises; a taken port surfaces as ``tf.errors.UnknownError``.
@@ -102,10 +104,14 @@ def run_server(
         config=server_config,
         start=True,
     )
-    print(f"{READY_MARKER}: /job:{job}/task:{index} at {server.target}", flush=True)
-    if on_ready is not None:
-        on_ready()
-    server.join()
+    return server
+
+
+def run_server(
+    cluster: dict[str, Any], job: str, index: int, *, config: bytes | None = None
+) -> None:
+    """Start the server for ``job:index`` (see :func:`start_server`) and serve forever."""
+    start_server(cluster, job, index, config=config).join()
 
 
 def fleet_child(spec: dict[str, Any]) -> None:
@@ -127,7 +133,14 @@ def fleet_child(spec: dict[str, Any]) -> None:
         flush=True,
     )
     try:
-        run_server(spec["cluster"], spec["job"], spec["index"], config=spec.get("config"))
+        server = start_server(
+            spec["cluster"], spec["job"], spec["index"], config=spec.get("config")
+        )
+        print(
+            f"{READY_MARKER}: /job:{spec['job']}/task:{spec['index']} at {server.target}",
+            flush=True,
+        )
+        server.join()
     except BaseException as exc:
         traceback.print_exc()
         sys.stdout.flush()
