@@ -38,6 +38,7 @@ from graphdist._exceptions import (
     TaskNotFoundError,
 )
 from graphdist._forkserver import process_class
+from graphdist._gpus import GpuPlan, plan_gpus
 from graphdist._health import ALIVE, DEAD, NOT_ANSWERING, TaskHealth, probe_all
 from graphdist._loopback import BIND_ADDR_ENV, bind_address_for, loopback_library
 from graphdist._master import master_for
@@ -255,6 +256,9 @@ class LocalFleet:
       (default :data:`graphdist.DEFAULT_OPERATION_TIMEOUT_MS`).
     - ``jobs``: serve only the tasks of these jobs (default: all); the others are served by
       other processes, e.g. the chief and workers of :func:`graphdist.run_command`.
+    - ``gpus``: pin GPUs per task through ``CUDA_VISIBLE_DEVICES``: ``"round-robin"`` over the
+      machine's GPUs, or ``{"worker:0": [0, 1], ...}``; then ``fleet.device(..., gpu=N)`` is
+      checked against each task's count. Default ``None``: every server sees every GPU.
     - ``expose`` (default ``False``): servers accept connections from loopback only (TensorFlow's
       servers have no authentication); ``True`` lets them listen on every interface, as
       TensorFlow does by itself, and logs the risk. Without it every task must be on a loopback
@@ -277,12 +281,14 @@ class LocalFleet:
         operation_timeout_ms: int | None = None,
         expose: bool = False,
         jobs: Iterable[str] | None = None,
+        gpus: GpuPlan = None,
     ) -> None:
         self.cluster = Cluster.parse(cluster)
         self.expose = bool(expose)
         self.jobs = tuple(jobs) if jobs is not None else self.cluster.jobs
         for job in self.jobs:
             self.cluster.task_indices(job)  # raises ClusterSpecError naming an unknown job
+        self.gpus = plan_gpus(gpus, self.cluster)
         if start_timeout_s <= 0:
             raise ValueError(f"start_timeout_s must be > 0 seconds, not {start_timeout_s!r}")
         self.start_timeout_s = float(start_timeout_s)
@@ -409,12 +415,13 @@ class LocalFleet:
             if len(indices) == 1:
                 task = indices[0]
         text = device(job, task, **kwargs)
-        check_device(text, self.cluster)
+        self.check(text)
         return text
 
     def check(self, spec: str | DeviceSpec | None) -> DeviceSpec:
         """Check any device string against this fleet's cluster; raises :class:`PlacementError`."""
-        return check_device(spec, self.cluster)
+        counts = None if self.gpus is None else {k: len(v) for k, v in self.gpus.items()}
+        return check_device(spec, self.cluster, gpus=counts)
 
     def session(
         self,
@@ -581,6 +588,8 @@ class LocalFleet:
         address = bind_address_for(task.host)
         if not self.expose and address is not None:
             env[BIND_ADDR_ENV] = address
+        if self.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus[(task.job, task.index)]))
         return env
 
     def _spec(self, ft: FleetTask) -> dict[str, Any]:

@@ -128,8 +128,10 @@ def fleet_child(spec: dict[str, Any]) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.environ.update(spec.get("env") or {})
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "(unset: every GPU)")
     print(
-        f"graphdist: starting /job:{spec['job']}/task:{spec['index']} pid={os.getpid()}",
+        f"graphdist: starting /job:{spec['job']}/task:{spec['index']} pid={os.getpid()} "
+        f"CUDA_VISIBLE_DEVICES={gpus}",
         flush=True,
     )
     try:

@@ -93,3 +93,12 @@ def test_between_graph_replication_learns_the_known_weights():
     lines = run_example("between_graph_replication.py")
     assert lines[-1] == "w = 3.000 (true 3.0), b = 2.000 (true 2.0)"
     assert sum(ln.startswith("worker ") and " done" in ln for ln in lines) == 2
+
+
+def test_gpu_placement_example_runs_or_explains_why_not():
+    lines = run_example("gpu_placement.py")
+    assert lines[0].startswith("GPUs on this machine:")
+    if lines[0].endswith("none"):
+        assert any("no GPU placement possible here" in ln and "has 0 GPU" in ln for ln in lines)
+    else:
+        assert lines[-1].endswith("/device:GPU:0") and "task:1" in lines[-1]
