@@ -20,13 +20,8 @@ from graphdist._exceptions import (
     TaskNotFoundError,
     TFConfigError,
 )
-from graphdist._fleet import (
-    DEFAULT_START_TIMEOUT_S,
-    FleetState,
-    FleetTask,
-    LocalFleet,
-    ReopeningSession,
-)
+from graphdist._fleet import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
+from graphdist._fleetbase import Fleet, FleetState, ReopeningSession
 from graphdist._health import TaskHealth
 from graphdist._launcher import (
     LaunchError,
@@ -61,6 +56,7 @@ __all__ = [
     "Cluster",
     "ClusterSpecError",
     "DeviceSpec",
+    "Fleet",
     "FleetClosedError",
     "FleetError",
     "FleetStartError",
