@@ -86,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
         "servers have no authentication, so anyone who reaches the ports can run code",
     )
     up.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        default="local",
+        help="local: one process per server on this machine (default); ray: Ray actors on the "
+        "Ray cluster at --address (needs `pip install graphdist[ray]`; foreground only)",
+    )
+    up.add_argument("--address", help="with --backend ray: the Ray cluster (default: RAY_ADDRESS)")
+    up.add_argument(
         "--restart",
         choices=["no", "on-failure"],
         default="no",
@@ -207,13 +215,19 @@ def _state_dir(args: argparse.Namespace) -> str:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    cluster = Cluster.parse(args.cluster)
+    if args.backend == "ray":
+        Cluster.parse_counts(args.cluster)  # Ray picks nodes and ports: counts only
+        cluster = None
+    else:
+        cluster = Cluster.parse(args.cluster)
     if args.start_timeout <= 0:
         raise UsageError(f"--start-timeout must be > 0 seconds, not {args.start_timeout:g}")
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be >= 0, not {args.max_restarts}")
     if args.restart != "no" and not args.detach:
         raise UsageError("--restart needs --detach (a foreground fleet stops on any failure)")
+    if args.backend == "ray":
+        return _up_ray(args)
     if args.detach:
         return _up_detached(args, cluster)
     from graphdist._fleet import LocalFleet
@@ -241,7 +255,29 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _up_detached(args: argparse.Namespace, cluster: Cluster) -> int:
+def _up_ray(args: argparse.Namespace) -> int:
+    if args.detach:
+        raise UsageError("--backend ray runs in the foreground (Ray keeps the actors alive)")
+    try:
+        from graphdist._ray import RayFleet
+    except ImportError:  # pragma: no cover - depends on the installed extras
+        raise UsageError("--backend ray needs Ray: pip install 'graphdist[ray]'") from None
+    stop = stop_on_signals()
+    with RayFleet(
+        args.cluster, address=args.address, start_timeout_s=args.start_timeout, expose=args.expose
+    ) as fleet:
+        rows = [
+            {"job": t.job, "task": t.index, "address": t.address, "pid": t.pid, "alive": True}
+            for t in fleet.tasks
+        ]
+        _print_rows(rows, args.json)
+        print("graphdist: Ray fleet running; press Ctrl-C to stop it", file=sys.stderr, flush=True)
+        stop.wait()
+    return 0
+
+
+def _up_detached(args: argparse.Namespace, cluster: Cluster | None) -> int:
+    assert cluster is not None
     from graphdist._fleet import check_hosts_and_ports, check_loopback
     from graphdist._state import SUPERVISOR_LOG, clear_state, read_error, read_state
 
