@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import secrets
+import shutil
+import tempfile
 
 import psutil
 import pytest
@@ -32,8 +34,9 @@ def _ray_processes(marker: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("ray"))
+def ray_cluster():
+    # Short: Ray's socket paths live below it and AF_UNIX paths stop at 107 bytes.
+    tmp = tempfile.mkdtemp(prefix="gdray-")
     saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     # Ray's state and its auth token stay in this test's folder and environment, not in $HOME.
     os.environ.update(RAY_TMPDIR=tmp, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
@@ -60,6 +63,7 @@ def ray_cluster(tmp_path_factory):
         from tests.conftest import wait_gone
 
         assert wait_gone(_ray_processes(tmp), 15) == []
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_three_servers_on_three_nodes_run_the_split_graph_and_recover(ray_cluster):
