@@ -33,7 +33,7 @@ from graphdist._exceptions import (
     PortInUseError,
     StartTimeoutError,
 )
-from graphdist._fleetbase import Fleet, FleetState
+from graphdist._fleetbase import Fleet, FleetState, TaskView
 from graphdist._forkserver import process_class
 from graphdist._gpus import GpuPlan, plan_gpus
 from graphdist._loopback import BIND_ADDR_ENV, bind_address_for, loopback_library
@@ -118,7 +118,7 @@ def check_loopback(cluster: Cluster) -> None:
             )
 
 
-class FleetTask:
+class FleetTask(TaskView):
     """One server process of a fleet: its task, process, log file and restart count."""
 
     def __init__(self, task: Task, log_path: str) -> None:
@@ -126,12 +126,6 @@ class FleetTask:
         self.log_path = log_path
         self.restarts = 0
         self._process: Any = None
-
-    job = property(lambda self: self.task.job)
-    index = property(lambda self: self.task.index)
-    address = property(lambda self: self.task.address)
-    target = property(lambda self: self.task.target)
-    name = property(lambda self: self.task.name)
 
     @property
     def pid(self) -> int | None:

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Self
 
-from graphdist._cluster import Cluster
+from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import (
     FleetClosedError,
     FleetError,
@@ -31,7 +31,7 @@ from graphdist._session import session
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["Fleet", "FleetState", "ReopeningSession"]
+__all__ = ["Fleet", "FleetState", "ReopeningSession", "TaskView"]
 
 log = logging.getLogger("graphdist.fleet")
 
@@ -86,6 +86,33 @@ def _is_task_failure(exc: BaseException) -> bool:
     from graphdist._session import TASK_FAILURE_ERRORS
 
     return type(exc).__name__ in TASK_FAILURE_ERRORS
+
+
+class TaskView:
+    """What every backend's task object shares: its :class:`Task` and the names derived from
+    it. Subclasses add ``pid``, ``alive``, ``exitcode``, ``restarts`` and ``log_tail``."""
+
+    task: Task
+
+    @property
+    def job(self) -> str:
+        return self.task.job
+
+    @property
+    def index(self) -> int:
+        return self.task.index
+
+    @property
+    def address(self) -> str:
+        return self.task.address
+
+    @property
+    def target(self) -> str:
+        return self.task.target
+
+    @property
+    def name(self) -> str:
+        return self.task.name
 
 
 class Fleet:

@@ -27,7 +27,7 @@ from typing import Any
 
 from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import ClusterSpecError, FleetError, StartTimeoutError
-from graphdist._fleetbase import Fleet, FleetState
+from graphdist._fleetbase import Fleet, FleetState, TaskView
 from graphdist._loopback import BIND_ADDR_ENV, loopback_library
 from graphdist._probe import Prober
 
@@ -61,7 +61,7 @@ def _reserve_port() -> tuple[str, int, str]:
     return node_ip, port, ray.get_runtime_context().get_node_id()
 
 
-class RayTask:
+class RayTask(TaskView):
     """One server of a :class:`RayFleet`: its task, actor, node and current pid."""
 
     def __init__(self, task: Task, actor: Any, node_id: str, bundle: int) -> None:
@@ -73,12 +73,6 @@ class RayTask:
         self.restarts = 0
         self.exitcode: int | None = None
         self.log_path: str | None = None
-
-    job = property(lambda self: self.task.job)
-    index = property(lambda self: self.task.index)
-    address = property(lambda self: self.task.address)
-    target = property(lambda self: self.task.target)
-    name = property(lambda self: self.task.name)
 
     @property
     def alive(self) -> bool:
