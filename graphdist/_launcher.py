@@ -58,10 +58,12 @@ _PR_SET_PDEATHSIG = 1
 
 @dataclass
 class TaskResult:
-    """How one task of a run ended: ``exitcode`` (``None`` if it was still running when the run
-    was stopped), its last output lines, and (for :func:`run_function`) its return ``value``."""
+    """How one task of a run ended: its process ``pid``, ``exitcode`` (``None`` if it was still
+    running when the run was stopped), its last output lines, and (for :func:`run_function`) its
+    return ``value``."""
 
     task: Task
+    pid: int | None = None
     exitcode: int | None = None
     tail: list[str] = field(default_factory=list)
     value: Any = None
@@ -131,6 +133,7 @@ class _TaskProcess:
             start_new_session=True,
             preexec_fn=_set_pdeathsig,
         )
+        self.result.pid = self.proc.pid
         self._reader = threading.Thread(target=self._pump, args=(out,), daemon=True)
         self._reader.start()
 

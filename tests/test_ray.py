@@ -104,3 +104,48 @@ def test_counts_only():
         RayFleet('{"local": ["h:1"]}')
     with pytest.raises(graphdist.ClusterSpecError, match="STRICT_SPREAD"):
         RayFleet("local=2", strategy="EVERYWHERE")
+
+
+def test_cli_up_with_the_ray_backend_runs_until_ctrl_c(ray_cluster):
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import QUIET_TF, REPO
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "graphdist",
+            "up",
+            "--cluster",
+            "local=2",
+            "--backend",
+            "ray",
+            "--address",
+            ray_cluster.address,
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **QUIET_TF},
+    )
+    try:
+        assert proc.stdout is not None
+        text = ""
+        while not text.rstrip().endswith("]"):
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.stderr else "no output"
+            text += line
+        rows = json.loads(text)
+        assert [(r["job"], r["task"]) for r in rows] == [("local", 0), ("local", 1)]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
