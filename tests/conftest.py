@@ -56,6 +56,30 @@ def run_python(
     )
 
 
+def start_graphdist(*args: str) -> subprocess.Popen[str]:
+    """``python -m graphdist ARGS`` in the background, output captured as text."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "graphdist", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **QUIET_TF},
+    )
+
+
+def read_json_rows(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:
+    """Read the JSON list a foreground ``graphdist up --json`` prints once its fleet is up."""
+    assert proc.stdout is not None
+    text = ""
+    while not text.rstrip().endswith("]"):
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else "no output"
+        text += line
+    rows: list[dict[str, Any]] = json.loads(text)
+    return rows
+
+
 def read_json(path: str) -> Any:
     with open(path, encoding="utf-8") as f:
         return json.load(f)

@@ -6,14 +6,11 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 
 import pytest
 
 from graphdist._cli import EXIT_USAGE, UsageError, build_parser
-from tests.conftest import QUIET_TF, REPO, read_json, run_python, wait_gone
+from tests.conftest import read_json, read_json_rows, run_python, start_graphdist, wait_gone
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -115,21 +112,9 @@ def test_stale_state_is_detected_and_cleaned(state_dir):
 
 
 def test_foreground_up_stops_everything_on_ctrl_c(state_dir):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "graphdist", "up", "--cluster", "local=2", "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, **QUIET_TF},
-    )
+    proc = start_graphdist("up", "--cluster", "local=2", "--json")
     try:
-        assert proc.stdout is not None
-        text = ""
-        deadline = time.monotonic() + 60
-        while not text.rstrip().endswith("]") and time.monotonic() < deadline:
-            text += proc.stdout.readline()
-        rows = json.loads(text)
+        rows = read_json_rows(proc)
         pids = [r["pid"] for r in rows]
         assert len(pids) == 2
         proc.send_signal(signal.SIGINT)

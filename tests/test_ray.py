@@ -107,41 +107,15 @@ def test_counts_only():
 
 
 def test_cli_up_with_the_ray_backend_runs_until_ctrl_c(ray_cluster):
-    import json
     import signal
-    import subprocess
-    import sys
 
-    from tests.conftest import QUIET_TF, REPO
+    from tests.conftest import read_json_rows, start_graphdist
 
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "graphdist",
-            "up",
-            "--cluster",
-            "local=2",
-            "--backend",
-            "ray",
-            "--address",
-            ray_cluster.address,
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, **QUIET_TF},
+    proc = start_graphdist(
+        "up", "--cluster", "local=2", "--backend", "ray", "--address", ray_cluster.address, "--json"
     )
     try:
-        assert proc.stdout is not None
-        text = ""
-        while not text.rstrip().endswith("]"):
-            line = proc.stdout.readline()
-            assert line, proc.stderr.read() if proc.stderr else "no output"
-            text += line
-        rows = json.loads(text)
+        rows = read_json_rows(proc)
         assert [(r["job"], r["task"]) for r in rows] == [("local", 0), ("local", 1)]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
