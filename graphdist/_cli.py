@@ -215,11 +215,6 @@ def _state_dir(args: argparse.Namespace) -> str:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    if args.backend == "ray":
-        Cluster.parse_counts(args.cluster)  # Ray picks nodes and ports: counts only
-        cluster = None
-    else:
-        cluster = Cluster.parse(args.cluster)
     if args.start_timeout <= 0:
         raise UsageError(f"--start-timeout must be > 0 seconds, not {args.start_timeout:g}")
     if args.max_restarts < 0:
@@ -227,7 +222,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if args.restart != "no" and not args.detach:
         raise UsageError("--restart needs --detach (a foreground fleet stops on any failure)")
     if args.backend == "ray":
+        Cluster.parse_counts(args.cluster)  # Ray picks nodes and ports: counts only
         return _up_ray(args)
+    cluster = Cluster.parse(args.cluster)
     if args.detach:
         return _up_detached(args, cluster)
     from graphdist._fleet import LocalFleet
@@ -276,8 +273,7 @@ def _up_ray(args: argparse.Namespace) -> int:
     return 0
 
 
-def _up_detached(args: argparse.Namespace, cluster: Cluster | None) -> int:
-    assert cluster is not None
+def _up_detached(args: argparse.Namespace, cluster: Cluster) -> int:
     from graphdist._fleet import check_hosts_and_ports, check_loopback
     from graphdist._state import SUPERVISOR_LOG, clear_state, read_error, read_state
 

@@ -56,16 +56,21 @@ def run_python(
     )
 
 
-def start_graphdist(*args: str) -> subprocess.Popen[str]:
-    """``python -m graphdist ARGS`` in the background, output captured as text."""
+def start_python(*args: str) -> subprocess.Popen[str]:
+    """``python ARGS`` in the background, stdout and stderr captured as text."""
     return subprocess.Popen(
-        [sys.executable, "-m", "graphdist", *args],
+        [sys.executable, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
         env={**os.environ, **QUIET_TF},
     )
+
+
+def start_graphdist(*args: str) -> subprocess.Popen[str]:
+    """``python -m graphdist ARGS`` in the background (see :func:`start_python`)."""
+    return start_python("-m", "graphdist", *args)
 
 
 def read_json_rows(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,7 +11,7 @@ import pytest
 
 import graphdist
 from graphdist._graphs import SPLIT_GRAPH_RESULT, split_graph
-from tests.conftest import QUIET_TF, REPO
+from tests.conftest import start_python
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -62,14 +59,7 @@ def test_many_clients_and_threads_lose_no_update(graphdist_fleet_factory):
         assert graphdist.initialize_uninitialized(sess) == ["load_counter"]
     cluster = json.dumps(fleet.cluster.as_dict())
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CLIENT, cluster, str(i % 2), str(THREADS), str(ADDS)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            env={**os.environ, **QUIET_TF},
-        )
+        start_python("-c", CLIENT, cluster, str(i % 2), str(THREADS), str(ADDS))
         for i in range(CLIENTS)
     ]
     outputs = [p.communicate(timeout=240) for p in procs]

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 
 from graphdist._ports import is_port_free, pick_free_ports, release_ports
-from tests.conftest import QUIET_TF, REPO
+from tests.conftest import start_python
 
 FLEETS = 8
 
@@ -40,17 +37,7 @@ def test_eight_fleets_started_at_once_by_eight_processes_all_come_up(tmp_path):
             print(json.dumps([t.address for t in fleet.tasks]), flush=True)
         """
     )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            env={**os.environ, **QUIET_TF},
-        )
-        for _ in range(FLEETS)
-    ]
+    procs = [start_python("-c", code) for _ in range(FLEETS)]
     try:
         time.sleep(0.5)  # let every process reach the starting line
         go.touch()
