@@ -12,13 +12,13 @@ mean over all steps.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from _common import add_json_option, quiet_tensorflow, write_json
+
+quiet_tensorflow()
 
 
 def timed_steps(sess: Any, fetch: Any, steps: int) -> list[float]:
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="steps per session kind")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (5)")
-    parser.add_argument("--json", metavar="PATH", help="also write the figures here")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     figures = measure(args.steps, args.rounds)
     print(f"{'session':<42} {'median':>8} {'p99':>8} {'mean':>8}  (ms/step)")
@@ -85,9 +85,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     gd1 = figures["graphdist, master 1 (graphdist's choice)"]["mean_ms"]
     print(f"graphdist / raw TF on the same master: {gd0 / raw0:.3f}x (target <= 1.05)")
     print(f"seed's master / chosen master:         {gd0 / gd1:.2f}x faster (target >= 1.8)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=2)
+    write_json(args.json, figures)
     return figures
 
 

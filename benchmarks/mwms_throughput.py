@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
+
+from _common import REPO, add_json_option, write_json
 
 import graphdist
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+EXAMPLES = os.path.join(REPO, "examples")
 
 
 def train(examples_dir: str, epochs: int) -> float:
@@ -61,7 +62,7 @@ def train(examples_dir: str, epochs: int) -> float:
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--json", metavar="PATH")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     figures = {}
     for workers in (1, 2):
@@ -74,9 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     for name, value in figures.items():
         print(f"{name:<12} {value:>10.0f}")
     print(f"2 workers / 1 worker: {two / one:.2f}x on {os.cpu_count()} CPU cores")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=2)
+    write_json(args.json, figures)
     return figures
 
 

@@ -1,15 +1,31 @@
 """The benchmark suite: every speed and memory figure, beside what a user would otherwise do, in
 one run on this machine.
 
-    python benchmarks/suite.py [--full] [--out benchmarks/results] [--readme README.md]
+    python benchmarks/suite.py [--full] [--out DIR] [--readme README.md]
 
 It reuses ``startup.py`` (fleet start-up and memory vs size: LocalFleet, the seed's spawned
 processes, ``tf.test.create_local_cluster``, floor: a bare TensorFlow import), ``master_choice.py``
 (step latency of the seeds' split graph, raw TF vs graphdist sessions, each master) and
 ``transfer.py`` (task-to-task bandwidth vs an in-process copy), adds how step latency grows with
 the number of tasks, and fits a slope to every curve. It writes ``results.json`` (raw figures),
-``results.md`` (the tables) and PNG plots to ``--out``; with ``--readme`` it also replaces the
-README's benchmark section (between ``<!-- bench:start -->`` and ``<!-- bench:end -->``).
+``results.md`` (the tables) and PNG plots to ``--out``, and prints the tables.
+
+The record is never overwritten by accident. A plain run writes ``bench-results/`` at the
+repository root, which git ignores, and touches no README: a quick run on a busy laptop cannot
+replace the full-mode figures that are committed. Updating the record is explicit:
+``--readme README.md`` replaces that README's benchmark section (between ``<!-- bench:start -->``
+and ``<!-- bench:end -->``) and, unless ``--out`` says otherwise, writes the tracked
+``benchmarks/results/`` whose start-up plot the section shows, so the two always agree;
+``--out benchmarks/results`` alone updates the files without the README.
+
+Every start-up figure is a ratio against the floor, a bare ``import tensorflow`` measured in the
+same run ``FLOOR_REPEATS`` (3) times in every mode: after a warm-up import, once before the
+start-up figures, at even points between them and once after, so its spread shows how the
+machine's load moved while they were measured. A run whose floor varied by more than
+``FLOOR_SPREAD_LIMIT`` (25 % of its median) between its repeats, or whose start-up figures beat
+their own floor, says so in a warning at the top of its output and of ``results.md`` (so of the
+README section too); the warnings are also listed in ``results.json``. See ``_common.py``.
+
 The quick mode (default) takes about two minutes here; ``--full`` adds 16 servers, 256 MB tensors
 and repeats.
 """
@@ -18,19 +34,26 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import sys
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import master_choice  # noqa: E402
-import startup  # noqa: E402
-import transfer  # noqa: E402
+import master_choice
+import startup
+import transfer
+from _common import (
+    FLOOR_REPEATS,
+    FLOOR_SPREAD_LIMIT,
+    HERE,
+    REPO,
+    WARNING,
+    floor_warnings,
+    write_json,
+)
 
 MODES: dict[str, dict[str, Any]] = {
     "quick": {
@@ -48,11 +71,11 @@ MODES: dict[str, dict[str, Any]] = {
         "transfer_mb": [1, 4, 16, 64, 256],
     },
 }
-LABELS = {
-    "local_fleet": "graphdist LocalFleet",
-    "seed_style": "seed's way (spawn per server)",
-    "create_local_cluster": "tf.test.create_local_cluster",
-}
+LABELS = startup.LABELS
+RECORD = os.path.join(HERE, "results")
+"""The tracked record, written only on request (``--out`` or ``--readme``)."""
+SCRATCH = os.path.join(REPO, "bench-results")
+"""Where a plain run writes; ignored by git."""
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 
@@ -98,22 +121,52 @@ def machine() -> str:
     )
 
 
+def tensorflow_version() -> str:
+    import tensorflow as tf
+
+    return str(tf.__version__)
+
+
+def floor_points(floor_repeats: int, rows: int) -> list[int]:
+    """Before which start-up row (``rows`` = after the last) each repeat of the floor is measured:
+    the first before every row, the last after every row, the others evenly between."""
+    if floor_repeats < 2:
+        return [0] * floor_repeats
+    return [round(i * rows / (floor_repeats - 1)) for i in range(floor_repeats)]
+
+
+def measure_startup(
+    sizes: list[int], repeats: int, floor_repeats: int
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The floor (a bare TensorFlow import, ``floor_repeats`` times spread over the
+    measurement) and one start-up row per size, each method ``repeats`` times."""
+    startup.once("bare_import", 0)  # warm-up: a cold disk cache would count as noise
+    points = floor_points(floor_repeats, len(sizes))
+    floor_runs = []
+    rows = []
+    for i, n in enumerate([*sizes, None]):
+        floor_runs += [startup.once("bare_import", 0) for p in points if p == i]
+        if n is not None:
+            rows.append({"servers": n, **{m: startup.measure(m, n, repeats) for m in LABELS}})
+    return startup.summarize(floor_runs), rows
+
+
+def run_warnings(r: dict[str, Any]) -> list[str]:
+    """Why the run's figures cannot be trusted (``_common.floor_warnings``); empty if clean."""
+    return floor_warnings(r["bare_import"], startup.startup_figures(r["startup"], LABELS))
+
+
 def run(mode: str) -> dict[str, Any]:
     cfg = MODES[mode]
     t0 = time.monotonic()
-    floor = startup.measure("bare_import", 0, max(3, cfg["repeats"]))  # the floor of every ratio
-    rows = [
-        {"servers": n, **{m: startup.measure(m, n, cfg["repeats"]) for m in startup.METHODS}}
-        for n in cfg["sizes"]
-    ]
-    import tensorflow as tf
-
+    floor, rows = measure_startup(cfg["sizes"], cfg["repeats"], max(FLOOR_REPEATS, cfg["repeats"]))
     results: dict[str, Any] = {
         "mode": mode,
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
-        "tensorflow": tf.__version__,
+        "tensorflow": tensorflow_version(),
         "python": platform.python_version(),
+        "floor_spread_limit": FLOOR_SPREAD_LIMIT,
         "bare_import": floor,
         "startup": rows,
         "step_latency": master_choice.measure(cfg["steps"], rounds=5),
@@ -136,18 +189,22 @@ def run(mode: str) -> dict[str, Any]:
         ),
     }
     results["elapsed_s"] = time.monotonic() - t0
+    results["warnings"] = run_warnings(results)
     return results
 
 
 def markdown(r: dict[str, Any]) -> str:
     bare = r["bare_import"]["seconds"]
-    out = [
+    out = [f"> **Warning:** {w.removeprefix(WARNING)}\n" for w in run_warnings(r)]
+    runs = r["bare_import"].get("runs_s", [])
+    of = f", median of {len(runs)}" if len(runs) > 1 else ""
+    out += [
         f"Measured on {r['date']}, {r['machine']}, Python {r['python']}, TensorFlow "
         f"{r['tensorflow']} ({r['mode']} mode, {r['elapsed_s']:.0f} s). Written by "
         "`benchmarks/suite.py`.",
         "",
         f"**Start-up** (launch to every server answering gRPC; floor: bare `import tensorflow` = "
-        f"{bare:.2f} s)",
+        f"{bare:.2f} s{of})",
         "",
         "| servers | " + " | ".join(LABELS[m] for m in startup.METHODS) + " |",
         "|---:|" + "---:|" * len(startup.METHODS),
@@ -244,24 +301,49 @@ def update_readme(readme: str, block: str, plot: str) -> None:
         f.write(head + body + tail)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="the full mode (longer)")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
-    parser.add_argument("--readme", help="README whose benchmark section to rewrite")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        epilog="Without --readme no README is read or written; --readme is the only way this "
+        "suite rewrites a README's benchmark section.",
+    )
+    parser.add_argument("--full", action="store_true", help="the full mode (about 10 minutes)")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="folder for results.json, results.md and the plots (default: "
+        f"{os.path.relpath(SCRATCH, REPO)}/ at the repository root, ignored by git; with "
+        f"--readme: {os.path.relpath(RECORD, REPO)}/, the tracked record the README shows)",
+    )
+    parser.add_argument(
+        "--readme",
+        metavar="PATH",
+        help="explicitly rewrite this README's benchmark section (between "
+        f"'{START}' and '{END}') with the results; nothing else touches a README",
+    )
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = RECORD if args.readme else SCRATCH
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
     results = run("full" if args.full else "quick")
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
+    write_json(os.path.join(args.out, "results.json"), results)
     block = markdown(results)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
+    with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as f:
         f.write(block)
     paths = plots(results, args.out)
     print(block)
-    print("wrote", ", ".join([os.path.join(args.out, "results.json"), *paths]))
+    written = [os.path.join(args.out, "results.json"), os.path.join(args.out, "results.md")]
     if args.readme:
         update_readme(args.readme, block, paths[0])
+        written.append(f"{args.readme} (benchmark section)")
+    print("wrote", ", ".join([*written, *paths]))
+    for line in results["warnings"]:
+        print(line, file=sys.stderr)
     return results
 
 

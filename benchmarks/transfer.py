@@ -10,14 +10,13 @@ The ceiling is a NumPy copy of the same bytes in this process. Median of ``repea
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 
 import numpy as np
+from _common import add_json_option, quiet_tensorflow, write_json
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+quiet_tensorflow()
 
 
 def measure(sizes_mb: list[int], repeats: int = 5) -> list[dict[str, float]]:
@@ -59,16 +58,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", metavar="PATH")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     rows = measure(args.sizes_mb, args.repeats)
     print(f"{'MB':>5} {'task->task GB/s':>16} {'in-process GB/s':>16} {'ratio':>6}")
     for r in rows:
         gbs, ceiling = r["gb_per_s"], r["in_process_gb_per_s"]
         print(f"{r['mb']:>5} {gbs:>16.2f} {ceiling:>16.2f} {gbs / ceiling:>6.3f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+    write_json(args.json, rows)
     return rows
 
 

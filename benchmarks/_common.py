@@ -1,0 +1,82 @@
+"""Plumbing shared by the benchmark scripts: paths, quiet TensorFlow logs, the ``--json`` option,
+and the checks that tell a run's reader when its figures cannot be trusted.
+
+Every start-up figure is a ratio against the floor, a bare ``import tensorflow`` measured in the
+same run. Two things make such a run unreliable, and both are reported, never hidden:
+
+* the floor varied too much between its repeats: its spread, ``(max - min) / median`` of the
+  repeats' seconds, is over ``FLOOR_SPREAD_LIMIT``;
+* a start-up figure beat its own floor: every fleet start imports TensorFlow at least once, so
+  a figure under the floor means the machine's load changed during the run.
+
+This module imports nothing heavy: importing it (or any benchmark script) never imports
+TensorFlow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+FLOOR_REPEATS = 3
+"""The floor is measured at least this many times in every mode, so that its spread exists."""
+FLOOR_SPREAD_LIMIT = 0.25
+"""The most the floor may vary between its repeats, as a fraction of their median
+((max - min) / median; 0.25 = 25 %), before a run is reported as noisy."""
+WARNING = "Warning: "
+
+
+def quiet_tensorflow(level: str = "2") -> None:
+    """Silence TensorFlow's C++ logs in this process (unless the caller chose a level)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", level)
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="PATH", help="also write the raw figures here")
+
+
+def write_json(path: str | None, data: Any) -> None:
+    """Write ``data`` as indented JSON to ``path``; nothing when ``path`` is None."""
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+
+
+def spread(values: list[float]) -> float:
+    """``(max - min) / median`` of ``values``: 0.0 for fewer than two values."""
+    if len(values) < 2:
+        return 0.0
+    median = statistics.median(values)
+    return (max(values) - min(values)) / median if median else float("inf")
+
+
+def floor_warnings(
+    floor: dict[str, Any], figures: Iterable[tuple[str, float]], limit: float = FLOOR_SPREAD_LIMIT
+) -> list[str]:
+    """The warnings of a run whose floor is ``floor`` (``seconds``: the median, ``runs_s``: every
+    repeat) and whose start-up figures are ``figures`` (label, seconds); empty for a clean run."""
+    out = []
+    runs = list(floor.get("runs_s", []))
+    if spread(runs) > limit:
+        out.append(
+            f"{WARNING}noisy run: the floor (bare `import tensorflow`) varied {spread(runs):.0%} "
+            f"between its {len(runs)} repeats ({min(runs):.2f} s to {max(runs):.2f} s; limit "
+            f"{limit:.0%} of their median); the ratios against it are unreliable."
+        )
+    bare = floor["seconds"]
+    for label, seconds in figures:
+        if seconds < bare:
+            out.append(
+                f"{WARNING}{label}: {seconds:.2f} s beat its own floor (bare `import tensorflow`, "
+                f"{bare:.2f} s), which no fleet start can do: the machine's load changed during "
+                "the run; the ratios against the floor are unreliable."
+            )
+    return out
