@@ -18,7 +18,7 @@ from typing import Any
 
 __all__ = ["PRELOAD", "process_class"]
 
-PRELOAD = ["tensorflow", "graphdist._server"]
+PRELOAD = ["tensorflow", "graphdist._server", "graphdist._forkserver_exit"]
 _lock = threading.Lock()
 _env_lock = threading.Lock()
 _servers: dict[str, Any] = {}  # LD_PRELOAD value ("" for none) -> ForkServer
