@@ -1,7 +1,13 @@
 """graphdist: TensorFlow's graph-mode distributed runtime, without the fragile parts.
 
 ``import graphdist`` does not import TensorFlow; the parts that need it import it on first use.
+An unsupported Python or TensorFlow (see ``graphdist._version``) is refused here, in one line.
 """
+
+from graphdist._version import __version__
+from graphdist._version import check_versions as _check_versions
+
+_check_versions()
 
 from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import (
@@ -45,8 +51,6 @@ from graphdist._strategy import (
 from graphdist._tfconfig import TFConfig, cluster_resolver, parse_tf_config, tf_config
 from graphdist._trace import Placement, no_folding_config, run_traced
 from graphdist._variables import initialize_uninitialized, shared_variable
-
-__version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_OPERATION_TIMEOUT_MS",

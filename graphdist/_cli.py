@@ -27,6 +27,7 @@ from graphdist._exceptions import (
     StateError,
 )
 from graphdist._signals import stop_on_signals
+from graphdist._version import __version__
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
@@ -46,6 +47,18 @@ class UsageError(GraphdistError):
     """Bad command-line arguments."""
 
 
+def version_line() -> str:
+    """``graphdist X.Y.Z (Python A.B.C, TensorFlow D.E.F)``, read without importing TensorFlow."""
+    from importlib import metadata
+
+    try:
+        tf_version = metadata.version("tensorflow")
+    except metadata.PackageNotFoundError:
+        tf_version = "not installed"
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"graphdist {__version__} (Python {python}, TensorFlow {tf_version})"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
@@ -62,6 +75,7 @@ def _add_state_dir(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="graphdist", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 

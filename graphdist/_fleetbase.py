@@ -13,7 +13,7 @@ import contextlib
 import enum
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import (
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["Fleet", "FleetState", "ReopeningSession", "TaskView"]
 
 log = logging.getLogger("graphdist.fleet")
+_FleetT = TypeVar("_FleetT", bound="Fleet")  # typing.Self needs Python 3.11
 
 
 class FleetState(enum.Enum):
@@ -130,7 +131,7 @@ class Fleet:
     def close(self) -> None:
         raise NotImplementedError
 
-    def __enter__(self) -> Self:
+    def __enter__(self: _FleetT) -> _FleetT:
         if self.state is FleetState.CREATED:
             self.start()
         return self
