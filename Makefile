@@ -1,44 +1,53 @@
 # Two entry points for users: `make demo` (the main job) and `make test` (the whole suite).
-# Both create .venv and install graphdist into it on first use.
+# Both create .venv on first use: `demo` installs graphdist and its runtime dependencies only,
+# `test` adds the test extras (and Ray, whose backend the suite covers). Nothing here installs
+# system packages: without Graphviz, placement pictures are written as .dot (the message says
+# how to get SVG).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench bench-full clean
+.PHONY: demo test lint corners bench bench-full clean
 
 $(VENV)/.installed: setup.cfg setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.test-installed: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e '.[test,ray]'
-	@# Graphviz renders placement pictures; installed where we may (root with apt), else .dot only.
-	@command -v dot >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	  { apt-get install -y -q graphviz >/dev/null 2>&1 || \
-	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q graphviz >/dev/null 2>&1; }; }; } || \
-	  echo "note: Graphviz 'dot' is not installed; placement pictures can only be written as .dot"
 	touch $@
 
 demo: $(VENV)/.installed
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/graphdist demo
 
-lint: $(VENV)/.installed
-	$(BIN)/ruff check graphdist tests examples benchmarks
+lint: $(VENV)/.test-installed
+	$(BIN)/ruff check graphdist tests examples benchmarks noxfile.py
 	$(BIN)/ruff format --check graphdist
 	$(BIN)/mypy graphdist
 
 test: lint
 	$(BIN)/pytest
 
-$(VENV)/.bench-installed: $(VENV)/.installed
+# The oldest and newest corners of the support matrix (Python 3.10 + TensorFlow 2.16, Python
+# 3.13 + TensorFlow 2.21), each in its own environment under .nox/; `$(BIN)/nox -l` lists all cells.
+corners: $(VENV)/.test-installed
+	$(BIN)/nox -t corners
+
+$(VENV)/.bench-installed: $(VENV)/.test-installed
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	touch $@
 
-# The benchmark suite, quick mode (about 2 minutes); rewrites README's benchmark section.
+# The benchmark suite, quick mode (about 2 minutes): prints its tables and writes them to
+# bench-results/ (ignored by git). README=1 updates the record instead: README's benchmark
+# section and benchmarks/results/.
 bench: $(VENV)/.bench-installed
-	$(BIN)/python benchmarks/suite.py --readme README.md
+	$(BIN)/python benchmarks/suite.py $(if $(README),--readme README.md)
 
 bench-full: $(VENV)/.bench-installed
-	$(BIN)/python benchmarks/suite.py --full --readme README.md
+	$(BIN)/python benchmarks/suite.py --full $(if $(README),--readme README.md)
 	$(BIN)/python benchmarks/mwms_throughput.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .nox *.egg-info .mypy_cache .ruff_cache .pytest_cache
