@@ -290,14 +290,22 @@ def split(
 
 
 def _honour_colocation(ops: Sequence[Any], graph: Any) -> None:
-    """Give an op that must be colocated with another (``loc:@name``) that op's device."""
+    """Give an op that must be colocated with another (``loc:@name``), or that takes a resource
+    or ref variable as input (an assign or read of a resource variable carries no ``loc:@``),
+    that op's device. Ops come in creation order, so a chain of handles follows its source."""
     for op in ops:
+        others = [
+            t.op
+            for t, wanted in zip(op.inputs, op._input_types, strict=True)
+            if wanted.name == "resource" or wanted._is_ref_dtype
+        ]
         for group in op.colocation_groups():
             target = group.decode()[len("loc:@") :]
             if target != op.name:
                 try:
-                    other = graph.get_operation_by_name(target)
+                    others.append(graph.get_operation_by_name(target))
                 except KeyError:
                     continue
-                if other.device and other.device != op.device:
-                    op._set_device(other.device)
+        for other in others:
+            if other.device and other.device != op.device:
+                op._set_device(other.device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -87,14 +88,30 @@ def test_auto_plan_balances_products_and_keeps_sources_with_consumers():
         assert placed.devices[f"p{i}/a"] == placed.devices[f"p{i}/ab"]
 
 
-def test_variables_stay_with_their_assign_ops():
+@pytest.mark.parametrize(
+    "plan",
+    [graphdist.RoundRobin(), graphdist.ByName({"v": "ps:0"}, default="worker:1")],
+    ids=["round-robin", "by-name"],
+)
+def test_variables_stay_with_their_assign_ops(plan):
     def build():
         v = tf.compat.v1.Variable(1.0, name="v")
-        return v.assign_add(1.0)
+        return v.assign_add(1.0), v.read_value()
 
-    placed = graphdist.split(build, graphdist.RoundRobin(), FOUR)
+    placed = graphdist.split(build, plan, FOUR)
     v_device = placed.devices["v"]
-    assert all(dev == v_device for name, dev in placed.devices.items() if name.startswith("v/"))
+    assign, read = placed.outputs
+    # Top-level names, outside the "v" scope: only the colocation of the handle keeps them there.
+    assert not assign.op.name.startswith("v/") and assign.op.type == "AssignAddVariableOp"
+    assert placed.devices[assign.op.name] == v_device
+    handle_users = [
+        op.name for op in placed.graph.get_operations() if any(t.op.name == "v" for t in op.inputs)
+    ]
+    assert assign.op.name in handle_users and len(handle_users) >= 4  # assign, read, init, ...
+    assert {name: placed.devices[name] for name in handle_users} == dict.fromkeys(
+        handle_users, v_device
+    )
+    assert placed.devices[read.op.inputs[0].op.name] == v_device
 
 
 def test_master_for_picks_the_owner_of_the_fetches():
@@ -113,20 +130,22 @@ def test_split_seed_graph_runs_238_on_the_chosen_master(graphdist_fleet):
         assert sess.run(placed.outputs) == SPLIT_GRAPH_RESULT
 
 
-@pytest.mark.integration
-def test_placement_picture_and_tensorboard_log(graphdist_fleet, tmp_path):
-    fleet = graphdist_fleet
+def traced_seed_placement(fleet):
     graph, y = graphdist._graphs.split_graph(fleet.device("local", 0), fleet.device("local", 1))
     with fleet.session("local", 0, graph=graph, config=graphdist.no_folding_config()) as sess:
         _, placement = graphdist.run_traced(sess, y)
+    return placement
+
+
+@pytest.mark.integration
+def test_placement_dot_picture_and_tensorboard_log(graphdist_fleet, tmp_path):
+    placement = traced_seed_placement(graphdist_fleet)
     dot = placement.to_dot()
     assert '"y2" [label="y2\\nSub\\nlocal:0"' in dot and '"y1" -> "y";' in dot
-    assert placement.write_picture(tmp_path / "g.dot").endswith("g.dot")
-    if os.environ.get("CI") or graphdist_has_dot():
-        svg = (tmp_path / "g.svg").as_posix()
-        placement.write_picture(svg)
-        with open(svg) as f:
-            assert "<svg" in f.read()
+    path = placement.write_picture(tmp_path / "g.dot")
+    assert path.endswith("g.dot")
+    with open(path, encoding="utf-8") as f:
+        assert f.read() == dot
     logdir = placement.write_tensorboard(tmp_path / "tb")
     events = [f for f in os.listdir(logdir) if f.startswith("events.out.tfevents")]
     assert len(events) == 1
@@ -136,10 +155,27 @@ def test_placement_picture_and_tensorboard_log(graphdist_fleet, tmp_path):
     assert {"graph_def", "tagged_run_metadata"} <= kinds
 
 
-def graphdist_has_dot() -> bool:
-    import shutil
+@pytest.mark.integration
+def test_placement_svg_picture(graphdist_fleet, tmp_path):
+    if shutil.which("dot") is None and not os.environ.get("CI"):  # CI installs it: fail there
+        pytest.skip("Graphviz 'dot' not installed (apt-get install graphviz); SVG picture untested")
+    placement = traced_seed_placement(graphdist_fleet)
+    svg = placement.write_picture(tmp_path / "g.svg")
+    with open(svg, encoding="utf-8") as f:
+        text = f.read()
+    assert "<svg" in text and ">y2</text>" in text and ">local:1</text>" in text
 
-    return shutil.which("dot") is not None
+
+def test_svg_picture_without_graphviz_says_in_one_line_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "no-graphviz-here"))
+    assert shutil.which("dot") is None
+    placement = graphdist.Placement({"y": "/job:local/task:0"}, {"y": ""})
+    with pytest.raises(graphdist.GraphdistError) as info:
+        placement.write_picture(tmp_path / "g.svg")
+    message = str(info.value)
+    assert "\n" not in message and "apt-get install graphviz" in message, message
+    assert ".dot" in message  # the way out that needs no Graphviz
+    assert not (tmp_path / "g.svg").exists()
 
 
 def test_picture_format_errors_are_clear(tmp_path):
