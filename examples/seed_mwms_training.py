@@ -66,9 +66,9 @@ def main():
     else:
         print("starting from scratch", flush=True)
     # Every worker saves (the save is collective); only the chief writes the real folder.
-    manager = tf.train.CheckpointManager(
-        checkpoint, graphdist.checkpoint_dir(real_dir), max_to_keep=2
-    )
+    save_dir = graphdist.checkpoint_dir(real_dir)
+    print(f"saving checkpoints to {save_dir}", flush=True)
+    manager = tf.train.CheckpointManager(checkpoint, save_dir, max_to_keep=2)
 
     class SaveEachEpoch(keras.callbacks.Callback):
         def on_epoch_end(self, index, logs=None):

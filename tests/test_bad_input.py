@@ -3,7 +3,6 @@ shows no traceback and leaves no process running. Hypothesis generates more."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import uuid
@@ -178,6 +177,86 @@ def _processes_marked(mark: str) -> list[int]:
     return found
 
 
+# -- fuzzing: every input is either accepted, and then means what it says, or a typed error --
+
+
+def mostly(good, bad):
+    """Mostly ``good``, sometimes ``bad``: most inputs must reach the accepting path. (``bad`` is
+    not on an end of the range: Hypothesis draws those most.)"""
+    return st.integers(0, 9).flatmap(lambda i: bad if i == 3 else good)
+
+
+# Device parts by the field they set, with its value (the short TYPE:N form upper-cases the
+# known types).
+GOOD_DEVICE_PARTS = {
+    "job": [("job:local", "local"), ("job:Worker_2", "Worker_2")],
+    "replica": [("replica:0", 0), ("replica:12", 12)],
+    "task": [("task:0", 0), ("task:7", 7)],
+    "device": [
+        ("gpu:1", ("GPU", 1)),
+        ("CPU:0", ("CPU", 0)),
+        ("gpu", ("GPU", None)),
+        ("tpu:*", ("TPU", None)),
+        ("device:GPU:3", ("GPU", 3)),
+        ("device:XLA_CPU:0", ("XLA_CPU", 0)),
+        ("device:cpu:*", ("CPU", None)),
+    ],
+}
+BAD_DEVICE_PARTS = [
+    "tsk:1",
+    "task:-1",
+    "task:one",
+    "task:1:2",
+    "job:-local",
+    "job:",
+    "replica:x",
+    "gpu:a",
+    "device:GPU",
+    "device:%:0",
+    "foo:1",
+    "job:a:b",
+]
+
+
+@st.composite
+def device_texts(draw):
+    """A device string of known parts in any order, with the spec it must parse to; None when it
+    must be rejected (it has a bad part, or names a field twice)."""
+    fields: dict[str, object] = {}
+    parts: list[str] = []
+    for field, choices in GOOD_DEVICE_PARTS.items():
+        if draw(st.booleans()):
+            text, value = draw(st.sampled_from(choices))
+            fields[field] = value
+            parts.append(text)
+    ok = True
+    extra = draw(st.sampled_from(["", "", "", "bad", "twice"]))
+    if extra == "bad":
+        parts.append(draw(st.sampled_from(BAD_DEVICE_PARTS)))
+        ok = False
+    elif extra == "twice" and fields:
+        field = draw(st.sampled_from(sorted(fields)))
+        parts.append(draw(st.sampled_from(GOOD_DEVICE_PARTS[field]))[0])
+        ok = False
+    parts = draw(st.permutations(parts))
+    text = draw(st.sampled_from(["", "/", " /"])) + "/".join(parts)
+    if not ok:
+        return text, None
+    dtype, dindex = fields.pop("device", (None, None))
+    return text, graphdist.DeviceSpec(**fields, device_type=dtype, device_index=dindex)
+
+
+def _check_parsed_device(text, spec):
+    assert isinstance(spec, graphdist.DeviceSpec)
+    assert graphdist.parse_device(str(spec)) == spec
+    assert graphdist.normalize_device(str(spec)) == str(spec)
+    for field in ("job", "replica", "task"):  # a field the text names is in the canonical string
+        value = getattr(spec, field)
+        assert (value is None) == (f"/{field}:" not in str(spec))
+        if value is not None:
+            assert f"/{field}:{value}" in str(spec) and f"{field}:" in text
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=40))
 def test_any_text_is_a_device_or_a_placement_error(text):
@@ -185,7 +264,64 @@ def test_any_text_is_a_device_or_a_placement_error(text):
         spec = graphdist.parse_device(text)
     except graphdist.PlacementError:
         return
-    assert graphdist.parse_device(str(spec)) == spec
+    _check_parsed_device(text, spec)
+
+
+@settings(max_examples=300, deadline=None)
+@given(device_texts())
+def test_device_like_text_parses_to_what_it_names_or_is_a_placement_error(case):
+    text, expected = case
+    if expected is None:
+        with pytest.raises(graphdist.PlacementError):
+            graphdist.parse_device(text)
+        return
+    spec = graphdist.parse_device(text)
+    assert spec == expected
+    _check_parsed_device(text, spec)
+
+
+addresses = mostly(
+    st.builds(
+        "{}:{}".format,
+        st.sampled_from(["h", "Host-1.example", "localhost", "10.0.0.1", "[::1]"]),
+        st.integers(1, 65535),
+    ),
+    st.sampled_from(["fe80::1:80", "a b:80", ":80", "h:0", "h:65536", "h:-1", "h:x", "h", 7]),
+)
+job_values = mostly(
+    st.lists(addresses, min_size=1, max_size=3)
+    | addresses
+    | st.dictionaries(st.sampled_from(["0", "1", "3"]), addresses, min_size=1, max_size=3),
+    st.sampled_from([[], {}, {"-1": "h:1"}, {"x": "h:1"}, None]),
+)
+job_names = mostly(
+    st.sampled_from(["local", "worker", "ps", "chief", "w_2"]),
+    st.sampled_from(["1job", "jo-b", "", "a b"]),
+)
+cluster_maps = st.dictionaries(job_names, job_values, max_size=3)
+
+
+def _expected_tasks(jobs):
+    """{job: {index: address}} as the input spells it (a lone address is task 0)."""
+    out = {}
+    for job, value in jobs.items():
+        if isinstance(value, str):
+            value = [value]
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        out[job] = {int(index): address for index, address in items}
+    return out
+
+
+def _check_parsed_cluster(cluster, jobs):
+    assert isinstance(cluster, graphdist.Cluster)
+    assert cluster.jobs == tuple(sorted(jobs))
+    got: dict[str, dict[int, str]] = {}
+    for task in cluster:
+        got.setdefault(task.job, {})[task.index] = task.address
+    assert got == _expected_tasks(jobs)
+    assert len(cluster) == sum(len(tasks) for tasks in got.values())
+    assert graphdist.Cluster.parse(cluster.to_json()) == cluster
+    assert graphdist.Cluster.parse(cluster.as_dict()) == cluster
 
 
 @settings(max_examples=300, deadline=None)
@@ -193,8 +329,40 @@ def test_any_text_is_a_device_or_a_placement_error(text):
 def test_any_text_is_a_cluster_or_a_cluster_spec_error(text):
     if os.path.exists(text.strip()) or "=" in text:
         return  # files on this machine and count specs (which reserve real ports) are not fuzzed
-    with contextlib.suppress(graphdist.ClusterSpecError):
-        graphdist.Cluster.parse(text)
+    try:
+        cluster = graphdist.Cluster.parse(text)
+    except graphdist.ClusterSpecError:
+        return
+    data = json.loads(text)  # accepted text that is no file and no count spec is JSON
+    wrapped = isinstance(data.get("cluster"), dict)  # TF_CONFIG style; else "cluster" is a job
+    _check_parsed_cluster(cluster, data["cluster"] if wrapped else data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cluster_maps, st.booleans(), st.booleans())
+def test_cluster_like_mappings_parse_to_their_tasks_or_a_cluster_spec_error(jobs, as_text, wrap):
+    spec = {"cluster": jobs} if wrap else jobs
+    try:
+        cluster = graphdist.Cluster.parse(json.dumps(spec) if as_text else spec)
+    except graphdist.ClusterSpecError:
+        return
+    _check_parsed_cluster(cluster, jobs)
+
+
+def _check_parsed_tf_config(config, data):
+    assert isinstance(config, graphdist.TFConfig)
+    assert config.cluster == graphdist.Cluster.parse(data["cluster"])
+    assert (config.task_type, config.task_index) == (data["task"]["type"], data["task"]["index"])
+    if config.task_type == "evaluator":
+        assert config.task_index == 0 and "evaluator" not in config.cluster
+    else:
+        assert config.task_index in config.cluster.task_indices(config.task_type)
+    assert "chief" not in config.cluster or config.cluster.num_tasks("chief") == 1
+    assert (config.rpc_layer, config.environment) == (
+        data.get("rpc_layer"),
+        data.get("environment"),
+    )
+    assert graphdist.parse_tf_config(config.to_json()) == config
 
 
 @settings(max_examples=200, deadline=None)
@@ -209,5 +377,42 @@ def test_any_text_is_a_cluster_or_a_cluster_spec_error(text):
     )
 )
 def test_any_json_is_a_tf_config_or_a_tf_config_error(value):
-    with contextlib.suppress(graphdist.TFConfigError):
-        graphdist.parse_tf_config(json.dumps(value))
+    try:
+        config = graphdist.parse_tf_config(json.dumps(value))
+    except graphdist.TFConfigError:
+        return
+    _check_parsed_tf_config(config, value)
+
+
+TF_JOBS = ["chief", "worker", "ps", "local"]
+tf_clusters = mostly(
+    st.dictionaries(st.sampled_from(TF_JOBS), st.integers(1, 3), min_size=1, max_size=3).map(
+        lambda counts: {**counts, "chief": 1} if "chief" in counts else counts
+    ),
+    st.sampled_from([{"chief": 2}, {"evaluator": 1}, {"worker": 1, "evaluator": 1}]),
+).map(
+    lambda counts: {
+        job: [f"h{i}:{port}" for port in range(2000, 2000 + n)]
+        for i, (job, n) in enumerate(sorted(counts.items()))
+    }
+)
+tf_tasks = st.fixed_dictionaries(
+    {
+        "type": mostly(st.sampled_from([*TF_JOBS, "evaluator"]), st.sampled_from(["master", ""])),
+        "index": mostly(st.integers(0, 3), st.sampled_from([-1, "0", True, None])),
+    }
+)
+tf_extras = st.fixed_dictionaries(
+    {}, optional={"rpc_layer": mostly(st.just("grpc"), st.just(5)), "environment": st.just("cloud")}
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(tf_clusters, tf_tasks, tf_extras)
+def test_tf_config_like_json_is_what_it_says_or_a_tf_config_error(jobs, task, extras):
+    data = {"cluster": jobs, "task": task, **extras}
+    try:
+        config = graphdist.parse_tf_config(json.dumps(data))
+    except graphdist.TFConfigError:
+        return
+    _check_parsed_tf_config(config, data)

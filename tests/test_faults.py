@@ -5,17 +5,23 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
+from collections.abc import Callable
 
 import pytest
 
 import graphdist
 from graphdist._graphs import SPLIT_GRAPH_RESULT, split_graph
+from graphdist._state import SUPERVISOR_LOG
+from graphdist._supervisor import MONITOR_INTERVAL_S
 from tests.conftest import read_json, run_python, wait_gone
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 TIMEOUT_MS = 1500
 REPEATS = 5
+RESTARTING = "); restarting it"  # the supervisor's log line for each restart
+GAVE_UP = "died 2 times; not restarting it again"  # ... and for the cap of 1 reached
 
 
 @pytest.fixture
@@ -142,6 +148,14 @@ def test_detached_supervisor_restarts_a_dead_task_up_to_the_cap(state_dir):
         assert status[1]["alive"] and status[1]["pid"] == second
         os.kill(second, signal.SIGKILL)  # the cap is 1: this one stays dead
         assert wait_gone([second], 5) == []
+        log_path = os.path.join(state_dir, SUPERVISOR_LOG)
+        _wait_for_log(log_path, lambda text: GAVE_UP in text or text.count(RESTARTING) > 1)
+        # The supervisor has seen the death; give a (broken) one many polls to restart it anyway.
+        time.sleep(10 * MONITOR_INTERVAL_S)
+        with open(log_path, encoding="utf-8") as f:
+            text = f.read()
+        assert text.count(RESTARTING) == 1 and GAVE_UP in text, text
+        assert read_json(state)["tasks"][1]["pid"] == second
         status = json.loads(run_python(["-m", "graphdist", "status", "--json"], env=env).stdout)
         assert not status[1]["alive"] and status[0]["alive"]
     finally:
@@ -149,9 +163,17 @@ def test_detached_supervisor_restarts_a_dead_task_up_to_the_cap(state_dir):
         assert down.returncode == 0, down.stderr
 
 
-def _wait_for_new_pid(state: str, old: int) -> int:
-    import time
+def _wait_for_log(path: str, done: Callable[[str], bool], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(path, encoding="utf-8") as f:
+            if done(f.read()):
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"the supervisor did not react to the second death; see {path}")
 
+
+def _wait_for_new_pid(state: str, old: int) -> int:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

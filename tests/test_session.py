@@ -1,4 +1,4 @@
-"""Session configs always carry a bounded operation timeout."""
+"""Bounded waits: session configs always carry an operation timeout, fleets a start timeout."""
 
 from __future__ import annotations
 
@@ -7,12 +7,27 @@ import pytest
 import graphdist
 
 tf = pytest.importorskip("tensorflow")
+# The documented defaults (README "Sessions"; LocalFleet's docstring, `graphdist up --help`), not
+# the code's own constants: a default of 0 would mean "wait forever" to TensorFlow.
+DOCUMENTED_OPERATION_TIMEOUT_MS = 30_000
+DOCUMENTED_START_TIMEOUT_S = 60.0
 
 
-def test_default_timeout_fills_an_unset_field():
-    assert graphdist.session_config().operation_timeout_in_ms == (
-        graphdist.DEFAULT_OPERATION_TIMEOUT_MS
+def test_default_timeout_fills_an_unset_field_with_the_documented_bound():
+    assert 0 < graphdist.DEFAULT_OPERATION_TIMEOUT_MS == DOCUMENTED_OPERATION_TIMEOUT_MS
+    assert graphdist.session_config().operation_timeout_in_ms == DOCUMENTED_OPERATION_TIMEOUT_MS
+    unset = tf.compat.v1.ConfigProto(operation_timeout_in_ms=0)
+    assert graphdist.session_config(unset).operation_timeout_in_ms == (
+        DOCUMENTED_OPERATION_TIMEOUT_MS
     )
+    with graphdist.session(graph=tf.Graph()) as sess:  # what the real session is given
+        assert sess._config.operation_timeout_in_ms == DOCUMENTED_OPERATION_TIMEOUT_MS
+
+
+def test_fleet_default_start_timeout_is_the_documented_bound():
+    assert 0 < graphdist.DEFAULT_START_TIMEOUT_S == DOCUMENTED_START_TIMEOUT_S
+    fleet = graphdist.LocalFleet({"local": ["localhost:2222"]})  # never started
+    assert fleet.start_timeout_s == DOCUMENTED_START_TIMEOUT_S
 
 
 def test_caller_timeout_is_kept_and_explicit_argument_wins():

@@ -16,14 +16,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 EXAMPLES = os.path.join(REPO, "examples")
 
 
-def launch(*args: str, **popen) -> subprocess.Popen[str]:
+def launch(*args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "graphdist", "run", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=EXAMPLES,
-        env={**os.environ, **QUIET_TF},
+        env={**os.environ, **QUIET_TF, **(env or {})},
         **popen,
     )
 
@@ -33,7 +33,9 @@ def finish(proc: subprocess.Popen[str]) -> tuple[int, list[str], str]:
     return proc.returncode, out.splitlines(), err
 
 
-def test_mwms_two_workers_identical_weights_and_real_accuracy(tmp_path):
+def test_mwms_two_workers_identical_weights_real_accuracy_chief_only_checkpoints(tmp_path):
+    out, scratch = tmp_path / "out", tmp_path / "scratch"  # scratch: the workers' TMPDIR
+    scratch.mkdir()
     code, lines, err = finish(
         launch(
             "--workers",
@@ -44,18 +46,39 @@ def test_mwms_two_workers_identical_weights_and_real_accuracy(tmp_path):
             "--epochs",
             "4",
             "--out",
-            str(tmp_path),
+            str(out),
+            env={"TMPDIR": str(scratch)},
         )
     )
     assert code == 0, err[-2000:]
     assert "[worker-0] Number of devices: 2" in lines
-    a = np.load(tmp_path / "weights-worker-0.npz")
-    b = np.load(tmp_path / "weights-worker-1.npz")
+    a = np.load(out / "weights-worker-0.npz")
+    b = np.load(out / "weights-worker-1.npz")
     assert len(a.files) == 4
     assert all(np.array_equal(a[k], b[k]) for k in a.files)
     accuracy = [float(ln.split()[-1]) for ln in lines if "held-out accuracy" in ln]
     assert len(accuracy) == 2 and min(accuracy) > 0.5  # chance is 0.1
-    assert os.listdir(tmp_path / "checkpoints")  # written by the chief only
+    # Chief-only checkpoints: worker 0 saved into the real folder, worker 1 into a throw-away one
+    # in its TMPDIR (removed when it exited); the real folder holds the chief's last two saves.
+    saved_to = {
+        ln.split("]")[0][1:]: ln.split(" saving checkpoints to ")[1]
+        for ln in lines
+        if " saving checkpoints to " in ln
+    }
+    real = str(out / "checkpoints")
+    assert saved_to["worker-0"] == real, saved_to
+    throwaway = saved_to["worker-1"]
+    assert os.path.dirname(throwaway) == str(scratch), saved_to
+    assert os.path.basename(throwaway).startswith("graphdist-ckpt-throwaway-")
+    assert not os.path.exists(throwaway)
+    assert not [n for n in os.listdir(scratch) if n.startswith("graphdist-ckpt-throwaway-")]
+    assert sorted(os.listdir(real)) == [
+        "checkpoint",
+        "ckpt-3.data-00000-of-00001",
+        "ckpt-3.index",
+        "ckpt-4.data-00000-of-00001",
+        "ckpt-4.index",
+    ]
 
 
 def test_killed_worker_then_rerun_resumes_from_the_last_checkpoint(tmp_path):
