@@ -16,6 +16,14 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+# How long a test waits for something that must happen "eventually" (a stopped or orphaned
+# process is gone). Generous on purpose: the suite must pass on a loaded 2-core machine, where a
+# TensorFlow process can take seconds to exit; how fast it really happens is a benchmark figure.
+EVENTUALLY_S = 30.0
+# The documented defaults (README "Sessions"; LocalFleet's docstring, `graphdist up --help`), not
+# the code's own constants: a default of 0 would mean "wait forever" to TensorFlow.
+DOCUMENTED_OPERATION_TIMEOUT_MS = 30_000
+DOCUMENTED_START_TIMEOUT_S = 60.0
 
 
 def is_gone(pid: int) -> bool:

@@ -10,7 +10,14 @@ import socket
 import pytest
 
 from graphdist._cli import EXIT_USAGE, UsageError, build_parser
-from tests.conftest import read_json, read_json_rows, run_python, start_graphdist, wait_gone
+from tests.conftest import (
+    EVENTUALLY_S,
+    read_json,
+    read_json_rows,
+    run_python,
+    start_graphdist,
+    wait_gone,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -92,11 +99,11 @@ def test_detached_fleet_up_status_down(state_dir):
     assert gd("up", "--cluster", "local=1", "--detach", state_dir=other).returncode == 0
     other_pids = [r["pid"] for r in json.loads(gd("status", "--json", state_dir=other).stdout)]
     assert gd("down", state_dir=other).returncode == 0
-    assert wait_gone(other_pids, 5) == []
+    assert wait_gone(other_pids, EVENTUALLY_S) == []
 
     down = gd("down", state_dir=state_dir)
     assert down.returncode == 0, down.stderr
-    assert wait_gone([*pids, supervisor], 5) == []
+    assert wait_gone([*pids, supervisor], EVENTUALLY_S) == []
     assert not os.path.exists(state_dir)
 
 
@@ -104,10 +111,10 @@ def test_stale_state_is_detected_and_cleaned(state_dir):
     assert gd("up", "--cluster", "local=1", "--detach", state_dir=state_dir).returncode == 0
     record = read_json(os.path.join(state_dir, "fleet.json"))
     os.kill(record["supervisor"]["pid"], signal.SIGKILL)
-    assert wait_gone([record["supervisor"]["pid"]], 5) == []
+    assert wait_gone([record["supervisor"]["pid"]], EVENTUALLY_S) == []
     result = gd("status", state_dir=state_dir)
     assert result.returncode == EXIT_USAGE and "stale" in result.stderr
-    assert wait_gone([t["pid"] for t in record["tasks"]], 5) == []
+    assert wait_gone([t["pid"] for t in record["tasks"]], EVENTUALLY_S) == []
     assert not os.path.exists(os.path.join(state_dir, "fleet.json"))
 
 
@@ -119,7 +126,7 @@ def test_foreground_up_stops_everything_on_ctrl_c(state_dir):
         assert len(pids) == 2
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
-        assert wait_gone(pids, 5) == []
+        assert wait_gone(pids, EVENTUALLY_S) == []
     finally:
         if proc.poll() is None:
             proc.kill()

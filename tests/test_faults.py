@@ -14,7 +14,7 @@ import graphdist
 from graphdist._graphs import SPLIT_GRAPH_RESULT, split_graph
 from graphdist._state import SUPERVISOR_LOG
 from graphdist._supervisor import MONITOR_INTERVAL_S
-from tests.conftest import read_json, run_python, wait_gone
+from tests.conftest import EVENTUALLY_S, read_json, run_python, wait_gone
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -147,7 +147,7 @@ def test_detached_supervisor_restarts_a_dead_task_up_to_the_cap(state_dir):
         status = json.loads(run_python(["-m", "graphdist", "status", "--json"], env=env).stdout)
         assert status[1]["alive"] and status[1]["pid"] == second
         os.kill(second, signal.SIGKILL)  # the cap is 1: this one stays dead
-        assert wait_gone([second], 5) == []
+        assert wait_gone([second], EVENTUALLY_S) == []
         log_path = os.path.join(state_dir, SUPERVISOR_LOG)
         _wait_for_log(log_path, lambda text: GAVE_UP in text or text.count(RESTARTING) > 1)
         # The supervisor has seen the death; give a (broken) one many polls to restart it anyway.

@@ -14,7 +14,14 @@ import pytest
 
 import graphdist
 from graphdist._graphs import SPLIT_GRAPH_RESULT, split_graph
-from tests.conftest import QUIET_TF, REPO, is_gone, wait_gone
+from tests.conftest import (
+    DOCUMENTED_OPERATION_TIMEOUT_MS,
+    EVENTUALLY_S,
+    QUIET_TF,
+    REPO,
+    is_gone,
+    wait_gone,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -65,7 +72,7 @@ def test_session_config_carries_the_timeout(graphdist_fleet):
     with graphdist_fleet.session("local", 0, graph=tf.Graph(), operation_timeout_ms=4321) as s:
         assert s._config.operation_timeout_in_ms == 4321
     with graphdist_fleet.session("local", 1, graph=tf.Graph()) as s:
-        assert s._config.operation_timeout_in_ms == graphdist.DEFAULT_OPERATION_TIMEOUT_MS
+        assert s._config.operation_timeout_in_ms == DOCUMENTED_OPERATION_TIMEOUT_MS
 
 
 def test_fleet_device_is_checked_against_its_cluster(graphdist_fleet):
@@ -88,7 +95,7 @@ def test_close_is_idempotent_and_leaves_no_process(graphdist_fleet_factory):
     fleet.close()
     fleet.close()
     assert fleet.state is graphdist.FleetState.CLOSED
-    assert wait_gone(pids, 5) == []
+    assert wait_gone(pids, EVENTUALLY_S) == []
     assert not os.path.exists(log_dir)
     with pytest.raises(graphdist.FleetClosedError):
         fleet.session("local", 0)
@@ -164,7 +171,7 @@ def test_servers_exit_when_the_owner_is_killed(attempt):
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait(10)
         # Every server, the fork server and its resource tracker: nothing is left behind.
-        assert wait_gone(helpers, 5.0) == []
+        assert wait_gone(helpers, EVENTUALLY_S) == []
     finally:
         if owner.poll() is None:
             owner.kill()

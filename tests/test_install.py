@@ -32,7 +32,7 @@ from graphdist._version import (
     python_problem,
     tensorflow_problem,
 )
-from tests.conftest import QUIET_TF, REPO, wait_gone
+from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, wait_gone
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -171,7 +171,7 @@ def test_installed_wheel_runs_the_demo_from_outside_the_checkout(installed, tmp_
     assert "238" in result.stdout
     shims = list((tmp_path / "cache" / "graphdist").glob("loopback-bind-*.so"))
     assert len(shims) == 1, "the bind shim was not built from the installed package"
-    assert wait_gone(_marked(mark), 10.0) == []
+    assert wait_gone(_marked(mark), EVENTUALLY_S) == []
 
 
 @pytest.mark.integration
@@ -199,7 +199,7 @@ def test_installed_wheel_runs_a_local_fleet_session(installed, tmp_path):
     module_file, value = result.stdout.split()[-2:]
     assert module_file.startswith(str(installed)), module_file  # the wheel's copy, not the checkout
     assert value == "238"
-    assert wait_gone(_marked(mark), 10.0) == []
+    assert wait_gone(_marked(mark), EVENTUALLY_S) == []
 
 
 @pytest.mark.integration

@@ -11,7 +11,7 @@ import pytest
 
 import graphdist
 from graphdist._probe import Prober
-from tests.conftest import run_python, wait_gone
+from tests.conftest import EVENTUALLY_S, run_python, wait_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 PY = sys.executable
@@ -53,7 +53,7 @@ def test_a_failing_task_stops_the_others_and_shows_its_last_lines():
     assert all(r.exitcode is not None and r.exitcode != 0 for r in others)
     # worker-1 may fail before the others have even printed: the launcher stops them anyway.
     pids = [r.pid for r in err.results]
-    assert len(pids) == 3 and all(pids) and wait_gone(pids, 5) == []
+    assert len(pids) == 3 and all(pids) and wait_gone(pids, EVENTUALLY_S) == []
 
 
 def test_timeout_stops_everything():

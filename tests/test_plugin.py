@@ -34,7 +34,7 @@ def test_user_tests_get_a_running_fleet_and_a_factory(pytester):
     import os
     import tempfile
 
-    from tests.conftest import wait_gone
+    from tests.conftest import EVENTUALLY_S, wait_gone
 
     pidfile = tempfile.mktemp()
     os.environ["PIDFILE"] = pidfile
@@ -46,4 +46,4 @@ def test_user_tests_get_a_running_fleet_and_a_factory(pytester):
     finally:
         os.environ.pop("PIDFILE", None)
     assert len(pids) == 4
-    assert wait_gone(pids, 5) == []
+    assert wait_gone(pids, EVENTUALLY_S) == []

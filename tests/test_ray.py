@@ -60,9 +60,9 @@ def ray_cluster():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        from tests.conftest import wait_gone
+        from tests.conftest import EVENTUALLY_S, wait_gone
 
-        assert wait_gone(_ray_processes(tmp), 15) == []
+        assert wait_gone(_ray_processes(tmp), EVENTUALLY_S) == []
         shutil.rmtree(tmp, ignore_errors=True)
 
 

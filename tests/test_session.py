@@ -5,12 +5,9 @@ from __future__ import annotations
 import pytest
 
 import graphdist
+from tests.conftest import DOCUMENTED_OPERATION_TIMEOUT_MS, DOCUMENTED_START_TIMEOUT_S
 
 tf = pytest.importorskip("tensorflow")
-# The documented defaults (README "Sessions"; LocalFleet's docstring, `graphdist up --help`), not
-# the code's own constants: a default of 0 would mean "wait forever" to TensorFlow.
-DOCUMENTED_OPERATION_TIMEOUT_MS = 30_000
-DOCUMENTED_START_TIMEOUT_S = 60.0
 
 
 def test_default_timeout_fills_an_unset_field_with_the_documented_bound():

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import QUIET_TF, REPO, wait_gone
+from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, wait_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 EXAMPLES = os.path.join(REPO, "examples")
@@ -110,7 +110,7 @@ def test_killed_worker_then_rerun_resumes_from_the_last_checkpoint(tmp_path):
             proc.kill()
             proc.wait()
     assert code == 1 and "worker-1 exited with code -9" in err
-    assert wait_gone(pids.values(), 5) == []
+    assert wait_gone(pids.values(), EVENTUALLY_S) == []
 
     code, lines, err = finish(launch(*argv))
     assert code == 0, err[-2000:]
