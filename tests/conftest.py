@@ -45,6 +45,19 @@ def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
     return [p for p in pending if not is_gone(p)]
 
 
+def processes_marked(mark: str) -> list[int]:
+    """Pids of the live processes whose environment has ``GRAPHDIST_TEST_MARK=mark``: everything
+    a command started with that mark, however deep, whoever adopted it."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("GRAPHDIST_TEST_MARK") == mark:
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
 def run_python(
     args: list[str],
     *,

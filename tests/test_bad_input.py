@@ -7,14 +7,13 @@ import json
 import os
 import uuid
 
-import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import graphdist
 from graphdist._cli import EXIT_USAGE
-from tests.conftest import run_python
+from tests.conftest import processes_marked, run_python
 
 GOOD = {"worker": ["h:1", "h:2"], "chief": ["h:3"]}
 
@@ -163,18 +162,7 @@ def test_bad_cli_arguments(argv, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
     assert "Traceback" not in result.stderr
     assert not os.path.exists(tmp_path / "state" / "fleet.json")
-    assert _processes_marked(mark) == []
-
-
-def _processes_marked(mark: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.environ().get("GRAPHDIST_TEST_MARK") == mark:
-                found.append(proc.pid)
-        except psutil.Error:
-            continue
-    return found
+    assert processes_marked(mark) == []
 
 
 # -- fuzzing: every input is either accepted, and then means what it says, or a typed error --

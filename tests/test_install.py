@@ -22,7 +22,6 @@ import uuid
 import zipfile
 from pathlib import Path
 
-import psutil
 import pytest
 
 from graphdist._version import (
@@ -32,7 +31,7 @@ from graphdist._version import (
     python_problem,
     tensorflow_problem,
 )
-from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, wait_gone
+from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, processes_marked, wait_gone
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -152,17 +151,6 @@ def _run_outside(venv: Path, tmp_path: Path, args: list[str], mark: str):
     return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
 
 
-def _marked(mark: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.environ().get("GRAPHDIST_TEST_MARK") == mark:
-                found.append(proc.pid)
-        except psutil.Error:
-            continue
-    return found
-
-
 @pytest.mark.integration
 def test_installed_wheel_runs_the_demo_from_outside_the_checkout(installed, tmp_path):
     mark = uuid.uuid4().hex
@@ -171,7 +159,7 @@ def test_installed_wheel_runs_the_demo_from_outside_the_checkout(installed, tmp_
     assert "238" in result.stdout
     shims = list((tmp_path / "cache" / "graphdist").glob("loopback-bind-*.so"))
     assert len(shims) == 1, "the bind shim was not built from the installed package"
-    assert wait_gone(_marked(mark), EVENTUALLY_S) == []
+    assert wait_gone(processes_marked(mark), EVENTUALLY_S) == []
 
 
 @pytest.mark.integration
@@ -199,7 +187,7 @@ def test_installed_wheel_runs_a_local_fleet_session(installed, tmp_path):
     module_file, value = result.stdout.split()[-2:]
     assert module_file.startswith(str(installed)), module_file  # the wheel's copy, not the checkout
     assert value == "238"
-    assert wait_gone(_marked(mark), EVENTUALLY_S) == []
+    assert wait_gone(processes_marked(mark), EVENTUALLY_S) == []
 
 
 @pytest.mark.integration
