@@ -46,7 +46,7 @@ def measure(steps: int = 1000, rounds: int = 5) -> dict[str, dict[str, float]]:
     import tensorflow as tf
 
     import graphdist
-    from graphdist._graphs import SPLIT_GRAPH_RESULT, split_graph
+    from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
 
     with graphdist.LocalFleet("local=2") as fleet:
         graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))

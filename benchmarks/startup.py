@@ -66,7 +66,7 @@ CHILDREN = {
         """
         import json, os, sys
         import tensorflow as tf
-        from graphdist._probe import Prober
+        from graphdist._fleet.probe import Prober
         workers, _ = tf.test.create_local_cluster(int(sys.argv[1]), 0)
         for w in workers:
             with Prober(w.target[len("grpc://"):]) as p:

@@ -10,7 +10,7 @@ says so and exits 0.
 import tensorflow.compat.v1 as tf
 
 import graphdist
-from graphdist._gpus import available_gpus
+from graphdist._fleet.gpus import available_gpus
 
 tf.disable_eager_execution()
 

@@ -10,6 +10,22 @@ from graphdist._version import check_versions as _check_versions
 _check_versions()
 
 from graphdist._cluster import Cluster, Task
+from graphdist._distribute.launcher import (
+    LaunchError,
+    LaunchTimeoutError,
+    TaskExitError,
+    TaskResult,
+    run_command,
+    run_function,
+)
+from graphdist._distribute.strategy import (
+    checkpoint_dir,
+    global_batch_size,
+    is_chief,
+    shard,
+    strategy_from_environment,
+)
+from graphdist._distribute.tfconfig import TFConfig, cluster_resolver, parse_tf_config, tf_config
 from graphdist._exceptions import (
     ClusterSpecError,
     FleetClosedError,
@@ -26,31 +42,21 @@ from graphdist._exceptions import (
     TaskNotFoundError,
     TFConfigError,
 )
-from graphdist._fleet import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
-from graphdist._fleetbase import Fleet, FleetState, ReopeningSession
-from graphdist._health import TaskHealth
-from graphdist._launcher import (
-    LaunchError,
-    LaunchTimeoutError,
-    TaskExitError,
-    TaskResult,
-    run_command,
-    run_function,
+from graphdist._fleet.base import Fleet, FleetState, ReopeningSession
+from graphdist._fleet.health import TaskHealth
+from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
+from graphdist._graph.master import master_for
+from graphdist._graph.placement import (
+    DeviceSpec,
+    check_device,
+    device,
+    normalize_device,
+    parse_device,
 )
-from graphdist._master import master_for
-from graphdist._placement import DeviceSpec, check_device, device, normalize_device, parse_device
-from graphdist._session import DEFAULT_OPERATION_TIMEOUT_MS, session, session_config
-from graphdist._split import AutoPlan, ByName, Plan, RoundRobin, SplitGraph, split
-from graphdist._strategy import (
-    checkpoint_dir,
-    global_batch_size,
-    is_chief,
-    shard,
-    strategy_from_environment,
-)
-from graphdist._tfconfig import TFConfig, cluster_resolver, parse_tf_config, tf_config
-from graphdist._trace import Placement, no_folding_config, run_traced
-from graphdist._variables import initialize_uninitialized, shared_variable
+from graphdist._graph.session import DEFAULT_OPERATION_TIMEOUT_MS, session, session_config
+from graphdist._graph.split import AutoPlan, ByName, Plan, RoundRobin, SplitGraph, split
+from graphdist._graph.trace import Placement, no_folding_config, run_traced
+from graphdist._graph.variables import initialize_uninitialized, shared_variable
 
 __all__ = [
     "DEFAULT_OPERATION_TIMEOUT_MS",

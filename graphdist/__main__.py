@@ -2,6 +2,6 @@
 
 import sys
 
-from graphdist._cli import main
+from graphdist._cli.main import main
 
 sys.exit(main())

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from graphdist._fleet import LocalFleet
+    from graphdist._fleet.local import LocalFleet
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,7 +34,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(scope="session")
 def graphdist_fleet(request: pytest.FixtureRequest) -> Iterator[LocalFleet]:
     """A running fleet shared by the whole test session."""
-    from graphdist._fleet import LocalFleet
+    from graphdist._fleet.local import LocalFleet
 
     fleet = LocalFleet(request.config.getoption("--graphdist-cluster")).start()
     try:
@@ -47,7 +47,7 @@ def graphdist_fleet(request: pytest.FixtureRequest) -> Iterator[LocalFleet]:
 def graphdist_fleet_factory() -> Iterator[Callable[..., LocalFleet]]:
     """``factory(cluster="local=2", **LocalFleet keywords)`` → a started fleet, closed after
     the test."""
-    from graphdist._fleet import LocalFleet
+    from graphdist._fleet.local import LocalFleet
 
     made: list[LocalFleet] = []
 

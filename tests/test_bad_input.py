@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import graphdist
-from graphdist._cli import EXIT_USAGE
+from graphdist._cli.main import EXIT_USAGE
 from tests.conftest import processes_marked, run_python
 
 GOOD = {"worker": ["h:1", "h:2"], "chief": ["h:3"]}

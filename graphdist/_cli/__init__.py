@@ -1,0 +1,1 @@
+"""The ``graphdist`` command line: a thin layer over the library (``main``)."""

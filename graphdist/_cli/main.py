@@ -1,0 +1,536 @@
+"""The ``graphdist`` command: a thin layer over the library.
+
+Parsing (:func:`build_parser`) is separate from running (:func:`main`), so both can be tested.
+A user mistake prints one line ``Error: ...`` and exits 2; a failure of the machinery (a server
+that crashed while starting) exits 1; neither shows a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from graphdist._cluster import Cluster
+from graphdist._exceptions import (
+    ClusterSpecError,
+    FleetStartError,
+    GraphdistError,
+    LoopbackUnavailableError,
+    PlacementError,
+    PortInUseError,
+    StateError,
+)
+from graphdist._fleet.signals import stop_on_signals
+from graphdist._version import __version__
+
+__all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UsageError", "build_parser", "main"]
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+DETACH_TIMEOUT_S = 90.0
+_USER_MISTAKES = (
+    ClusterSpecError,
+    PlacementError,
+    PortInUseError,
+    StateError,
+    LoopbackUnavailableError,
+)
+
+
+class UsageError(GraphdistError):
+    """Bad command-line arguments."""
+
+
+def version_line() -> str:
+    """``graphdist X.Y.Z (Python A.B.C, TensorFlow D.E.F)``, read without importing TensorFlow."""
+    from importlib import metadata
+
+    try:
+        tf_version = metadata.version("tensorflow")
+    except metadata.PackageNotFoundError:
+        tf_version = "not installed"
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"graphdist {__version__} (Python {python}, TensorFlow {tf_version})"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _add_state_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="folder that holds a detached fleet's state and logs (default: $GRAPHDIST_STATE_DIR, "
+        "else ~/.local/state/graphdist); use one per fleet to run several side by side",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="graphdist", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=version_line())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    up = sub.add_parser("up", help="start a fleet of TensorFlow servers on this machine")
+    up.add_argument(
+        "--cluster",
+        required=True,
+        metavar="SPEC",
+        help="JSON text, a JSON file path, or job=N[,job=N...] (free ports are chosen)",
+    )
+    up.add_argument(
+        "--detach", action="store_true", help="return once ready; a supervisor keeps it running"
+    )
+    up.add_argument(
+        "--start-timeout", type=float, default=60.0, metavar="S", help="seconds (default 60)"
+    )
+    up.add_argument("--json", action="store_true", help="print the tasks as JSON")
+    up.add_argument(
+        "--expose",
+        action="store_true",
+        help="let servers listen on every interface (default: loopback only); TensorFlow's "
+        "servers have no authentication, so anyone who reaches the ports can run code",
+    )
+    up.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        default="local",
+        help="local: one process per server on this machine (default); ray: Ray actors on the "
+        "Ray cluster at --address (needs `pip install graphdist[ray]`; foreground only)",
+    )
+    up.add_argument("--address", help="with --backend ray: the Ray cluster (default: RAY_ADDRESS)")
+    up.add_argument(
+        "--restart",
+        choices=["no", "on-failure"],
+        default="no",
+        help="with --detach: restart a task whose server dies (default: no)",
+    )
+    up.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        metavar="N",
+        help="with --restart on-failure: restarts per task before giving up (default 3)",
+    )
+    _add_state_dir(up)
+
+    status = sub.add_parser("status", help="show the detached fleet's tasks")
+    status.add_argument("--json", action="store_true", help="print a JSON list of tasks")
+    _add_state_dir(status)
+
+    down = sub.add_parser("down", help="stop the detached fleet and remove its state")
+    _add_state_dir(down)
+
+    run = sub.add_parser(
+        "run",
+        help="run a multi-worker command: one process per task, each with its TF_CONFIG",
+        description="Start a local cluster and run COMMAND once per chief/worker task with its "
+        "TF_CONFIG and TF_USE_LEGACY_KERAS=1; with --ps, the chief runs COMMAND as coordinator "
+        "while workers and ps tasks are plain servers. Exits 0 only if every task does.",
+    )
+    run.add_argument("--workers", type=int, default=2, metavar="N", help="worker tasks (2)")
+    run.add_argument("--ps", type=int, default=0, metavar="M", help="parameter servers (0)")
+    run.add_argument("--chief", action="store_true", help="add a chief task (needed with --ps)")
+    run.add_argument("--timeout", type=float, metavar="S", help="stop everything after S seconds")
+    run.add_argument("--expose", action="store_true", help="do not keep servers on loopback")
+    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+
+    srv = sub.add_parser(
+        "serve",
+        help="run one server of a cluster in the foreground (for systemd, Kubernetes, Slurm)",
+    )
+    srv.add_argument("--cluster", metavar="SPEC", help="JSON text or a JSON file path")
+    srv.add_argument("--job", help="this server's job name")
+    srv.add_argument("--task", type=int, metavar="INDEX", help="this server's task index")
+    srv.add_argument(
+        "--slurm",
+        metavar="JOB=N[,JOB=N]",
+        help="take the cluster and this task from Slurm's environment (SlurmClusterResolver)",
+    )
+    srv.add_argument("--port-base", type=int, default=8888, help="with --slurm (8888)")
+    srv.add_argument(
+        "--bind-all",
+        action="store_true",
+        help="listen on every interface as TensorFlow does (default: only the task's address)",
+    )
+
+    tfc = sub.add_parser("tf-config", help="print a task's TF_CONFIG for a cluster, as JSON")
+    tfc.add_argument("--cluster", required=True, metavar="SPEC", help="as for `up`")
+    tfc.add_argument(
+        "--task", required=True, metavar="TYPE:INDEX", help="chief:0, worker:1, ps:0, evaluator:0"
+    )
+
+    demo = sub.add_parser("demo", help="run the seeds' split graph (238) on a two-task fleet")
+    demo.add_argument(
+        "--seed-ports",
+        action="store_true",
+        help="use the seed's localhost:2020 and localhost:2021 instead of free ports",
+    )
+    demo.add_argument(
+        "--master", type=int, default=0, metavar="TASK", help="task the session talks to (0)"
+    )
+    demo.add_argument(
+        "--picture",
+        metavar="FILE",
+        help="write the placed graph coloured by task (.svg, .png, .pdf need Graphviz; or .dot)",
+    )
+    demo.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="write a TensorBoard log (graph + run metadata; colour the graph view by device)",
+    )
+    return parser
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def _rows_table(rows: list[dict[str, Any]]) -> str:
+    header = ["JOB", "TASK", "ADDRESS", "PID", "ALIVE", "TARGET"]
+    table = [header] + [
+        [
+            r["job"],
+            str(r["task"]),
+            r["address"],
+            str(r["pid"]),
+            "yes" if r["alive"] else "NO",
+            f"grpc://{r['address']}",
+        ]
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
+    )
+
+
+def _print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(_rows_table(rows))
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+def _state_dir(args: argparse.Namespace) -> str:
+    from graphdist._fleet.state import default_state_dir
+
+    return os.path.abspath(args.state_dir) if args.state_dir else default_state_dir()
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    if args.start_timeout <= 0:
+        raise UsageError(f"--start-timeout must be > 0 seconds, not {args.start_timeout:g}")
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be >= 0, not {args.max_restarts}")
+    if args.restart != "no" and not args.detach:
+        raise UsageError("--restart needs --detach (a foreground fleet stops on any failure)")
+    if args.backend == "ray":
+        Cluster.parse_counts(args.cluster)  # Ray picks nodes and ports: counts only
+        return _up_ray(args)
+    cluster = Cluster.parse(args.cluster)
+    if args.detach:
+        return _up_detached(args, cluster)
+    from graphdist._fleet.local import LocalFleet
+
+    stop = stop_on_signals()
+    with LocalFleet(cluster, start_timeout_s=args.start_timeout, expose=args.expose) as fleet:
+        rows = [
+            {"job": t.job, "task": t.index, "address": t.address, "pid": t.pid, "alive": t.alive}
+            for t in fleet.tasks
+        ]
+        _print_rows(rows, args.json)
+        print("graphdist: fleet running; press Ctrl-C to stop it", file=sys.stderr, flush=True)
+        reported: set[str] = set()
+        while not stop.wait(1.0):
+            for t in fleet.dead_tasks():
+                if t.name not in reported:
+                    reported.add(t.name)
+                    print(
+                        f"graphdist: task {t.job}:{t.index} exited with code {t.exitcode} "
+                        f"(log: {t.log_path})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        print("graphdist: stopping the fleet", file=sys.stderr, flush=True)
+    return 0
+
+
+def _up_ray(args: argparse.Namespace) -> int:
+    if args.detach:
+        raise UsageError("--backend ray runs in the foreground (Ray keeps the actors alive)")
+    try:
+        from graphdist._fleet.ray import RayFleet
+    except ImportError:  # pragma: no cover - depends on the installed extras
+        raise UsageError("--backend ray needs Ray: pip install 'graphdist[ray]'") from None
+    stop = stop_on_signals()
+    with RayFleet(
+        args.cluster, address=args.address, start_timeout_s=args.start_timeout, expose=args.expose
+    ) as fleet:
+        rows = [
+            {"job": t.job, "task": t.index, "address": t.address, "pid": t.pid, "alive": True}
+            for t in fleet.tasks
+        ]
+        _print_rows(rows, args.json)
+        print("graphdist: Ray fleet running; press Ctrl-C to stop it", file=sys.stderr, flush=True)
+        stop.wait()
+    return 0
+
+
+def _up_detached(args: argparse.Namespace, cluster: Cluster) -> int:
+    from graphdist._fleet.local import check_hosts_and_ports, check_loopback
+    from graphdist._fleet.state import SUPERVISOR_LOG, clear_state, read_error, read_state
+
+    state_dir = _state_dir(args)
+    record = _live_record(state_dir, cleanup=True)
+    if record is not None:
+        raise StateError(
+            f"A fleet is already running in {state_dir} (supervisor pid "
+            f"{record.supervisor.pid}); stop it with `graphdist down` or pass another --state-dir",
+            state_dir,
+        )
+    check_hosts_and_ports(cluster)
+    if not args.expose:
+        check_loopback(cluster)
+    os.makedirs(state_dir, exist_ok=True)
+    log_path = os.path.join(state_dir, SUPERVISOR_LOG)
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "graphdist._fleet.supervisor",
+                "--state-dir",
+                state_dir,
+                "--cluster",
+                cluster.to_json(),
+                "--start-timeout",
+                str(args.start_timeout),
+                "--restart",
+                args.restart,
+                "--max-restarts",
+                str(args.max_restarts),
+                *(["--expose"] if args.expose else []),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    deadline = time.monotonic() + args.start_timeout + 30.0
+    while True:
+        record = read_state(state_dir)
+        if record is not None:
+            break
+        error = read_error(state_dir)
+        code = proc.poll()
+        if error is not None or code is not None:
+            proc.wait(10)
+            if error is None:
+                raise FleetStartError(
+                    f"The supervisor exited with code {code} before the fleet was ready; see "
+                    f"{log_path}"
+                )
+            clear_state(state_dir)
+            raise FleetStartError(error["message"])
+        if time.monotonic() > deadline:
+            proc.terminate()
+            proc.wait(10)
+            raise FleetStartError(
+                f"The detached fleet was not ready after {args.start_timeout:g} s; raise "
+                f"--start-timeout (supervisor log: {log_path})"
+            )
+        time.sleep(0.05)
+    _print_rows(_status_rows(record), args.json)
+    print(
+        f"graphdist: fleet detached (supervisor pid {record.supervisor.pid}, state {state_dir}); "
+        "stop it with `graphdist down`",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _status_rows(record: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "job": t.job,
+            "task": t.task,
+            "address": t.address,
+            "pid": t.pid,
+            "alive": t.process.alive(),
+            "log": t.log,
+        }
+        for t in record.tasks
+    ]
+
+
+def _live_record(state_dir: str, *, cleanup: bool) -> Any:
+    """The running fleet in ``state_dir``; a stale one (supervisor gone) is cleaned up and
+    reported as StateError unless ``cleanup`` is set, in which case ``None`` is returned."""
+    from graphdist._fleet.state import clear_state, read_state, stop_processes
+
+    record = read_state(state_dir)
+    if record is None or record.supervisor.alive():
+        return record
+    leftovers = stop_processes(t.process for t in record.tasks)
+    clear_state(state_dir)
+    if cleanup:
+        return None
+    note = f"; {len(leftovers)} server(s) would not die" if leftovers else ""
+    raise StateError(
+        f"The fleet in {state_dir} was stale (supervisor pid {record.supervisor.pid} is gone); "
+        f"its state was cleaned up{note}",
+        state_dir,
+    )
+
+
+def _no_fleet(state_dir: str) -> StateError:
+    return StateError(
+        f"No detached fleet is running in {state_dir}; start one with "
+        "`graphdist up --cluster SPEC --detach`",
+        state_dir,
+    )
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    state_dir = _state_dir(args)
+    record = _live_record(state_dir, cleanup=False)
+    if record is None:
+        raise _no_fleet(state_dir)
+    _print_rows(_status_rows(record), args.json)
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    from graphdist._fleet.state import clear_state, read_state, stop_processes
+
+    state_dir = _state_dir(args)
+    record = read_state(state_dir)
+    if record is None:
+        raise _no_fleet(state_dir)
+    stale = not record.supervisor.alive()
+    # The supervisor stops its servers on SIGTERM; then make sure every pid is really gone.
+    left = stop_processes([record.supervisor], grace_s=10.0)
+    left += stop_processes(t.process for t in record.tasks)
+    if left:
+        raise GraphdistError(
+            "Could not stop pid(s) " + ", ".join(str(r.pid) for r in left) + f" of {state_dir}"
+        )
+    clear_state(state_dir)
+    what = "cleaned up a stale fleet" if stale else f"stopped {len(record.tasks)} server(s)"
+    print(f"graphdist: {what}; removed {state_dir}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from graphdist._fleet.local import LocalFleet
+    from graphdist._graph.graphs import split_graph
+    from graphdist._graph.trace import no_folding_config, run_traced
+
+    spec: Any = {"local": ["localhost:2020", "localhost:2021"]} if args.seed_ports else "local=2"
+    with LocalFleet(spec) as fleet:
+        if args.master not in fleet.cluster.task_indices("local"):
+            raise UsageError(f"--master {args.master}: the demo fleet has tasks 0 and 1")
+        print(
+            "graphdist demo: "
+            + ", ".join(f"{t.job}:{t.index} at {t.address} (pid {t.pid})" for t in fleet.tasks),
+            file=sys.stderr,
+        )
+        graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
+        with fleet.session("local", args.master, graph=graph, config=no_folding_config()) as sess:
+            result, placement = run_traced(sess, y)
+        print(result)
+        print(f"\nwhere each op ran (master: {fleet.target('local', args.master)}):")
+        print(placement.table())
+        if args.picture:
+            print(f"\npicture: {placement.write_picture(args.picture)}")
+        if args.tensorboard:
+            logdir = placement.write_tensorboard(args.tensorboard)
+            print(f"TensorBoard log: {logdir} (tensorboard --logdir {logdir})")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from graphdist._distribute.launcher import run_command
+
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not command:
+        raise UsageError("No command to run; put it after `--`, e.g. -- python train.py")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0 seconds, not {args.timeout:g}")
+    results = run_command(
+        command,
+        workers=args.workers,
+        ps=args.ps,
+        chief=args.chief,
+        timeout_s=args.timeout,
+        expose=args.expose,
+    )
+    print(f"graphdist: all {len(results)} task(s) exited 0", file=sys.stderr)
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from graphdist._fleet.serve import serve, slurm_task
+
+    if args.slurm:
+        if args.cluster or args.job or args.task is not None:
+            raise UsageError("--slurm takes the cluster, job and task from Slurm; drop the others")
+        counts = {job: int(n) for job, n in Cluster.parse_counts(args.slurm).items()}
+        cluster, job, index = slurm_task(counts, port_base=args.port_base)
+    else:
+        if not args.cluster or not args.job or args.task is None:
+            raise UsageError("serve needs --cluster, --job and --task (or --slurm)")
+        cluster, job, index = Cluster.parse(args.cluster), args.job, args.task
+    return serve(cluster, job, index, bind_all=args.bind_all, argv=argv)
+
+
+def _cmd_tf_config(args: argparse.Namespace) -> int:
+    from graphdist._distribute.tfconfig import tf_config
+
+    print(tf_config(args.cluster, args.task).to_json())
+    return 0
+
+
+_COMMANDS = {
+    "tf-config": _cmd_tf_config,
+    "run": _cmd_run,
+    "up": _cmd_up,
+    "status": _cmd_status,
+    "down": _cmd_down,
+    "demo": _cmd_demo,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``graphdist`` command; returns the exit status."""
+    try:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        args = build_parser().parse_args(argv)
+        if args.command == "serve":
+            return _cmd_serve(args, argv)
+        return _COMMANDS[args.command](args)
+    except (*_USER_MISTAKES, UsageError) as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except GraphdistError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print("Error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

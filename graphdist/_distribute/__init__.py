@@ -1,0 +1,3 @@
+"""tf.distribute on graphdist clusters: TF_CONFIG per task (``tfconfig``), strategy and
+checkpoint helpers (``strategy``), and the launcher that runs one process per task
+(``launcher``, with ``taskfn`` for Python functions)."""

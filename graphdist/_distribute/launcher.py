@@ -1,0 +1,310 @@
+"""The multi-worker launcher: one process per tf.distribute task, each with its own TF_CONFIG.
+
+:func:`run_command` is what ``graphdist run --workers N [--ps M] [--chief] -- COMMAND`` does:
+
+- a cluster of ``chief`` (optional), ``worker`` x N and ``ps`` x M on free loopback ports;
+- without ps tasks (MultiWorkerMirroredStrategy), every chief and worker runs COMMAND;
+- with ps tasks (ParameterServerStrategy), the chief runs COMMAND as the coordinator, and the
+  workers and ps tasks are plain graphdist servers (a :class:`LocalFleet` of those jobs) that stop
+  when the run ends;
+- each COMMAND process gets ``TF_CONFIG``, ``TF_USE_LEGACY_KERAS=1`` (Keras 3 cannot ``fit`` under
+  these strategies, see TF_FACTS) and ``GRAPHDIST_TASK``; its output lines are prefixed with its
+  task (``[worker-1] ...``);
+- the run succeeds only if every COMMAND process exits 0. When one fails, the others are stopped
+  (SIGTERM, a grace period, SIGKILL) and :class:`TaskExitError` carries every task's exit code and
+  last lines; the whole run is bounded by ``timeout_s`` (:class:`LaunchTimeoutError`).
+
+Every process is started in its own process group with ``PR_SET_PDEATHSIG``, so nothing outlives
+the launcher. The loopback bind shim is loaded into the task processes as into fleet servers, so
+the in-process servers that the strategies start are not reachable from the network either.
+
+:func:`run_function` runs a Python function the same way and returns each task's result.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from graphdist._cluster import Cluster, Task
+from graphdist._exceptions import ClusterSpecError, GraphdistError
+from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library
+
+__all__ = [
+    "LaunchError",
+    "LaunchTimeoutError",
+    "TaskExitError",
+    "TaskResult",
+    "launch_cluster",
+    "run_command",
+    "run_function",
+]
+
+STOP_GRACE_S = 5.0
+TAIL_LINES = 20
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class TaskResult:
+    """How one task of a run ended: its process ``pid``, ``exitcode`` (``None`` if it was still
+    running when the run was stopped), its last output lines, and (for :func:`run_function`) its
+    return ``value``."""
+
+    task: Task
+    pid: int | None = None
+    exitcode: int | None = None
+    tail: list[str] = field(default_factory=list)
+    value: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+
+class LaunchError(GraphdistError):
+    """A launched run did not succeed; ``results`` holds every task's :class:`TaskResult`."""
+
+    def __init__(self, message: str, results: Sequence[TaskResult]) -> None:
+        super().__init__(message)
+        self.results = list(results)
+
+
+class TaskExitError(LaunchError):
+    """A task exited with a non-zero code; the other tasks were stopped. ``failed`` is its
+    :class:`TaskResult`."""
+
+    def __init__(self, message: str, results: Sequence[TaskResult], failed: TaskResult) -> None:
+        super().__init__(message, results)
+        self.failed = failed
+
+
+class LaunchTimeoutError(LaunchError):
+    """The run did not finish within ``timeout_s``; every task was stopped."""
+
+
+def launch_cluster(workers: int, ps: int = 0, chief: bool = False) -> Cluster:
+    """A cluster of ``chief`` (0 or 1), ``worker`` x ``workers`` and ``ps`` x ``ps`` on free
+    loopback ports. Raises ClusterSpecError for bad counts or ps without a chief."""
+    if workers < 1:
+        raise ClusterSpecError(f"A run needs at least one worker, not {workers}", workers)
+    if ps < 0:
+        raise ClusterSpecError(f"The number of ps tasks must be >= 0, not {ps}", ps)
+    if ps and not chief:
+        raise ClusterSpecError(
+            "A parameter-server run needs a coordinator: add --chief (chief=True); the chief runs "
+            "the command while workers and ps tasks serve",
+            ps,
+        )
+    counts = {"worker": workers}
+    if ps:
+        counts["ps"] = ps
+    if chief:
+        counts["chief"] = 1
+    return Cluster.from_counts(counts)
+
+
+def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class _TaskProcess:
+    def __init__(self, task: Task, argv: Sequence[str], env: Mapping[str, str], out: Any) -> None:
+        self.result = TaskResult(task)
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.proc = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_set_pdeathsig,
+        )
+        self.result.pid = self.proc.pid
+        self._reader = threading.Thread(target=self._pump, args=(out,), daemon=True)
+        self._reader.start()
+
+    def _pump(self, out: _Output) -> None:
+        assert self.proc.stdout is not None
+        prefix = f"[{self.result.name}] "
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self._tail.append(line)
+            out.write(prefix + line)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, sig)
+
+    def finish(self) -> TaskResult:
+        self._reader.join(5.0)
+        self.result.exitcode = self.proc.poll()
+        self.result.tail = list(self._tail)
+        return self.result
+
+
+class _Output:
+    """Serialises whole prefixed lines from several reader threads onto one stream."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def write(self, line: str) -> None:
+        if self._stream is None:
+            return
+        with self._lock:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+
+
+def _stop(procs: Sequence[_TaskProcess], grace_s: float) -> None:
+    for p in procs:
+        p.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for p in procs:
+        p.signal(signal.SIGKILL)
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.proc.wait(10)
+
+
+def _describe(result: TaskResult) -> str:
+    tail = "\n".join(f"    [{result.name}] {line}" for line in result.tail[-10:])
+    return f"{result.name} exited with code {result.exitcode}" + (
+        f"; its last lines:\n{tail}" if tail else ""
+    )
+
+
+def run_command(
+    command: Sequence[str],
+    *,
+    workers: int = 2,
+    ps: int = 0,
+    chief: bool = False,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    expose: bool = False,
+    output: IO[str] | None = None,
+) -> list[TaskResult]:
+    """Run ``command`` once per task of a fresh local cluster (see the module docstring).
+
+    ``output`` receives the prefixed lines (default: ``sys.stdout``). Returns every command
+    task's :class:`TaskResult` (all exit codes 0). Raises :class:`TaskExitError`,
+    :class:`LaunchTimeoutError`, or :class:`GraphdistError` for bad counts or an empty command.
+    """
+    from graphdist._distribute.tfconfig import tf_config
+    from graphdist._fleet.local import LocalFleet
+
+    if not command:
+        raise GraphdistError("No command to run; put it after `--`, e.g. -- python train.py")
+    if timeout_s is not None and timeout_s <= 0:
+        raise GraphdistError(f"The timeout must be > 0 seconds, not {timeout_s:g}")
+    cluster = launch_cluster(workers, ps, chief)
+    runners = [t for t in cluster if t.job == "chief"] if ps else list(cluster)
+    runners = [t for t in runners if t.job in ("chief", "worker")]
+    served = [job for job in ("worker", "ps") if ps and job in cluster]
+    out = _Output(sys.stdout if output is None else output)
+    base_env = {**os.environ, **(env or {}), "TF_USE_LEGACY_KERAS": "1"}
+    if not expose:
+        base_env["LD_PRELOAD"] = loopback_library()
+
+    fleet = LocalFleet(cluster, jobs=served, expose=expose) if served else None
+    procs: list[_TaskProcess] = []
+    try:
+        if fleet is not None:
+            fleet.start()
+        for task in runners:
+            task_env = {
+                **base_env,
+                "TF_CONFIG": tf_config(cluster, task.job, task.index).to_json(),
+                "GRAPHDIST_TASK": task.name,
+                BIND_ADDR_ENV: "127.0.0.1",
+            }
+            procs.append(_TaskProcess(task, command, task_env, out))
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = next(
+                (p for p, c in zip(procs, codes, strict=True) if c not in (None, 0)), None
+            )
+            if failed is not None:
+                _stop([p for p in procs if p is not failed], STOP_GRACE_S)
+                results = [p.finish() for p in procs]
+                raise TaskExitError(
+                    f"Task {_describe(failed.result)}\n  the other tasks were stopped",
+                    results,
+                    failed.result,
+                )
+            if all(c == 0 for c in codes):
+                return [p.finish() for p in procs]
+            if deadline is not None and time.monotonic() > deadline:
+                running = [p.result.name for p, c in zip(procs, codes, strict=True) if c is None]
+                _stop(procs, STOP_GRACE_S)
+                raise LaunchTimeoutError(
+                    f"The run did not finish within {timeout_s:g} s (still running: "
+                    f"{', '.join(running)}); every task was stopped; raise --timeout if it needs "
+                    "longer",
+                    [p.finish() for p in procs],
+                )
+            time.sleep(0.05)
+    finally:
+        _stop([p for p in procs if p.poll() is None], STOP_GRACE_S)
+        if fleet is not None:
+            fleet.close()
+
+
+def run_function(
+    fn: Callable[..., Any],
+    *args: Any,
+    workers: int = 2,
+    ps: int = 0,
+    chief: bool = False,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    output: IO[str] | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Run ``fn(*args, **kwargs)`` in one fresh Python process per command task (as
+    :func:`run_command`; TF_CONFIG is set before anything imports TensorFlow) and return
+    ``{task name: return value}``. ``fn`` and its result must be picklable with ``dill``."""
+    import dill
+
+    with tempfile.TemporaryDirectory(prefix="graphdist-run-") as tmp:
+        payload = os.path.join(tmp, "payload.pkl")
+        with open(payload, "wb") as f:
+            dill.dump((fn, args, kwargs), f, recurse=True)
+        path_env = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        results = run_command(
+            [sys.executable, "-m", "graphdist._distribute.taskfn", payload, tmp],
+            workers=workers,
+            ps=ps,
+            chief=chief,
+            timeout_s=timeout_s,
+            env={**(env or {}), "PYTHONPATH": path_env},
+            output=output,
+        )
+        values = {}
+        for result in results:
+            with open(os.path.join(tmp, f"{result.name}.pkl"), "rb") as f:
+                values[result.name] = dill.load(f)
+        return values

@@ -1,0 +1,6 @@
+"""Fleets of TensorFlow servers and the machinery under them: the lifecycle every fleet shares
+(``base``), its backends (``local``: processes forked from a TensorFlow-preloaded fork server;
+``ray``: Ray actors), what runs inside a server process (``server``), readiness and health over
+gRPC (``probe``, ``health``), ports are in ``graphdist._ports``, loopback-only binding
+(``loopback``, ``loopback.c``), GPU pinning (``gpus``), detached fleets (``state``,
+``supervisor``), signals (``signals``) and single servers on real hosts (``serve``)."""

@@ -1,0 +1,444 @@
+"""LocalFleet: a fleet of TensorFlow gRPC servers on this machine, one OS process each.
+
+Every server process is forked from one fork server (``multiprocess``'s ``forkserver`` context)
+that imported TensorFlow once, so a fleet of 8 costs about one TensorFlow import instead of 8.
+A fleet is ready only when every server has answered a real gRPC call; a failed start stops what
+did start and raises an error naming the task, its address and the last lines of its log. Each
+server exits by itself as soon as the fleet's owner process is gone, however it died.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+import warnings
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from graphdist._cluster import Cluster, ClusterLike, Task
+from graphdist._exceptions import (
+    ClusterSpecError,
+    FleetError,
+    FleetStartError,
+    PortInUseError,
+    StartTimeoutError,
+)
+from graphdist._fleet.base import Fleet, FleetState, TaskView
+from graphdist._fleet.forkserver import process_class
+from graphdist._fleet.gpus import GpuPlan, plan_gpus
+from graphdist._fleet.loopback import BIND_ADDR_ENV, bind_address_for, loopback_library
+from graphdist._fleet.probe import Prober
+from graphdist._fleet.server import EXIT_PORT_IN_USE, fleet_child
+from graphdist._ports import is_port_free, port_holder, release_ports
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+__all__ = ["DEFAULT_START_TIMEOUT_S", "STOP_GRACE_S", "FleetState", "FleetTask", "LocalFleet"]
+
+log = logging.getLogger("graphdist.fleet")
+
+DEFAULT_START_TIMEOUT_S = 60.0
+STOP_GRACE_S = 3.0
+LOG_TAIL_LINES = 12
+_POLL_S = 0.02
+_live_fleets: weakref.WeakSet[LocalFleet] = weakref.WeakSet()
+
+
+def read_log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of a log file ([] if it cannot be read)."""
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line for line in data.splitlines() if line.strip()][-lines:]
+
+
+def _local_addresses() -> set[str]:
+    names = {"localhost", "0.0.0.0", "::", "::1", socket.gethostname(), socket.getfqdn()}
+    with contextlib.suppress(OSError):
+        for addrs in psutil.net_if_addrs().values():
+            names.update(a.address.split("%")[0] for a in addrs)
+    return {n.lower() for n in names}
+
+
+def _is_local(host: str) -> bool:
+    bare = host.strip("[]").lower()
+    return bare.startswith("127.") or bare in _local_addresses()
+
+
+def check_hosts_and_ports(cluster: Cluster) -> None:
+    """Raise before anything starts if a task's host is not this machine or its port is taken."""
+    for task in cluster:
+        if not _is_local(task.host):
+            raise ClusterSpecError(
+                f"Task {task.job}:{task.index} is at {task.address}, but {task.host!r} is not "
+                "an address of this machine; a local fleet runs its servers here (run "
+                "`graphdist serve` on that host instead)",
+                task.address,
+            )
+        if not is_port_free(task.port):
+            holder = port_holder(task.port)
+            who = f" by pid {holder}" if holder else ""
+            raise PortInUseError(
+                f"Port {task.port} of task {task.job}:{task.index} ({task.address}) is "
+                f"already in use{who}; stop that process or choose another port "
+                "(a spec like 'local=2' picks free ports)",
+                port=task.port,
+                holder_pid=holder,
+                task=f"{task.job}:{task.index}",
+                address=task.address,
+            )
+
+
+def check_loopback(cluster: Cluster) -> None:
+    """Raise ClusterSpecError if a task is not on a loopback host (needed unless exposed)."""
+    for task in cluster:
+        if bind_address_for(task.host) is None:
+            raise ClusterSpecError(
+                f"Task {task.job}:{task.index} is on {task.host!r}, which is not a loopback "
+                "address; servers stay on loopback unless you pass expose=True (CLI: --expose), "
+                "which makes them reachable from the network without authentication",
+                task.address,
+            )
+
+
+class FleetTask(TaskView):
+    """One server process of a fleet: its task, process, log file and restart count."""
+
+    def __init__(self, task: Task, log_path: str) -> None:
+        self.task = task
+        self.log_path = log_path
+        self.restarts = 0
+        self._process: Any = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        return None if self._process is None else self._process.exitcode
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
+        return read_log_tail(self.log_path, lines)
+
+    def _start(self, process_class: Any, spec: dict[str, Any]) -> None:
+        self._process = process_class(
+            target=fleet_child, args=(spec,), name=f"graphdist-{self.name}"
+        )
+        self._process.daemon = False
+        self._process.start()
+
+    def _signal(self, sig: int) -> None:
+        if self._process is not None and self._process.is_alive():
+            with contextlib.suppress(ProcessLookupError, OSError):
+                os.kill(self._process.pid, sig)
+
+    def _join(self, timeout_s: float) -> bool:
+        if self._process is None:
+            return True
+        self._process.join(timeout_s)
+        return self._process.exitcode is not None
+
+    def __repr__(self) -> str:
+        if self._process is None:
+            state = "not started"
+        elif self.alive:
+            state = "running"
+        else:
+            state = f"exited {self.exitcode}"
+        return f"<FleetTask {self.job}:{self.index} at {self.address} pid={self.pid} {state}>"
+
+
+class LocalFleet(Fleet):
+    """A fleet of TensorFlow servers on this machine, one process per task of ``cluster``.
+
+    ``cluster`` is anything :meth:`Cluster.parse` accepts; the default ``"local=2"`` is the seed's
+    two-task job on free ports. Use it as a context manager, or call :meth:`start` and
+    :meth:`close`::
+
+        with graphdist.LocalFleet("local=2") as fleet:
+            with fleet.session("local", 0) as sess:
+                ...
+
+    Arguments (all keyword-only but ``cluster``):
+
+    - ``start_timeout_s`` (default 60 s): how long :meth:`start` waits for every server.
+    - ``log_dir``: where ``JOB-INDEX.log`` files go; default a temporary folder removed at close.
+    - ``env``: extra environment variables for every server process.
+    - ``server_config``: a ``ConfigProto`` for the servers' default session config.
+    - ``operation_timeout_ms``: the timeout :meth:`session` puts in every config
+      (default :data:`graphdist.DEFAULT_OPERATION_TIMEOUT_MS`).
+    - ``jobs``: serve only the tasks of these jobs (default: all); the others are served by
+      other processes, e.g. the chief and workers of :func:`graphdist.run_command`.
+    - ``gpus``: pin GPUs per task through ``CUDA_VISIBLE_DEVICES``: ``"round-robin"`` over the
+      machine's GPUs, or ``{"worker:0": [0, 1], ...}``; then ``fleet.device(..., gpu=N)`` is
+      checked against each task's count. Default ``None``: every server sees every GPU.
+    - ``expose`` (default ``False``): servers accept connections from loopback only (TensorFlow's
+      servers have no authentication); ``True`` lets them listen on every interface, as
+      TensorFlow does by itself, and logs the risk. Without it every task must be on a loopback
+      host, and :class:`LoopbackUnavailableError` is raised where the loopback shim cannot be
+      built (no C compiler), instead of exposing the ports silently.
+
+    :meth:`start` raises :class:`PortInUseError` (a port is taken: nothing is started),
+    :class:`FleetStartError` (a server exited while starting) or :class:`StartTimeoutError`;
+    in every case no process of the fleet is left running.
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterLike = "local=2",
+        *,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        log_dir: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        server_config: tf.compat.v1.ConfigProto | None = None,
+        operation_timeout_ms: int | None = None,
+        expose: bool = False,
+        jobs: Iterable[str] | None = None,
+        gpus: GpuPlan = None,
+    ) -> None:
+        self.cluster = Cluster.parse(cluster)
+        self.expose = bool(expose)
+        self.jobs = tuple(jobs) if jobs is not None else self.cluster.jobs
+        for job in self.jobs:
+            self.cluster.task_indices(job)  # raises ClusterSpecError naming an unknown job
+        self.gpus = plan_gpus(gpus, self.cluster)
+        if start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s must be > 0 seconds, not {start_timeout_s!r}")
+        self.start_timeout_s = float(start_timeout_s)
+        self.operation_timeout_ms = operation_timeout_ms
+        self._env = dict(env or {})
+        self._server_config = server_config.SerializeToString() if server_config else None
+        self._own_log_dir = log_dir is None
+        self.log_dir = os.fspath(log_dir) if log_dir is not None else ""
+        self.state = FleetState.CREATED
+        self._owner_pid = os.getpid()
+        self._tasks: dict[tuple[str, int], FleetTask] = {}
+        self._process_class: Any = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> LocalFleet:
+        """Start every server and wait until each answers over gRPC; returns ``self``."""
+        if self.state is not FleetState.CREATED:
+            raise FleetError(f"This fleet was already started (state {self.state.value})")
+        self.state = FleetState.STARTING
+        try:
+            check_hosts_and_ports(self.served)
+            if self._own_log_dir:
+                self.log_dir = tempfile.mkdtemp(prefix="graphdist-fleet-")
+            os.makedirs(self.log_dir, exist_ok=True)
+            self._process_class = process_class(self._bind_shim())
+            for task in self.served:
+                ft = FleetTask(task, os.path.join(self.log_dir, f"{task.name}.log"))
+                self._tasks[(task.job, task.index)] = ft
+                self._start_task(ft)
+            _live_fleets.add(self)
+            self._wait_ready(list(self._tasks.values()), self.start_timeout_s)
+        except BaseException:
+            self.state = FleetState.FAILED
+            self._stop_all()
+            self._remove_own_logs()
+            raise
+        release_ports(t.port for t in self.cluster.tasks)
+        self.state = FleetState.RUNNING
+        log.info("fleet ready: %s", ", ".join(f"{t.name}={t.address}" for t in self.cluster))
+        return self
+
+    def close(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop every server: SIGTERM, up to ``grace_s`` seconds, then SIGKILL. Safe to repeat."""
+        if self.state in (FleetState.CLOSED, FleetState.CLOSING):
+            return
+        self.state = FleetState.CLOSING
+        try:
+            self._stop_all(grace_s)
+        finally:
+            self.state = FleetState.CLOSED
+            _live_fleets.discard(self)
+            self._remove_own_logs()
+
+    def __del__(self) -> None:
+        running = getattr(self, "state", None) in (FleetState.RUNNING, FleetState.STARTING)
+        if running and os.getpid() == self._owner_pid:
+            warnings.warn(
+                f"{self!r} was never closed; closing it now", ResourceWarning, stacklevel=2
+            )
+            with contextlib.suppress(Exception):
+                self.close()
+
+    # -- queries --------------------------------------------------------------------------------
+
+    @property
+    def served(self) -> Cluster:
+        """The part of the cluster this fleet runs servers for (see ``jobs``)."""
+        return self.cluster.subset(self.jobs)
+
+    def kill(self, job: str | None = None, index: int = 0, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` (default SIGKILL) to the server of ``job:index``; with SIGKILL or
+        SIGTERM, wait until its process is gone. For fault drills; see :meth:`restart`."""
+        self._require_running()
+        ft = self.task(job, index)
+        ft._signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            ft._join(10.0)
+
+    def restart(self, job: str | None = None, index: int = 0) -> FleetTask:
+        """Start the server of ``job:index`` again on the same address (killing it first if it
+        still runs) and wait until it answers. Variables on other tasks keep their values; old
+        sessions that used this task are broken (TensorFlow never recovers them), new ones work
+        at once. Raises :class:`FleetStartError` if it does not come back."""
+        self._require_running()
+        ft: FleetTask = self.task(job, index)
+        if ft.alive:
+            ft._signal(signal.SIGKILL)
+            ft._join(10.0)
+        ft.restarts += 1
+        self._start_task(ft)
+        self._wait_ready([ft], self.start_timeout_s)
+        log.info("restarted %r (restart %d)", ft, ft.restarts)
+        return ft
+
+    def __repr__(self) -> str:
+        tasks = ", ".join(f"{t.name}={t.address}" for t in self.cluster)
+        return f"<LocalFleet {self.state.value} [{tasks}]>"
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _task_env(self, task: Task) -> dict[str, str]:
+        env = dict(self._env)
+        address = bind_address_for(task.host)
+        if not self.expose and address is not None:
+            env[BIND_ADDR_ENV] = address
+        if self.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus[(task.job, task.index)]))
+        return env
+
+    def _spec(self, ft: FleetTask) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster.as_dict(),
+            "job": ft.job,
+            "index": ft.index,
+            "log_path": ft.log_path,
+            "owner_pid": self._owner_pid,
+            "env": self._task_env(ft.task),
+            "config": self._server_config,
+        }
+
+    def _bind_shim(self) -> str:
+        """The LD_PRELOAD library that keeps servers on loopback ("" when exposed)."""
+        if self.expose:
+            log.warning(
+                "expose=True: the servers of %r listen on every network interface; TensorFlow's "
+                "gRPC runtime has no authentication, so anyone who can reach these ports can run "
+                "code in them",
+                self,
+            )
+            return ""
+        check_loopback(self.served)
+        return loopback_library()
+
+    def _start_task(self, ft: FleetTask) -> None:
+        ft._start(self._process_class, self._spec(ft))
+        log.debug("started %r", ft)
+
+    def _wait_ready(self, pending: list[FleetTask], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        probers = {ft.name: Prober(ft.address) for ft in pending}
+        expected = len(pending)
+        try:
+            while pending:
+                for ft in list(pending):
+                    if not ft.alive:
+                        raise self._start_failure(ft)
+                    if probers[ft.name].probe(timeout_s=0.5):
+                        pending.remove(ft)
+                if not pending:
+                    break
+                if time.monotonic() > deadline:
+                    ft = pending[0]
+                    raise StartTimeoutError(
+                        f"{expected - len(pending)} of {expected} servers answered within "
+                        f"{timeout_s:g} s; {ft.job}:{ft.index} at {ft.address} did not "
+                        f"(last gRPC error: {probers[ft.name].last_error}); raise start_timeout_s "
+                        "if the machine is slow",
+                        ready=expected - len(pending),
+                        expected=expected,
+                        timeout_s=timeout_s,
+                        task=f"{ft.job}:{ft.index}",
+                        address=ft.address,
+                        log_tail=ft.log_tail(),
+                    )
+                time.sleep(_POLL_S)
+        finally:
+            for prober in probers.values():
+                prober.close()
+
+    def _start_failure(self, ft: FleetTask) -> FleetStartError:
+        ft._join(1.0)
+        tail = ft.log_tail()
+        name = f"{ft.job}:{ft.index}"
+        if ft.exitcode == EXIT_PORT_IN_USE:
+            holder = port_holder(ft.task.port)
+            who = f" by pid {holder}" if holder else ""
+            return PortInUseError(
+                f"Server {name} could not listen on {ft.address}: port {ft.task.port} is in "
+                f"use{who}",
+                port=ft.task.port,
+                holder_pid=holder,
+                task=name,
+                address=ft.address,
+                log_tail=tail,
+            )
+        return FleetStartError(
+            f"Server {name} at {ft.address} exited with code {ft.exitcode} while starting "
+            f"(log: {ft.log_path})",
+            task=name,
+            address=ft.address,
+            exitcode=ft.exitcode,
+            log_path=ft.log_path,
+            log_tail=tail,
+        )
+
+    def _stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
+        tasks = list(self._tasks.values())
+        for ft in tasks:
+            ft._signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for ft in tasks:
+            if not ft._join(max(0.0, deadline - time.monotonic())):
+                log.warning("%r ignored SIGTERM for %.1f s; killing it", ft, grace_s)
+                ft._signal(signal.SIGKILL)
+                ft._join(5.0)
+
+    def _remove_own_logs(self) -> None:
+        if self._own_log_dir and self.log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+@atexit.register
+def _close_live_fleets() -> None:
+    for fleet in list(_live_fleets):
+        if os.getpid() == fleet._owner_pid:
+            with contextlib.suppress(Exception):
+                fleet.close()

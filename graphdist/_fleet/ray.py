@@ -1,0 +1,291 @@
+"""RayFleet: the same fleet interface, with each TensorFlow server in a Ray actor.
+
+How a fleet comes up on a Ray cluster (the pattern of TF_FACTS, "Scale-out on Ray"):
+
+1. a placement group with one bundle per task (``SPREAD`` by default, ``STRICT_SPREAD`` for one
+   task per node; a group that cannot be placed fails with :class:`StartTimeoutError` instead of
+   waiting forever);
+2. one small Ray task per bundle reserves a free port on its node, so the whole cluster spec is
+   known before any server starts;
+3. one actor per bundle builds its server from that spec, with ``max_restarts=-1``: when the
+   actor dies, Ray starts it again in the same bundle (same node, same port), and new sessions
+   work once it answers.
+
+Unless ``expose=True``, each actor's process loads graphdist's bind shim (through Ray's
+``runtime_env``) so its server listens on its node's address only, not on every interface.
+``import graphdist`` never imports Ray; install it with ``pip install graphdist[ray]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from graphdist._cluster import Cluster, Task
+from graphdist._exceptions import ClusterSpecError, FleetError, StartTimeoutError
+from graphdist._fleet.base import Fleet, FleetState, TaskView
+from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library
+from graphdist._fleet.probe import Prober
+
+__all__ = ["RayFleet", "RayTask"]
+
+log = logging.getLogger("graphdist.ray")
+DEFAULT_START_TIMEOUT_S = 180.0
+STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
+
+
+class _ServerActor:
+    """Runs in a Ray actor: one TensorFlow server, started when the actor is (re)created."""
+
+    def __init__(self, cluster: dict[str, Any], job: str, index: int) -> None:
+        from graphdist._fleet.server import start_server
+
+        self._server = start_server(cluster, job, index)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _reserve_port() -> tuple[str, int, str]:
+    """Runs in a Ray task on one bundle: (node IP, a free port there, node id)."""
+    import ray
+
+    from graphdist._ports import pick_free_ports
+
+    (port,) = pick_free_ports(1)
+    node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    return node_ip, port, ray.get_runtime_context().get_node_id()
+
+
+class RayTask(TaskView):
+    """One server of a :class:`RayFleet`: its task, actor, node and current pid."""
+
+    def __init__(self, task: Task, actor: Any, node_id: str, bundle: int) -> None:
+        self.task = task
+        self.actor = actor
+        self.node_id = node_id
+        self.bundle = bundle
+        self.pid: int | None = None
+        self.restarts = 0
+        self.exitcode: int | None = None
+        self.log_path: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        """True if the actor answers Ray within 2 s (it may be restarting otherwise)."""
+        import ray
+
+        try:
+            self.pid = ray.get(self.actor.pid.remote(), timeout=2.0)
+        except Exception:
+            return False
+        return True
+
+    def log_tail(self, lines: int = 12) -> list[str]:
+        return []  # the actor's output goes to Ray's logs on its node
+
+    def __repr__(self) -> str:
+        return f"<RayTask {self.job}:{self.index} at {self.address} node={self.node_id[:8]}>"
+
+
+def _counts(spec: str | Mapping[str, int]) -> dict[str, int]:
+    if isinstance(spec, str):
+        if "=" not in spec or spec.strip().startswith("{"):
+            raise ClusterSpecError(
+                f"A RayFleet chooses nodes and ports itself; give task counts such as "
+                f"'worker=3', not {spec!r}",
+                spec,
+            )
+        return Cluster.parse_counts(spec)
+    counts = dict(spec)
+    for job, n in counts.items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ClusterSpecError(f"Job {job!r} asks for {n!r} tasks; give a count >= 1", n)
+    return counts
+
+
+class RayFleet(Fleet):
+    """A fleet of TensorFlow servers in Ray actors, spread over the nodes of a Ray cluster.
+
+    ``cluster`` gives task counts (``"worker=3"`` or ``{"worker": 3}``): Ray picks the nodes, and
+    graphdist the ports. ``address`` is passed to ``ray.init`` (``None``: a running cluster in
+    this process, else ``RAY_ADDRESS``, else a new local one); a Ray runtime this fleet started
+    is shut down by :meth:`close`. ``strategy`` is the placement group strategy (``SPREAD``).
+    ``cpus_per_task`` is reserved for every server (default 1). ``start_timeout_s`` bounds the
+    placement and the servers' start. Sessions, devices, health: as :class:`LocalFleet`.
+    """
+
+    def __init__(
+        self,
+        cluster: str | Mapping[str, int] = "local=2",
+        *,
+        address: str | None = None,
+        strategy: str = "SPREAD",
+        cpus_per_task: float = 1.0,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        operation_timeout_ms: int | None = None,
+        expose: bool = False,
+    ) -> None:
+        self.counts = _counts(cluster)
+        if strategy not in STRATEGIES:
+            raise ClusterSpecError(f"Strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+        self.address = address
+        self.strategy = strategy
+        self.cpus_per_task = cpus_per_task
+        self.start_timeout_s = start_timeout_s
+        self.operation_timeout_ms = operation_timeout_ms
+        self.expose = expose
+        self.gpus = None
+        self.state = FleetState.CREATED
+        self._tasks: dict[tuple[str, int], RayTask] = {}
+        self._pg: Any = None
+        self._owns_ray = False
+
+    def start(self) -> RayFleet:
+        """Place, reserve ports, start every actor and wait until each server answers."""
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if self.state is not FleetState.CREATED:
+            raise FleetError(f"This fleet was already started (state {self.state.value})")
+        self.state = FleetState.STARTING
+        try:
+            if not ray.is_initialized():
+                ray.init(address=self.address, log_to_driver=False, namespace="graphdist")
+                self._owns_ray = True
+            deadline = time.monotonic() + self.start_timeout_s
+            names = [(job, i) for job in sorted(self.counts) for i in range(self.counts[job])]
+            self._pg = placement_group([{"CPU": self.cpus_per_task}] * len(names), self.strategy)
+            ready, _ = ray.wait([self._pg.ready()], timeout=self.start_timeout_s)
+            if not ready:
+                nodes = len([n for n in ray.nodes() if n.get("Alive")])  # type: ignore[no-untyped-call]
+                with contextlib.suppress(Exception):
+                    remove_placement_group(self._pg)
+                self._pg = None
+                raise StartTimeoutError(
+                    f"Ray could not place {len(names)} servers ({self.strategy}, "
+                    f"{self.cpus_per_task:g} CPU each) on {nodes} node(s) within "
+                    f"{self.start_timeout_s:g} s; add nodes, lower cpus_per_task, or use SPREAD",
+                    ready=0,
+                    expected=len(names),
+                    timeout_s=self.start_timeout_s,
+                )
+            on_bundle = [
+                PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i)
+                for i in range(len(names))
+            ]
+            reserve = ray.remote(num_cpus=self.cpus_per_task)(_reserve_port)
+            spots = ray.get([reserve.options(scheduling_strategy=s).remote() for s in on_bundle])
+            jobs: dict[str, list[str]] = {}
+            for (job, _), (ip, port, _) in zip(names, spots, strict=True):
+                jobs.setdefault(job, []).append(f"{ip}:{port}")
+            self.cluster = Cluster(jobs)
+            actor_class = ray.remote(_ServerActor)
+            spec = self.cluster.as_dict()
+            for i, ((job, index), (ip, _, node)) in enumerate(zip(names, spots, strict=True)):
+                options: dict[str, Any] = {
+                    "scheduling_strategy": on_bundle[i],
+                    "num_cpus": self.cpus_per_task,
+                    "max_restarts": -1,
+                    "name": f"graphdist-{os.getpid()}-{id(self):x}-{job}-{index}",
+                }
+                if not self.expose:
+                    env = {"LD_PRELOAD": loopback_library(), BIND_ADDR_ENV: ip}
+                    options["runtime_env"] = {"env_vars": env}
+                actor = actor_class.options(**options).remote(spec, job, index)
+                self._tasks[(job, index)] = RayTask(self.cluster.task(job, index), actor, node, i)
+            self._wait_ready(list(self._tasks.values()), deadline)
+        except BaseException:
+            self.state = FleetState.FAILED
+            self._teardown()
+            raise
+        self.state = FleetState.RUNNING
+        return self
+
+    def _wait_ready(self, pending: list[RayTask], deadline: float) -> None:
+        import ray
+
+        remaining = max(1.0, deadline - time.monotonic())
+        pids = ray.get([t.actor.pid.remote() for t in pending], timeout=remaining)
+        for task, pid in zip(pending, pids, strict=True):
+            task.pid = pid
+        for task in pending:
+            with Prober(task.address) as prober:
+                while not prober.probe(0.5):
+                    if time.monotonic() > deadline:
+                        raise StartTimeoutError(
+                            f"{task.job}:{task.index} at {task.address} did not answer in time "
+                            f"({prober.last_error}); raise start_timeout_s",
+                            ready=0,
+                            expected=len(pending),
+                            timeout_s=self.start_timeout_s,
+                            task=f"{task.job}:{task.index}",
+                            address=task.address,
+                        )
+                    time.sleep(0.05)
+
+    def kill(self, job: str | None = None, index: int = 0) -> None:
+        """Kill the actor of ``job:index``; Ray starts it again in the same bundle (same node
+        and port) by itself."""
+        import ray
+
+        self._require_running()
+        task: RayTask = self.task(job, index)
+        ray.kill(task.actor, no_restart=False)
+
+    def restart(self, job: str | None = None, index: int = 0) -> RayTask:
+        """Kill the actor of ``job:index`` and wait until Ray has brought it back and its
+        server answers on the same address."""
+        self._require_running()
+        task: RayTask = self.task(job, index)
+        old = task.pid
+        self.kill(job, index)
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if task.alive and task.pid != old:
+                break
+            time.sleep(0.2)
+        task.restarts += 1
+        self._wait_ready([task], deadline)
+        return task
+
+    def close(self) -> None:
+        """Kill every actor for good, remove the placement group, and shut down a Ray runtime
+        this fleet started. Safe to call twice."""
+        if self.state in (FleetState.CLOSED, FleetState.CLOSING):
+            return
+        self.state = FleetState.CLOSING
+        try:
+            self._teardown()
+        finally:
+            self.state = FleetState.CLOSED
+
+    def _teardown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if not ray.is_initialized():
+            return
+        for task in self._tasks.values():
+            with contextlib.suppress(Exception):
+                ray.kill(task.actor, no_restart=True)
+        if self._pg is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(self._pg)
+            self._pg = None
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False
+
+    @property
+    def node_ids(self) -> dict[str, str]:
+        """``job:index`` → the Ray node id its server runs on."""
+        return {f"{t.job}:{t.index}": t.node_id for t in self._tasks.values()}
+
+    def __repr__(self) -> str:
+        return f"<RayFleet {self.state.value} {self.counts}>"

@@ -1,0 +1,107 @@
+"""``graphdist serve``: exactly one TensorFlow server in the foreground, for real hosts.
+
+The building block for systemd, Kubernetes and Slurm (see ``servers/``). It logs one line when
+the server is ready and exits 0 on SIGTERM or SIGINT. Unlike a bare ``tf.train.Server``, which
+always listens on every interface, it binds only the address its own task has in the cluster
+spec (through the same ``bind()`` shim a local fleet uses, loaded by re-executing itself with
+``LD_PRELOAD``); ``--bind-all`` restores TensorFlow's behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+
+from graphdist._cluster import Cluster, Task
+from graphdist._exceptions import ClusterSpecError, PortInUseError
+from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library
+from graphdist._fleet.signals import stop_on_signals
+from graphdist._ports import is_port_free, port_holder
+
+__all__ = ["bind_address", "serve", "slurm_task"]
+
+_SHIMMED_ENV = "GRAPHDIST_SERVE_SHIMMED"
+
+
+def bind_address(task: Task) -> str:
+    """The IPv4 address ``task``'s host resolves to (the one the server will bind)."""
+    host = task.host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, task.port, socket.AF_INET, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ClusterSpecError(
+            f"Host {host!r} of task {task.job}:{task.index} does not resolve to an IPv4 address "
+            f"({exc.strerror}); use --bind-all to listen on every interface",
+            task.address,
+        ) from None
+    return str(infos[0][4][0])
+
+
+def slurm_task(
+    jobs: Mapping[str, int], port_base: int = 8888, gpus_per_node: int = 0
+) -> tuple[Cluster, str, int]:
+    """The cluster and this task's job and index under Slurm, from TensorFlow's
+    ``SlurmClusterResolver`` (reads ``SLURM_PROCID``, ``SLURM_STEP_NODELIST``,
+    ``SLURM_STEP_TASKS_PER_NODE`` ...). Imports TensorFlow."""
+    import tensorflow as tf
+    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
+
+    if gpus_per_node == 0:
+        # TensorFlow's resolver allocates one task per GPU slot and so finds no task at all on
+        # CPU-only nodes; pretend one slot per task (auto_set_gpu=False: nothing is pinned).
+        per_node = os.environ.get("SLURM_STEP_TASKS_PER_NODE")
+        gpus_per_node = max(slurm.expand_tasks_per_node(per_node)) if per_node else 1
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+        jobs=dict(jobs), port_base=port_base, gpus_per_node=gpus_per_node, auto_set_gpu=False
+    )
+    cluster = Cluster.parse(resolver.cluster_spec())
+    return cluster, resolver.task_type, int(resolver.task_id)
+
+
+def serve(cluster: Cluster, job: str, index: int, *, bind_all: bool, argv: Sequence[str]) -> int:
+    """Run the server of ``job:index`` until SIGTERM/SIGINT; returns the exit status (0).
+
+    Without ``bind_all`` the first call re-executes ``python -m graphdist ARGV`` with the bind
+    shim loaded (it never returns then). Raises ClusterSpecError, PortInUseError,
+    LoopbackUnavailableError.
+    """
+    from graphdist._fleet.server import start_server
+
+    task = cluster.task(job, index)
+    if not bind_all and os.environ.get(_SHIMMED_ENV) != "1":
+        address = bind_address(task)
+        env = {
+            **os.environ,
+            "LD_PRELOAD": loopback_library(),
+            BIND_ADDR_ENV: address,
+            _SHIMMED_ENV: "1",
+        }
+        os.execve(sys.executable, [sys.executable, "-m", "graphdist", *argv], env)
+    if not is_port_free(task.port):
+        holder = port_holder(task.port)
+        raise PortInUseError(
+            f"Port {task.port} of task {job}:{index} is already in use"
+            + (f" by pid {holder}" if holder else ""),
+            port=task.port,
+            holder_pid=holder,
+            task=f"{job}:{index}",
+            address=task.address,
+        )
+    stop = stop_on_signals()
+    server = start_server(cluster.as_dict(), job, index)
+    bound = os.environ.get(BIND_ADDR_ENV, "every interface") if not bind_all else "every interface"
+    print(
+        f"graphdist serve: /job:{job}/task:{index} ready at {server.target} "
+        f"(listening on {bound}, pid {os.getpid()})",
+        file=sys.stderr,
+        flush=True,
+    )
+    threading.Thread(target=server.join, name="tf-server", daemon=True).start()
+    stop.wait()
+    print(f"graphdist serve: /job:{job}/task:{index} stopping", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # TensorFlow cannot stop a gRPC server; leaving is the clean way out

@@ -1,0 +1,147 @@
+"""The graphdist command, run as a user runs it: a separate process, real fleets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+
+import pytest
+
+from graphdist._cli.main import EXIT_USAGE, UsageError, build_parser
+from tests.conftest import (
+    EVENTUALLY_S,
+    read_json,
+    read_json_rows,
+    run_python,
+    start_graphdist,
+    wait_gone,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def gd(*args: str, state_dir: str | None = None, timeout: float = 120):
+    env = {"GRAPHDIST_STATE_DIR": state_dir} if state_dir else None
+    return run_python(["-m", "graphdist", *args], timeout=timeout, env=env)
+
+
+def assert_user_error(result, fragment: str) -> None:
+    assert result.returncode == EXIT_USAGE, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert fragment in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_parser_is_separate_from_running():
+    args = build_parser().parse_args(["up", "--cluster", "local=2", "--detach"])
+    assert (args.command, args.cluster, args.detach) == ("up", "local=2", True)
+    with pytest.raises(UsageError, match="--cluster"):
+        build_parser().parse_args(["up"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["up", "--cluster", "local=-1"], "-1"),
+        (["up", "--cluster", "{bad"], "not valid JSON"),
+        (["up", "--cluster", "/nope/cluster.json"], "/nope/cluster.json"),
+        (["up", "--cluster", '{"local": ["localhost:70000"]}'], "70000"),
+        (["up"], "--cluster"),
+        (["frobnicate"], "frobnicate"),
+        (["up", "--cluster", "local=1", "--start-timeout", "0"], "--start-timeout"),
+        (["demo", "--master", "x"], "--master"),
+    ],
+)
+def test_user_mistakes_print_one_line_and_exit_2(argv, fragment):
+    assert_user_error(gd(*argv), fragment)
+
+
+def test_no_fleet_running(state_dir):
+    assert_user_error(gd("status", state_dir=state_dir), "No detached fleet")
+    assert_user_error(gd("down", state_dir=state_dir), "No detached fleet")
+
+
+def test_port_in_use_is_a_one_line_error(state_dir):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        spec = json.dumps({"local": [f"localhost:{port}"]})
+        assert_user_error(gd("up", "--cluster", spec, "--detach", state_dir=state_dir), str(port))
+        assert not os.path.exists(os.path.join(state_dir, "fleet.json"))
+    finally:
+        holder.close()
+
+
+def test_detached_fleet_up_status_down(state_dir):
+    up = gd("up", "--cluster", "local=2,ps=1", "--detach", state_dir=state_dir)
+    assert up.returncode == 0, up.stderr
+    assert len([ln for ln in up.stdout.splitlines() if "grpc://" in ln]) == 3
+    status = gd("status", "--json", state_dir=state_dir)
+    assert status.returncode == 0, status.stderr
+    rows = json.loads(status.stdout)
+    assert [(r["job"], r["task"]) for r in rows] == [("local", 0), ("local", 1), ("ps", 0)]
+    assert all({"job", "task", "address", "pid", "alive"} <= set(r) for r in rows)
+    assert all(r["alive"] for r in rows)
+    pids = [r["pid"] for r in rows]
+    record = read_json(os.path.join(state_dir, "fleet.json"))
+    supervisor = record["supervisor"]["pid"]
+
+    # A second fleet in the same folder is refused; another folder runs side by side.
+    assert_user_error(
+        gd("up", "--cluster", "local=1", "--detach", state_dir=state_dir), "already running"
+    )
+    other = state_dir + "-2"
+    assert gd("up", "--cluster", "local=1", "--detach", state_dir=other).returncode == 0
+    other_pids = [r["pid"] for r in json.loads(gd("status", "--json", state_dir=other).stdout)]
+    assert gd("down", state_dir=other).returncode == 0
+    assert wait_gone(other_pids, EVENTUALLY_S) == []
+
+    down = gd("down", state_dir=state_dir)
+    assert down.returncode == 0, down.stderr
+    assert wait_gone([*pids, supervisor], EVENTUALLY_S) == []
+    assert not os.path.exists(state_dir)
+
+
+def test_stale_state_is_detected_and_cleaned(state_dir):
+    assert gd("up", "--cluster", "local=1", "--detach", state_dir=state_dir).returncode == 0
+    record = read_json(os.path.join(state_dir, "fleet.json"))
+    os.kill(record["supervisor"]["pid"], signal.SIGKILL)
+    assert wait_gone([record["supervisor"]["pid"]], EVENTUALLY_S) == []
+    result = gd("status", state_dir=state_dir)
+    assert result.returncode == EXIT_USAGE and "stale" in result.stderr
+    assert wait_gone([t["pid"] for t in record["tasks"]], EVENTUALLY_S) == []
+    assert not os.path.exists(os.path.join(state_dir, "fleet.json"))
+
+
+def test_foreground_up_stops_everything_on_ctrl_c(state_dir):
+    proc = start_graphdist("up", "--cluster", "local=2", "--json")
+    try:
+        rows = read_json_rows(proc)
+        pids = [r["pid"] for r in rows]
+        assert len(pids) == 2
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+        assert wait_gone(pids, EVENTUALLY_S) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_demo_prints_238_and_where_each_op_ran(tmp_path):
+    picture, logdir = tmp_path / "placed.dot", tmp_path / "tb"
+    result = gd("demo", "--picture", str(picture), "--tensorboard", str(logdir))
+    assert result.returncode == 0, result.stderr
+    assert "fillcolor" in picture.read_text()
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(logdir))
+    lines = result.stdout.splitlines()
+    assert lines[0] == "238"
+    placed = {ln.split()[0]: ln.split()[-1] for ln in lines if ln.startswith(("y ", "y1 ", "y2 "))}
+    assert placed["y2"].startswith("/job:local/replica:0/task:0/")
+    assert placed["y1"].startswith("/job:local/replica:0/task:1/")
+    assert placed["y"].startswith("/job:local/replica:0/task:1/")

@@ -1,0 +1,1 @@
+"""Tests of graphdist._fleet."""

@@ -1,0 +1,186 @@
+"""Dead and frozen tasks: typed errors that name the task, bounded waits, restarts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+
+import graphdist
+from graphdist._fleet.state import SUPERVISOR_LOG
+from graphdist._fleet.supervisor import MONITOR_INTERVAL_S
+from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
+from tests.conftest import EVENTUALLY_S, read_json, run_python, wait_gone
+
+tf = pytest.importorskip("tensorflow")
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+TIMEOUT_MS = 1500
+REPEATS = 5
+RESTARTING = "); restarting it"  # the supervisor's log line for each restart
+GAVE_UP = "died 2 times; not restarting it again"  # ... and for the cap of 1 reached
+
+
+@pytest.fixture
+def fleet(graphdist_fleet_factory):
+    return graphdist_fleet_factory("local=2", operation_timeout_ms=TIMEOUT_MS)
+
+
+def seed_graph(fleet):
+    return split_graph(fleet.device("local", 0), fleet.device("local", 1))
+
+
+def test_health_reports_alive_dead_and_not_answering(fleet):
+    assert [h.status for h in fleet.health()] == ["alive", "alive"]
+    os.kill(fleet.task("local", 1).pid, signal.SIGSTOP)
+    try:
+        assert [h.status for h in fleet.health(timeout_s=0.5)] == ["alive", "not answering"]
+    finally:
+        os.kill(fleet.task("local", 1).pid, signal.SIGCONT)
+    fleet.kill("local", 1)
+    health = fleet.health()
+    assert [h.status for h in health] == ["alive", "dead"]
+    assert "exit code -9" in str(health[1])
+
+
+def test_worker_killed_mid_session_names_the_worker_then_restart_works(fleet):
+    graph, y = seed_graph(fleet)
+    for _ in range(REPEATS):
+        with fleet.session("local", 0, graph=graph) as sess:
+            assert sess.run(y) == SPLIT_GRAPH_RESULT
+            fleet.kill("local", 1)
+            with pytest.raises(graphdist.TaskFailedError) as info:
+                sess.run(y)
+        err = info.value
+        assert (err.task, err.status, err.timeout_ms) == ("local:1", "dead", TIMEOUT_MS)
+        assert fleet.task("local", 1).address in str(err)
+        assert isinstance(err.__cause__, tf.errors.OpError)
+        fleet.restart("local", 1)
+        with fleet.session("local", 0, graph=graph) as sess:
+            assert sess.run(y) == SPLIT_GRAPH_RESULT
+    assert fleet.task("local", 1).restarts == REPEATS
+
+
+def test_master_killed_names_the_master_and_new_sessions_refuse_at_once(fleet):
+    graph, y = seed_graph(fleet)
+    for _ in range(REPEATS):
+        sess = fleet.session("local", 0, graph=graph)
+        assert sess.run(y) == SPLIT_GRAPH_RESULT
+        fleet.kill("local", 0)
+        with pytest.raises(graphdist.TaskFailedError) as info:
+            sess.run(y)
+        assert (info.value.task, info.value.status) == ("local:0", "dead")
+        sess.close()
+        with pytest.raises(graphdist.TaskFailedError, match="cannot open a session"):
+            fleet.session("local", 0, graph=graph)
+        fleet.restart("local", 0)
+
+
+def test_frozen_worker_is_reported_within_the_operation_timeout(fleet):
+    graph, y = seed_graph(fleet)
+    pid = fleet.task("local", 1).pid
+    for _ in range(REPEATS):
+        with fleet.session("local", 0, graph=graph) as sess:
+            assert sess.run(y) == SPLIT_GRAPH_RESULT
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(graphdist.TaskFailedError) as info:
+                    sess.run(y)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+        assert (info.value.task, info.value.status) == ("local:1", "not answering")
+        assert info.value.timeout_ms == TIMEOUT_MS
+        assert type(info.value.__cause__).__name__ == "DeadlineExceededError"
+    with fleet.session("local", 0, graph=graph) as sess:
+        assert sess.run(y) == SPLIT_GRAPH_RESULT
+
+
+def test_restart_keeps_variables_on_other_tasks(fleet):
+    graph = tf.Graph()
+    with graph.as_default():
+        kept = graphdist.shared_variable("kept", 1.0, fleet.device("local", 0))
+        lost = graphdist.shared_variable("lost", 1.0, fleet.device("local", 1))
+    with fleet.session("local", 0, graph=graph) as sess:
+        graphdist.initialize_uninitialized(sess)
+        sess.run([kept.assign(42.0), lost.assign(42.0)])
+    fleet.restart("local", 1)
+    with fleet.session("local", 0, graph=graph) as sess:
+        assert graphdist.initialize_uninitialized(sess) == ["lost"]
+        assert sess.run([kept, lost]) == [42.0, 1.0]
+
+
+def test_reopening_session_survives_a_restart(fleet):
+    graph, y = seed_graph(fleet)
+    with fleet.reopening_session("local", 0, graph=graph) as sess:
+        assert sess.run(y) == SPLIT_GRAPH_RESULT
+        fleet.restart("local", 1)
+        assert sess.run(y) == SPLIT_GRAPH_RESULT
+        assert sess.reopened == 1
+
+
+def test_detached_supervisor_restarts_a_dead_task_up_to_the_cap(state_dir):
+    env = {"GRAPHDIST_STATE_DIR": state_dir}
+    up = run_python(
+        [
+            "-m",
+            "graphdist",
+            "up",
+            "--cluster",
+            "local=2",
+            "--detach",
+            "--restart",
+            "on-failure",
+            "--max-restarts",
+            "1",
+        ],
+        env=env,
+    )
+    assert up.returncode == 0, up.stderr
+    try:
+        state = os.path.join(state_dir, "fleet.json")
+        first = read_json(state)["tasks"][1]["pid"]
+        os.kill(first, signal.SIGKILL)
+        second = _wait_for_new_pid(state, first)
+        status = json.loads(run_python(["-m", "graphdist", "status", "--json"], env=env).stdout)
+        assert status[1]["alive"] and status[1]["pid"] == second
+        os.kill(second, signal.SIGKILL)  # the cap is 1: this one stays dead
+        assert wait_gone([second], EVENTUALLY_S) == []
+        log_path = os.path.join(state_dir, SUPERVISOR_LOG)
+        _wait_for_log(log_path, lambda text: GAVE_UP in text or text.count(RESTARTING) > 1)
+        # The supervisor has seen the death; give a (broken) one many polls to restart it anyway.
+        time.sleep(10 * MONITOR_INTERVAL_S)
+        with open(log_path, encoding="utf-8") as f:
+            text = f.read()
+        assert text.count(RESTARTING) == 1 and GAVE_UP in text, text
+        assert read_json(state)["tasks"][1]["pid"] == second
+        status = json.loads(run_python(["-m", "graphdist", "status", "--json"], env=env).stdout)
+        assert not status[1]["alive"] and status[0]["alive"]
+    finally:
+        down = run_python(["-m", "graphdist", "down"], env=env)
+        assert down.returncode == 0, down.stderr
+
+
+def _wait_for_log(path: str, done: Callable[[str], bool], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(path, encoding="utf-8") as f:
+            if done(f.read()):
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"the supervisor did not react to the second death; see {path}")
+
+
+def _wait_for_new_pid(state: str, old: int) -> int:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            pid = read_json(state)["tasks"][1]["pid"]
+        except (OSError, ValueError):
+            pid = old
+        if pid != old:
+            return int(pid)
+        time.sleep(0.1)
+    raise AssertionError("the supervisor did not restart the task")

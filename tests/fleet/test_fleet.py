@@ -1,0 +1,178 @@
+"""LocalFleet end to end: real servers in real processes, real gRPC sessions."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+import graphdist
+from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
+from tests.conftest import (
+    DOCUMENTED_OPERATION_TIMEOUT_MS,
+    EVENTUALLY_S,
+    QUIET_TF,
+    REPO,
+    is_gone,
+    wait_gone,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def test_fleet_exposes_cluster_tasks_pids_and_logs(graphdist_fleet):
+    fleet = graphdist_fleet
+    assert fleet.state is graphdist.FleetState.RUNNING
+    assert [(t.job, t.index) for t in fleet.tasks] == [("local", 0), ("local", 1)]
+    for t in fleet.tasks:
+        assert t.alive and psutil.pid_exists(t.pid)
+        assert fleet.target("local", t.index) == f"grpc://{t.address}"
+        assert os.path.exists(t.log_path)
+        assert any("server ready" in line for line in t.log_tail())
+    assert "local:1" in repr(fleet.task("local", 1))
+    assert len(set(fleet.pids)) == 2 and os.getpid() not in fleet.pids
+
+
+def test_servers_run_in_processes_forked_from_one_fork_server(graphdist_fleet):
+    parents = {psutil.Process(pid).ppid() for pid in graphdist_fleet.pids}
+    assert len(parents) == 1
+    (parent,) = parents
+    assert parent != os.getpid()
+    assert "forkserver" in " ".join(psutil.Process(parent).cmdline())
+
+
+@pytest.mark.parametrize("master", [0, 1])
+def test_split_graph_gives_238_through_every_task(graphdist_fleet, master):
+    fleet = graphdist_fleet
+    graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
+    with fleet.session("local", master, graph=graph) as sess:
+        assert sess.run(y) == SPLIT_GRAPH_RESULT
+
+
+def test_split_is_real_when_folding_is_off(graphdist_fleet):
+    fleet = graphdist_fleet
+    graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
+    config = graphdist.no_folding_config()
+    with fleet.session("local", 0, graph=graph, config=config) as sess:
+        result, placement = graphdist.run_traced(sess, y)
+    assert result == SPLIT_GRAPH_RESULT
+    assert placement.task_of("y2") == "local:0"
+    assert placement.task_of("y1") == "local:1"
+    assert placement.task_of("y") == "local:1"
+
+
+def test_session_config_carries_the_timeout(graphdist_fleet):
+    tf = pytest.importorskip("tensorflow")
+    with graphdist_fleet.session("local", 0, graph=tf.Graph(), operation_timeout_ms=4321) as s:
+        assert s._config.operation_timeout_in_ms == 4321
+    with graphdist_fleet.session("local", 1, graph=tf.Graph()) as s:
+        assert s._config.operation_timeout_in_ms == DOCUMENTED_OPERATION_TIMEOUT_MS
+
+
+def test_fleet_device_is_checked_against_its_cluster(graphdist_fleet):
+    fleet = graphdist_fleet
+    assert fleet.device("local", 1, gpu=0) == "/job:local/replica:0/task:1/device:GPU:0"
+    assert fleet.device(task=0) == "/job:local/replica:0/task:0"
+    with pytest.raises(graphdist.PlacementError, match="no task with index 5"):
+        fleet.device("local", 5)
+    with pytest.raises(graphdist.PlacementError, match="no job 'worker'"):
+        fleet.check("/job:worker/task:0")
+    with pytest.raises(graphdist.TaskNotFoundError, match="No task 7"):
+        fleet.target("local", 7)
+
+
+def test_close_is_idempotent_and_leaves_no_process(graphdist_fleet_factory):
+    fleet = graphdist_fleet_factory("local=1,ps=1")
+    pids = fleet.pids
+    log_dir = fleet.log_dir
+    assert len(pids) == 2
+    fleet.close()
+    fleet.close()
+    assert fleet.state is graphdist.FleetState.CLOSED
+    assert wait_gone(pids, EVENTUALLY_S) == []
+    assert not os.path.exists(log_dir)
+    with pytest.raises(graphdist.FleetClosedError):
+        fleet.session("local", 0)
+
+
+def test_explicit_port_in_use_raises_before_any_server_starts():
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    free = graphdist.Cluster.parse("x=1").address("x", 0)
+    fleet = graphdist.LocalFleet({"local": [free, f"localhost:{port}"]})
+    try:
+        with pytest.raises(graphdist.PortInUseError) as info:
+            fleet.start()
+        assert info.value.port == port
+        assert info.value.holder_pid == os.getpid()
+        assert str(port) in str(info.value)
+        assert fleet.pids == []
+    finally:
+        holder.close()
+        fleet.close()
+
+
+def test_failed_start_names_the_task_shows_its_log_and_cleans_up(tmp_path):
+    # A server whose cluster names a device filter that cannot parse fails inside TensorFlow.
+    tf = pytest.importorskip("tensorflow")
+    bad = tf.compat.v1.ConfigProto(device_filters=["/job:local/tsk:9"])
+    fleet = graphdist.LocalFleet("local=2", server_config=bad, log_dir=tmp_path)
+    with pytest.raises(graphdist.FleetStartError) as info:
+        fleet.start()
+    err = info.value
+    assert err.task in ("local:0", "local:1")
+    assert err.address in str(err)
+    # The log's last lines end with TensorFlow's own error (not just a traceback header, which
+    # Python 3.13's longer tracebacks push out of the tail), and the message shows them.
+    assert err.log_tail and "Invalid device filter: /job:local/tsk:9" in err.log_tail[-1]
+    assert err.log_tail[-1] in str(err)
+    assert fleet.state in (graphdist.FleetState.FAILED, graphdist.FleetState.CLOSED)
+    assert all(is_gone(t.pid) for t in fleet.tasks if t.pid)
+
+
+def test_non_local_host_is_refused():
+    with pytest.raises(graphdist.ClusterSpecError, match="not an address of this machine"):
+        graphdist.LocalFleet({"local": ["example.invalid:2020"]}).start()
+
+
+@pytest.mark.parametrize("attempt", range(10))
+def test_servers_exit_when_the_owner_is_killed(attempt):
+    owner_code = textwrap.dedent(
+        """
+        import sys, time, graphdist
+        fleet = graphdist.LocalFleet("local=2,ps=1").start()
+        print(" ".join(map(str, fleet.pids)), flush=True)
+        time.sleep(600)
+        """
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", owner_code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **QUIET_TF},
+    )
+    try:
+        assert owner.stdout is not None
+        line = owner.stdout.readline()
+        servers = [int(p) for p in line.split()]
+        assert len(servers) == 3, line
+        helpers = [c.pid for c in psutil.Process(owner.pid).children(recursive=True)]
+        assert set(servers) <= set(helpers)
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(10)
+        # Every server, the fork server and its resource tracker: nothing is left behind.
+        assert wait_gone(helpers, EVENTUALLY_S) == []
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()

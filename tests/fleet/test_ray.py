@@ -1,0 +1,125 @@
+"""RayFleet on a real multi-node Ray cluster (3 nodes simulated on this machine by
+``ray.cluster_utils.Cluster``): servers on distinct nodes, the split graph, recovery by Ray."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+import shutil
+import tempfile
+
+import psutil
+import pytest
+
+import graphdist
+from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
+
+# Ray reads its auth settings when it is imported, so it is imported only once they are set.
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("Ray is not installed (pip install 'graphdist[ray]')", allow_module_level=True)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def _ray_processes(marker: str) -> list[int]:
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            mine = any(marker in part for part in proc.info["cmdline"] or [])
+            if mine and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    # Short: Ray's socket paths live below it and AF_UNIX paths stop at 107 bytes.
+    tmp = tempfile.mkdtemp(prefix="gdray-")
+    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    # Ray's state and its auth token stay in this test's folder and environment, not in $HOME.
+    os.environ.update(RAY_TMPDIR=tmp, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False},
+    )
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        from tests.conftest import EVENTUALLY_S, wait_gone
+
+        assert wait_gone(_ray_processes(tmp), EVENTUALLY_S) == []
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_three_servers_on_three_nodes_run_the_split_graph_and_recover(ray_cluster):
+    from graphdist._fleet.ray import RayFleet
+
+    with RayFleet("local=3", address=ray_cluster.address, strategy="STRICT_SPREAD") as fleet:
+        assert len(set(fleet.node_ids.values())) == 3
+        assert {t.job for t in fleet.tasks} == {"local"}
+        graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
+        with fleet.session("local", 0, graph=graph) as sess:
+            assert sess.run(y) == SPLIT_GRAPH_RESULT
+        before = fleet.task("local", 1)
+        old_pid, old_address, old_node = before.pid, before.address, before.node_id
+        after = fleet.restart("local", 1)  # kills the actor; Ray brings it back by itself
+        assert after.pid != old_pid
+        assert (after.address, after.node_id) == (old_address, old_node)
+        with fleet.session("local", 0, graph=graph) as sess:
+            assert sess.run(y) == SPLIT_GRAPH_RESULT
+        assert [h.status for h in fleet.health()] == ["alive"] * 3
+    assert fleet.state is graphdist.FleetState.CLOSED
+
+
+def test_unplaceable_fleet_fails_with_a_timeout_not_a_hang(ray_cluster):
+    from graphdist._fleet.ray import RayFleet
+
+    fleet = RayFleet(
+        "local=4", address=ray_cluster.address, strategy="STRICT_SPREAD", start_timeout_s=5
+    )
+    with pytest.raises(graphdist.StartTimeoutError, match="could not place 4 servers"):
+        fleet.start()
+    fleet.close()
+
+
+def test_counts_only():
+    from graphdist._fleet.ray import RayFleet
+
+    with pytest.raises(graphdist.ClusterSpecError, match="task counts"):
+        RayFleet('{"local": ["h:1"]}')
+    with pytest.raises(graphdist.ClusterSpecError, match="STRICT_SPREAD"):
+        RayFleet("local=2", strategy="EVERYWHERE")
+
+
+def test_cli_up_with_the_ray_backend_runs_until_ctrl_c(ray_cluster):
+    import signal
+
+    from tests.conftest import read_json_rows, start_graphdist
+
+    proc = start_graphdist(
+        "up", "--cluster", "local=2", "--backend", "ray", "--address", ray_cluster.address, "--json"
+    )
+    try:
+        rows = read_json_rows(proc)
+        assert [(r["job"], r["task"]) for r in rows] == [("local", 0), ("local", 1)]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
