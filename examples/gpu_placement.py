@@ -10,13 +10,12 @@ says so and exits 0.
 import tensorflow.compat.v1 as tf
 
 import graphdist
-from graphdist._fleet.gpus import available_gpus
 
 tf.disable_eager_execution()
 
 
 def main():
-    print(f"GPUs on this machine: {available_gpus() or 'none'}")
+    print(f"GPUs on this machine: {graphdist.available_gpus() or 'none'}")
     with graphdist.LocalFleet("local=2", gpus="round-robin") as fleet:
         print(f"pinned: {dict((f'{j}:{i}', g) for (j, i), g in fleet.gpus.items())}")
         try:

@@ -10,14 +10,7 @@ from graphdist._version import check_versions as _check_versions
 _check_versions()
 
 from graphdist._cluster import Cluster, Task
-from graphdist._distribute.launcher import (
-    LaunchError,
-    LaunchTimeoutError,
-    TaskExitError,
-    TaskResult,
-    run_command,
-    run_function,
-)
+from graphdist._distribute.launcher import TaskResult, run_command, run_function
 from graphdist._distribute.strategy import (
     checkpoint_dir,
     global_batch_size,
@@ -27,24 +20,36 @@ from graphdist._distribute.strategy import (
 )
 from graphdist._distribute.tfconfig import TFConfig, cluster_resolver, parse_tf_config, tf_config
 from graphdist._exceptions import (
+    ArgumentError,
     ClusterSpecError,
     FleetClosedError,
     FleetError,
     FleetStartError,
     GraphdistError,
+    LaunchError,
+    LaunchTimeoutError,
     LoopbackUnavailableError,
+    NoFreePortsError,
+    PictureError,
     PlacementError,
     PortInUseError,
     SplitError,
     StartTimeoutError,
     StateError,
+    StrategyError,
+    TaskExitError,
     TaskFailedError,
     TaskNotFoundError,
     TFConfigError,
+    UnsupportedVersionError,
+    UsageError,
+    VariableError,
 )
-from graphdist._fleet.base import Fleet, FleetState, ReopeningSession
+from graphdist._fleet.base import Fleet, FleetState, ReopeningSession, TaskView
+from graphdist._fleet.gpus import available_gpus
 from graphdist._fleet.health import TaskHealth
 from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
+from graphdist._fleet.ray import RayFleet, RayTask  # imports Ray only when a RayFleet starts
 from graphdist._graph.master import master_for
 from graphdist._graph.placement import (
     DeviceSpec,
@@ -61,6 +66,7 @@ from graphdist._graph.variables import initialize_uninitialized, shared_variable
 __all__ = [
     "DEFAULT_OPERATION_TIMEOUT_MS",
     "DEFAULT_START_TIMEOUT_S",
+    "ArgumentError",
     "AutoPlan",
     "ByName",
     "Cluster",
@@ -77,16 +83,21 @@ __all__ = [
     "LaunchTimeoutError",
     "LocalFleet",
     "LoopbackUnavailableError",
+    "NoFreePortsError",
+    "PictureError",
     "Placement",
     "PlacementError",
     "Plan",
     "PortInUseError",
+    "RayFleet",
+    "RayTask",
     "ReopeningSession",
     "RoundRobin",
     "SplitError",
     "SplitGraph",
     "StartTimeoutError",
     "StateError",
+    "StrategyError",
     "TFConfig",
     "TFConfigError",
     "Task",
@@ -95,7 +106,12 @@ __all__ = [
     "TaskHealth",
     "TaskNotFoundError",
     "TaskResult",
+    "TaskView",
+    "UnsupportedVersionError",
+    "UsageError",
+    "VariableError",
     "__version__",
+    "available_gpus",
     "check_device",
     "checkpoint_dir",
     "cluster_resolver",

@@ -210,21 +210,13 @@ class Cluster:
     @staticmethod
     def parse_counts(text: str) -> dict[str, int]:
         """``"worker=2,ps=1"`` → ``{"worker": 2, "ps": 1}``; raises ClusterSpecError."""
-        counts = _parse_counts(text)
-        for job, n in counts.items():
-            if n < 1:
-                raise ClusterSpecError(f"Job {job!r} asks for {n} tasks; the count must be >= 1", n)
-        return counts
+        return Cluster.check_counts(_parse_counts(text))
 
-    @classmethod
-    def from_counts(cls, counts: Mapping[str, int], *, host: str = DEFAULT_HOST) -> Cluster:
-        """A cluster of ``counts[job]`` tasks per job on free ports of ``host``.
-
-        The ports are reserved for this process (see :mod:`graphdist._ports`) until a fleet that
-        serves them is up, so concurrent processes never pick the same one.
-        """
-        from graphdist._ports import pick_free_ports
-
+    @staticmethod
+    def check_counts(counts: Mapping[str, int]) -> dict[str, int]:
+        """``counts`` as a dict if every job name is valid and every count a whole number from 1
+        to ``MAX_TASKS_PER_JOB``; raises ClusterSpecError naming the job. The one home of the
+        count check, for ``job=N`` text, mappings, Ray fleets and launched runs."""
         if not counts:
             raise ClusterSpecError("The cluster has no jobs; name at least one job", counts)
         for job, n in counts.items():
@@ -237,6 +229,18 @@ class Cluster:
                 raise ClusterSpecError(
                     f"Job {job!r} asks for {n} tasks; at most {MAX_TASKS_PER_JOB} per job", n
                 )
+        return dict(counts)
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[str, int], *, host: str = DEFAULT_HOST) -> Cluster:
+        """A cluster of ``counts[job]`` tasks per job on free ports of ``host``.
+
+        The ports are reserved for this process (see :mod:`graphdist._ports`) until a fleet that
+        serves them is up, so concurrent processes never pick the same one.
+        """
+        from graphdist._ports import pick_free_ports
+
+        counts = Cluster.check_counts(counts)
         ports = iter(pick_free_ports(sum(counts.values())))
         return cls({job: [f"{host}:{next(ports)}" for _ in range(n)] for job, n in counts.items()})
 

@@ -4,10 +4,16 @@ Every error graphdist raises on purpose derives from :class:`GraphdistError` and
 values that explain it as attributes, so callers can react without parsing messages::
 
     GraphdistError
+    ├── ArgumentError           an argument value that cannot work (a timeout of 0, a count of -1)
+    │   └── UsageError          bad command-line arguments (the CLI exits 2)
     ├── ClusterSpecError        a cluster spec that cannot be used (bad job, address, port, count)
-    │   └── TFConfigError       a TF_CONFIG that is not valid for its cluster
+    │   ├── TFConfigError       a TF_CONFIG that is not valid for its cluster
+    │   └── NoFreePortsError    not enough free ports for a job=N spec
     ├── PlacementError          a device string that is malformed or not in the cluster
     ├── SplitError              a split plan that does not fit the graph (unknown op, no rule)
+    ├── VariableError           a shared variable whose name is taken in the graph
+    ├── PictureError            a placement picture or log that cannot be written
+    ├── StrategyError           a tf.distribute strategy this task cannot build
     ├── FleetError              something about a running fleet of servers
     │   ├── FleetStartError     a server did not come up (carries task, address, log tail)
     │   │   ├── PortInUseError  a port is already taken (carries port and holder pid)
@@ -16,33 +22,69 @@ values that explain it as attributes, so callers can react without parsing messa
     │   ├── TaskFailedError     a task died or stopped answering during a run (names the task)
     │   ├── FleetClosedError    the fleet is closed or closing
     │   └── TaskNotFoundError   no such job or task index in the fleet
-    └── StateError              the state folder of a detached fleet (none running, stale, busy)
+    ├── LaunchError             a multi-process run did not succeed (carries every task's result)
+    │   ├── TaskExitError       a task exited non-zero; the others were stopped
+    │   └── LaunchTimeoutError  the run outlived its timeout; every task was stopped
+    ├── StateError              the state folder of a detached fleet (none running, stale, busy)
+    └── UnsupportedVersionError  this Python or TensorFlow is outside the supported range
+
+Errors a caller causes with a bad value also derive from ``ValueError`` (``ArgumentError``,
+``ClusterSpecError``, ``PlacementError``, ``SplitError``, ``VariableError``), a missing task from
+``KeyError`` and an unsupported version from ``ImportError``, as is conventional. A test walks
+the classes and checks that this drawing matches them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from graphdist._distribute.launcher import TaskResult
 
 __all__ = [
+    "ArgumentError",
     "ClusterSpecError",
     "FleetClosedError",
     "FleetError",
     "FleetStartError",
     "GraphdistError",
+    "LaunchError",
+    "LaunchTimeoutError",
     "LoopbackUnavailableError",
+    "NoFreePortsError",
+    "PictureError",
     "PlacementError",
     "PortInUseError",
     "SplitError",
     "StartTimeoutError",
     "StateError",
+    "StrategyError",
     "TFConfigError",
+    "TaskExitError",
     "TaskFailedError",
     "TaskNotFoundError",
+    "UnsupportedVersionError",
+    "UsageError",
+    "VariableError",
 ]
 
 
 class GraphdistError(Exception):
     """Root of every error graphdist raises on purpose."""
+
+
+class ArgumentError(GraphdistError, ValueError):
+    """An argument value that cannot work; ``name`` is the argument, ``value`` what was given."""
+
+    def __init__(self, message: str, *, name: str | None = None, value: object = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.value = value
+
+
+class UsageError(ArgumentError):
+    """Bad command-line arguments: the CLI prints one ``Error:`` line and exits 2."""
 
 
 class ClusterSpecError(GraphdistError, ValueError):
@@ -57,6 +99,17 @@ class TFConfigError(ClusterSpecError):
     """A TF_CONFIG text or mapping that is malformed or does not fit its cluster."""
 
 
+class NoFreePortsError(ClusterSpecError):
+    """Not enough free ports for the tasks of a ``job=N`` spec; ``count`` were wanted in
+    ``low``-``high``."""
+
+    def __init__(self, message: str, *, count: int, low: int, high: int) -> None:
+        super().__init__(message, count)
+        self.count = count
+        self.low = low
+        self.high = high
+
+
 class PlacementError(GraphdistError, ValueError):
     """A device string is malformed or names a job, task or device the cluster lacks."""
 
@@ -67,6 +120,33 @@ class PlacementError(GraphdistError, ValueError):
 
 class SplitError(GraphdistError, ValueError):
     """A plan that cannot be applied: an op name that does not exist, an op no rule covers."""
+
+
+class VariableError(GraphdistError, ValueError):
+    """A shared variable cannot have its exact name: ``name`` is taken by another op or by a
+    variable on another device (``device``)."""
+
+    def __init__(self, message: str, *, name: str, device: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.device = device
+
+
+class PictureError(GraphdistError):
+    """A placement picture or TensorBoard log cannot be written to ``path``."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class StrategyError(GraphdistError):
+    """This task cannot build the tf.distribute strategy its TF_CONFIG asks for; ``task`` is
+    ``"type:index"``."""
+
+    def __init__(self, message: str, task: str | None = None) -> None:
+        super().__init__(message)
+        self.task = task
 
 
 class FleetError(GraphdistError):
@@ -194,3 +274,29 @@ class StateError(GraphdistError):
     def __init__(self, message: str, state_dir: str | None = None) -> None:
         super().__init__(message)
         self.state_dir = state_dir
+
+
+class LaunchError(GraphdistError):
+    """A launched run did not succeed; ``results`` holds every task's ``TaskResult``."""
+
+    def __init__(self, message: str, results: Sequence[TaskResult]) -> None:
+        super().__init__(message)
+        self.results = list(results)
+
+
+class TaskExitError(LaunchError):
+    """A task exited with a non-zero code; the other tasks were stopped. ``failed`` is its
+    ``TaskResult``."""
+
+    def __init__(self, message: str, results: Sequence[TaskResult], failed: TaskResult) -> None:
+        super().__init__(message, results)
+        self.failed = failed
+
+
+class LaunchTimeoutError(LaunchError):
+    """The run did not finish within ``timeout_s``; every task was stopped."""
+
+
+class UnsupportedVersionError(GraphdistError, ImportError):
+    """This Python or TensorFlow is outside the supported range (raised by ``import
+    graphdist``); the message names the range and what was found."""

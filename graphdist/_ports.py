@@ -21,6 +21,8 @@ from collections.abc import Iterable
 
 import psutil
 
+from graphdist._exceptions import NoFreePortsError
+
 __all__ = ["is_port_free", "pick_free_ports", "port_holder", "release_ports"]
 
 _FALLBACK_RANGE = (20000, 32000)
@@ -91,8 +93,8 @@ def _reserve(port: int) -> bool:
 def pick_free_ports(count: int) -> list[int]:
     """Choose ``count`` distinct free ports, each reserved for this process until released.
 
-    Raises ``OSError`` if no free port turns up after many tries (a machine with almost every
-    port in use).
+    Raises :class:`NoFreePortsError` if no free port turns up after many tries (a machine with
+    almost every port in use, or more tasks than the range holds).
     """
     low, high = _candidate_range()
     rng = random.SystemRandom()
@@ -104,7 +106,13 @@ def pick_free_ports(count: int) -> list[int]:
         if port not in ports and _reserve(port):
             ports.append(port)
     release_ports(ports)
-    raise OSError(f"could not find {count} free ports in {low}-{high} after {_MAX_TRIES} tries")
+    raise NoFreePortsError(
+        f"Could not find {count} free ports in {low}-{high} after {_MAX_TRIES} tries; ask for "
+        "fewer tasks, or name the ports in the cluster spec",
+        count=count,
+        low=low,
+        high=high,
+    )
 
 
 def release_ports(ports: Iterable[int]) -> None:

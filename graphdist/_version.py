@@ -67,9 +67,12 @@ def tensorflow_problem(version: str | None = None) -> str | None:
 
 
 def check_versions() -> None:
-    """Raise ``ImportError`` with a one-line message for an unsupported Python or TensorFlow."""
+    """Raise :class:`UnsupportedVersionError` (an ``ImportError``) with a one-line message for an
+    unsupported Python or TensorFlow."""
     problem = python_problem()
     if problem is None and os.environ.get(ALLOW_ANY_TENSORFLOW_ENV) != "1":
         problem = tensorflow_problem()
     if problem is not None:
-        raise ImportError(problem)
+        from graphdist._exceptions import UnsupportedVersionError
+
+        raise UnsupportedVersionError(problem)

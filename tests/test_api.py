@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import glob
+import importlib
+import os
+import pkgutil
+import re
+from pathlib import Path
+
 import graphdist
-from tests.conftest import run_python
+from tests.conftest import REPO, run_python
 
 
 def test_all_names_exist_and_are_public():
@@ -30,3 +37,72 @@ def test_import_does_not_import_tensorflow():
     out = run_python(["-c", code])
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def _drawn_tree() -> dict[str, str | None]:
+    """Class name -> parent name, read from the drawing in graphdist._exceptions' docstring."""
+    import graphdist._exceptions as exceptions
+
+    parents: dict[str, str | None] = {}
+    stack: list[str] = []
+    for line in (exceptions.__doc__ or "").splitlines():
+        match = re.match(r"^    ([│├└─ ]*)([A-Z][A-Za-z]*Error)\b", line)
+        if match is None:
+            continue
+        depth = len(match.group(1)) // 4
+        del stack[depth:]
+        parents[match.group(2)] = stack[-1] if stack else None
+        stack.append(match.group(2))
+    return parents
+
+
+def _all_error_classes() -> set[type]:
+    skip = {"graphdist.__main__", "graphdist._fleet.forkserver_exit"}  # one runs, one exits
+    for info in pkgutil.walk_packages(graphdist.__path__, "graphdist."):
+        if info.name not in skip:
+            importlib.import_module(info.name)
+    found: set[type] = set()
+    pending = [graphdist.GraphdistError]
+    while pending:
+        cls = pending.pop()
+        found.add(cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def test_exception_tree_drawing_matches_the_classes():
+    drawn = _drawn_tree()
+    classes = _all_error_classes()
+    assert {c.__name__ for c in classes} == set(drawn)
+    for cls in classes:
+        assert cls.__module__ == "graphdist._exceptions", cls  # one home for every error
+        bases = [b for b in cls.__bases__ if issubclass(b, graphdist.GraphdistError)]
+        parent = bases[0].__name__ if bases else None
+        assert drawn[cls.__name__] == parent, cls
+        assert cls.__name__ in graphdist.__all__, cls
+
+
+def test_bad_values_are_value_errors_and_missing_tasks_key_errors():
+    for cls in (graphdist.ArgumentError, graphdist.ClusterSpecError, graphdist.PlacementError):
+        assert issubclass(cls, ValueError)
+    assert issubclass(graphdist.TaskNotFoundError, KeyError)
+    assert issubclass(graphdist.UnsupportedVersionError, ImportError)
+
+
+def test_no_bare_graphdist_error_is_raised():
+    for path in glob.glob(os.path.join(REPO, "graphdist", "**", "*.py"), recursive=True):
+        text = Path(path).read_text(encoding="utf-8")
+        assert "raise GraphdistError(" not in text, path
+
+
+def test_every_name_readme_shows_is_public():
+    readme = Path(REPO, "README.md").read_text(encoding="utf-8")
+    shown = set(re.findall(r"\bgraphdist\.([A-Za-z][A-Za-z0-9_]*)", readme))
+    assert shown, "README shows no graphdist.NAME"
+    assert shown - {"pytest_plugin"} <= set(graphdist.__all__), shown - set(graphdist.__all__)
+
+
+def test_examples_use_only_public_names():
+    for path in glob.glob(os.path.join(REPO, "examples", "*.py")):
+        text = Path(path).read_text(encoding="utf-8")
+        assert not re.search(r"\bgraphdist\._", text), path

@@ -236,7 +236,8 @@ def test_unsupported_tensorflow_is_refused_at_import_in_one_line(tmp_path):
     )
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError: graphdist") and "found TensorFlow 2.15.1" in last
+    assert last.startswith("graphdist._exceptions.UnsupportedVersionError: graphdist 0")
+    assert "found TensorFlow 2.15.1" in last
     env["GRAPHDIST_ALLOW_ANY_TENSORFLOW"] = "1"
     allowed = subprocess.run(
         [sys.executable, "-c", "import graphdist"], env=env, capture_output=True, text=True

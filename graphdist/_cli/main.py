@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 from graphdist._cluster import Cluster
 from graphdist._exceptions import (
+    ArgumentError,
     ClusterSpecError,
     FleetStartError,
     GraphdistError,
@@ -25,8 +26,10 @@ from graphdist._exceptions import (
     PlacementError,
     PortInUseError,
     StateError,
+    UsageError,
 )
 from graphdist._fleet.signals import stop_on_signals
+from graphdist._validate import count, timeout_s
 from graphdist._version import __version__
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UsageError", "build_parser", "main"]
@@ -35,16 +38,13 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 DETACH_TIMEOUT_S = 90.0
 _USER_MISTAKES = (
+    ArgumentError,
     ClusterSpecError,
     PlacementError,
     PortInUseError,
     StateError,
     LoopbackUnavailableError,
 )
-
-
-class UsageError(GraphdistError):
-    """Bad command-line arguments."""
 
 
 def version_line() -> str:
@@ -90,7 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--detach", action="store_true", help="return once ready; a supervisor keeps it running"
     )
     up.add_argument(
-        "--start-timeout", type=float, default=60.0, metavar="S", help="seconds (default 60)"
+        "--start-timeout",
+        type=float,
+        metavar="S",
+        help="seconds to wait for every server (default: the backend's, 60 local, 180 ray)",
     )
     up.add_argument("--json", action="store_true", help="print the tasks as JSON")
     up.add_argument(
@@ -229,15 +232,17 @@ def _state_dir(args: argparse.Namespace) -> str:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    if args.start_timeout <= 0:
-        raise UsageError(f"--start-timeout must be > 0 seconds, not {args.start_timeout:g}")
-    if args.max_restarts < 0:
-        raise UsageError(f"--max-restarts must be >= 0, not {args.max_restarts}")
+    timeout_s(args.start_timeout, "--start-timeout")
+    count(args.max_restarts, "--max-restarts", minimum=0)
     if args.restart != "no" and not args.detach:
         raise UsageError("--restart needs --detach (a foreground fleet stops on any failure)")
     if args.backend == "ray":
         Cluster.parse_counts(args.cluster)  # Ray picks nodes and ports: counts only
-        return _up_ray(args)
+        return _up_ray(args)  # None: RayFleet's own default
+    if args.start_timeout is None:
+        from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S
+
+        args.start_timeout = DEFAULT_START_TIMEOUT_S
     cluster = Cluster.parse(args.cluster)
     if args.detach:
         return _up_detached(args, cluster)
@@ -424,8 +429,9 @@ def _cmd_down(args: argparse.Namespace) -> int:
     left = stop_processes([record.supervisor], grace_s=10.0)
     left += stop_processes(t.process for t in record.tasks)
     if left:
-        raise GraphdistError(
-            "Could not stop pid(s) " + ", ".join(str(r.pid) for r in left) + f" of {state_dir}"
+        raise StateError(
+            "Could not stop pid(s) " + ", ".join(str(r.pid) for r in left) + f" of {state_dir}",
+            state_dir,
         )
     clear_state(state_dir)
     what = "cleaned up a stale fleet" if stale else f"stopped {len(record.tasks)} server(s)"
@@ -467,8 +473,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
         raise UsageError("No command to run; put it after `--`, e.g. -- python train.py")
-    if args.timeout is not None and args.timeout <= 0:
-        raise UsageError(f"--timeout must be > 0 seconds, not {args.timeout:g}")
+    timeout_s(args.timeout, "--timeout")
     results = run_command(
         command,
         workers=args.workers,

@@ -38,8 +38,15 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from graphdist._cluster import Cluster, Task
-from graphdist._exceptions import ClusterSpecError, GraphdistError
+from graphdist._exceptions import (
+    ArgumentError,
+    ClusterSpecError,
+    LaunchError,
+    LaunchTimeoutError,
+    TaskExitError,
+)
 from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library
+from graphdist._validate import timeout_s as check_timeout_s
 
 __all__ = [
     "LaunchError",
@@ -71,27 +78,6 @@ class TaskResult:
     @property
     def name(self) -> str:
         return self.task.name
-
-
-class LaunchError(GraphdistError):
-    """A launched run did not succeed; ``results`` holds every task's :class:`TaskResult`."""
-
-    def __init__(self, message: str, results: Sequence[TaskResult]) -> None:
-        super().__init__(message)
-        self.results = list(results)
-
-
-class TaskExitError(LaunchError):
-    """A task exited with a non-zero code; the other tasks were stopped. ``failed`` is its
-    :class:`TaskResult`."""
-
-    def __init__(self, message: str, results: Sequence[TaskResult], failed: TaskResult) -> None:
-        super().__init__(message, results)
-        self.failed = failed
-
-
-class LaunchTimeoutError(LaunchError):
-    """The run did not finish within ``timeout_s``; every task was stopped."""
 
 
 def launch_cluster(workers: int, ps: int = 0, chief: bool = False) -> Cluster:
@@ -210,15 +196,17 @@ def run_command(
 
     ``output`` receives the prefixed lines (default: ``sys.stdout``). Returns every command
     task's :class:`TaskResult` (all exit codes 0). Raises :class:`TaskExitError`,
-    :class:`LaunchTimeoutError`, or :class:`GraphdistError` for bad counts or an empty command.
+    :class:`LaunchTimeoutError`, :class:`ClusterSpecError` for bad counts or
+    :class:`ArgumentError` for an empty command or a timeout that is not a finite number > 0.
     """
     from graphdist._distribute.tfconfig import tf_config
     from graphdist._fleet.local import LocalFleet
 
     if not command:
-        raise GraphdistError("No command to run; put it after `--`, e.g. -- python train.py")
-    if timeout_s is not None and timeout_s <= 0:
-        raise GraphdistError(f"The timeout must be > 0 seconds, not {timeout_s:g}")
+        raise ArgumentError(
+            "No command to run; put it after `--`, e.g. -- python train.py", name="command"
+        )
+    timeout_s = check_timeout_s(timeout_s, "timeout_s")
     cluster = launch_cluster(workers, ps, chief)
     runners = [t for t in cluster if t.job == "chief"] if ps else list(cluster)
     runners = [t for t in runners if t.job in ("chief", "worker")]

@@ -20,7 +20,8 @@ import tempfile
 from typing import Any
 
 from graphdist._distribute.tfconfig import TFConfig, cluster_resolver, parse_tf_config
-from graphdist._exceptions import GraphdistError
+from graphdist._exceptions import ArgumentError, StrategyError
+from graphdist._validate import count
 
 __all__ = ["checkpoint_dir", "global_batch_size", "is_chief", "shard", "strategy_from_environment"]
 
@@ -34,7 +35,7 @@ def _env_config() -> TFConfig | None:
 def strategy_from_environment() -> Any:
     """The strategy the environment calls for (see the module docstring). Imports TensorFlow.
 
-    Raises :class:`GraphdistError` when a cluster with ps tasks is read on a worker or ps task
+    Raises :class:`StrategyError` when a cluster with ps tasks is read on a worker or ps task
     (those run plain servers; only the chief coordinates), and :class:`TFConfigError` for a
     malformed TF_CONFIG.
     """
@@ -48,10 +49,11 @@ def strategy_from_environment() -> Any:
     resolver = cluster_resolver(config)
     if "ps" in config.cluster:
         if config.task_type != "chief":
-            raise GraphdistError(
+            raise StrategyError(
                 f"TF_CONFIG makes this task {config.task_type}:{config.task_index} of a "
                 "parameter-server cluster; only the chief builds the strategy (workers and ps "
-                "tasks run servers: `graphdist run --ps N --chief` starts them for you)"
+                "tasks run servers: `graphdist run --ps N --chief` starts them for you)",
+                task=f"{config.task_type}:{config.task_index}",
             )
         return tf.distribute.experimental.ParameterServerStrategy(resolver)
     return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
@@ -59,9 +61,7 @@ def strategy_from_environment() -> Any:
 
 def global_batch_size(per_replica: int, strategy: Any) -> int:
     """``per_replica`` times the strategy's replicas in sync (the size to ``batch()`` with)."""
-    if per_replica < 1:
-        raise ValueError(f"per_replica must be >= 1, not {per_replica}")
-    return int(per_replica) * int(strategy.num_replicas_in_sync)
+    return count(per_replica, "per_replica") * int(strategy.num_replicas_in_sync)
 
 
 def shard(dataset: Any, policy: str = "DATA") -> Any:
@@ -70,7 +70,11 @@ def shard(dataset: Any, policy: str = "DATA") -> Any:
     import tensorflow as tf
 
     if policy.upper() not in SHARD_POLICIES:
-        raise ValueError(f"Shard policy {policy!r} is not one of {', '.join(SHARD_POLICIES)}")
+        raise ArgumentError(
+            f"Shard policy {policy!r} is not one of {', '.join(SHARD_POLICIES)}",
+            name="policy",
+            value=policy,
+        )
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = getattr(
         tf.data.experimental.AutoShardPolicy, policy.upper()

@@ -26,7 +26,8 @@ from graphdist._fleet.health import ALIVE, DEAD, NOT_ANSWERING, TaskHealth, prob
 from graphdist._fleet.probe import PROBE_TIMEOUT_S
 from graphdist._graph.master import master_for
 from graphdist._graph.placement import DeviceSpec, check_device, device
-from graphdist._graph.session import session
+from graphdist._graph.session import session, session_config
+from graphdist._validate import timeout_ms
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -215,17 +216,19 @@ class Fleet:
         """
         self._require_running()
         master = self.task(job, task)
+        # None means "the fleet's" (itself None: the config's, else the default), nothing else.
+        wanted = timeout_ms(operation_timeout_ms, "operation_timeout_ms", self.operation_timeout_ms)
+        effective = session_config(config, operation_timeout_ms=wanted).operation_timeout_in_ms
         (health,) = self.health(tasks=[master])
         if not health.ok:
-            raise self._task_failed(health, operation_timeout_ms, "cannot open a session")
-        sess = session(
+            raise self._task_failed(health, effective, "cannot open a session")
+        return session(
             master.target,
             graph=graph,
             config=config,
-            operation_timeout_ms=operation_timeout_ms or self.operation_timeout_ms,
+            operation_timeout_ms=effective,
             diagnose=self._diagnose,
         )
-        return sess
 
     def health(
         self, timeout_s: float = PROBE_TIMEOUT_S, tasks: list[Any] | None = None

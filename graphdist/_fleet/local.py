@@ -40,6 +40,7 @@ from graphdist._fleet.loopback import BIND_ADDR_ENV, bind_address_for, loopback_
 from graphdist._fleet.probe import Prober
 from graphdist._fleet.server import EXIT_PORT_IN_USE, fleet_child
 from graphdist._ports import is_port_free, port_holder, release_ports
+from graphdist._validate import timeout_ms, timeout_s
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -183,7 +184,8 @@ class LocalFleet(Fleet):
 
     Arguments (all keyword-only but ``cluster``):
 
-    - ``start_timeout_s`` (default 60 s): how long :meth:`start` waits for every server.
+    - ``start_timeout_s`` (``None``: :data:`DEFAULT_START_TIMEOUT_S`, 60 s): how long
+      :meth:`start` waits for every server.
     - ``log_dir``: where ``JOB-INDEX.log`` files go; default a temporary folder removed at close.
     - ``env``: extra environment variables for every server process.
     - ``server_config``: a ``ConfigProto`` for the servers' default session config.
@@ -209,7 +211,7 @@ class LocalFleet(Fleet):
         self,
         cluster: ClusterLike = "local=2",
         *,
-        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        start_timeout_s: float | None = None,
         log_dir: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
         server_config: tf.compat.v1.ConfigProto | None = None,
@@ -224,10 +226,10 @@ class LocalFleet(Fleet):
         for job in self.jobs:
             self.cluster.task_indices(job)  # raises ClusterSpecError naming an unknown job
         self.gpus = plan_gpus(gpus, self.cluster)
-        if start_timeout_s <= 0:
-            raise ValueError(f"start_timeout_s must be > 0 seconds, not {start_timeout_s!r}")
-        self.start_timeout_s = float(start_timeout_s)
-        self.operation_timeout_ms = operation_timeout_ms
+        self.start_timeout_s = timeout_s(
+            start_timeout_s, "start_timeout_s", DEFAULT_START_TIMEOUT_S
+        )
+        self.operation_timeout_ms = timeout_ms(operation_timeout_ms, "operation_timeout_ms")
         self._env = dict(env or {})
         self._server_config = server_config.SerializeToString() if server_config else None
         self._own_log_dir = log_dir is None

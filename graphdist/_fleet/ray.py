@@ -26,10 +26,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from graphdist._cluster import Cluster, Task
-from graphdist._exceptions import ClusterSpecError, FleetError, StartTimeoutError
+from graphdist._exceptions import ArgumentError, ClusterSpecError, FleetError, StartTimeoutError
 from graphdist._fleet.base import Fleet, FleetState, TaskView
 from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library
 from graphdist._fleet.probe import Prober
+from graphdist._validate import timeout_ms, timeout_s
 
 __all__ = ["RayFleet", "RayTask"]
 
@@ -101,11 +102,7 @@ def _counts(spec: str | Mapping[str, int]) -> dict[str, int]:
                 spec,
             )
         return Cluster.parse_counts(spec)
-    counts = dict(spec)
-    for job, n in counts.items():
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ClusterSpecError(f"Job {job!r} asks for {n!r} tasks; give a count >= 1", n)
-    return counts
+    return Cluster.check_counts(spec)
 
 
 class RayFleet(Fleet):
@@ -116,7 +113,8 @@ class RayFleet(Fleet):
     this process, else ``RAY_ADDRESS``, else a new local one); a Ray runtime this fleet started
     is shut down by :meth:`close`. ``strategy`` is the placement group strategy (``SPREAD``).
     ``cpus_per_task`` is reserved for every server (default 1). ``start_timeout_s`` bounds the
-    placement and the servers' start. Sessions, devices, health: as :class:`LocalFleet`.
+    placement and the servers' start (``None``: :data:`DEFAULT_START_TIMEOUT_S`, 180 s, for the
+    TensorFlow import in each new actor). Sessions, devices, health: as :class:`LocalFleet`.
     """
 
     def __init__(
@@ -126,7 +124,7 @@ class RayFleet(Fleet):
         address: str | None = None,
         strategy: str = "SPREAD",
         cpus_per_task: float = 1.0,
-        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        start_timeout_s: float | None = None,
         operation_timeout_ms: int | None = None,
         expose: bool = False,
     ) -> None:
@@ -135,9 +133,19 @@ class RayFleet(Fleet):
             raise ClusterSpecError(f"Strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
         self.address = address
         self.strategy = strategy
-        self.cpus_per_task = cpus_per_task
-        self.start_timeout_s = start_timeout_s
-        self.operation_timeout_ms = operation_timeout_ms
+        if isinstance(cpus_per_task, bool) or not isinstance(cpus_per_task, int | float):
+            raise ArgumentError(f"cpus_per_task must be a number, not {cpus_per_task!r}")
+        if not cpus_per_task > 0:
+            raise ArgumentError(
+                f"cpus_per_task must be > 0, not {cpus_per_task!r}",
+                name="cpus_per_task",
+                value=cpus_per_task,
+            )
+        self.cpus_per_task = float(cpus_per_task)
+        self.start_timeout_s = timeout_s(
+            start_timeout_s, "start_timeout_s", DEFAULT_START_TIMEOUT_S
+        )
+        self.operation_timeout_ms = timeout_ms(operation_timeout_ms, "operation_timeout_ms")
         self.expose = expose
         self.gpus = None
         self.state = FleetState.CREATED

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
+from graphdist._cluster import Cluster, ClusterLike
 from graphdist._exceptions import PlacementError
-
-if TYPE_CHECKING:
-    from graphdist._cluster import Cluster
 
 __all__ = ["DeviceSpec", "check_device", "device", "normalize_device", "parse_device"]
 
@@ -187,17 +184,19 @@ def device(
 
 def check_device(
     spec: str | DeviceSpec | None,
-    cluster: Cluster,
+    cluster: ClusterLike,
     *,
     gpus: dict[tuple[str, int], int] | None = None,
 ) -> DeviceSpec:
-    """Parse ``spec`` and check it against ``cluster``; return the parsed spec.
+    """Parse ``spec`` and check it against ``cluster`` (anything :meth:`Cluster.parse` takes: a
+    ``Cluster``, a dict, JSON, a ``tf.train.ClusterSpec``...); return the parsed spec.
 
     Raises :class:`PlacementError` for a malformed string, a job the cluster lacks, a task index
     out of range, a replica other than 0 (a graphdist cluster has one replica per job), a task
     without a job in a cluster of several jobs, or (when ``gpus`` maps ``(job, task)`` to its GPU
     count) a GPU index the task does not have.
     """
+    cluster = Cluster.parse(cluster)
     parsed = parse_device(spec)
     text = parsed.to_string() or repr(spec)
     job = parsed.job

@@ -12,6 +12,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from graphdist._validate import timeout_ms
+
 if TYPE_CHECKING:
     import tensorflow as tf
 
@@ -32,23 +34,16 @@ def session_config(
 
     ``operation_timeout_ms`` wins when given; otherwise a timeout already set in ``config`` is
     kept, and an unset one (0) becomes :data:`DEFAULT_OPERATION_TIMEOUT_MS`. Raises
-    ``ValueError`` for a timeout that is not a positive whole number of milliseconds.
+    :class:`ArgumentError` (a ``ValueError``) for a timeout that is not a positive whole number of
+    milliseconds.
     """
     import tensorflow as tf
 
     out = tf.compat.v1.ConfigProto()
     if config is not None:
         out.CopyFrom(config)
+    operation_timeout_ms = timeout_ms(operation_timeout_ms, "operation_timeout_ms")
     if operation_timeout_ms is not None:
-        if (
-            not isinstance(operation_timeout_ms, int)
-            or isinstance(operation_timeout_ms, bool)
-            or operation_timeout_ms <= 0
-        ):
-            raise ValueError(
-                f"operation_timeout_ms must be a whole number of milliseconds > 0, not "
-                f"{operation_timeout_ms!r}"
-            )
         out.operation_timeout_in_ms = operation_timeout_ms
     elif out.operation_timeout_in_ms <= 0:
         out.operation_timeout_in_ms = DEFAULT_OPERATION_TIMEOUT_MS

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from graphdist._exceptions import GraphdistError
+from graphdist._exceptions import PictureError
 from graphdist._graph.placement import parse_device
 
 if TYPE_CHECKING:
@@ -113,7 +113,8 @@ class Placement(Mapping[str, str]):
 
     def write_picture(self, path: str | os.PathLike[str]) -> str:
         """Write the placed graph to ``path``: ``.dot`` as text, ``.svg``/``.png``/``.pdf``
-        rendered by Graphviz ``dot``. Raises GraphdistError if ``dot`` is needed but missing."""
+        rendered by Graphviz ``dot``. Raises :class:`PictureError` if ``dot`` is needed but
+        missing."""
         path = os.fspath(path)
         fmt = os.path.splitext(path)[1].lstrip(".").lower()
         dot_text = self.to_dot()
@@ -122,14 +123,15 @@ class Placement(Mapping[str, str]):
                 f.write(dot_text)
             return path
         if fmt not in ("svg", "png", "pdf"):
-            raise GraphdistError(
-                f"Cannot write a picture as {path!r}: use .dot, .svg, .png or .pdf"
+            raise PictureError(
+                f"Cannot write a picture as {path!r}: use .dot, .svg, .png or .pdf", path
             )
         exe = shutil.which("dot")
         if exe is None:
-            raise GraphdistError(
+            raise PictureError(
                 f"Graphviz `dot` is not installed, so {path!r} cannot be rendered; install "
-                "graphviz (apt-get install graphviz) or write a .dot file"
+                "graphviz (apt-get install graphviz) or write a .dot file",
+                path,
             )
         subprocess.run([exe, f"-T{fmt}", "-o", path], input=dot_text.encode(), check=True)
         return path
@@ -140,7 +142,9 @@ class Placement(Mapping[str, str]):
         import tensorflow as tf
 
         if self.graph is None or self.metadata is None:
-            raise GraphdistError("This placement has no graph or run metadata to write")
+            raise PictureError(
+                "This placement has no graph or run metadata to write", os.fspath(logdir)
+            )
         logdir = os.fspath(logdir)
         with self.graph.as_default():  # FileWriter refuses to run eagerly
             writer = tf.compat.v1.summary.FileWriter(logdir, graph=self.graph)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from graphdist._exceptions import GraphdistError
+from graphdist._exceptions import VariableError
 from graphdist._graph.placement import DeviceSpec, parse_device
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def shared_variable(
     The variable is created at the top-level name scope with exactly ``name``, so every client
     that declares the same name and device shares one value on the server. Nothing is
     initialized here: call :func:`initialize_uninitialized` (it never resets a shared value).
-    Raises :class:`GraphdistError` if ``name`` is already used in the graph by another op, or by
+    Raises :class:`VariableError` if ``name`` is already used in the graph by another op, or by
     a variable on another device. ``graph`` defaults to the default graph.
     """
     import tensorflow as tf
@@ -62,8 +62,10 @@ def shared_variable(
     for var in _variables_of(graph):
         if var.op.name == name:
             if parse_device(var.device).to_string() != placed:
-                raise GraphdistError(
-                    f"Variable {name!r} is already declared on {var.device!r}, not {placed!r}"
+                raise VariableError(
+                    f"Variable {name!r} is already declared on {var.device!r}, not {placed!r}",
+                    name=name,
+                    device=var.device,
                 )
             return var
     try:
@@ -71,14 +73,17 @@ def shared_variable(
     except KeyError:
         pass
     else:
-        raise GraphdistError(
+        raise VariableError(
             f"The name {name!r} is already taken by a non-variable op in this graph; a shared "
-            "variable needs its exact name"
+            "variable needs its exact name",
+            name=name,
         )
     with graph.as_default(), graph.name_scope(None), tf.device(placed):
         var = tf.compat.v1.Variable(initial_value, name=name, dtype=dtype, trainable=trainable)
     if var.op.name != name:  # pragma: no cover - guarded above
-        raise GraphdistError(f"TensorFlow renamed shared variable {name!r} to {var.op.name!r}")
+        raise VariableError(
+            f"TensorFlow renamed shared variable {name!r} to {var.op.name!r}", name=name
+        )
     return var
 
 
