@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -46,6 +44,7 @@ from graphdist._exceptions import (
     TaskExitError,
 )
 from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library
+from graphdist._fleet.process import set_parent_death_signal, stop_all
 from graphdist._validate import timeout_s as check_timeout_s
 
 __all__ = [
@@ -60,7 +59,6 @@ __all__ = [
 
 STOP_GRACE_S = 5.0
 TAIL_LINES = 20
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -102,8 +100,7 @@ def launch_cluster(workers: int, ps: int = 0, chief: bool = False) -> Cluster:
 
 
 def _set_pdeathsig() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    set_parent_death_signal()
 
 
 class _TaskProcess:
@@ -134,6 +131,9 @@ class _TaskProcess:
     def poll(self) -> int | None:
         return self.proc.poll()
 
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
     def signal(self, sig: int) -> None:
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -162,16 +162,7 @@ class _Output:
 
 
 def _stop(procs: Sequence[_TaskProcess], grace_s: float) -> None:
-    for p in procs:
-        p.signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for p in procs:
-        p.signal(signal.SIGKILL)
-    for p in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.proc.wait(10)
+    stop_all(procs, grace_s)
 
 
 def _describe(result: TaskResult) -> str:
