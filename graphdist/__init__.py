@@ -46,6 +46,7 @@ from graphdist._exceptions import (
     VariableError,
 )
 from graphdist._fleet.base import Fleet, FleetState, ReopeningSession, TaskView
+from graphdist._fleet.detached import DetachedFleet, attach
 from graphdist._fleet.gpus import available_gpus
 from graphdist._fleet.health import TaskHealth
 from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
@@ -71,6 +72,7 @@ __all__ = [
     "ByName",
     "Cluster",
     "ClusterSpecError",
+    "DetachedFleet",
     "DeviceSpec",
     "Fleet",
     "FleetClosedError",
@@ -111,6 +113,7 @@ __all__ = [
     "UsageError",
     "VariableError",
     "__version__",
+    "attach",
     "available_gpus",
     "check_device",
     "checkpoint_dir",

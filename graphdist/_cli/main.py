@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -20,7 +17,6 @@ from graphdist._cluster import Cluster
 from graphdist._exceptions import (
     ArgumentError,
     ClusterSpecError,
-    FleetStartError,
     GraphdistError,
     LoopbackUnavailableError,
     PlacementError,
@@ -29,6 +25,7 @@ from graphdist._exceptions import (
     UsageError,
 )
 from graphdist._fleet.signals import stop_on_signals
+from graphdist._fleet.supervisor import DEFAULT_MAX_RESTARTS, RESTART_POLICIES
 from graphdist._validate import count, timeout_s
 from graphdist._version import __version__
 
@@ -112,16 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--address", help="with --backend ray: the Ray cluster (default: RAY_ADDRESS)")
     up.add_argument(
         "--restart",
-        choices=["no", "on-failure"],
+        choices=RESTART_POLICIES,
         default="no",
         help="with --detach: restart a task whose server dies (default: no)",
     )
     up.add_argument(
         "--max-restarts",
         type=int,
-        default=3,
+        default=DEFAULT_MAX_RESTARTS,
         metavar="N",
-        help="with --restart on-failure: restarts per task before giving up (default 3)",
+        help="with --restart on-failure: restarts per task before giving up "
+        f"(default {DEFAULT_MAX_RESTARTS})",
     )
     _add_state_dir(up)
 
@@ -226,9 +224,9 @@ def _print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
 
 
 def _state_dir(args: argparse.Namespace) -> str:
-    from graphdist._fleet.state import default_state_dir
+    from graphdist._fleet.detached import resolve_state_dir
 
-    return os.path.abspath(args.state_dir) if args.state_dir else default_state_dir()
+    return resolve_state_dir(args.state_dir)
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -293,149 +291,42 @@ def _up_ray(args: argparse.Namespace) -> int:
 
 
 def _up_detached(args: argparse.Namespace, cluster: Cluster) -> int:
-    from graphdist._fleet.local import check_hosts_and_ports, check_loopback
-    from graphdist._fleet.state import SUPERVISOR_LOG, clear_state, read_error, read_state
+    from graphdist._fleet.detached import SupervisorSpec, start_detached, status_rows
 
-    state_dir = _state_dir(args)
-    record = _live_record(state_dir, cleanup=True)
-    if record is not None:
-        raise StateError(
-            f"A fleet is already running in {state_dir} (supervisor pid "
-            f"{record.supervisor.pid}); stop it with `graphdist down` or pass another --state-dir",
-            state_dir,
-        )
-    check_hosts_and_ports(cluster)
-    if not args.expose:
-        check_loopback(cluster)
-    os.makedirs(state_dir, exist_ok=True)
-    log_path = os.path.join(state_dir, SUPERVISOR_LOG)
-    with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "graphdist._fleet.supervisor",
-                "--state-dir",
-                state_dir,
-                "--cluster",
-                cluster.to_json(),
-                "--start-timeout",
-                str(args.start_timeout),
-                "--restart",
-                args.restart,
-                "--max-restarts",
-                str(args.max_restarts),
-                *(["--expose"] if args.expose else []),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-        )
-    deadline = time.monotonic() + args.start_timeout + 30.0
-    while True:
-        record = read_state(state_dir)
-        if record is not None:
-            break
-        error = read_error(state_dir)
-        code = proc.poll()
-        if error is not None or code is not None:
-            proc.wait(10)
-            if error is None:
-                raise FleetStartError(
-                    f"The supervisor exited with code {code} before the fleet was ready; see "
-                    f"{log_path}"
-                )
-            clear_state(state_dir)
-            raise FleetStartError(error["message"])
-        if time.monotonic() > deadline:
-            proc.terminate()
-            proc.wait(10)
-            raise FleetStartError(
-                f"The detached fleet was not ready after {args.start_timeout:g} s; raise "
-                f"--start-timeout (supervisor log: {log_path})"
-            )
-        time.sleep(0.05)
-    _print_rows(_status_rows(record), args.json)
+    spec = SupervisorSpec(
+        state_dir=_state_dir(args),
+        cluster=cluster.as_dict(),
+        start_timeout_s=args.start_timeout,
+        restart=args.restart,
+        max_restarts=args.max_restarts,
+        expose=args.expose,
+    )
+    record = start_detached(spec)
+    _print_rows(status_rows(record), args.json)
     print(
-        f"graphdist: fleet detached (supervisor pid {record.supervisor.pid}, state {state_dir}); "
-        "stop it with `graphdist down`",
+        f"graphdist: fleet detached (supervisor pid {record.supervisor.pid}, state "
+        f"{spec.state_dir}); stop it with `graphdist down`",
         file=sys.stderr,
     )
     return 0
 
 
-def _status_rows(record: Any) -> list[dict[str, Any]]:
-    return [
-        {
-            "job": t.job,
-            "task": t.task,
-            "address": t.address,
-            "pid": t.pid,
-            "alive": t.process.alive(),
-            "log": t.log,
-        }
-        for t in record.tasks
-    ]
-
-
-def _live_record(state_dir: str, *, cleanup: bool) -> Any:
-    """The running fleet in ``state_dir``; a stale one (supervisor gone) is cleaned up and
-    reported as StateError unless ``cleanup`` is set, in which case ``None`` is returned."""
-    from graphdist._fleet.state import clear_state, read_state, stop_processes
-
-    record = read_state(state_dir)
-    if record is None or record.supervisor.alive():
-        return record
-    leftovers = stop_processes(t.process for t in record.tasks)
-    clear_state(state_dir)
-    if cleanup:
-        return None
-    note = f"; {len(leftovers)} server(s) would not die" if leftovers else ""
-    raise StateError(
-        f"The fleet in {state_dir} was stale (supervisor pid {record.supervisor.pid} is gone); "
-        f"its state was cleaned up{note}",
-        state_dir,
-    )
-
-
-def _no_fleet(state_dir: str) -> StateError:
-    return StateError(
-        f"No detached fleet is running in {state_dir}; start one with "
-        "`graphdist up --cluster SPEC --detach`",
-        state_dir,
-    )
-
-
 def _cmd_status(args: argparse.Namespace) -> int:
+    from graphdist._fleet.detached import live_record, no_fleet, status_rows
+
     state_dir = _state_dir(args)
-    record = _live_record(state_dir, cleanup=False)
+    record = live_record(state_dir, cleanup=False)
     if record is None:
-        raise _no_fleet(state_dir)
-    _print_rows(_status_rows(record), args.json)
+        raise no_fleet(state_dir)
+    _print_rows(status_rows(record), args.json)
     return 0
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
-    from graphdist._fleet.state import clear_state, read_state, stop_processes
+    from graphdist._fleet.detached import stop_detached
 
     state_dir = _state_dir(args)
-    record = read_state(state_dir)
-    if record is None:
-        raise _no_fleet(state_dir)
-    stale = not record.supervisor.alive()
-    # The supervisor stops its servers on SIGTERM; then make sure every pid is really gone.
-    left = stop_processes([record.supervisor], grace_s=10.0)
-    left += stop_processes(t.process for t in record.tasks)
-    if left:
-        raise StateError(
-            "Could not stop pid(s) " + ", ".join(str(r.pid) for r in left) + f" of {state_dir}",
-            state_dir,
-        )
-    clear_state(state_dir)
-    what = "cleaned up a stale fleet" if stale else f"stopped {len(record.tasks)} server(s)"
-    print(f"graphdist: {what}; removed {state_dir}")
+    print(f"graphdist: {stop_detached(state_dir)}; removed {state_dir}")
     return 0
 
 

@@ -2,5 +2,7 @@
 (``base``), its backends (``local``: processes forked from a TensorFlow-preloaded fork server;
 ``ray``: Ray actors), what runs inside a server process (``server``), readiness and health over
 gRPC (``probe``, ``health``), ports are in ``graphdist._ports``, loopback-only binding
-(``loopback``, ``loopback.c``), GPU pinning (``gpus``), detached fleets (``state``,
-``supervisor``), signals (``signals``) and single servers on real hosts (``serve``)."""
+(``loopback``, ``loopback.c``), GPU pinning (``gpus``), detached fleets (``detached``: start,
+attach, status, stop; ``state``: their folder; ``supervisor``: the process that owns one;
+``control``: its control socket), signals (``signals``) and single servers on real hosts
+(``serve``)."""

@@ -1,8 +1,9 @@
 """The state folder of a detached fleet: who supervises it, which pids serve which tasks, and logs.
 
-Layout of a state folder: ``fleet.json`` (written atomically once every server is ready),
-``error.json`` (written instead when the start failed), ``supervisor.log`` and
-``logs/JOB-INDEX.log``.
+Layout of a state folder: ``fleet.json`` (written atomically once every server is ready, and again
+whenever a task dies or is restarted), ``error.json`` (written instead when the start failed),
+``control.sock`` (the supervisor's control channel, see ``graphdist._fleet.control``),
+``supervisor.log`` and ``logs/JOB-INDEX.log``.
 Pids are stored with their process start times, so a pid reused by an unrelated process is never
 mistaken for one of ours (and never signalled).
 """
@@ -40,6 +41,7 @@ STATE_DIR_ENV = "GRAPHDIST_STATE_DIR"
 STATE_FILE = "fleet.json"
 ERROR_FILE = "error.json"
 SUPERVISOR_LOG = "supervisor.log"
+CONTROL_SOCKET = "control.sock"
 
 
 def default_state_dir() -> str:
@@ -89,6 +91,8 @@ class TaskRecord:
     pid: int
     create_time: float
     log: str
+    restarts: int = 0
+    exitcode: int | None = None  # set once the supervisor has seen the process exit
 
     @property
     def process(self) -> ProcessRef:
@@ -102,6 +106,7 @@ class FleetRecord:
     tasks: list[TaskRecord] = field(default_factory=list)
     started_at: float = 0.0
     restart_policy: str = "no"
+    start_timeout_s: float = 60.0  # how long the supervisor waits for a (re)started server
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -115,6 +120,7 @@ class FleetRecord:
             tasks=[TaskRecord(**t) for t in data["tasks"]],
             started_at=data.get("started_at", 0.0),
             restart_policy=data.get("restart_policy", "no"),
+            start_timeout_s=data.get("start_timeout_s", 60.0),
         )
 
 
