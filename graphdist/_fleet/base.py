@@ -1,19 +1,37 @@
-"""What every fleet offers, whatever runs its servers: tasks, targets, checked devices, sessions
-that name a failed task, health, and reopening sessions.
+"""The fleet every backend shares: its lifecycle, and what using a fleet offers.
 
-:class:`LocalFleet` (processes on this machine) and :class:`RayFleet` (Ray actors on a Ray
-cluster) derive from :class:`Fleet`; each supplies ``start``, ``close``, ``kill`` and ``restart``
-and task objects with ``job``, ``index``, ``address``, ``target``, ``pid``, ``alive`` and
-``exitcode``.
+Lifecycle (:class:`Fleet` owns it, as dask's ``SpecCluster`` does for its subclasses)::
+
+    CREATED --start()--> STARTING --all answer--> RUNNING --close()--> CLOSING --> CLOSED
+                         STARTING --a task fails: stop what started--> FAILED --close()--> CLOSED
+
+``start()`` and ``close()`` are idempotent where that is meaningful (``close()`` any number of
+times; ``start()`` once), a failed start stops every task it started and re-raises, a fleet left
+running when it is garbage-collected warns with ``ResourceWarning`` and is closed, and an
+``atexit`` sweep closes every fleet this process still runs. ``kill()``, ``restart()`` and
+``health()`` work the same on every backend.
+
+A backend supplies only its primitives: ``_launch()`` (create the task handles and start every
+task), ``_wait_ready(tasks, timeout_s)`` (return once each answers over gRPC, else raise naming the
+first that did not), ``_stop_tasks(tasks, grace_s)``, ``_kill_task(task, sig)``,
+``_restart_task(task)`` and ``_teardown()`` (what is left after the tasks: log folders, placement
+groups). Its task handles satisfy :class:`TaskHandle`. Using a fleet — devices checked against
+the cluster, sessions whose failures name the task, health, reopening sessions, the master for
+some fetches — is all here, whatever the backend.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import enum
 import logging
+import os
+import signal
+import warnings
+import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import (
@@ -24,6 +42,7 @@ from graphdist._exceptions import (
 )
 from graphdist._fleet.health import ALIVE, DEAD, NOT_ANSWERING, TaskHealth, probe_all
 from graphdist._fleet.probe import PROBE_TIMEOUT_S
+from graphdist._fleet.process import STOP_GRACE_S
 from graphdist._graph.master import master_for
 from graphdist._graph.placement import DeviceSpec, check_device, device
 from graphdist._graph.session import session, session_config
@@ -32,10 +51,11 @@ from graphdist._validate import timeout_ms
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["Fleet", "FleetState", "ReopeningSession", "TaskView"]
+__all__ = ["Fleet", "FleetState", "ReopeningSession", "TaskHandle", "TaskView"]
 
 log = logging.getLogger("graphdist.fleet")
-_FleetT = TypeVar("_FleetT", bound="Fleet")  # typing.Self needs Python 3.11
+_FleetT = TypeVar("_FleetT", bound="Fleet[Any]")  # typing.Self needs Python 3.11
+_live_fleets: weakref.WeakSet[Fleet[Any]] = weakref.WeakSet()
 
 
 class FleetState(enum.Enum):
@@ -90,9 +110,39 @@ def _is_task_failure(exc: BaseException) -> bool:
     return type(exc).__name__ in TASK_FAILURE_ERRORS
 
 
+class TaskHandle(Protocol):
+    """What a fleet's task handle tells, on every backend (a plain attribute or a property)."""
+
+    @property
+    def job(self) -> str: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def alive(self) -> bool: ...
+    @property
+    def exitcode(self) -> int | None: ...
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def log_path(self) -> str | None: ...
+    def log_tail(self, lines: int = ...) -> list[str]: ...
+
+
+_TaskT = TypeVar("_TaskT", bound=TaskHandle)
+
+
 class TaskView:
-    """What every backend's task object shares: its :class:`Task` and the names derived from
-    it. Subclasses add ``pid``, ``alive``, ``exitcode``, ``restarts`` and ``log_tail``."""
+    """What every backend's task handle derives from its :class:`Task`: the names. Subclasses add
+    the rest of :class:`TaskHandle` (``pid``, ``alive``, ``exitcode``, ``restarts``, ``log_path``,
+    ``log_tail``)."""
 
     task: Task
 
@@ -117,20 +167,63 @@ class TaskView:
         return self.task.name
 
 
-class Fleet:
-    """The interface shared by every fleet (see the module docstring). Not used directly."""
+class Fleet(Generic[_TaskT]):
+    """The lifecycle and the interface shared by every fleet (see the module docstring); a
+    backend derives from it and supplies the primitives. Not used directly."""
 
     cluster: Cluster
-    state: FleetState
-    operation_timeout_ms: int | None
-    gpus: dict[tuple[str, int], list[int]] | None
-    _tasks: dict[tuple[str, int], Any]
+    state: FleetState = FleetState.CREATED
+    start_timeout_s: float
+    operation_timeout_ms: int | None = None
+    gpus: dict[tuple[str, int], list[int]] | None = None
+    _tasks: dict[tuple[str, int], _TaskT]
+    _owner_pid: int = -1
 
-    def start(self) -> Any:
-        raise NotImplementedError
+    def __init__(self) -> None:
+        self.state = FleetState.CREATED
+        self._owner_pid = os.getpid()
+        self._tasks = {}
 
-    def close(self) -> None:
-        raise NotImplementedError
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self: _FleetT) -> _FleetT:
+        """Start every task and wait until each answers over gRPC; returns ``self``. A failed start
+        stops whatever did start and re-raises (``state`` is then ``FAILED``)."""
+        if self.state is not FleetState.CREATED:
+            raise FleetError(f"This fleet was already started (state {self.state.value})")
+        self.state = FleetState.STARTING
+        _live_fleets.add(self)
+        try:
+            self._launch()
+            self._wait_ready(list(self._tasks.values()), self.start_timeout_s)
+        except BaseException:
+            self.state = FleetState.FAILED
+            self._shutdown(STOP_GRACE_S)
+            raise
+        self.state = FleetState.RUNNING
+        self._on_running()
+        return self
+
+    def close(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop every task (SIGTERM, up to ``grace_s`` seconds, then SIGKILL, where the backend
+        has processes) and release what the fleet holds. Safe to call any number of times."""
+        if self.state in (FleetState.CLOSED, FleetState.CLOSING):
+            return
+        if self.state in (FleetState.CREATED, FleetState.FAILED):
+            self.state = FleetState.CLOSED  # nothing runs: a failed start cleaned up already
+            return
+        self.state = FleetState.CLOSING
+        try:
+            self._shutdown(grace_s)
+        finally:
+            self.state = FleetState.CLOSED
+
+    def _shutdown(self, grace_s: float) -> None:
+        try:
+            self._stop_tasks(list(self._tasks.values()), grace_s)
+        finally:
+            _live_fleets.discard(self)
+            self._teardown()
 
     def __enter__(self: _FleetT) -> _FleetT:
         if self.state is FleetState.CREATED:
@@ -140,19 +233,76 @@ class Fleet:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __del__(self) -> None:
+        running = getattr(self, "state", None) in (FleetState.RUNNING, FleetState.STARTING)
+        if running and os.getpid() == getattr(self, "_owner_pid", -1):
+            warnings.warn(
+                f"{self!r} was never closed; closing it now", ResourceWarning, stacklevel=2
+            )
+            with contextlib.suppress(Exception):
+                self.close()
+
+    def kill(self, job: str | None = None, index: int = 0, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` (default SIGKILL) to the server of ``job:index``; with SIGKILL or
+        SIGTERM, return once it is gone (a backend that brings servers back by itself, like Ray,
+        may start it again at once). For fault drills; see :meth:`restart`."""
+        self._require_running()
+        self._kill_task(self.task(job, index), sig)
+
+    def restart(self, job: str | None = None, index: int = 0) -> _TaskT:
+        """Start the server of ``job:index`` again on the same address (killing it first if it
+        still runs) and wait until it answers. Variables on other tasks keep their values; old
+        sessions that used this task are broken (TensorFlow never recovers them), new ones work
+        at once. Raises :class:`FleetStartError` if it does not come back in time."""
+        self._require_running()
+        task = self.task(job, index)
+        self._restart_task(task)
+        self._wait_ready([task], self.start_timeout_s)
+        log.info("restarted %r (restart %d)", task, task.restarts)
+        return task
+
+    # -- the backend's primitives -----------------------------------------------------------------
+
+    def _launch(self) -> None:
+        """Create the task handles in ``self._tasks`` and start every task (not waiting)."""
+        raise NotImplementedError
+
+    def _wait_ready(self, tasks: list[_TaskT], timeout_s: float) -> None:
+        """Return once every task in ``tasks`` answers over gRPC; else raise a FleetStartError
+        naming the first that failed, with the true count of those that did answer."""
+        raise NotImplementedError
+
+    def _stop_tasks(self, tasks: list[_TaskT], grace_s: float) -> None:
+        raise NotImplementedError
+
+    def _kill_task(self, task: _TaskT, sig: int) -> None:
+        raise NotImplementedError
+
+    def _restart_task(self, task: _TaskT) -> None:
+        """Bring ``task`` back on its address (kill it first if it runs); count the restart."""
+        raise NotImplementedError
+
+    def _teardown(self) -> None:
+        """Release what is left once the tasks are stopped (default: nothing)."""
+
+    def _on_running(self) -> None:
+        """Called once every task answered (default: nothing)."""
+
+    # -- using a fleet ----------------------------------------------------------------------------
+
     @property
-    def tasks(self) -> tuple[Any, ...]:
-        """Every task's process, in the cluster's order (job name, then index)."""
+    def tasks(self) -> tuple[_TaskT, ...]:
+        """Every task's handle, in the cluster's order (job name, then index)."""
         return tuple(self._tasks.values())
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[_TaskT]:
         return iter(self.tasks)
 
     @property
     def pids(self) -> list[int]:
         return [t.pid for t in self._tasks.values() if t.pid is not None]
 
-    def task(self, job: str | None = None, index: int = 0) -> Any:
+    def task(self, job: str | None = None, index: int = 0) -> _TaskT:
         """The task object of ``job:index`` (``job`` may be left out in a one-job fleet)."""
         job = self._job_or_only(job)
         try:
@@ -173,8 +323,7 @@ class Fleet:
 
     def target(self, job: str | None = None, index: int = 0) -> str:
         """``grpc://host:port`` of ``job:index``, for ``tf.compat.v1.Session(target)``."""
-        target: str = self.task(job, index).target
-        return target
+        return self.task(job, index).target
 
     def device(self, job: str | None = None, task: int | None = None, **kwargs: Any) -> str:
         """A device string on this fleet, checked against its cluster (see :func:`device`).
@@ -231,7 +380,7 @@ class Fleet:
         )
 
     def health(
-        self, timeout_s: float = PROBE_TIMEOUT_S, tasks: list[Any] | None = None
+        self, timeout_s: float = PROBE_TIMEOUT_S, tasks: list[_TaskT] | None = None
     ) -> list[TaskHealth]:
         """Each task's :class:`TaskHealth` (``alive``, ``dead`` or ``not answering``), checked
         with a real gRPC call of at most ``timeout_s`` seconds (all tasks at once)."""
@@ -310,7 +459,7 @@ class Fleet:
             master.job, master.index, graph, config, operation_timeout_ms=operation_timeout_ms
         )
 
-    def dead_tasks(self) -> list[Any]:
+    def dead_tasks(self) -> list[_TaskT]:
         """Tasks whose process has exited."""
         return [t for t in self._tasks.values() if t.pid is not None and not t.alive]
 
@@ -326,3 +475,13 @@ class Fleet:
     def _require_running(self) -> None:
         if self.state is not FleetState.RUNNING:
             raise FleetClosedError(f"The fleet is {self.state.value}; start it first")
+
+
+@atexit.register
+def _close_live_fleets() -> None:
+    """Close every fleet this process still runs (a fleet's servers also exit by themselves
+    when their owner dies, but a clean close stops them at once and removes their files)."""
+    for fleet in list(_live_fleets):
+        if os.getpid() == fleet._owner_pid:
+            with contextlib.suppress(Exception):
+                fleet.close()

@@ -27,6 +27,7 @@ from graphdist._exceptions import FleetError, FleetStartError, StateError
 from graphdist._fleet import control
 from graphdist._fleet.base import Fleet, FleetState, TaskView
 from graphdist._fleet.local import LOG_TAIL_LINES, read_log_tail
+from graphdist._fleet.process import STOP_GRACE_S
 from graphdist._fleet.state import (
     STATE_FILE,
     SUPERVISOR_LOG,
@@ -226,7 +227,7 @@ class DetachedTask(TaskView):
         return f"<DetachedTask {self.job}:{self.index} at {self.address} pid={self.pid} {state}>"
 
 
-class DetachedFleet(Fleet):
+class DetachedFleet(Fleet[DetachedTask]):
     """A handle on the fleet a supervisor keeps running (``graphdist up --detach``); get one
     with :func:`graphdist.attach`. It offers what every :class:`Fleet` does (``cluster``,
     ``tasks``, ``task()``, ``target()``, ``device()``, ``session()``, ``session_for()``,
@@ -316,10 +317,11 @@ class DetachedFleet(Fleet):
         """Drop this handle and leave the fleet running (``graphdist attach`` it again later)."""
         self._detached = True
 
-    def close(self) -> None:
-        """Stop the fleet like ``graphdist down``: the supervisor and every server, then remove
-        the state folder. Safe to repeat; also after :meth:`detach`; does nothing if the fleet
-        is already gone or the folder now holds another fleet."""
+    def close(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop the fleet like ``graphdist down``: the supervisor (which stops every server with
+        its own grace period) and then any server left, and remove the state folder. Safe to
+        repeat; also after :meth:`detach`; does nothing if the fleet is already gone or the
+        folder now holds another fleet. ``grace_s`` is accepted for the common interface."""
         if self._stopped:
             return
         record = read_state(self.state_dir)

@@ -9,7 +9,6 @@ server exits by itself as soon as the fleet's owner process is gone, however it 
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
@@ -18,8 +17,6 @@ import signal
 import socket
 import tempfile
 import time
-import warnings
-import weakref
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +25,6 @@ import psutil
 from graphdist._cluster import Cluster, ClusterLike, Task
 from graphdist._exceptions import (
     ClusterSpecError,
-    FleetError,
     FleetStartError,
     PortInUseError,
     StartTimeoutError,
@@ -38,6 +34,7 @@ from graphdist._fleet.forkserver import process_class
 from graphdist._fleet.gpus import GpuPlan, plan_gpus
 from graphdist._fleet.loopback import BIND_ADDR_ENV, bind_address_for, loopback_library
 from graphdist._fleet.probe import Prober
+from graphdist._fleet.process import STOP_GRACE_S
 from graphdist._fleet.server import EXIT_PORT_IN_USE, fleet_child
 from graphdist._ports import is_port_free, port_holder, release_ports
 from graphdist._validate import timeout_ms, timeout_s
@@ -50,10 +47,8 @@ __all__ = ["DEFAULT_START_TIMEOUT_S", "STOP_GRACE_S", "FleetState", "FleetTask",
 log = logging.getLogger("graphdist.fleet")
 
 DEFAULT_START_TIMEOUT_S = 60.0
-STOP_GRACE_S = 3.0
 LOG_TAIL_LINES = 12
 _POLL_S = 0.02
-_live_fleets: weakref.WeakSet[LocalFleet] = weakref.WeakSet()
 
 
 def read_log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -171,7 +166,7 @@ class FleetTask(TaskView):
         return f"<FleetTask {self.job}:{self.index} at {self.address} pid={self.pid} {state}>"
 
 
-class LocalFleet(Fleet):
+class LocalFleet(Fleet[FleetTask]):
     """A fleet of TensorFlow servers on this machine, one process per task of ``cluster``.
 
     ``cluster`` is anything :meth:`Cluster.parse` accepts; the default ``"local=2"`` is the seed's
@@ -220,6 +215,7 @@ class LocalFleet(Fleet):
         jobs: Iterable[str] | None = None,
         gpus: GpuPlan = None,
     ) -> None:
+        super().__init__()
         self.cluster = Cluster.parse(cluster)
         self.expose = bool(expose)
         self.jobs = tuple(jobs) if jobs is not None else self.cluster.jobs
@@ -234,60 +230,41 @@ class LocalFleet(Fleet):
         self._server_config = server_config.SerializeToString() if server_config else None
         self._own_log_dir = log_dir is None
         self.log_dir = os.fspath(log_dir) if log_dir is not None else ""
-        self.state = FleetState.CREATED
-        self._owner_pid = os.getpid()
-        self._tasks: dict[tuple[str, int], FleetTask] = {}
         self._process_class: Any = None
 
-    # -- lifecycle ------------------------------------------------------------------------------
+    # -- the backend's primitives (the lifecycle is Fleet's) -----------------------------------
 
-    def start(self) -> LocalFleet:
-        """Start every server and wait until each answers over gRPC; returns ``self``."""
-        if self.state is not FleetState.CREATED:
-            raise FleetError(f"This fleet was already started (state {self.state.value})")
-        self.state = FleetState.STARTING
-        try:
-            check_hosts_and_ports(self.served)
-            if self._own_log_dir:
-                self.log_dir = tempfile.mkdtemp(prefix="graphdist-fleet-")
-            os.makedirs(self.log_dir, exist_ok=True)
-            self._process_class = process_class(self._bind_shim())
-            for task in self.served:
-                ft = FleetTask(task, os.path.join(self.log_dir, f"{task.name}.log"))
-                self._tasks[(task.job, task.index)] = ft
-                self._start_task(ft)
-            _live_fleets.add(self)
-            self._wait_ready(list(self._tasks.values()), self.start_timeout_s)
-        except BaseException:
-            self.state = FleetState.FAILED
-            self._stop_all()
-            self._remove_own_logs()
-            raise
+    def _launch(self) -> None:
+        check_hosts_and_ports(self.served)
+        if self._own_log_dir:
+            self.log_dir = tempfile.mkdtemp(prefix="graphdist-fleet-")
+        os.makedirs(self.log_dir, exist_ok=True)
+        self._process_class = process_class(self._bind_shim())
+        for task in self.served:
+            ft = FleetTask(task, os.path.join(self.log_dir, f"{task.name}.log"))
+            self._tasks[(task.job, task.index)] = ft
+            self._start_task(ft)
+
+    def _on_running(self) -> None:
         release_ports(t.port for t in self.cluster.tasks)
-        self.state = FleetState.RUNNING
         log.info("fleet ready: %s", ", ".join(f"{t.name}={t.address}" for t in self.cluster))
-        return self
 
-    def close(self, grace_s: float = STOP_GRACE_S) -> None:
-        """Stop every server: SIGTERM, up to ``grace_s`` seconds, then SIGKILL. Safe to repeat."""
-        if self.state in (FleetState.CLOSED, FleetState.CLOSING):
-            return
-        self.state = FleetState.CLOSING
-        try:
-            self._stop_all(grace_s)
-        finally:
-            self.state = FleetState.CLOSED
-            _live_fleets.discard(self)
-            self._remove_own_logs()
+    def _stop_tasks(self, tasks: list[FleetTask], grace_s: float) -> None:
+        self._stop_all(grace_s)
 
-    def __del__(self) -> None:
-        running = getattr(self, "state", None) in (FleetState.RUNNING, FleetState.STARTING)
-        if running and os.getpid() == self._owner_pid:
-            warnings.warn(
-                f"{self!r} was never closed; closing it now", ResourceWarning, stacklevel=2
-            )
-            with contextlib.suppress(Exception):
-                self.close()
+    def _teardown(self) -> None:
+        self._remove_own_logs()
+
+    def _kill_task(self, task: FleetTask, sig: int) -> None:
+        task._signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            task._join(10.0)
+
+    def _restart_task(self, task: FleetTask) -> None:
+        if task.alive:
+            self._kill_task(task, signal.SIGKILL)
+        task.restarts += 1
+        self._start_task(task)
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -295,31 +272,6 @@ class LocalFleet(Fleet):
     def served(self) -> Cluster:
         """The part of the cluster this fleet runs servers for (see ``jobs``)."""
         return self.cluster.subset(self.jobs)
-
-    def kill(self, job: str | None = None, index: int = 0, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` (default SIGKILL) to the server of ``job:index``; with SIGKILL or
-        SIGTERM, wait until its process is gone. For fault drills; see :meth:`restart`."""
-        self._require_running()
-        ft = self.task(job, index)
-        ft._signal(sig)
-        if sig in (signal.SIGKILL, signal.SIGTERM):
-            ft._join(10.0)
-
-    def restart(self, job: str | None = None, index: int = 0) -> FleetTask:
-        """Start the server of ``job:index`` again on the same address (killing it first if it
-        still runs) and wait until it answers. Variables on other tasks keep their values; old
-        sessions that used this task are broken (TensorFlow never recovers them), new ones work
-        at once. Raises :class:`FleetStartError` if it does not come back."""
-        self._require_running()
-        ft: FleetTask = self.task(job, index)
-        if ft.alive:
-            ft._signal(signal.SIGKILL)
-            ft._join(10.0)
-        ft.restarts += 1
-        self._start_task(ft)
-        self._wait_ready([ft], self.start_timeout_s)
-        log.info("restarted %r (restart %d)", ft, ft.restarts)
-        return ft
 
     def __repr__(self) -> str:
         tasks = ", ".join(f"{t.name}={t.address}" for t in self.cluster)
@@ -436,11 +388,3 @@ class LocalFleet(Fleet):
     def _remove_own_logs(self) -> None:
         if self._own_log_dir and self.log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
-
-
-@atexit.register
-def _close_live_fleets() -> None:
-    for fleet in list(_live_fleets):
-        if os.getpid() == fleet._owner_pid:
-            with contextlib.suppress(Exception):
-                fleet.close()

@@ -21,13 +21,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from graphdist._cluster import Cluster, Task
-from graphdist._exceptions import ArgumentError, ClusterSpecError, FleetError, StartTimeoutError
-from graphdist._fleet.base import Fleet, FleetState, TaskView
+from graphdist._exceptions import ArgumentError, ClusterSpecError, StartTimeoutError
+from graphdist._fleet.base import Fleet, TaskView
 from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library
 from graphdist._fleet.probe import Prober
 from graphdist._validate import timeout_ms, timeout_s
@@ -105,7 +106,7 @@ def _counts(spec: str | Mapping[str, int]) -> dict[str, int]:
     return Cluster.check_counts(spec)
 
 
-class RayFleet(Fleet):
+class RayFleet(Fleet[RayTask]):
     """A fleet of TensorFlow servers in Ray actors, spread over the nodes of a Ray cluster.
 
     ``cluster`` gives task counts (``"worker=3"`` or ``{"worker": 3}``): Ray picks the nodes, and
@@ -128,6 +129,7 @@ class RayFleet(Fleet):
         operation_timeout_ms: int | None = None,
         expose: bool = False,
     ) -> None:
+        super().__init__()
         self.counts = _counts(cluster)
         if strategy not in STRATEGIES:
             raise ClusterSpecError(f"Strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
@@ -148,140 +150,121 @@ class RayFleet(Fleet):
         self.operation_timeout_ms = timeout_ms(operation_timeout_ms, "operation_timeout_ms")
         self.expose = expose
         self.gpus = None
-        self.state = FleetState.CREATED
-        self._tasks: dict[tuple[str, int], RayTask] = {}
         self._pg: Any = None
         self._owns_ray = False
 
-    def start(self) -> RayFleet:
-        """Place, reserve ports, start every actor and wait until each server answers."""
+    # -- the backend's primitives (the lifecycle is Fleet's) -----------------------------------
+
+    def _launch(self) -> None:
+        """Place, reserve a port per bundle, and start every actor (see the module docstring)."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        if self.state is not FleetState.CREATED:
-            raise FleetError(f"This fleet was already started (state {self.state.value})")
-        self.state = FleetState.STARTING
-        try:
-            if not ray.is_initialized():
-                ray.init(address=self.address, log_to_driver=False, namespace="graphdist")
-                self._owns_ray = True
-            deadline = time.monotonic() + self.start_timeout_s
-            names = [(job, i) for job in sorted(self.counts) for i in range(self.counts[job])]
-            self._pg = placement_group([{"CPU": self.cpus_per_task}] * len(names), self.strategy)
-            ready, _ = ray.wait([self._pg.ready()], timeout=self.start_timeout_s)
-            if not ready:
-                nodes = len([n for n in ray.nodes() if n.get("Alive")])  # type: ignore[no-untyped-call]
-                with contextlib.suppress(Exception):
-                    remove_placement_group(self._pg)
-                self._pg = None
-                raise StartTimeoutError(
-                    f"Ray could not place {len(names)} servers ({self.strategy}, "
-                    f"{self.cpus_per_task:g} CPU each) on {nodes} node(s) within "
-                    f"{self.start_timeout_s:g} s; add nodes, lower cpus_per_task, or use SPREAD",
-                    ready=0,
-                    expected=len(names),
-                    timeout_s=self.start_timeout_s,
-                )
-            on_bundle = [
-                PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i)
-                for i in range(len(names))
-            ]
-            reserve = ray.remote(num_cpus=self.cpus_per_task)(_reserve_port)
-            spots = ray.get([reserve.options(scheduling_strategy=s).remote() for s in on_bundle])
-            jobs: dict[str, list[str]] = {}
-            for (job, _), (ip, port, _) in zip(names, spots, strict=True):
-                jobs.setdefault(job, []).append(f"{ip}:{port}")
-            self.cluster = Cluster(jobs)
-            actor_class = ray.remote(_ServerActor)
-            spec = self.cluster.as_dict()
-            for i, ((job, index), (ip, _, node)) in enumerate(zip(names, spots, strict=True)):
-                options: dict[str, Any] = {
-                    "scheduling_strategy": on_bundle[i],
-                    "num_cpus": self.cpus_per_task,
-                    "max_restarts": -1,
-                    "name": f"graphdist-{os.getpid()}-{id(self):x}-{job}-{index}",
-                }
-                if not self.expose:
-                    env = {"LD_PRELOAD": loopback_library(), BIND_ADDR_ENV: ip}
-                    options["runtime_env"] = {"env_vars": env}
-                actor = actor_class.options(**options).remote(spec, job, index)
-                self._tasks[(job, index)] = RayTask(self.cluster.task(job, index), actor, node, i)
-            self._wait_ready(list(self._tasks.values()), deadline)
-        except BaseException:
-            self.state = FleetState.FAILED
-            self._teardown()
-            raise
-        self.state = FleetState.RUNNING
-        return self
+        if not ray.is_initialized():
+            ray.init(address=self.address, log_to_driver=False, namespace="graphdist")
+            self._owns_ray = True
+        names = [(job, i) for job in sorted(self.counts) for i in range(self.counts[job])]
+        self._pg = placement_group([{"CPU": self.cpus_per_task}] * len(names), self.strategy)
+        ready, _ = ray.wait([self._pg.ready()], timeout=self.start_timeout_s)
+        if not ready:
+            nodes = len([n for n in ray.nodes() if n.get("Alive")])  # type: ignore[no-untyped-call]
+            with contextlib.suppress(Exception):
+                remove_placement_group(self._pg)
+            self._pg = None
+            raise StartTimeoutError(
+                f"Ray could not place {len(names)} servers ({self.strategy}, "
+                f"{self.cpus_per_task:g} CPU each) on {nodes} node(s) within "
+                f"{self.start_timeout_s:g} s; add nodes, lower cpus_per_task, or use SPREAD",
+                ready=0,
+                expected=len(names),
+                timeout_s=self.start_timeout_s,
+            )
+        on_bundle = [
+            PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i)
+            for i in range(len(names))
+        ]
+        reserve = ray.remote(num_cpus=self.cpus_per_task)(_reserve_port)
+        spots = ray.get([reserve.options(scheduling_strategy=s).remote() for s in on_bundle])
+        jobs: dict[str, list[str]] = {}
+        for (job, _), (ip, port, _) in zip(names, spots, strict=True):
+            jobs.setdefault(job, []).append(f"{ip}:{port}")
+        self.cluster = Cluster(jobs)
+        actor_class = ray.remote(_ServerActor)
+        spec = self.cluster.as_dict()
+        for i, ((job, index), (ip, _, node)) in enumerate(zip(names, spots, strict=True)):
+            options: dict[str, Any] = {
+                "scheduling_strategy": on_bundle[i],
+                "num_cpus": self.cpus_per_task,
+                "max_restarts": -1,
+                "name": f"graphdist-{os.getpid()}-{id(self):x}-{job}-{index}",
+            }
+            if not self.expose:
+                env = {"LD_PRELOAD": loopback_library(), BIND_ADDR_ENV: ip}
+                options["runtime_env"] = {"env_vars": env}
+            actor = actor_class.options(**options).remote(spec, job, index)
+            self._tasks[(job, index)] = RayTask(self.cluster.task(job, index), actor, node, i)
 
-    def _wait_ready(self, pending: list[RayTask], deadline: float) -> None:
+    def _wait_ready(self, tasks: list[RayTask], timeout_s: float) -> None:
         import ray
 
-        remaining = max(1.0, deadline - time.monotonic())
-        pids = ray.get([t.actor.pid.remote() for t in pending], timeout=remaining)
-        for task, pid in zip(pending, pids, strict=True):
+        deadline = time.monotonic() + timeout_s
+        expected = len(tasks)
+        pids = ray.get([t.actor.pid.remote() for t in tasks], timeout=timeout_s)
+        for task, pid in zip(tasks, pids, strict=True):
             task.pid = pid
-        for task in pending:
+        for ready, task in enumerate(tasks):
             with Prober(task.address) as prober:
                 while not prober.probe(0.5):
                     if time.monotonic() > deadline:
                         raise StartTimeoutError(
-                            f"{task.job}:{task.index} at {task.address} did not answer in time "
+                            f"{ready} of {expected} servers answered within {timeout_s:g} s; "
+                            f"{task.job}:{task.index} at {task.address} did not "
                             f"({prober.last_error}); raise start_timeout_s",
-                            ready=0,
-                            expected=len(pending),
-                            timeout_s=self.start_timeout_s,
+                            ready=ready,
+                            expected=expected,
+                            timeout_s=timeout_s,
                             task=f"{task.job}:{task.index}",
                             address=task.address,
                         )
                     time.sleep(0.05)
 
-    def kill(self, job: str | None = None, index: int = 0) -> None:
-        """Kill the actor of ``job:index``; Ray starts it again in the same bundle (same node
+    def _kill_task(self, task: RayTask, sig: int) -> None:
+        """Kill the actor (whatever ``sig``): Ray starts it again in the same bundle (same node
         and port) by itself."""
         import ray
 
-        self._require_running()
-        task: RayTask = self.task(job, index)
         ray.kill(task.actor, no_restart=False)
 
-    def restart(self, job: str | None = None, index: int = 0) -> RayTask:
-        """Kill the actor of ``job:index`` and wait until Ray has brought it back and its
-        server answers on the same address."""
-        self._require_running()
-        task: RayTask = self.task(job, index)
+    def _restart_task(self, task: RayTask) -> None:
+        """Kill the actor and wait until Ray has brought it back (a new pid); the lifecycle
+        then waits until its server answers on the same address."""
         old = task.pid
-        self.kill(job, index)
+        self._kill_task(task, signal.SIGKILL)
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if task.alive and task.pid != old:
                 break
             time.sleep(0.2)
         task.restarts += 1
-        self._wait_ready([task], deadline)
-        return task
 
-    def close(self) -> None:
-        """Kill every actor for good, remove the placement group, and shut down a Ray runtime
-        this fleet started. Safe to call twice."""
-        if self.state in (FleetState.CLOSED, FleetState.CLOSING):
+    def _stop_tasks(self, tasks: list[RayTask], grace_s: float) -> None:
+        """Kill every actor for good (Ray gives actors no grace period)."""
+        import ray
+
+        if not ray.is_initialized():
             return
-        self.state = FleetState.CLOSING
-        try:
-            self._teardown()
-        finally:
-            self.state = FleetState.CLOSED
+        for task in tasks:
+            with contextlib.suppress(Exception):
+                ray.kill(task.actor, no_restart=True)
 
     def _teardown(self) -> None:
+        """Remove the placement group and shut down a Ray runtime this fleet started."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
         if not ray.is_initialized():
             return
-        for task in self._tasks.values():
-            with contextlib.suppress(Exception):
-                ray.kill(task.actor, no_restart=True)
         if self._pg is not None:
             with contextlib.suppress(Exception):
                 remove_placement_group(self._pg)

@@ -14,8 +14,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -23,6 +21,7 @@ from typing import Any
 import psutil
 
 from graphdist._exceptions import StateError
+from graphdist._fleet.process import STOP_GRACE_S, stop_all
 
 __all__ = [
     "STATE_DIR_ENV",
@@ -75,6 +74,9 @@ class ProcessRef:
             )
         except psutil.Error:
             return False
+
+    def running(self) -> bool:  # what graphdist._fleet.process.stop_all asks
+        return self.alive()
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` only if this is still the same process."""
@@ -175,19 +177,7 @@ def clear_state(state_dir: str) -> None:
     shutil.rmtree(state_dir, ignore_errors=True)
 
 
-def stop_processes(refs: Iterable[ProcessRef], grace_s: float = 3.0) -> list[ProcessRef]:
-    """SIGTERM each live process, wait up to ``grace_s``, SIGKILL the rest; return survivors."""
-    live = [r for r in refs if r.alive()]
-    for ref in live:
-        ref.signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while live and time.monotonic() < deadline:
-        time.sleep(0.05)
-        live = [r for r in live if r.alive()]
-    for ref in live:
-        ref.signal(signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while live and time.monotonic() < deadline:
-        time.sleep(0.05)
-        live = [r for r in live if r.alive()]
-    return live
+def stop_processes(refs: Iterable[ProcessRef], grace_s: float = STOP_GRACE_S) -> list[ProcessRef]:
+    """SIGTERM each live process, wait up to ``grace_s``, SIGKILL the rest; return survivors
+    (see :func:`graphdist._fleet.process.stop_all`)."""
+    return stop_all(refs, grace_s)
