@@ -43,7 +43,7 @@ from graphdist._exceptions import (
     LaunchTimeoutError,
     TaskExitError,
 )
-from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library
+from graphdist._fleet.loopback import server_bind_address, shim_env
 from graphdist._fleet.process import set_parent_death_signal, stop_all
 from graphdist._validate import timeout_s as check_timeout_s
 
@@ -204,8 +204,6 @@ def run_command(
     served = [job for job in ("worker", "ps") if ps and job in cluster]
     out = _Output(sys.stdout if output is None else output)
     base_env = {**os.environ, **(env or {}), "TF_USE_LEGACY_KERAS": "1"}
-    if not expose:
-        base_env["LD_PRELOAD"] = loopback_library()
 
     fleet = LocalFleet(cluster, jobs=served, expose=expose) if served else None
     procs: list[_TaskProcess] = []
@@ -213,11 +211,12 @@ def run_command(
         if fleet is not None:
             fleet.start()
         for task in runners:
+            address = server_bind_address(task, expose=expose)
             task_env = {
                 **base_env,
+                **(shim_env(address) if address is not None else {}),
                 "TF_CONFIG": tf_config(cluster, task.job, task.index).to_json(),
                 "GRAPHDIST_TASK": task.name,
-                BIND_ADDR_ENV: "127.0.0.1",
             }
             procs.append(_TaskProcess(task, command, task_env, out))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

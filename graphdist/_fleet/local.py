@@ -32,7 +32,7 @@ from graphdist._exceptions import (
 from graphdist._fleet.base import Fleet, FleetState, TaskView
 from graphdist._fleet.forkserver import process_class
 from graphdist._fleet.gpus import GpuPlan, plan_gpus
-from graphdist._fleet.loopback import BIND_ADDR_ENV, bind_address_for, loopback_library
+from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
 from graphdist._fleet.probe import Prober
 from graphdist._fleet.process import STOP_GRACE_S
 from graphdist._fleet.server import EXIT_PORT_IN_USE, fleet_child
@@ -105,13 +105,7 @@ def check_hosts_and_ports(cluster: Cluster) -> None:
 def check_loopback(cluster: Cluster) -> None:
     """Raise ClusterSpecError if a task is not on a loopback host (needed unless exposed)."""
     for task in cluster:
-        if bind_address_for(task.host) is None:
-            raise ClusterSpecError(
-                f"Task {task.job}:{task.index} is on {task.host!r}, which is not a loopback "
-                "address; servers stay on loopback unless you pass expose=True (CLI: --expose), "
-                "which makes them reachable from the network without authentication",
-                task.address,
-            )
+        server_bind_address(task, expose=False)
 
 
 class FleetTask(TaskView):
@@ -281,8 +275,8 @@ class LocalFleet(Fleet[FleetTask]):
 
     def _task_env(self, task: Task) -> dict[str, str]:
         env = dict(self._env)
-        address = bind_address_for(task.host)
-        if not self.expose and address is not None:
+        address = server_bind_address(task, expose=self.expose)
+        if address is not None:  # the fork server carries the shim; this tells it the address
             env[BIND_ADDR_ENV] = address
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus[(task.job, task.index)]))

@@ -15,15 +15,23 @@ import hashlib
 import ipaddress
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 from importlib import resources
 
-from graphdist._exceptions import LoopbackUnavailableError
+from graphdist._cluster import Task
+from graphdist._exceptions import ClusterSpecError, LoopbackUnavailableError
 
-__all__ = ["BIND_ADDR_ENV", "bind_address_for", "loopback_library"]
+__all__ = [
+    "BIND_ADDR_ENV",
+    "bind_address_for",
+    "loopback_library",
+    "server_bind_address",
+    "shim_env",
+]
 
 BIND_ADDR_ENV = "GRAPHDIST_BIND_ADDR"
 _lock = threading.Lock()
@@ -83,3 +91,41 @@ def bind_address_for(host: str) -> str | None:
     if isinstance(ip, ipaddress.IPv4Address) and ip.is_loopback:
         return str(ip)
     return None
+
+
+def server_bind_address(task: Task, *, expose: bool, allow_own_host: bool = False) -> str | None:
+    """Where the server of ``task`` listens: the one place graphdist decides it.
+
+    ``None`` with ``expose`` (TensorFlow's own default: every interface). Otherwise the loopback
+    address of a loopback host (``localhost`` and ``[::1]`` → ``127.0.0.1``); with
+    ``allow_own_host`` (a server on a real host, a Ray actor on its node) the IPv4 address the
+    task's host resolves to; anything else raises :class:`ClusterSpecError` naming the task.
+    """
+    if expose:
+        return None
+    address = bind_address_for(task.host)
+    if address is not None:
+        return address
+    if not allow_own_host:
+        raise ClusterSpecError(
+            f"Task {task.job}:{task.index} is on {task.host!r}, which is not a loopback "
+            "address; servers stay on loopback unless you pass expose=True (CLI: --expose), "
+            "which makes them reachable from the network without authentication",
+            task.address,
+        )
+    host = task.host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, task.port, socket.AF_INET, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ClusterSpecError(
+            f"Host {host!r} of task {task.job}:{task.index} does not resolve to an IPv4 address "
+            f"({exc.strerror}); use --bind-all to listen on every interface",
+            task.address,
+        ) from None
+    return str(infos[0][4][0])
+
+
+def shim_env(address: str) -> dict[str, str]:
+    """The environment that makes a process's servers bind ``address`` instead of the wildcard
+    (builds the shim on first use; raises :class:`LoopbackUnavailableError` where it cannot)."""
+    return {"LD_PRELOAD": loopback_library(), BIND_ADDR_ENV: address}

@@ -29,7 +29,7 @@ from typing import Any
 from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import ArgumentError, ClusterSpecError, StartTimeoutError
 from graphdist._fleet.base import Fleet, TaskView
-from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library
+from graphdist._fleet.loopback import server_bind_address, shim_env
 from graphdist._fleet.probe import Prober
 from graphdist._validate import timeout_ms, timeout_s
 
@@ -192,16 +192,18 @@ class RayFleet(Fleet[RayTask]):
         self.cluster = Cluster(jobs)
         actor_class = ray.remote(_ServerActor)
         spec = self.cluster.as_dict()
-        for i, ((job, index), (ip, _, node)) in enumerate(zip(names, spots, strict=True)):
+        for i, ((job, index), (_, _, node)) in enumerate(zip(names, spots, strict=True)):
             options: dict[str, Any] = {
                 "scheduling_strategy": on_bundle[i],
                 "num_cpus": self.cpus_per_task,
                 "max_restarts": -1,
                 "name": f"graphdist-{os.getpid()}-{id(self):x}-{job}-{index}",
             }
-            if not self.expose:
-                env = {"LD_PRELOAD": loopback_library(), BIND_ADDR_ENV: ip}
-                options["runtime_env"] = {"env_vars": env}
+            address = server_bind_address(
+                self.cluster.task(job, index), expose=self.expose, allow_own_host=True
+            )
+            if address is not None:
+                options["runtime_env"] = {"env_vars": shim_env(address)}
             actor = actor_class.options(**options).remote(spec, job, index)
             self._tasks[(job, index)] = RayTask(self.cluster.task(job, index), actor, node, i)
 

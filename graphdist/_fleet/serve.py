@@ -10,34 +10,19 @@ spec (through the same ``bind()`` shim a local fleet uses, loaded by re-executin
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 
-from graphdist._cluster import Cluster, Task
-from graphdist._exceptions import ClusterSpecError, PortInUseError
-from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library
+from graphdist._cluster import Cluster
+from graphdist._exceptions import PortInUseError
+from graphdist._fleet.loopback import BIND_ADDR_ENV, server_bind_address, shim_env
 from graphdist._fleet.signals import stop_on_signals
 from graphdist._ports import is_port_free, port_holder
 
-__all__ = ["bind_address", "serve", "slurm_task"]
+__all__ = ["serve", "slurm_task"]
 
 _SHIMMED_ENV = "GRAPHDIST_SERVE_SHIMMED"
-
-
-def bind_address(task: Task) -> str:
-    """The IPv4 address ``task``'s host resolves to (the one the server will bind)."""
-    host = task.host.strip("[]")
-    try:
-        infos = socket.getaddrinfo(host, task.port, socket.AF_INET, socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise ClusterSpecError(
-            f"Host {host!r} of task {task.job}:{task.index} does not resolve to an IPv4 address "
-            f"({exc.strerror}); use --bind-all to listen on every interface",
-            task.address,
-        ) from None
-    return str(infos[0][4][0])
 
 
 def slurm_task(
@@ -72,13 +57,9 @@ def serve(cluster: Cluster, job: str, index: int, *, bind_all: bool, argv: Seque
 
     task = cluster.task(job, index)
     if not bind_all and os.environ.get(_SHIMMED_ENV) != "1":
-        address = bind_address(task)
-        env = {
-            **os.environ,
-            "LD_PRELOAD": loopback_library(),
-            BIND_ADDR_ENV: address,
-            _SHIMMED_ENV: "1",
-        }
+        address = server_bind_address(task, expose=False, allow_own_host=True)
+        assert address is not None  # not exposed: an address or an error
+        env = {**os.environ, **shim_env(address), _SHIMMED_ENV: "1"}
         os.execve(sys.executable, [sys.executable, "-m", "graphdist", *argv], env)
     if not is_port_free(task.port):
         holder = port_holder(task.port)
