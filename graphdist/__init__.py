@@ -45,7 +45,7 @@ from graphdist._exceptions import (
     UsageError,
     VariableError,
 )
-from graphdist._fleet.base import Fleet, FleetState, ReopeningSession, TaskView
+from graphdist._fleet.base import Fleet, FleetState, ReopeningSession, TaskExit, TaskView
 from graphdist._fleet.detached import DetachedFleet, attach
 from graphdist._fleet.gpus import available_gpus
 from graphdist._fleet.health import TaskHealth
@@ -103,6 +103,7 @@ __all__ = [
     "TFConfig",
     "TFConfigError",
     "Task",
+    "TaskExit",
     "TaskExitError",
     "TaskFailedError",
     "TaskHealth",

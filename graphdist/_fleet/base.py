@@ -9,7 +9,9 @@ Lifecycle (:class:`Fleet` owns it, as dask's ``SpecCluster`` does for its subcla
 times; ``start()`` once), a failed start stops every task it started and re-raises, a fleet left
 running when it is garbage-collected warns with ``ResourceWarning`` and is closed, and an
 ``atexit`` sweep closes every fleet this process still runs. ``kill()``, ``restart()`` and
-``health()`` work the same on every backend.
+``health()`` work the same on every backend, and so does the watcher: ``watch(callback)`` hears of
+every task death within ``watch_interval_s`` (0.1 s), the seam that supervisors and fast failure
+build on.
 
 A backend supplies only its primitives: ``_launch()`` (create the task handles and start every
 task), ``_wait_ready(tasks, timeout_s)`` (return once each answers over gRPC, else raise naming the
@@ -28,10 +30,12 @@ import enum
 import logging
 import os
 import signal
+import threading
+import time
 import warnings
 import weakref
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 
 from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import (
@@ -51,7 +55,7 @@ from graphdist._validate import timeout_ms
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["Fleet", "FleetState", "ReopeningSession", "TaskHandle", "TaskView"]
+__all__ = ["Fleet", "FleetState", "ReopeningSession", "TaskExit", "TaskHandle", "TaskView"]
 
 log = logging.getLogger("graphdist.fleet")
 _FleetT = TypeVar("_FleetT", bound="Fleet[Any]")  # typing.Self needs Python 3.11
@@ -108,6 +112,17 @@ def _is_task_failure(exc: BaseException) -> bool:
     from graphdist._graph.session import TASK_FAILURE_ERRORS
 
     return type(exc).__name__ in TASK_FAILURE_ERRORS
+
+
+class TaskExit(NamedTuple):
+    """A task death the fleet's watcher saw: ``task`` (``"job:index"``), its ``pid``, its
+    ``exitcode`` (negative: killed by that signal; ``None`` if the backend cannot tell) and when
+    (``time.monotonic()``)."""
+
+    task: str
+    pid: int | None
+    exitcode: int | None
+    at: float
 
 
 class TaskHandle(Protocol):
@@ -183,6 +198,13 @@ class Fleet(Generic[_TaskT]):
         self.state = FleetState.CREATED
         self._owner_pid = os.getpid()
         self._tasks = {}
+        self._init_watcher()
+
+    def _init_watcher(self) -> None:
+        self._watch_lock = threading.Lock()
+        self._watchers: list[Callable[[_TaskT], None]] = []
+        self._watch_thread: threading.Thread | None = None
+        self._exits: list[TaskExit] = []
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -462,6 +484,49 @@ class Fleet(Generic[_TaskT]):
     def dead_tasks(self) -> list[_TaskT]:
         """Tasks whose process has exited."""
         return [t for t in self._tasks.values() if t.pid is not None and not t.alive]
+
+    # -- the watcher: the fleet knows when a task dies -------------------------------------------
+
+    #: Seconds between two looks at every task's process (a backend may change it).
+    watch_interval_s: float = 0.1
+
+    def watch(self, callback: Callable[[_TaskT], None]) -> None:
+        """Call ``callback(task)`` (from a watcher thread) each time a task of this running fleet
+        is seen dead, once per death: a restarted task that dies again is reported again.
+        The watcher starts with the first callback and ends when the fleet closes."""
+        with self._watch_lock:
+            self._watchers.append(callback)
+            if self._watch_thread is None:
+                self._watch_thread = threading.Thread(
+                    target=self._watch_loop, name=f"graphdist-watch-{id(self):x}", daemon=True
+                )
+                self._watch_thread.start()
+
+    def task_exits(self) -> list[TaskExit]:
+        """Every death the watcher saw, oldest first (empty until :meth:`watch` is called)."""
+        with self._watch_lock:
+            return list(self._exits)
+
+    def _watch_loop(self) -> None:
+        seen: dict[str, int | None] = {}  # task name -> pid reported dead
+        while self.state in (FleetState.STARTING, FleetState.RUNNING):
+            for task in list(self._tasks.values()):
+                if task.pid is None or seen.get(task.name) == task.pid or task.alive:
+                    continue
+                if self.state is not FleetState.RUNNING:
+                    break
+                seen[task.name] = task.pid
+                event = TaskExit(task.name, task.pid, task.exitcode, time.monotonic())
+                with self._watch_lock:
+                    self._exits.append(event)
+                    callbacks = list(self._watchers)
+                log.info("watcher: %s (pid %s) exited with %s", task.name, task.pid, task.exitcode)
+                for callback in callbacks:
+                    try:
+                        callback(task)
+                    except Exception:  # a listener's bug must not stop the watcher
+                        log.exception("fleet watcher callback %r failed", callback)
+            time.sleep(self.watch_interval_s)
 
     def _job_or_only(self, job: str | None) -> str:
         if job is not None:

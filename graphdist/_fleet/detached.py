@@ -243,6 +243,7 @@ class DetachedFleet(Fleet[DetachedTask]):
     def __init__(
         self, state_dir: str, record: FleetRecord, *, operation_timeout_ms: int | None = None
     ) -> None:
+        self._init_watcher()
         self.state_dir = state_dir
         self.supervisor = record.supervisor
         self.cluster = Cluster.parse(record.cluster)
