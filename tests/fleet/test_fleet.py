@@ -176,3 +176,199 @@ def test_servers_exit_when_the_owner_is_killed(attempt):
         if owner.poll() is None:
             owner.kill()
             owner.wait()
+
+
+# -- readiness: a ready signal first, then a real gRPC answer ------------------------------------
+
+
+def test_start_returns_only_once_every_server_answers_grpc(graphdist_fleet_factory):
+    from graphdist._fleet.probe import Prober
+
+    fleet = graphdist_fleet_factory("local=3,ps=1")
+    for task in fleet.tasks:
+        with Prober(task.address) as prober:  # no retry, no wait: it answers right now
+            assert prober.probe(5.0), prober.last_error
+
+
+class _GetStatusServer:
+    """A gRPC server on 127.0.0.1 that answers TensorFlow's GetStatus with empty bytes."""
+
+    def __init__(self):
+        import concurrent.futures
+
+        import grpc
+
+        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
+        answer = grpc.unary_unary_rpc_method_handler(lambda request, context: b"")
+        self.server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    "tensorflow.WorkerService", {"GetStatus": answer}
+                ),
+            )
+        )
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def stop(self):
+        self.server.stop(None)
+
+
+class _Starting:
+    """A made-up starting task: its address, the owner's end of its ready channel (or None)."""
+
+    def __init__(self, address, channel=None, alive=True):
+        self.address = address
+        self.channel = channel
+        self.is_alive = alive
+
+
+def _wait(tasks, timeout_s):
+    from graphdist._fleet.probe import wait_serving
+
+    return wait_serving(
+        tasks,
+        address=lambda t: t.address,
+        ready_fd=lambda t: None if t.channel is None else t.channel.fileno(),
+        alive=lambda t: t.is_alive,
+        timeout_s=timeout_s,
+    )
+
+
+def _free_address():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_ready_signal_alone_is_not_ready_a_grpc_answer_is():
+    server = _GetStatusServer()
+    pairs = [socket.socketpair() for _ in range(3)]
+    try:
+        up = _Starting(server.address, pairs[0][0])
+        silent = _Starting(_free_address(), pairs[1][0])  # says it is up; nothing answers there
+        polled = _Starting(server.address)  # no channel: called until it answers
+        waiting = _Starting(server.address, pairs[2][0])  # never says anything
+        for _, theirs in pairs[:2]:
+            theirs.send(b"R")
+        outcome = _wait([up, silent, polled], timeout_s=1.5)
+        assert (outcome.ready, outcome.late, outcome.exited) == (2, silent, None)
+        assert "UNAVAILABLE" in outcome.last_error or "DEADLINE" in outcome.last_error
+        outcome = _wait([waiting], timeout_s=0.3)
+        assert (outcome.ready, outcome.late) == (0, waiting)
+        assert outcome.last_error == "it never said its server was up"
+    finally:
+        server.stop()
+        for ours, theirs in pairs:
+            ours.close()
+            theirs.close()
+
+
+def test_a_process_that_ends_before_it_is_up_is_reported_at_once():
+    server = _GetStatusServer()
+    ours, theirs = socket.socketpair()
+    ours2, theirs2 = socket.socketpair()
+    try:
+        ended = _Starting(server.address, ours, alive=False)
+        up = _Starting(server.address, ours2)
+        theirs2.send(b"R")
+        theirs.close()  # the process ended: its end of the channel closed, no byte sent
+        outcome = _wait([up, ended], timeout_s=30)
+        assert outcome.exited is ended and outcome.late is None
+    finally:
+        server.stop()
+        for s in (ours, ours2, theirs2):
+            s.close()
+
+
+def test_a_server_that_dies_while_starting_is_named_and_nothing_is_left(tmp_path):
+    # local:1 cannot open its log (the path is a folder): its process ends before its server
+    # exists, while local:0 starts normally.
+    (tmp_path / "local-1.log").mkdir()
+    fleet = graphdist.LocalFleet("local=2", log_dir=tmp_path)
+    with pytest.raises(graphdist.FleetStartError) as info:
+        fleet.start()
+    assert info.value.task == "local:1"
+    assert "exited with code 1 while starting" in str(info.value)
+    assert fleet.state in (graphdist.FleetState.FAILED, graphdist.FleetState.CLOSED)
+    assert all(is_gone(t.pid) for t in fleet.tasks if t.pid)
+
+
+def test_a_dead_fork_server_is_replaced():
+    code = textwrap.dedent(
+        """
+        import os, signal, psutil, graphdist
+        fleet = graphdist.LocalFleet("local=1").start()
+        first = psutil.Process(fleet.pids[0]).ppid()
+        fleet.close()
+        os.kill(first, signal.SIGKILL)
+        psutil.Process(first).wait(30)
+        fleet = graphdist.LocalFleet("local=2").start()
+        second = {psutil.Process(p).ppid() for p in fleet.pids}
+        fleet.close()
+        assert second != {first} and len(second) == 1, (first, second)
+        print("OK")
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, **QUIET_TF},
+    )
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_servers_get_the_malloc_settings_unless_the_owner_chose_its_own():
+    from graphdist._fleet.forkserver import MALLOC_TUNABLES, _fork_server_env
+
+    env, added = _fork_server_env("")
+    if "GLIBC_TUNABLES" in os.environ:
+        assert added == [] and env["GLIBC_TUNABLES"] == os.environ["GLIBC_TUNABLES"]
+    else:
+        assert added == ["GLIBC_TUNABLES"] and env["GLIBC_TUNABLES"] == MALLOC_TUNABLES
+    assert "LD_PRELOAD" not in env
+    env, _ = _fork_server_env("/lib/shim.so")
+    assert env["LD_PRELOAD"] == "/lib/shim.so"
+
+
+def test_a_server_process_handle_reads_its_status_once_whichever_thread_asks():
+    import struct
+    import threading
+
+    from graphdist._fleet.forkserver import FORK_FAILED, ServerProcess
+
+    status_r, status_w = os.pipe()
+    owner_end, child_end = socket.socketpair()
+    handle = ServerProcess("x", status_r, owner_end)
+    assert handle.is_alive() and handle.exitcode is None  # not forked yet: not dead either
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(handle.pid)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    os.write(status_w, struct.pack("q", 4321))
+    for t in threads:
+        t.join(10)
+    assert seen == [4321] * 4
+    checks = [threading.Thread(target=lambda: handle.join(10)) for _ in range(3)]
+    for t in checks:
+        t.start()
+    os.write(status_w, struct.pack("q", -9))
+    for t in checks:
+        t.join(15)
+    assert (handle.pid, handle.exitcode, handle.is_alive()) == (4321, -9, False)
+    assert handle.ready_fd == owner_end.fileno()  # the channel outlives the status pipe
+    handle.close_channel()
+    assert handle.ready_fd is None
+    os.close(status_w)
+    child_end.close()
+
+    # A fork server that dies before it forks: the status pipe ends with no pid.
+    status_r, status_w = os.pipe()
+    owner_end, child_end = socket.socketpair()
+    orphan = ServerProcess("y", status_r, owner_end)
+    os.close(status_w)
+    assert (orphan.pid, orphan.exitcode) == (None, FORK_FAILED)
+    child_end.close()
