@@ -33,7 +33,7 @@ from graphdist._fleet.base import Fleet, FleetState, TaskView
 from graphdist._fleet.forkserver import process_class
 from graphdist._fleet.gpus import GpuPlan, plan_gpus
 from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
-from graphdist._fleet.probe import wait_serving
+from graphdist._fleet.probe import Prober
 from graphdist._fleet.process import STOP_GRACE_S
 from graphdist._fleet.server import EXIT_PORT_IN_USE, fleet_child
 from graphdist._ports import is_port_free, port_holder, release_ports
@@ -133,9 +133,11 @@ class FleetTask(TaskView):
         return read_log_tail(self.log_path, lines)
 
     def _start(self, process_class: Any, spec: dict[str, Any]) -> None:
-        # Returns at once: the fork server forks the child when it gets to it (after its
-        # TensorFlow import, on a cold start), so every task's request is out before any waits.
-        self._process = process_class.spawn(fleet_child, (spec,), name=f"graphdist-{self.name}")
+        self._process = process_class(
+            target=fleet_child, args=(spec,), name=f"graphdist-{self.name}"
+        )
+        self._process.daemon = False
+        self._process.start()
 
     def _signal(self, sig: int) -> None:
         if self._process is not None and self._process.is_alive():
@@ -309,33 +311,36 @@ class LocalFleet(Fleet[FleetTask]):
         log.debug("started %r", ft)
 
     def _wait_ready(self, pending: list[FleetTask], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        probers = {ft.name: Prober(ft.address) for ft in pending}
+        expected = len(pending)
         try:
-            outcome = wait_serving(
-                pending,
-                address=lambda ft: ft.address,
-                ready_fd=lambda ft: ft._process.ready_fd,
-                alive=lambda ft: ft.alive,
-                timeout_s=timeout_s,
-                retry_s=_POLL_S,
-            )
+            while pending:
+                for ft in list(pending):
+                    if not ft.alive:
+                        raise self._start_failure(ft)
+                    if probers[ft.name].probe(timeout_s=0.5):
+                        pending.remove(ft)
+                if not pending:
+                    break
+                if time.monotonic() > deadline:
+                    ft = pending[0]
+                    raise StartTimeoutError(
+                        f"{expected - len(pending)} of {expected} servers answered within "
+                        f"{timeout_s:g} s; {ft.job}:{ft.index} at {ft.address} did not "
+                        f"(last gRPC error: {probers[ft.name].last_error}); raise start_timeout_s "
+                        "if the machine is slow",
+                        ready=expected - len(pending),
+                        expected=expected,
+                        timeout_s=timeout_s,
+                        task=f"{ft.job}:{ft.index}",
+                        address=ft.address,
+                        log_tail=ft.log_tail(),
+                    )
+                time.sleep(_POLL_S)
         finally:
-            for ft in pending:
-                ft._process.close_channel()
-        if outcome.exited is not None:
-            raise self._start_failure(outcome.exited)
-        if outcome.late is not None:
-            ft, expected = outcome.late, len(pending)
-            raise StartTimeoutError(
-                f"{outcome.ready} of {expected} servers answered within {timeout_s:g} s; "
-                f"{ft.job}:{ft.index} at {ft.address} did not (last gRPC error: "
-                f"{outcome.last_error}); raise start_timeout_s if the machine is slow",
-                ready=outcome.ready,
-                expected=expected,
-                timeout_s=timeout_s,
-                task=f"{ft.job}:{ft.index}",
-                address=ft.address,
-                log_tail=ft.log_tail(),
-            )
+            for prober in probers.values():
+                prober.close()
 
     def _start_failure(self, ft: FleetTask) -> FleetStartError:
         ft._join(1.0)

@@ -8,15 +8,15 @@ fleet's owner must be able to pickle a reference to :func:`fleet_child` without 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import select
 import signal
 import sys
+import threading
 import time
 import traceback
-from typing import Any, NoReturn
-
-from graphdist._fleet.process import set_parent_death_signal
+from typing import Any
 
 __all__ = [
     "EXIT_PORT_IN_USE",
@@ -30,6 +30,7 @@ __all__ = [
 EXIT_START_FAILED = 3
 EXIT_PORT_IN_USE = 4
 READY_MARKER = "graphdist: server ready"
+_PR_SET_PDEATHSIG = 1
 _OWNER_POLL_S = 0.25
 
 
@@ -45,55 +46,41 @@ def _redirect_output(log_path: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
-def _tie_to_owner(owner_pid: int) -> int | None:
-    """Make sure this process does not outlive ``owner_pid``; exit now if it is already gone.
+def _exit_with(owner_pid: int) -> None:
+    """Make this process exit as soon as ``owner_pid`` does, whatever killed the owner.
 
     The owner is not our parent (the fork server is), so ``PR_SET_PDEATHSIG`` alone would not
-    do: it covers the fork server dying. For the owner, this opens a pidfd (exact, immune to pid
-    reuse), which :func:`_serve_until_owner_exits` waits on once the server runs; ``None`` where
-    pidfds are unavailable (that function then polls).
+    do: it covers the fork server dying, and a watcher thread covers the owner. The watcher waits
+    on a pidfd (exact, no polling, immune to pid reuse) and falls back to polling.
     """
-    set_parent_death_signal(signal.SIGKILL)
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    pidfd: int | None
     try:
-        return os.pidfd_open(owner_pid)
+        pidfd = os.pidfd_open(owner_pid)
     except ProcessLookupError:
         os._exit(EXIT_START_FAILED)  # the owner is already gone
     except (OSError, AttributeError):
-        if not _pid_exists(owner_pid):
-            os._exit(EXIT_START_FAILED)
-        return None
+        pidfd = None
 
+    def watch() -> None:
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(owner_pid, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    pass
+                time.sleep(_OWNER_POLL_S)
+        print(f"graphdist: owner process {owner_pid} is gone; exiting", flush=True)
+        os._exit(0)
 
-def _serve_until_owner_exits(owner_pid: int, pidfd: int | None) -> NoReturn:
-    """Block this (main) thread until ``owner_pid`` is gone, then exit; the server serves from
-    its own threads meanwhile. SIGTERM and SIGINT end the process as they always do."""
-    if pidfd is not None:
-        select.select([pidfd], [], [])
-    else:
-        while _pid_exists(owner_pid):
-            time.sleep(_OWNER_POLL_S)
-    print(f"graphdist: owner process {owner_pid} is gone; exiting", flush=True)
-    os._exit(0)
-
-
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def _notify_ready(ready_fd: int | None) -> None:
-    """Tell the owner this server is up (one byte on the fork server's channel, then its end)."""
-    if ready_fd is None:
-        return
-    with contextlib.suppress(OSError):  # the owner stopped waiting: nothing to tell
-        os.write(ready_fd, b"R")
-    with contextlib.suppress(OSError):
-        os.close(ready_fd)
+    threading.Thread(target=watch, name="graphdist-owner-watch", daemon=True).start()
 
 
 def start_server(
@@ -127,16 +114,14 @@ def run_server(
     start_server(cluster, job, index, config=config).join()
 
 
-def fleet_child(spec: dict[str, Any], ready_fd: int | None = None) -> None:
+def fleet_child(spec: dict[str, Any]) -> None:
     """Entry point of a fleet's server process (runs in a child of the fork server).
 
     ``spec`` holds ``cluster``, ``job``, ``index``, ``log_path``, ``owner_pid``, ``env`` and
-    ``config``; once the server runs, one byte goes to ``ready_fd`` (the fork server's channel to
-    the owner). Serves until the owner is gone or a signal ends it. Exit codes:
-    :data:`EXIT_PORT_IN_USE`, :data:`EXIT_START_FAILED`.
+    ``config``. Exit codes: :data:`EXIT_PORT_IN_USE`, :data:`EXIT_START_FAILED`.
     """
     _redirect_output(spec["log_path"])
-    owner_pidfd = _tie_to_owner(spec["owner_pid"])
+    _exit_with(spec["owner_pid"])
     # A fresh signal state: the fork server ignores SIGINT; a server should die on SIGTERM/SIGINT.
     # The owner may block signals (the supervisor does, to sigwait); masks survive fork and exec.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
@@ -157,6 +142,7 @@ def fleet_child(spec: dict[str, Any], ready_fd: int | None = None) -> None:
             f"{READY_MARKER}: /job:{spec['job']}/task:{spec['index']} at {server.target}",
             flush=True,
         )
+        server.join()
     except BaseException as exc:
         traceback.print_exc()
         sys.stdout.flush()
@@ -164,5 +150,3 @@ def fleet_child(spec: dict[str, Any], ready_fd: int | None = None) -> None:
         text = str(exc)
         in_use = "Could not start gRPC server" in text or "Address already in use" in text
         os._exit(EXIT_PORT_IN_USE if in_use else EXIT_START_FAILED)
-    _notify_ready(ready_fd)
-    _serve_until_owner_exits(spec["owner_pid"], owner_pidfd)
