@@ -19,8 +19,8 @@ import argparse
 import json
 import os
 import statistics
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypedDict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -31,6 +31,34 @@ FLOOR_SPREAD_LIMIT = 0.25
 """The most the floor may vary between its repeats, as a fraction of their median
 ((max - min) / median; 0.25 = 25 %), before a run is reported as noisy."""
 WARNING = "Warning: "
+
+
+class Figures(TypedDict, total=False):
+    """One start-up figure (``startup.summarize``): the median ``seconds`` over its repeats,
+    ``runs_s`` (every repeat, in the order measured) and, where measured, the median memory of
+    the server processes."""
+
+    seconds: float
+    runs_s: list[float]
+    pss_mib: float
+    rss_mib: float
+
+
+class Latency(TypedDict):
+    """Milliseconds per step (``master_choice.summarize``)."""
+
+    median_ms: float
+    p99_ms: float
+    mean_ms: float
+    steps: int
+
+
+class Bandwidth(TypedDict):
+    """Task-to-task transfer of one tensor size (``transfer.measure``), with its ceiling."""
+
+    mb: int
+    gb_per_s: float
+    in_process_gb_per_s: float
 
 
 def quiet_tensorflow(level: str = "2") -> None:
@@ -58,8 +86,18 @@ def spread(values: list[float]) -> float:
     return (max(values) - min(values)) / median if median else float("inf")
 
 
+def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of ``ys`` against ``xs`` (0.0 when every x is the same)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else 0.0
+
+
 def floor_warnings(
-    floor: dict[str, Any], figures: Iterable[tuple[str, float]], limit: float = FLOOR_SPREAD_LIMIT
+    floor: Mapping[str, Any],
+    figures: Iterable[tuple[str, float]],
+    limit: float = FLOOR_SPREAD_LIMIT,
 ) -> list[str]:
     """The warnings of a run whose floor is ``floor`` (``seconds``: the median, ``runs_s``: every
     repeat) and whose start-up figures are ``figures`` (label, seconds); empty for a clean run."""

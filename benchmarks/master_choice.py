@@ -16,7 +16,10 @@ import statistics
 import time
 from typing import Any
 
-from _common import add_json_option, quiet_tensorflow, write_json
+try:
+    from ._common import Latency, add_json_option, quiet_tensorflow, write_json
+except ImportError:  # run as a script, or imported with benchmarks/ on sys.path
+    from _common import Latency, add_json_option, quiet_tensorflow, write_json
 
 quiet_tensorflow()
 
@@ -31,7 +34,7 @@ def timed_steps(sess: Any, fetch: Any, steps: int) -> list[float]:
     return out
 
 
-def summarize(samples: list[float]) -> dict[str, float]:
+def summarize(samples: list[float]) -> Latency:
     ordered = sorted(samples)
     return {
         "median_ms": statistics.median(ordered),
@@ -41,7 +44,7 @@ def summarize(samples: list[float]) -> dict[str, float]:
     }
 
 
-def measure(steps: int = 1000, rounds: int = 5) -> dict[str, dict[str, float]]:
+def measure(steps: int = 1000, rounds: int = 5) -> dict[str, Latency]:
     """Per-step latency of the split graph for each session kind (see the module docstring)."""
     import tensorflow as tf
 
@@ -70,7 +73,7 @@ def measure(steps: int = 1000, rounds: int = 5) -> dict[str, dict[str, float]]:
     return {name: summarize(values) for name, values in samples.items()}
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+def main(argv: list[str] | None = None) -> dict[str, Latency]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="steps per session kind")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (5)")

@@ -14,7 +14,10 @@ import argparse
 import io
 import os
 
-from _common import REPO, add_json_option, write_json
+try:
+    from ._common import REPO, add_json_option, write_json
+except ImportError:  # run as a script, or imported with benchmarks/ on sys.path
+    from _common import REPO, add_json_option, write_json
 
 import graphdist
 

@@ -11,7 +11,15 @@ The floor is measured at least ``FLOOR_REPEATS`` (3) times; a run whose floor va
 ``FLOOR_SPREAD_LIMIT`` between its repeats, or with a figure under its floor, prints a warning
 (``_common.floor_warnings``).
 
+``side_by_side`` is the head-to-head the suite puts first, measured in interleaved rounds: a
+cold LocalFleet (a fresh process that starts the fleet, closes it and exits) against a cold
+``create_local_cluster`` (a fresh process that starts its servers, checks each answers and exits),
+at each size, and a warm LocalFleet ``start()`` (a second fleet in a process whose fork server is
+already up). Each round also measures the floor, and every figure is the median over the rounds.
+
     python benchmarks/startup.py [--sizes 1 4 8] [--repeats 3] [--json out.json]
+    python benchmarks/startup.py --side-by-side [--sizes 8 16] [--repeats 3]
+    python -m benchmarks.startup ...
 """
 
 from __future__ import annotations
@@ -26,9 +34,30 @@ import tempfile
 import textwrap
 import threading
 import time
-from typing import Any
+from typing import Any, TypedDict
 
-from _common import FLOOR_REPEATS, HERE, add_json_option, floor_warnings, write_json
+try:
+    from ._common import (
+        FLOOR_REPEATS,
+        HERE,
+        Figures,
+        add_json_option,
+        floor_warnings,
+        slope,
+        spread,
+        write_json,
+    )
+except ImportError:  # run as a script, or imported with benchmarks/ on sys.path
+    from _common import (
+        FLOOR_REPEATS,
+        HERE,
+        Figures,
+        add_json_option,
+        floor_warnings,
+        slope,
+        spread,
+        write_json,
+    )
 
 QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
@@ -85,11 +114,13 @@ LABELS = {
 }
 
 
-def time_to_ready(code: str, *args: str, timeout_s: float = 180.0) -> tuple[float, dict[str, Any]]:
-    """Seconds from launching ``python -c code`` (or ``python FILE`` when ``code`` is a path)
-    until it prints READY, and the JSON it printed after READY (memory figures, may be empty).
-    Raises RuntimeError, with the end of the child's stderr, if it exits first or takes over
-    ``timeout_s``."""
+def run_child(
+    code: str, *args: str, timeout_s: float = 180.0
+) -> tuple[float, float, dict[str, Any]]:
+    """Launch ``python -c code`` (or ``python FILE`` when ``code`` is a path) and return the
+    seconds until it printed READY, the seconds until it exited, and the JSON it printed after
+    READY (may be empty). Raises RuntimeError, with the end of the child's stderr, if it exits
+    before READY, fails after it, or takes over ``timeout_s``."""
     argv = [code] if code.endswith(".py") else ["-c", code]
     with tempfile.TemporaryFile("w+") as stderr:
         start = time.perf_counter()
@@ -106,19 +137,39 @@ def time_to_ready(code: str, *args: str, timeout_s: float = 180.0) -> tuple[floa
         try:
             for line in proc.stdout:
                 if line.startswith("READY"):
-                    elapsed = time.perf_counter() - start
+                    ready = time.perf_counter() - start
                     extra = line[len("READY") :].strip()
                     break
             else:
                 status = proc.wait()
-                stderr.seek(0)
-                tail = "".join(stderr.readlines()[-10:])
-                raise RuntimeError(f"benchmark child exited with {status} before READY:\n{tail}")
+                raise RuntimeError(
+                    f"benchmark child exited with {status} before READY:\n{_tail(stderr)}"
+                )
+            # A fleet's fork server shares this pipe and may outlive its owner by a moment: the
+            # figure is the owner's own exit, and the pipe's end is awaited only after it, so that
+            # the next measurement starts on a quiet machine.
+            drain = threading.Thread(target=proc.stdout.read, daemon=True)
+            drain.start()
+            status = proc.wait()
+            exited = time.perf_counter() - start
+            drain.join(60)
         finally:
             timer.cancel()
-        proc.stdout.read()
-        proc.wait(60)
-    return elapsed, json.loads(extra) if extra else {}
+        if status != 0:
+            raise RuntimeError(f"benchmark child exited with {status}:\n{_tail(stderr)}")
+    return ready, exited, json.loads(extra) if extra else {}
+
+
+def _tail(stderr: Any) -> str:
+    stderr.seek(0)
+    return "".join(stderr.readlines()[-10:])
+
+
+def time_to_ready(code: str, *args: str, timeout_s: float = 180.0) -> tuple[float, dict[str, Any]]:
+    """Seconds from launching ``python -c code`` (or ``python FILE``) until it prints READY, and
+    the JSON it printed after READY (see :func:`run_child`)."""
+    ready, _, extra = run_child(code, *args, timeout_s=timeout_s)
+    return ready, extra
 
 
 def once(method: str, servers: int) -> tuple[float, dict[str, Any]]:
@@ -126,19 +177,21 @@ def once(method: str, servers: int) -> tuple[float, dict[str, Any]]:
     return time_to_ready(CHILDREN[method], str(servers))
 
 
-def summarize(runs: list[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
+def summarize(runs: list[tuple[float, dict[str, Any]]]) -> Figures:
     """Median seconds and memory of ``runs`` (from ``once``), and every run's seconds
     (``runs_s``, in the order measured)."""
-    out: dict[str, Any] = {"seconds": statistics.median(t for t, _ in runs)}
-    for key in ("pss_mib", "rss_mib"):
-        values = [m[key] for _, m in runs if key in m]
-        if values:
-            out[key] = statistics.median(values)
+    out: Figures = {"seconds": statistics.median(t for t, _ in runs)}
+    pss = [m["pss_mib"] for _, m in runs if "pss_mib" in m]
+    rss = [m["rss_mib"] for _, m in runs if "rss_mib" in m]
+    if pss:
+        out["pss_mib"] = statistics.median(pss)
+    if rss:
+        out["rss_mib"] = statistics.median(rss)
     out["runs_s"] = [t for t, _ in runs]
     return out
 
 
-def measure(method: str, servers: int, repeats: int) -> dict[str, Any]:
+def measure(method: str, servers: int, repeats: int) -> Figures:
     """Median start-up seconds and memory of ``method`` with ``servers`` servers (``summarize``)."""
     return summarize([once(method, servers) for _ in range(repeats)])
 
@@ -159,18 +212,235 @@ def startup_figures(rows: list[dict[str, Any]], methods: Any) -> list[tuple[str,
     ]
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+# -- side by side: cold LocalFleet vs cold create_local_cluster, and a warm LocalFleet ----------
+
+COLD = {
+    "local_fleet": textwrap.dedent(
+        """
+        import sys
+        import graphdist
+        fleet = graphdist.LocalFleet(f"local={sys.argv[1]}").start()
+        print("READY", flush=True)
+        fleet.close()
+        """
+    ),
+    # The same readiness check as LocalFleet's (a GetStatus call to every server), with gRPC
+    # imported after TensorFlow (which makes it cheap) and nothing of graphdist's.
+    "create_local_cluster": textwrap.dedent(
+        """
+        import os, sys
+        import tensorflow as tf
+        import grpc
+        workers, _ = tf.test.create_local_cluster(int(sys.argv[1]), 0)
+        for w in workers:
+            with grpc.insecure_channel(w.target[len("grpc://"):]) as channel:
+                get_status = channel.unary_unary("/tensorflow.WorkerService/GetStatus")
+                get_status(b"", timeout=30, wait_for_ready=True)
+        print("READY", flush=True)
+        os._exit(0)  # its servers can never be stopped otherwise
+        """
+    ),
+}
+COLD_LABELS = {
+    "local_fleet": "cold LocalFleet (launch, start, close, exit)",
+    "create_local_cluster": "cold tf.test.create_local_cluster (launch, ready, exit)",
+}
+WARM = textwrap.dedent(
+    """
+    import json, sys, time
+    import graphdist
+    graphdist.LocalFleet("local=1").start().close()  # the fork server is up from here on
+    out = {}
+    for n in sys.argv[1:]:
+        start = time.perf_counter()
+        fleet = graphdist.LocalFleet(f"local={n}").start()
+        started = time.perf_counter()
+        fleet.close()
+        out[n] = {"start_s": started - start, "close_s": time.perf_counter() - started}
+    print("READY", json.dumps(out), flush=True)
+    """
+)
+
+
+class Timing(TypedDict):
+    """One figure of the side-by-side: the median over the rounds, every round's seconds in the
+    order measured, and the median as a multiple of the floor."""
+
+    seconds: float
+    runs_s: list[float]
+    ratio: float
+
+
+class ColdRow(TypedDict):
+    """Cold start-ups at one size: each method's whole process (launch to exit) and its time to
+    ready (launch to every server answering)."""
+
+    servers: int
+    local_fleet: Timing
+    local_fleet_ready: Timing
+    create_local_cluster: Timing
+    create_local_cluster_ready: Timing
+
+
+class WarmRow(TypedDict):
+    """A warm LocalFleet at one size: ``start()`` and ``close()`` of a fleet in a process whose
+    fork server is already up."""
+
+    servers: int
+    start: Timing
+    close: Timing
+
+
+class SideBySide(TypedDict):
+    """The side-by-side (:func:`side_by_side`): its rounds, floor, rows, slopes (seconds per
+    server) and the warnings of its floor (``_common.floor_warnings``)."""
+
+    repeats: int
+    floor: Timing
+    cold: list[ColdRow]
+    warm: list[WarmRow]
+    slopes: dict[str, float]
+    warnings: list[str]
+
+
+def measure_side(key: str, servers: int, warm_sizes: list[int]) -> dict[str, float]:
+    """One measurement of the side-by-side (``key``: "floor", "warm" or a method of ``COLD``)."""
+    if key == "floor":
+        ready, _ = time_to_ready(CHILDREN["bare_import"])
+        return {"ready_s": ready}
+    if key == "warm":
+        _, _, out = run_child(WARM, *map(str, warm_sizes))
+        return {f"{k}[{n}]": v for n, figures in out.items() for k, v in figures.items()}
+    ready, exited, _ = run_child(COLD[key], str(servers))
+    return {"ready_s": ready, "exit_s": exited}
+
+
+def _timing(runs: list[float], floor_s: float) -> Timing:
+    median = statistics.median(runs)
+    return {"seconds": median, "runs_s": runs, "ratio": median / floor_s}
+
+
+def side_by_side(sizes: list[int], warm_sizes: list[int], repeats: int = 3) -> SideBySide:
+    """Cold LocalFleet vs cold ``create_local_cluster`` at each of ``sizes`` and a warm
+    LocalFleet at each of ``warm_sizes``, with the floor, in ``repeats`` interleaved rounds (each
+    round starts one later in the plan, so no method always runs first); medians over rounds."""
+    plan = [("floor", 0), *((m, n) for n in sizes for m in COLD), ("warm", 0)]
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {key: [] for key in plan}
+    for r in range(repeats):
+        k = r % len(plan)
+        for key in plan[k:] + plan[:k]:
+            runs[key].append(measure_side(*key, warm_sizes))
+
+    floor_runs = [m["ready_s"] for m in runs[("floor", 0)]]
+    floor_s = statistics.median(floor_runs)
+
+    def timing(key: tuple[str, int], figure: str) -> Timing:
+        return _timing([m[figure] for m in runs[key]], floor_s)
+
+    cold: list[ColdRow] = [
+        {
+            "servers": n,
+            "local_fleet": timing(("local_fleet", n), "exit_s"),
+            "local_fleet_ready": timing(("local_fleet", n), "ready_s"),
+            "create_local_cluster": timing(("create_local_cluster", n), "exit_s"),
+            "create_local_cluster_ready": timing(("create_local_cluster", n), "ready_s"),
+        }
+        for n in sizes
+    ]
+    warm: list[WarmRow] = [
+        {
+            "servers": n,
+            "start": timing(("warm", 0), f"start_s[{n}]"),
+            "close": timing(("warm", 0), f"close_s[{n}]"),
+        }
+        for n in warm_sizes
+    ]
+    slopes = {
+        f"cold_s_per_server[{m}]": slope(sizes, [r[m]["seconds"] for r in cold]) for m in COLD
+    }
+    slopes["warm_s_per_server[local_fleet]"] = slope(
+        warm_sizes, [r["start"]["seconds"] for r in warm]
+    )
+    floor: Timing = {"seconds": floor_s, "runs_s": floor_runs, "ratio": 1.0}
+    figures = [
+        (f"{COLD_LABELS[m]}, {r['servers']} servers", r[m]["seconds"]) for r in cold for m in COLD
+    ]
+    return {
+        "repeats": repeats,
+        "floor": floor,
+        "cold": cold,
+        "warm": warm,
+        "slopes": slopes,
+        "warnings": floor_warnings(floor, figures),
+    }
+
+
+def side_by_side_lines(r: SideBySide) -> list[str]:
+    """The side-by-side as Markdown: one table, its slopes and how noisy its rounds were."""
+    floor = r["floor"]
+    sizes = [row["servers"] for row in r["cold"]]
+
+    def cell(t: Timing) -> str:
+        return f"{t['seconds']:.2f} s ({t['ratio']:.2f}x)"
+
+    out = [
+        f"**Start-up side by side** ({r['repeats']} interleaved rounds, medians; floor: bare "
+        f"`import tensorflow` = {floor['seconds']:.2f} s, spread {spread(floor['runs_s']):.0%})",
+        "",
+        "| | " + " | ".join(f"{n} servers" for n in sizes) + " | s/server |",
+        "|---|" + "---:|" * (len(sizes) + 1),
+    ]
+    for m, label in COLD_LABELS.items():
+        cells = [cell(row[m]) for row in r["cold"]]
+        per = r["slopes"][f"cold_s_per_server[{m}]"]
+        out.append(f"| {label} | " + " | ".join(cells) + f" | {per:.3f} |")
+    for m in COLD:
+        cells = [cell(row[f"{m}_ready"]) for row in r["cold"]]
+        out.append(f"| ... of which to ready: {m} | " + " | ".join(cells) + " | |")
+    ratio = [
+        f"{row['local_fleet']['seconds'] / row['create_local_cluster']['seconds']:.2f}x"
+        for row in r["cold"]
+    ]
+    out.append("| cold LocalFleet / create_local_cluster | " + " | ".join(ratio) + " | |")
+    by_size = {row["servers"]: row for row in r["warm"]}
+    warm_cells = [cell(by_size[n]["start"]) if n in by_size else "" for n in sizes]
+    per = r["slopes"]["warm_s_per_server[local_fleet]"]
+    out.append("| warm LocalFleet `start()` (fork server up) | " + " | ".join(warm_cells))
+    out[-1] += f" | {per:.3f} |"
+    close_cells = [cell(by_size[n]["close"]) if n in by_size else "" for n in sizes]
+    out.append("| warm LocalFleet `close()` | " + " | ".join(close_cells) + " | |")
+    spreads = ", ".join(
+        f"{m} {row['servers']}: {spread(row[m]['runs_s']):.0%}" for row in r["cold"] for m in COLD
+    )
+    out += ["", f"Spread of the cold figures over the rounds ((max - min) / median): {spreads}."]
+    return out
+
+
+def main(argv: list[str] | None = None) -> Any:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--sizes", type=int, nargs="+", help="(default 1 4 8; side by side: 8 16)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=["local_fleet", "seed_style"])
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="cold LocalFleet vs cold create_local_cluster at --sizes (default 8 16) and a warm "
+        "LocalFleet at --warm-sizes, in --repeats interleaved rounds",
+    )
+    parser.add_argument("--warm-sizes", type=int, nargs="+", default=[8, 16])
     add_json_option(parser)
     args = parser.parse_args(argv)
+    if args.side_by_side:
+        side = side_by_side(args.sizes or [8, 16], args.warm_sizes, args.repeats)
+        print("\n".join(side_by_side_lines(side)))
+        for line in side["warnings"]:
+            print(line)
+        write_json(args.json, side)
+        return side
 
     floor = measure("bare_import", 0, max(FLOOR_REPEATS, args.repeats))
-    rows = [
-        {"servers": n, **{m: measure(m, n, args.repeats) for m in args.methods}} for n in args.sizes
-    ]
+    sizes = args.sizes or [1, 4, 8]
+    rows = [{"servers": n, **{m: measure(m, n, args.repeats) for m in args.methods}} for n in sizes]
     bare = floor["seconds"]
     print(f"bare `import tensorflow`: {bare:.2f} s (median of {len(floor['runs_s'])}; the floor)")
     header = "".join(f"  {m:>22}" for m in args.methods)

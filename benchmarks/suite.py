@@ -2,9 +2,12 @@
 one run on this machine.
 
     python benchmarks/suite.py [--full] [--out DIR] [--readme README.md]
+    python -m benchmarks.suite [...]
 
 It reuses ``startup.py`` (fleet start-up and memory vs size: LocalFleet, the seed's spawned
-processes, ``tf.test.create_local_cluster``, floor: a bare TensorFlow import), ``master_choice.py``
+processes, ``tf.test.create_local_cluster``, floor: a bare TensorFlow import; and the side by side
+of a cold LocalFleet against a cold ``create_local_cluster`` at 8 and 16 servers and a warm
+LocalFleet, in interleaved rounds that each measure the floor too), ``master_choice.py``
 (step latency of the seeds' split graph, raw TF vs graphdist sessions, each master) and
 ``transfer.py`` (task-to-task bandwidth vs an in-process copy), adds how step latency grows with
 the number of tasks, and fits a slope to every curve. It writes ``results.json`` (raw figures),
@@ -26,8 +29,8 @@ machine's load moved while they were measured. A run whose floor varied by more 
 their own floor, says so in a warning at the top of its output and of ``results.md`` (so of the
 README section too); the warnings are also listed in ``results.json``. See ``_common.py``.
 
-The quick mode (default) takes about two minutes here; ``--full`` adds 16 servers, 256 MB tensors
-and repeats.
+The quick mode (default) takes about five minutes here, three of them for the side by side's three
+rounds; ``--full`` adds 16 servers, 256 MB tensors and repeats (five side-by-side rounds).
 """
 
 from __future__ import annotations
@@ -40,20 +43,33 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import master_choice
-import startup
-import transfer
-from _common import (
-    FLOOR_REPEATS,
-    FLOOR_SPREAD_LIMIT,
-    HERE,
-    REPO,
-    WARNING,
-    floor_warnings,
-    write_json,
-)
+try:
+    from . import master_choice, startup, transfer
+    from ._common import (
+        FLOOR_REPEATS,
+        FLOOR_SPREAD_LIMIT,
+        HERE,
+        REPO,
+        WARNING,
+        floor_warnings,
+        slope,
+        write_json,
+    )
+except ImportError:  # run as a script, or imported with benchmarks/ on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import master_choice
+    import startup
+    import transfer
+    from _common import (
+        FLOOR_REPEATS,
+        FLOOR_SPREAD_LIMIT,
+        HERE,
+        REPO,
+        WARNING,
+        floor_warnings,
+        slope,
+        write_json,
+    )
 
 MODES: dict[str, dict[str, Any]] = {
     "quick": {
@@ -62,6 +78,7 @@ MODES: dict[str, dict[str, Any]] = {
         "steps": 1000,
         "scale_tasks": [2, 4, 8],
         "transfer_mb": [1, 16, 64],
+        "side_by_side": {"sizes": [8, 16], "warm_sizes": [8, 16], "repeats": 3},
     },
     "full": {
         "sizes": [1, 2, 4, 8, 16],
@@ -69,6 +86,7 @@ MODES: dict[str, dict[str, Any]] = {
         "steps": 5000,
         "scale_tasks": [2, 4, 8, 16],
         "transfer_mb": [1, 4, 16, 64, 256],
+        "side_by_side": {"sizes": [8, 16], "warm_sizes": [8, 16], "repeats": 5},
     },
 }
 LABELS = startup.LABELS
@@ -102,14 +120,6 @@ def scale_latency(task_counts: list[int], steps: int) -> list[dict[str, float]]:
                 figures = master_choice.summarize(master_choice.timed_steps(sess, total, steps))
         rows.append({"tasks": n, **figures})
     return rows
-
-
-def slope(xs: list[float], ys: list[float]) -> float:
-    """Least-squares slope of ``ys`` against ``xs``."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else 0.0
 
 
 def machine() -> str:
@@ -153,13 +163,19 @@ def measure_startup(
 
 def run_warnings(r: dict[str, Any]) -> list[str]:
     """Why the run's figures cannot be trusted (``_common.floor_warnings``); empty if clean."""
-    return floor_warnings(r["bare_import"], startup.startup_figures(r["startup"], LABELS))
+    out = floor_warnings(r["bare_import"], startup.startup_figures(r["startup"], LABELS))
+    side = r.get("side_by_side")
+    if side:
+        out += [w.replace(WARNING, f"{WARNING}side by side: ", 1) for w in side["warnings"]]
+    return out
 
 
 def run(mode: str) -> dict[str, Any]:
     cfg = MODES[mode]
     t0 = time.monotonic()
     floor, rows = measure_startup(cfg["sizes"], cfg["repeats"], max(FLOOR_REPEATS, cfg["repeats"]))
+    side = cfg["side_by_side"]
+    side_by_side = startup.side_by_side(side["sizes"], side["warm_sizes"], side["repeats"])
     results: dict[str, Any] = {
         "mode": mode,
         "date": datetime.date.today().isoformat(),
@@ -169,6 +185,7 @@ def run(mode: str) -> dict[str, Any]:
         "floor_spread_limit": FLOOR_SPREAD_LIMIT,
         "bare_import": floor,
         "startup": rows,
+        "side_by_side": side_by_side,
         "step_latency": master_choice.measure(cfg["steps"], rounds=5),
         "scale_latency": scale_latency(cfg["scale_tasks"], cfg["steps"] // 2),
         "transfer": transfer.measure(cfg["transfer_mb"], repeats=5),
@@ -212,6 +229,8 @@ def markdown(r: dict[str, Any]) -> str:
     for row in r["startup"]:
         cells = [f"{row[m]['seconds']:.2f} s ({row[m]['seconds'] / bare:.2f}x)" for m in LABELS]
         out.append(f"| {row['servers']} | " + " | ".join(cells) + " |")
+    if r.get("side_by_side"):
+        out += ["", *startup.side_by_side_lines(r["side_by_side"])]
     out += [
         "",
         "**Memory of the server processes** (MiB, PSS / RSS)",

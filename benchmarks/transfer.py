@@ -14,17 +14,21 @@ import statistics
 import time
 
 import numpy as np
-from _common import add_json_option, quiet_tensorflow, write_json
+
+try:
+    from ._common import Bandwidth, add_json_option, quiet_tensorflow, write_json
+except ImportError:  # run as a script, or imported with benchmarks/ on sys.path
+    from _common import Bandwidth, add_json_option, quiet_tensorflow, write_json
 
 quiet_tensorflow()
 
 
-def measure(sizes_mb: list[int], repeats: int = 5) -> list[dict[str, float]]:
+def measure(sizes_mb: list[int], repeats: int = 5) -> list[Bandwidth]:
     import tensorflow as tf
 
     import graphdist
 
-    rows = []
+    rows: list[Bandwidth] = []
     with graphdist.LocalFleet("local=2") as fleet:
         for mb in sizes_mb:
             n = mb * 2**20 // 4
@@ -54,7 +58,7 @@ def measure(sizes_mb: list[int], repeats: int = 5) -> list[dict[str, float]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, float]]:
+def main(argv: list[str] | None = None) -> list[Bandwidth]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--repeats", type=int, default=5)

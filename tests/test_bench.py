@@ -132,9 +132,25 @@ def test_floor_points_spread_the_floor_over_the_startup_rows():
     assert suite.floor_points(1, 4) == [0]
 
 
+def fake_side(key, servers, warm_sizes):
+    """A made-up measurement of the side-by-side: floor 2.5 s; cold LocalFleet ready at 2.6 s +
+    0.01 s/server and gone 0.1 s later; cold create_local_cluster 3.0 s + 0.02 s/server; a warm
+    start 0.1 s + 0.005 s/server, its close 0.05 s."""
+    if key == "floor":
+        return {"ready_s": 2.5}
+    if key == "warm":
+        return {
+            **{f"start_s[{n}]": 0.1 + 0.005 * n for n in warm_sizes},
+            **{f"close_s[{n}]": 0.05 for n in warm_sizes},
+        }
+    ready = 2.6 + 0.01 * servers if key == "local_fleet" else 3.0 + 0.02 * servers
+    return {"ready_s": ready, "exit_s": ready + 0.1}
+
+
 def fake_measurements(monkeypatch, floor_s):
     """Replace every measuring function of the suite: the floor's repeats take ``floor_s`` in
-    turn, every fleet start 3.0 s. Returns the log of start-ups in the order measured."""
+    turn, every fleet start 3.0 s, the side-by-side ``fake_side``. Returns the log of start-ups
+    in the order measured."""
     log = []
     floors = iter([2.5, *floor_s])  # the first is the warm-up
 
@@ -142,6 +158,8 @@ def fake_measurements(monkeypatch, floor_s):
         log.append((method, servers))
         seconds = next(floors) if method == "bare_import" else 3.0
         return seconds, {"pss_mib": 100.0, "rss_mib": 200.0}
+
+    monkeypatch.setattr(startup, "measure_side", fake_side)
 
     latency = {"median_ms": 1.0, "p99_ms": 2.0, "mean_ms": 1.1, "steps": 10}
     monkeypatch.setattr(startup, "once", once)
@@ -205,12 +223,12 @@ def test_readme_is_rewritten_only_with_the_flag_and_shows_the_warnings(
     monkeypatch.setattr(suite, "SCRATCH", str(tmp_path / "scratch"))
     monkeypatch.setattr(suite, "RECORD", str(tmp_path / "record"))
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{suite.START}\nold\n{suite.END}\n")
+    readme.write_text(f"intro\n{suite.START}\nthe previous section\n{suite.END}\n")
     assert suite.parse_args(["--readme", str(readme)]).out == suite.RECORD
     assert suite.parse_args(["--readme", str(readme), "--out", "x"]).out == "x"
     suite.main(["--readme", str(readme)])
     text = readme.read_text()
-    assert "old" not in text and "> **Warning:** noisy run: the floor" in text
+    assert "the previous section" not in text and "> **Warning:** noisy run: the floor" in text
     assert "![fleet start-up](record/startup.png)" in text
     assert not (tmp_path / "scratch").exists()
     record = tmp_path / "record"
@@ -235,3 +253,69 @@ def test_importing_every_benchmark_does_not_import_tensorflow():
     )
     proc = run_python(["-c", code])
     assert proc.returncode == 0, proc.stderr
+
+
+def test_side_by_side_interleaves_its_rounds_with_the_floor(monkeypatch):
+    log = []
+
+    def measure_side(key, servers, warm_sizes):
+        log.append((key, servers))
+        return fake_side(key, servers, warm_sizes)
+
+    monkeypatch.setattr(startup, "measure_side", measure_side)
+    result = startup.side_by_side([8, 16], [8, 16], repeats=3)
+    plan = [("floor", 0), ("local_fleet", 8), ("create_local_cluster", 8)]
+    plan += [("local_fleet", 16), ("create_local_cluster", 16), ("warm", 0)]
+    rounds = [log[i : i + len(plan)] for i in range(0, len(log), len(plan))]
+    assert len(rounds) == 3 and all(sorted(r) == sorted(plan) for r in rounds)
+    assert [r[0] for r in rounds] == plan[:3]  # each round starts one later in the plan
+    assert result["floor"]["runs_s"] == [2.5, 2.5, 2.5]
+    (cold8, cold16) = result["cold"]
+    assert cold8["local_fleet"]["seconds"] == pytest.approx(2.78)
+    assert cold8["local_fleet"]["ratio"] == pytest.approx(2.78 / 2.5)
+    assert cold8["local_fleet_ready"]["seconds"] == pytest.approx(2.68)
+    assert cold16["create_local_cluster"]["seconds"] == pytest.approx(3.42)
+    assert [w["start"]["seconds"] for w in result["warm"]] == pytest.approx([0.14, 0.18])
+    assert result["slopes"] == pytest.approx(
+        {
+            "cold_s_per_server[local_fleet]": 0.01,
+            "cold_s_per_server[create_local_cluster]": 0.02,
+            "warm_s_per_server[local_fleet]": 0.005,
+        }
+    )
+    # A warm start is far under the floor by design: that is no warning; a cold one would be.
+    assert result["warnings"] == []
+
+
+def test_side_by_side_is_one_table_in_the_markdown(monkeypatch):
+    monkeypatch.setattr(startup, "measure_side", fake_side)
+    results = fake_results()
+    results["side_by_side"] = startup.side_by_side([8, 16], [8, 16], repeats=3)
+    text = suite.markdown(results)
+    assert "**Start-up side by side** (3 interleaved rounds, medians; floor: bare" in text
+    assert (
+        "| cold LocalFleet (launch, start, close, exit) | 2.78 s (1.11x) | 2.86 s (1.14x) | 0.010 |"
+        in text
+    )
+    assert "| cold LocalFleet / create_local_cluster | 0.85x | 0.84x | |" in text
+    assert "| warm LocalFleet `start()` (fork server up) | 0.14 s (0.06x) | 0.18 s (0.07x)" in text
+    assert suite.run_warnings(results) == []
+
+
+def test_side_by_side_warnings_join_the_run_warnings(monkeypatch):
+    floors = iter([2.0, 2.5, 3.1])
+
+    def measure_side(key, servers, warm_sizes):
+        return {"ready_s": next(floors)} if key == "floor" else fake_side(key, servers, warm_sizes)
+
+    monkeypatch.setattr(startup, "measure_side", measure_side)
+    results = fake_results()
+    results["side_by_side"] = startup.side_by_side([8, 16], [16], repeats=3)
+    (warning,) = suite.run_warnings(results)
+    assert warning.startswith("Warning: side by side: noisy run: the floor")
+
+
+def test_benchmarks_run_as_modules_of_the_package():
+    proc = run_python(["-m", "benchmarks.startup", "--help"])
+    assert proc.returncode == 0, proc.stderr
+    assert "--side-by-side" in proc.stdout
