@@ -22,6 +22,7 @@ from graphdist._distribute.tfconfig import TFConfig, cluster_resolver, parse_tf_
 from graphdist._exceptions import (
     ArgumentError,
     ClusterSpecError,
+    ExposedServerError,
     FleetClosedError,
     FleetError,
     FleetStartError,
@@ -74,6 +75,7 @@ __all__ = [
     "ClusterSpecError",
     "DetachedFleet",
     "DeviceSpec",
+    "ExposedServerError",
     "Fleet",
     "FleetClosedError",
     "FleetError",

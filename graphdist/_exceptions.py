@@ -17,7 +17,8 @@ values that explain it as attributes, so callers can react without parsing messa
     ├── FleetError              something about a running fleet of servers
     │   ├── FleetStartError     a server did not come up (carries task, address, log tail)
     │   │   ├── PortInUseError  a port is already taken (carries port and holder pid)
-    │   │   └── StartTimeoutError  servers were not ready in time (ready / expected / timeout)
+    │   │   ├── StartTimeoutError  servers were not ready in time (ready / expected / timeout)
+    │   │   └── ExposedServerError  a server listens where it must not (carries its sockets)
     │   ├── LoopbackUnavailableError  no way to keep servers on loopback (and expose not asked)
     │   ├── TaskFailedError     a task died or stopped answering during a run (names the task)
     │   ├── FleetClosedError    the fleet is closed or closing
@@ -25,7 +26,8 @@ values that explain it as attributes, so callers can react without parsing messa
     ├── LaunchError             a multi-process run did not succeed (carries every task's result)
     │   ├── TaskExitError       a task exited non-zero; the others were stopped
     │   └── LaunchTimeoutError  the run outlived its timeout; every task was stopped
-    ├── StateError              the state folder of a detached fleet (none running, stale, busy)
+    ├── StateError              graphdist's folders: a detached fleet's state (none running, stale,
+    │                           busy), or a folder that is not private to the user
     └── UnsupportedVersionError  this Python or TensorFlow is outside the supported range
 
 Errors a caller causes with a bad value also derive from ``ValueError`` (``ArgumentError``,
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ArgumentError",
     "ClusterSpecError",
+    "ExposedServerError",
     "FleetClosedError",
     "FleetError",
     "FleetStartError",
@@ -230,6 +233,23 @@ class FleetStartError(FleetError):
         self.log_tail = list(log_tail)
 
 
+class ExposedServerError(FleetStartError):
+    """A server listens on an address it was not meant to (a wildcard or a non-loopback address
+    without ``expose``), or graphdist could not check where it listens: the fleet refuses it
+    and stops it. ``sockets`` lists the offending ``(address, port)`` pairs."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        task: str | None = None,
+        address: str | None = None,
+        sockets: Sequence[tuple[str, int]] = (),
+    ) -> None:
+        super().__init__(message, task=task, address=address)
+        self.sockets = list(sockets)
+
+
 class PortInUseError(FleetStartError):
     """A port the cluster names is already in use; ``holder_pid`` is set when the system tells."""
 
@@ -269,7 +289,8 @@ class StartTimeoutError(FleetStartError):
 
 
 class StateError(GraphdistError):
-    """The state folder of a detached fleet: none running, stale, or already in use."""
+    """The state folder of a detached fleet (none running, stale, already in use), or one of
+    graphdist's own folders that is not private to the user (a link, another owner)."""
 
     def __init__(self, message: str, state_dir: str | None = None) -> None:
         super().__init__(message)

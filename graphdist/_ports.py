@@ -1,11 +1,12 @@
 """Free-port selection that concurrent processes cannot collide on, and port-holder lookup.
 
-A port is *free* when it can be bound on the wildcard address (TensorFlow's gRPC server always
-binds every interface, see TF_FACTS). Candidates are drawn at random outside the kernel's
-ephemeral range, so outgoing connections do not grab them between choice and use, and each chosen
-port is reserved with an exclusive ``flock`` on a per-user lock file until the process that chose it
-releases it (once its server is listening) or exits. Two processes picking ports at the same
-moment therefore never get the same one.
+A port is *free* when it can be bound on the wildcard address (TensorFlow's gRPC server always binds
+every interface, see TF_FACTS). Candidates are drawn at random outside the kernel's ephemeral range,
+so outgoing connections do not grab them between choice and use, and each chosen port is reserved
+with an exclusive ``flock`` on a per-user lock file until the process that chose it releases it
+(once its server is listening) or exits; the lock files live in a folder private to the user
+(``$XDG_RUNTIME_DIR/graphdist/ports`` or ``<temp>/graphdist-<uid>/ports``). Two processes picking
+ports at the same moment therefore never get the same one.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import fcntl
 import os
 import random
 import socket
-import tempfile
 from collections.abc import Iterable
 
 import psutil
 
 from graphdist._exceptions import NoFreePortsError
+from graphdist._private import private_dir, runtime_dir
 
 __all__ = ["is_port_free", "pick_free_ports", "port_holder", "release_ports"]
 
@@ -31,9 +32,8 @@ _held: dict[int, int] = {}  # port -> fd of the lock file that reserves it
 
 
 def _lock_dir() -> str:
-    path = os.path.join(tempfile.gettempdir(), f"graphdist-{os.getuid()}", "ports")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
+    """The per-user port-lock folder, private to this user (see :mod:`graphdist._private`)."""
+    return private_dir(os.path.join(runtime_dir(), "ports"), "graphdist's port-lock folder")
 
 
 def _candidate_range() -> tuple[int, int]:

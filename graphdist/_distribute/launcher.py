@@ -214,7 +214,11 @@ def run_command(
             address = server_bind_address(task, expose=expose)
             task_env = {
                 **base_env,
-                **(shim_env(address) if address is not None else {}),
+                **(
+                    shim_env(address, base_env.get("LD_PRELOAD"), inherit=True)
+                    if address is not None
+                    else {}
+                ),
                 "TF_CONFIG": tf_config(cluster, task.job, task.index).to_json(),
                 "GRAPHDIST_TASK": task.name,
             }

@@ -17,9 +17,12 @@ A backend supplies only its primitives: ``_launch()`` (create the task handles a
 task), ``_wait_ready(tasks, timeout_s)`` (return once each answers over gRPC, else raise naming the
 first that did not), ``_stop_tasks(tasks, grace_s)``, ``_kill_task(task, sig)``,
 ``_restart_task(task)`` and ``_teardown()`` (what is left after the tasks: log folders, placement
-groups). Its task handles satisfy :class:`TaskHandle`. Using a fleet — devices checked against
-the cluster, sessions whose failures name the task, health, reopening sessions, the master for
-some fetches — is all here, whatever the backend.
+groups), and may refine ``_allowed_addresses(task)`` / ``_check_listening(task, allowed)``: once
+tasks answer, the lifecycle checks where each really listens (:mod:`graphdist._fleet.exposure`) and
+refuses a server on a wildcard or foreign address unless the fleet was exposed. Its task handles
+satisfy :class:`TaskHandle`. Using a fleet — devices checked against the cluster, sessions whose
+failures name the task, health, reopening sessions, the master for some fetches — is all here,
+whatever the backend.
 """
 
 from __future__ import annotations
@@ -39,11 +42,13 @@ from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 
 from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import (
+    ExposedServerError,
     FleetClosedError,
     FleetError,
     TaskFailedError,
     TaskNotFoundError,
 )
+from graphdist._fleet.exposure import check_listening
 from graphdist._fleet.health import ALIVE, DEAD, NOT_ANSWERING, TaskHealth, probe_all
 from graphdist._fleet.probe import PROBE_TIMEOUT_S
 from graphdist._fleet.process import STOP_GRACE_S
@@ -190,6 +195,7 @@ class Fleet(Generic[_TaskT]):
     state: FleetState = FleetState.CREATED
     start_timeout_s: float
     operation_timeout_ms: int | None = None
+    expose: bool = False
     gpus: dict[tuple[str, int], list[int]] | None = None
     _tasks: dict[tuple[str, int], _TaskT]
     _owner_pid: int = -1
@@ -217,7 +223,7 @@ class Fleet(Generic[_TaskT]):
         _live_fleets.add(self)
         try:
             self._launch()
-            self._wait_ready(list(self._tasks.values()), self.start_timeout_s)
+            self._ready(list(self._tasks.values()), self.start_timeout_s)
         except BaseException:
             self.state = FleetState.FAILED
             self._shutdown(STOP_GRACE_S)
@@ -279,9 +285,23 @@ class Fleet(Generic[_TaskT]):
         self._require_running()
         task = self.task(job, index)
         self._restart_task(task)
-        self._wait_ready([task], self.start_timeout_s)
+        try:
+            self._ready([task], self.start_timeout_s)
+        except ExposedServerError:
+            self._kill_task(task, signal.SIGKILL)
+            raise
         log.info("restarted %r (restart %d)", task, task.restarts)
         return task
+
+    def _ready(self, tasks: list[_TaskT], timeout_s: float) -> None:
+        """Wait until ``tasks`` answer, then check that each listens only where it may (see
+        :mod:`graphdist._fleet.exposure`): a server on a wildcard or foreign address, or one
+        whose sockets cannot be read, raises :class:`ExposedServerError`."""
+        self._wait_ready(list(tasks), timeout_s)  # a backend may consume its list
+        for task in tasks:
+            allowed = self._allowed_addresses(task)
+            if allowed is not None:
+                self._check_listening(task, allowed)
 
     # -- the backend's primitives -----------------------------------------------------------------
 
@@ -303,6 +323,16 @@ class Fleet(Generic[_TaskT]):
     def _restart_task(self, task: _TaskT) -> None:
         """Bring ``task`` back on its address (kill it first if it runs); count the restart."""
         raise NotImplementedError
+
+    def _allowed_addresses(self, task: _TaskT) -> frozenset[str] | None:
+        """The non-loopback addresses ``task``'s server may listen on; ``None``: anywhere
+        (``expose=True``). Default: loopback only, unless exposed."""
+        return None if self.expose else frozenset()
+
+    def _check_listening(self, task: _TaskT, allowed: frozenset[str]) -> None:
+        """Raise ExposedServerError unless ``task``'s process listens only on loopback or
+        ``allowed`` (default: its sockets as the OS lists them for its pid)."""
+        check_listening(f"{task.job}:{task.index}", task.address, task.pid, allowed)
 
     def _teardown(self) -> None:
         """Release what is left once the tasks are stopped (default: nothing)."""

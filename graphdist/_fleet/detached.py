@@ -40,6 +40,7 @@ from graphdist._fleet.state import (
     stop_processes,
 )
 from graphdist._fleet.supervisor import SupervisorSpec
+from graphdist._private import private_dir
 from graphdist._validate import timeout_ms
 
 __all__ = [
@@ -126,7 +127,7 @@ def start_detached(spec: SupervisorSpec) -> FleetRecord:
     check_hosts_and_ports(cluster)
     if not spec.expose:
         check_loopback(cluster)
-    os.makedirs(state_dir, exist_ok=True)
+    private_dir(state_dir, "the fleet's state folder")
     log_path = os.path.join(state_dir, SUPERVISOR_LOG)
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(

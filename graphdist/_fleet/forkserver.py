@@ -16,6 +16,8 @@ import os
 import threading
 from typing import Any
 
+from graphdist._fleet.loopback import with_preload
+
 __all__ = ["PRELOAD", "process_class"]
 
 PRELOAD = ["tensorflow", "graphdist._fleet.server", "graphdist._fleet.forkserver_exit"]
@@ -41,11 +43,12 @@ def _new_fork_server(preload_library: str) -> Any:
     class ForkServer(forkserver.ForkServer):  # type: ignore[misc]
         def ensure_running(self) -> None:
             # The fork server inherits os.environ when it is spawned: set LD_PRELOAD for that
-            # moment only, so this process and its other children stay untouched.
+            # moment only (the user's own entries kept), so this process and its other
+            # children stay untouched.
             with _env_lock:
                 saved = os.environ.pop("LD_PRELOAD", None)
                 if preload_library:
-                    os.environ["LD_PRELOAD"] = preload_library
+                    os.environ["LD_PRELOAD"] = with_preload(preload_library, saved)
                 try:
                     super().ensure_running()
                 finally:

@@ -11,8 +11,10 @@ time (the library is cached per user). Where it cannot be built, :func:`loopback
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
+import logging
 import os
 import shutil
 import socket
@@ -24,6 +26,7 @@ from importlib import resources
 
 from graphdist._cluster import Task
 from graphdist._exceptions import ClusterSpecError, LoopbackUnavailableError
+from graphdist._private import private_dir
 
 __all__ = [
     "BIND_ADDR_ENV",
@@ -34,6 +37,8 @@ __all__ = [
 ]
 
 BIND_ADDR_ENV = "GRAPHDIST_BIND_ADDR"
+INHERIT_ENV = "GRAPHDIST_SHIM_INHERIT"
+log = logging.getLogger("graphdist.fleet")
 _lock = threading.Lock()
 
 
@@ -42,53 +47,111 @@ def _cache_dir() -> str:
     return os.path.join(base, "graphdist")
 
 
+_validated: set[tuple[str, int, int, int]] = set()  # (path, inode, size, mtime) known to work
+_PROBE = "import socket; s = socket.socket(); s.bind(('0.0.0.0', 0)); print(s.getsockname()[0])"
+
+
+def _works(path: str) -> bool:
+    """Whether the library at ``path`` really rewrites a wildcard bind to loopback: checked in a
+    short child process (a truncated, empty or foreign file is skipped by the loader with only a
+    warning, so its presence proves nothing)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    key = (path, info.st_ino, info.st_size, info.st_mtime_ns)
+    if key in _validated:
+        return True
+    env = {"PATH": os.environ.get("PATH", ""), "LD_PRELOAD": path, BIND_ADDR_ENV: "127.0.0.1"}
+    try:
+        result = subprocess.run(
+            [sys.executable, "-S", "-E", "-c", _PROBE],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    if result.returncode != 0 or result.stdout.strip() != "127.0.0.1":
+        return False
+    _validated.add(key)
+    return True
+
+
+def _build(source: bytes, path: str) -> None:
+    """Compile the shim to ``path`` atomically: into a temporary file in the same folder, then
+    renamed over ``path``, so concurrent builders and interrupted ones never leave a partial
+    library where others load it."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise LoopbackUnavailableError(
+            "Cannot keep the servers on loopback: no C compiler (cc/gcc) to build graphdist's "
+            "bind shim. Install gcc, or pass expose=True (CLI: --expose) to accept servers "
+            "that listen on every interface without authentication."
+        )
+    folder = os.path.dirname(path)
+    fd, tmp_so = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
+    os.close(fd)
+    tmp_c = tmp_so[: -len(".so")] + ".c"
+    try:
+        with open(tmp_c, "wb") as f:
+            f.write(source)
+        result = subprocess.run(
+            [compiler, "-shared", "-fPIC", "-O2", "-o", tmp_so, tmp_c, "-ldl"],
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            raise LoopbackUnavailableError(
+                f"Cannot keep the servers on loopback: building the bind shim with {compiler} "
+                f"failed ({result.stderr.strip()[-300:]}). Pass expose=True (CLI: --expose) "
+                "to accept servers that listen on every interface."
+            )
+        os.chmod(tmp_so, 0o500)
+        os.replace(tmp_so, path)
+    finally:
+        for leftover in (tmp_c, tmp_so):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(leftover)
+
+
 def loopback_library() -> str:
-    """Path of the compiled bind shim, building it on first use; raises LoopbackUnavailableError."""
+    """Path of the compiled bind shim, built on first use and checked to work before it is
+    used (rebuilt once if the cached copy does not); raises LoopbackUnavailableError."""
     source = resources.files("graphdist._fleet").joinpath("loopback.c").read_bytes()
     tag = hashlib.sha256(source + sys.platform.encode() + os.uname().machine.encode()).hexdigest()
-    path = os.path.join(_cache_dir(), f"loopback-bind-{tag[:16]}.so")
+    folder = private_dir(_cache_dir(), "graphdist's cache folder")
+    path = os.path.join(folder, f"loopback-bind-{tag[:16]}.so")
     with _lock:
-        if os.path.exists(path):
+        if _works(path):
             return path
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if compiler is None:
+        if os.path.exists(path):
+            log.warning("the cached bind shim %s does not work; building it again", path)
+        _build(source, path)
+        if not _works(path):
             raise LoopbackUnavailableError(
-                "Cannot keep the servers on loopback: no C compiler (cc/gcc) to build graphdist's "
-                "bind shim. Install gcc, or pass expose=True (CLI: --expose) to accept servers "
-                "that listen on every interface without authentication."
+                f"Cannot keep the servers on loopback: the bind shim {path} was built but does "
+                "not rewrite a wildcard bind here (is LD_PRELOAD honoured?). Pass expose=True "
+                "(CLI: --expose) to accept servers that listen on every interface."
             )
-        os.makedirs(_cache_dir(), exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            src = os.path.join(tmp, "loopback.c")
-            with open(src, "wb") as f:
-                f.write(source)
-            out = os.path.join(tmp, "loopback.so")
-            result = subprocess.run(
-                [compiler, "-shared", "-fPIC", "-O2", "-o", out, src, "-ldl"],
-                capture_output=True,
-                text=True,
-            )
-            if result.returncode != 0:
-                raise LoopbackUnavailableError(
-                    f"Cannot keep the servers on loopback: building the bind shim with {compiler} "
-                    f"failed ({result.stderr.strip()[-300:]}). Pass expose=True (CLI: --expose) "
-                    "to accept servers that listen on every interface."
-                )
-            shutil.move(out, path)  # atomic within the cache folder's file system is not needed
     return path
 
 
 def bind_address_for(host: str) -> str | None:
-    """The IPv4 loopback address a task on ``host`` should bind, or ``None`` if ``host`` is not a
-    loopback name (then the fleet must be told to expose it)."""
+    """The loopback address a task on ``host`` should bind (``127.x.y.z``; ``::1`` for an IPv6
+    loopback host), or ``None`` if ``host`` is not a loopback name (then the fleet must be told
+    to expose it). ``localhost`` binds ``127.0.0.1``, which gRPC clients of it reach."""
     bare = host.strip("[]").lower()
-    if bare in ("localhost", "::1", "ip6-localhost"):
+    if bare == "localhost":
         return "127.0.0.1"
+    if bare == "ip6-localhost":
+        return "::1"
     try:
         ip = ipaddress.ip_address(bare)
     except ValueError:
         return None
-    if isinstance(ip, ipaddress.IPv4Address) and ip.is_loopback:
+    if ip.is_loopback:
         return str(ip)
     return None
 
@@ -114,6 +177,14 @@ def server_bind_address(task: Task, *, expose: bool, allow_own_host: bool = Fals
             task.address,
         )
     host = task.host.strip("[]")
+    if _is_wildcard(host):
+        raise ClusterSpecError(
+            f"Task {task.job}:{task.index} is on {task.host!r}, the wildcard address: its server "
+            "would listen on every interface, reachable from the network without "
+            "authentication. Name the host's own address, or pass --bind-all (expose=True) if "
+            "that is what you want",
+            task.address,
+        )
     try:
         infos = socket.getaddrinfo(host, task.port, socket.AF_INET, socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -122,10 +193,40 @@ def server_bind_address(task: Task, *, expose: bool, allow_own_host: bool = Fals
             f"({exc.strerror}); use --bind-all to listen on every interface",
             task.address,
         ) from None
-    return str(infos[0][4][0])
+    resolved = str(infos[0][4][0])
+    if _is_wildcard(resolved):
+        raise ClusterSpecError(
+            f"Host {host!r} of task {task.job}:{task.index} resolves to the wildcard address "
+            f"{resolved}; name the host's own address, or pass --bind-all",
+            task.address,
+        )
+    return resolved
 
 
-def shim_env(address: str) -> dict[str, str]:
+def _is_wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
+def with_preload(library: str, existing: str | None) -> str:
+    """``LD_PRELOAD`` with ``library`` first and the user's own entries (``existing``) kept."""
+    kept = [entry for entry in (existing or "").replace(" ", ":").split(":") if entry]
+    return ":".join([library, *[entry for entry in kept if entry != library]])
+
+
+def shim_env(
+    address: str, existing_preload: str | None = None, *, inherit: bool = False
+) -> dict[str, str]:
     """The environment that makes a process's servers bind ``address`` instead of the wildcard
-    (builds the shim on first use; raises :class:`LoopbackUnavailableError` where it cannot)."""
-    return {"LD_PRELOAD": loopback_library(), BIND_ADDR_ENV: address}
+    (builds the shim on first use; raises :class:`LoopbackUnavailableError` where it cannot).
+
+    ``existing_preload`` is the process's own ``LD_PRELOAD``, kept after the shim. The shim
+    removes itself from ``LD_PRELOAD`` when it loads, so programs the process starts do not get
+    it, unless ``inherit`` (``graphdist run``: a task wrapped in ``sh -c`` must keep its servers
+    on loopback too)."""
+    env = {"LD_PRELOAD": with_preload(loopback_library(), existing_preload), BIND_ADDR_ENV: address}
+    if inherit:
+        env[INHERIT_ENV] = "1"
+    return env

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from graphdist._cluster import Cluster
 from graphdist._exceptions import PortInUseError
+from graphdist._fleet.exposure import check_listening
 from graphdist._fleet.loopback import BIND_ADDR_ENV, server_bind_address, shim_env
 from graphdist._fleet.signals import stop_on_signals
 from graphdist._ports import is_port_free, port_holder
@@ -59,7 +60,8 @@ def serve(cluster: Cluster, job: str, index: int, *, bind_all: bool, argv: Seque
     if not bind_all and os.environ.get(_SHIMMED_ENV) != "1":
         address = server_bind_address(task, expose=False, allow_own_host=True)
         assert address is not None  # not exposed: an address or an error
-        env = {**os.environ, **shim_env(address), _SHIMMED_ENV: "1"}
+        shim = shim_env(address, os.environ.get("LD_PRELOAD"))
+        env = {**os.environ, **shim, _SHIMMED_ENV: "1"}
         os.execve(sys.executable, [sys.executable, "-m", "graphdist", *argv], env)
     if not is_port_free(task.port):
         holder = port_holder(task.port)
@@ -73,6 +75,9 @@ def serve(cluster: Cluster, job: str, index: int, *, bind_all: bool, argv: Seque
         )
     stop = stop_on_signals()
     server = start_server(cluster.as_dict(), job, index)
+    if not bind_all:  # the shim's effect is checked, not assumed (see _fleet/exposure.py)
+        own = os.environ.get(BIND_ADDR_ENV, "")
+        check_listening(f"{job}:{index}", task.address, os.getpid(), {own}, port=task.port)
     bound = os.environ.get(BIND_ADDR_ENV, "every interface") if not bind_all else "every interface"
     print(
         f"graphdist serve: /job:{job}/task:{index} ready at {server.target} "

@@ -22,6 +22,7 @@ import psutil
 
 from graphdist._exceptions import StateError
 from graphdist._fleet.process import STOP_GRACE_S, stop_all
+from graphdist._private import private_dir
 
 __all__ = [
     "STATE_DIR_ENV",
@@ -155,7 +156,9 @@ def read_error(state_dir: str) -> dict[str, str] | None:
 
 
 def read_state(state_dir: str) -> FleetRecord | None:
-    """The fleet recorded in ``state_dir``, or ``None``; raises StateError if it is unreadable."""
+    """The fleet recorded in ``state_dir``, or ``None``; raises StateError if it is unreadable
+    or the folder is not private to this user (a record there could name anyone's processes)."""
+    private_dir(state_dir, "the fleet's state folder", create=False)
     path = os.path.join(state_dir, STATE_FILE)
     try:
         with open(path, encoding="utf-8") as f:

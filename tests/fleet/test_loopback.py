@@ -6,13 +6,16 @@ import ipaddress
 import json
 import os
 import socket
+import subprocess
+import sys
 import textwrap
 
 import psutil
 import pytest
 
 import graphdist
-from tests.conftest import run_python
+from graphdist._ports import pick_free_ports, release_ports
+from tests.conftest import EVENTUALLY_S, REPO, run_python, wait_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -96,3 +99,156 @@ def test_no_mechanism_is_a_clear_error_not_a_silent_exposure(tmp_path):
     assert result.stdout.startswith("refused: Cannot keep the servers on loopback")
     assert "expose=True" in result.stdout
     assert not os.listdir(tmp_path / "graphdist")
+
+
+# -- verified, not assumed (the shim's effect is checked after every start) ----------------------
+
+
+def listening(pid: int) -> list[tuple[str, int]]:
+    return [
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    ]
+
+
+def test_check_listening_refuses_wildcards_and_foreign_addresses():
+    from graphdist._fleet.exposure import check_listening
+
+    ok = [("127.0.0.1", 1), ("::1", 2), ("::ffff:127.0.0.3", 3)]
+    assert check_listening("w:0", "a", None, sockets=ok) == ok
+    for bad in ("0.0.0.0", "::", "10.1.2.3", "::ffff:10.1.2.3"):
+        with pytest.raises(graphdist.ExposedServerError, match="listens on") as info:
+            check_listening("w:0", "a", None, sockets=[*ok, (bad, 4)])
+        assert info.value.sockets == [(bad, 4)] and info.value.task == "w:0"
+    # an address the fleet was told to use is fine; a port filter ignores the process's others
+    assert check_listening("w:0", "a", None, ["10.1.2.3"], sockets=[("::ffff:10.1.2.3", 4)])
+    assert check_listening("w:0", "a", None, sockets=[("0.0.0.0", 9), ("127.0.0.1", 4)], port=4)
+
+
+def test_sockets_that_cannot_be_read_are_a_refusal_not_a_pass():
+    from graphdist._fleet.exposure import check_listening
+
+    proc = psutil.Popen(["sleep", "0"])
+    proc.wait()
+    with pytest.raises(graphdist.ExposedServerError, match="Cannot check"):
+        check_listening("w:0", "a", proc.pid)
+    with pytest.raises(graphdist.ExposedServerError, match="process id is unknown"):
+        check_listening("w:0", "a", None)
+
+
+def test_a_shim_that_does_nothing_is_caught_and_the_fleet_stopped(monkeypatch):
+    """The loader may skip or load a library that does not interpose bind(): the servers then
+    listen on every interface. The start must refuse and leave nothing running."""
+    import graphdist._fleet.local as local
+
+    inert = "libm.so.6"  # loads fine, interposes nothing
+    monkeypatch.setattr(local, "loopback_library", lambda: inert)
+    fleet = graphdist.LocalFleet("local=2")
+    with pytest.raises(
+        graphdist.ExposedServerError, match=r"listens on \[::\]:|listens on 0\.0\.0\.0:"
+    ) as info:
+        fleet.start()
+    assert fleet.state is graphdist.FleetState.FAILED
+    assert info.value.sockets and all(ip in ("0.0.0.0", "::") for ip, _ in info.value.sockets)
+    assert wait_gone([p for p in fleet.pids if p], EVENTUALLY_S) == []
+    assert all(not t.alive for t in fleet.tasks)
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage"])
+def test_a_broken_cached_shim_is_rebuilt_and_servers_stay_on_loopback(tmp_path, damage):
+    code = textwrap.dedent(
+        """
+        import json, psutil, graphdist
+        from graphdist._fleet.loopback import loopback_library
+        with graphdist.LocalFleet("local=1") as fleet:
+            pid = fleet.tasks[0].pid
+            found = [c.laddr.ip for c in psutil.Process(pid).net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN]
+        print(json.dumps({"listening": found, "path": loopback_library()}))
+        """
+    )
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    first = run_python(["-c", code], env=env)
+    assert first.returncode == 0, first.stderr
+    path = json.loads(first.stdout.splitlines()[-1])["path"]
+    size = os.path.getsize(path)
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:
+        if damage == "empty":
+            f.truncate(0)
+        elif damage == "truncated":
+            f.truncate(size // 2)
+        else:
+            f.write(b"\x00not an ELF file" * 64)
+    second = run_python(["-c", code], env=env)
+    assert second.returncode == 0, second.stderr
+    assert "building it again" in second.stderr
+    listening_on = json.loads(second.stdout.splitlines()[-1])["listening"]
+    assert listening_on and all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for ip in listening_on)
+    assert os.path.getsize(path) == size
+
+
+def test_eight_processes_building_the_shim_at_once_all_get_a_working_one(tmp_path):
+    code = (
+        "import sys; sys.path.insert(0, '.');"
+        "from graphdist._fleet.loopback import loopback_library; print(loopback_library())"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+        for _ in range(8)
+    ]
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), [err for _, err in outputs]
+    paths = {out.strip() for out, _ in outputs}
+    assert len(paths) == 1
+    (path,) = paths
+    probe = "import socket; s = socket.socket(); s.bind(('0.0.0.0', 0)); print(s.getsockname()[0])"
+    bound = subprocess.run(
+        [sys.executable, "-S", "-c", probe],
+        env={"LD_PRELOAD": path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bound.stdout.strip() == "127.0.0.1", bound.stderr
+    assert sorted(os.listdir(os.path.dirname(path))) == [os.path.basename(path)]
+
+
+def test_a_users_own_preload_is_kept_after_the_shim():
+    from graphdist._fleet.loopback import with_preload
+
+    assert with_preload("/c/shim.so", None) == "/c/shim.so"
+    assert (
+        with_preload("/c/shim.so", "libtcmalloc.so /x/y.so") == "/c/shim.so:libtcmalloc.so:/x/y.so"
+    )
+    assert with_preload("/c/shim.so", "/c/shim.so:a.so") == "/c/shim.so:a.so"
+
+
+def test_serve_refuses_a_wildcard_address_without_bind_all():
+    (port,) = pick_free_ports(1)
+    cluster = json.dumps({"w": [f"0.0.0.0:{port}"]})
+    result = run_python(
+        ["-m", "graphdist", "serve", "--cluster", cluster, "--job", "w", "--task", "0"]
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("Error:") and "wildcard" in lines[-1] and "--bind-all" in lines[-1]
+    assert "Traceback" not in result.stderr
+    release_ports([port])
+
+
+def test_mixed_loopback_and_network_hosts_are_refused_before_anything_starts():
+    host = socket.gethostname()
+    fleet = graphdist.LocalFleet({"w": ["127.0.0.1:23456", f"{host}:23457"]})
+    with pytest.raises(graphdist.ClusterSpecError, match="w:1"):
+        fleet.start()
+    assert fleet.tasks == ()

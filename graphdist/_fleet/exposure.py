@@ -1,0 +1,110 @@
+"""Checking where a server really listens: the fail-closed half of the loopback promise.
+
+The bind shim (:mod:`graphdist._fleet.loopback`) is how servers are kept on loopback; this module
+is how graphdist knows that it worked. After a server answers, its process's listening sockets are
+read from the operating system (through ``psutil``) and every one of them must be on a loopback
+address (``127.0.0.0/8``, ``::1``, ``::ffff:127.x.y.z``) or on an address the fleet was told to
+use (a Ray node's or a real host's own address). A wildcard (``0.0.0.0``, ``::``) or any other
+address — a shim that the dynamic loader skipped, a shim built wrong, a server that bound by
+itself — raises :class:`ExposedServerError`, and the fleet stops the server. Where the sockets
+cannot be read at all the answer is the same refusal: the promise is checked, never assumed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+
+import psutil
+
+from graphdist._exceptions import ExposedServerError
+
+__all__ = ["check_listening", "is_loopback_ip", "listening_sockets"]
+
+
+def listening_sockets(pid: int) -> list[tuple[str, int]]:
+    """The ``(address, port)`` of every TCP socket that process ``pid`` listens on; raises
+    :class:`psutil.Error` where the process is gone or cannot be read."""
+    process = psutil.Process(pid)
+    reader = getattr(process, "net_connections", None) or process.connections  # psutil < 6
+    return sorted(
+        (conn.laddr.ip, conn.laddr.port)
+        for conn in reader(kind="tcp")
+        if conn.status == psutil.CONN_LISTEN
+    )
+
+
+def _address(ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``ip`` as the OS reports it, parsed, with a v4-mapped IPv6 address unwrapped."""
+    try:
+        address = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def is_loopback_ip(ip: str) -> bool:
+    """Whether ``ip`` (IPv4 or IPv6, v4-mapped included) is a loopback address."""
+    address = _address(ip)
+    return address is not None and address.is_loopback
+
+
+def _plain(ip: str) -> str:
+    """``ip`` without a v4-mapped prefix, for comparing with a cluster's IPv4 addresses."""
+    address = _address(ip)
+    return ip if address is None else str(address)
+
+
+def check_listening(
+    task: str,
+    address: str,
+    pid: int | None,
+    allowed: Iterable[str] = (),
+    *,
+    sockets: list[tuple[str, int]] | None = None,
+    port: int | None = None,
+) -> list[tuple[str, int]]:
+    """Raise :class:`ExposedServerError` unless every socket that the server of ``task`` (process
+    ``pid``) listens on is loopback or in ``allowed``; returns the sockets it checked.
+
+    ``sockets`` skips reading them from the OS (a backend that asks the process itself, as Ray
+    does); ``port`` limits the check to that port (a process that also runs other services).
+    """
+    if sockets is None:
+        if pid is None:
+            raise ExposedServerError(
+                f"Cannot check where the server of {task} listens: its process id is unknown; "
+                "refusing it rather than assuming it is on loopback",
+                task=task,
+                address=address,
+            )
+        try:
+            sockets = listening_sockets(pid)
+        except psutil.Error as exc:
+            raise ExposedServerError(
+                f"Cannot check where the server of {task} (pid {pid}) listens "
+                f"({type(exc).__name__}: {exc}); refusing it rather than assuming it is on "
+                "loopback",
+                task=task,
+                address=address,
+            ) from None
+    allowed_plain = {_plain(ip) for ip in allowed}
+    checked = [(ip, p) for ip, p in sockets if port is None or p == port]
+    bad = [
+        (ip, p) for ip, p in checked if not is_loopback_ip(ip) and _plain(ip) not in allowed_plain
+    ]
+    if bad:
+        where = ", ".join(f"{ip}:{p}" if ":" not in ip else f"[{ip}]:{p}" for ip, p in bad)
+        raise ExposedServerError(
+            f"The server of {task} listens on {where}, reachable from other machines, although "
+            "graphdist was asked to keep it on loopback; it was stopped. The bind shim did not "
+            "take effect (a broken cached library, or LD_PRELOAD ignored by the loader): remove "
+            "~/.cache/graphdist/loopback-bind-*.so and retry, or pass expose=True (CLI: "
+            "--expose) if you do want it reachable",
+            task=task,
+            address=address,
+            sockets=bad,
+        )
+    return checked

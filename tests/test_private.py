@@ -1,0 +1,100 @@
+"""graphdist's own folders are private to their user, and a hostile one is refused in one line."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+import graphdist
+from graphdist._private import private_dir, runtime_dir
+from tests.conftest import REPO, run_python
+
+
+def mode(path: str) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def test_a_new_folder_is_created_0700_and_a_wide_one_of_ours_is_narrowed(tmp_path):
+    new = str(tmp_path / "a" / "b")
+    assert private_dir(new) == new and mode(new) == 0o700
+    wide = tmp_path / "wide"
+    wide.mkdir(mode=0o777)
+    os.chmod(wide, 0o777)
+    private_dir(str(wide))
+    assert mode(str(wide)) == 0o700
+
+
+def test_a_link_is_refused_not_followed(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    with pytest.raises(graphdist.StateError, match="symbolic link") as info:
+        private_dir(str(link), "the test folder")
+    assert info.value.state_dir == str(link)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to make a folder owned by another user")
+def test_a_folder_owned_by_another_user_is_refused(tmp_path):
+    hostile = tmp_path / "hostile"
+    hostile.mkdir()
+    os.chown(hostile, 65534, 65534)
+    with pytest.raises(graphdist.StateError, match="belongs to uid 65534"):
+        private_dir(str(hostile))
+    # a missing folder is fine without creating it; an existing hostile one is not
+    assert private_dir(str(tmp_path / "missing"), create=False) == str(tmp_path / "missing")
+    assert not (tmp_path / "missing").exists()
+
+
+def test_runtime_dir_prefers_the_users_own_xdg_runtime_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert runtime_dir() == str(tmp_path / "graphdist")
+    assert mode(runtime_dir()) == 0o700
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "does-not-exist"))
+    assert runtime_dir().startswith(os.path.join(os.path.realpath("/tmp"), "graphdist-")) or (
+        "graphdist-" in runtime_dir()
+    )
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to plant a folder as another user")
+def test_a_port_lock_folder_planted_by_another_user_is_a_one_line_error(tmp_path):
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    planted = runtime / "graphdist"
+    planted.mkdir()
+    os.chown(planted, 65534, 65534)
+    code = "import graphdist; graphdist.LocalFleet('local=2').start()"
+    result = run_python(["-c", code], env={"XDG_RUNTIME_DIR": str(runtime)})
+    assert result.returncode != 0
+    assert f"StateError: {planted} (graphdist's runtime folder) belongs to uid 65534" in (
+        result.stderr
+    )
+    cli = run_python(
+        ["-m", "graphdist", "up", "--cluster", "local=2", "--json"],
+        env={"XDG_RUNTIME_DIR": str(runtime)},
+    )
+    assert cli.returncode == 2
+    assert cli.stderr.strip().splitlines()[-1].startswith(f"Error: {planted} (graphdist's")
+    assert "Traceback" not in cli.stderr
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to plant a folder as another user")
+def test_a_state_folder_of_another_user_is_never_read(tmp_path):
+    planted = tmp_path / "state"
+    planted.mkdir()
+    (planted / "fleet.json").write_text("{}")
+    os.chown(planted, 65534, 65534)
+    for command in ("status", "down"):
+        result = subprocess.run(
+            [sys.executable, "-m", "graphdist", command, "--state-dir", str(planted)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
+        assert result.returncode == 2, (command, result.stderr)
+        assert "belongs to uid 65534" in result.stderr.strip().splitlines()[-1]
