@@ -96,8 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--expose",
         action="store_true",
-        help="let servers listen on every interface (default: loopback only); TensorFlow's "
-        "servers have no authentication, so anyone who reaches the ports can run code",
+        help="let servers be reached from the network (default: loopback only): every "
+        "interface, or with --backend ray each node's own address (needed when Ray places "
+        "servers on other hosts); TensorFlow's servers have no authentication, so anyone who "
+        "reaches the ports can run code",
     )
     up.add_argument(
         "--backend",

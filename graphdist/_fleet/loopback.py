@@ -160,8 +160,8 @@ def server_bind_address(task: Task, *, expose: bool, allow_own_host: bool = Fals
     """Where the server of ``task`` listens: the one place graphdist decides it.
 
     ``None`` with ``expose`` (TensorFlow's own default: every interface). Otherwise the loopback
-    address of a loopback host (``localhost`` and ``[::1]`` → ``127.0.0.1``); with
-    ``allow_own_host`` (a server on a real host, a Ray actor on its node) the IPv4 address the
+    address of a loopback host (``localhost`` → ``127.0.0.1``, ``[::1]`` → ``::1``); with
+    ``allow_own_host`` (a server on a real host: ``serve``) the IPv4 address the
     task's host resolves to; anything else raises :class:`ClusterSpecError` naming the task.
     """
     if expose:

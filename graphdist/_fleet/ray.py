@@ -11,9 +11,31 @@ How a fleet comes up on a Ray cluster (the pattern of TF_FACTS, "Scale-out on Ra
    actor dies, Ray starts it again in the same bundle (same node, same port), and new sessions
    work once it answers.
 
-Unless ``expose=True``, each actor's process loads graphdist's bind shim (through Ray's
-``runtime_env``) so its server listens on its node's address only, not on every interface.
-``import graphdist`` never imports Ray; install it with ``pip install graphdist[ray]``.
+Where the servers listen (TensorFlow's servers have no authentication; see
+:mod:`graphdist._fleet.loopback`). Every actor's process loads graphdist's bind shim (through
+Ray's ``runtime_env``), so no server ever listens on a wildcard address; which address it gets
+is decided by :func:`plan_hosts` once Ray has placed the bundles, before any actor starts:
+
+* every bundle on this process's own host (one node, or simulated nodes sharing its IP
+  address): each server binds ``127.0.0.1`` and the cluster spec names ``127.0.0.1``, as in a
+  :class:`LocalFleet` -- also on a Ray cluster whose node address is a network one;
+* servers on other hosts (a real multi-node cluster, or one node that is not this process's):
+  they must reach each other, and this process must reach them, over the network, so the fleet
+  refuses to start (:class:`ClusterSpecError`, before any actor starts) unless ``expose=True``;
+* ``expose=True``: each server binds its node's cluster address only, never a wildcard, and
+  the cluster spec names it -- also on a single node, so that an exposed fleet is reachable at
+  the address it reports. On a Ray instance that graphdist started itself that address is
+  ``127.0.0.1`` (see below): start Ray on a network address yourself to really expose it.
+
+After the servers answer, each actor reports its process's listening sockets and the server's
+port must be on loopback or on that node address (:mod:`graphdist._fleet.exposure`); the
+sockets of Ray's own core worker in the same process are Ray's.
+
+The Ray instance graphdist starts itself (no ``address``, no ``RAY_ADDRESS``, no running local
+cluster) runs in Ray's single-machine mode: node address ``127.0.0.1``, no dashboard, so its
+GCS, raylet, agents and workers all listen on loopback only; graphdist checks the node address
+it got and refuses to go on otherwise. ``import graphdist`` never imports Ray; install it with
+``pip install graphdist[ray]``.
 """
 
 from __future__ import annotations
@@ -23,33 +45,58 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from graphdist._cluster import Cluster, Task
-from graphdist._exceptions import ArgumentError, ClusterSpecError, StartTimeoutError
+from graphdist._exceptions import (
+    ArgumentError,
+    ClusterSpecError,
+    ExposedServerError,
+    LoopbackUnavailableError,
+    StartTimeoutError,
+)
 from graphdist._fleet.base import Fleet, TaskView
-from graphdist._fleet.loopback import server_bind_address, shim_env
+from graphdist._fleet.exposure import check_listening, is_loopback_ip
+from graphdist._fleet.loopback import BIND_ADDR_ENV, shim_env
 from graphdist._fleet.probe import Prober
 from graphdist._validate import timeout_ms, timeout_s
 
-__all__ = ["RayFleet", "RayTask"]
+__all__ = ["RayFleet", "RayTask", "plan_hosts"]
 
 log = logging.getLogger("graphdist.ray")
 DEFAULT_START_TIMEOUT_S = 180.0
 STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
+LOOPBACK = "127.0.0.1"
 
 
 class _ServerActor:
-    """Runs in a Ray actor: one TensorFlow server, started when the actor is (re)created."""
+    """Runs in a Ray actor: one TensorFlow server, started when the actor is (re)created.
 
-    def __init__(self, cluster: dict[str, Any], job: str, index: int) -> None:
+    The process was started with the bind shim set to its node's address (so that Ray's own
+    core worker, bound before this runs, stays reachable where Ray says it is); the server
+    binds ``bind``, which the shim reads at each ``bind()`` call.
+    """
+
+    def __init__(self, cluster: dict[str, Any], job: str, index: int, bind: str) -> None:
         from graphdist._fleet.server import start_server
 
-        self._server = start_server(cluster, job, index)
+        node = os.environ.get(BIND_ADDR_ENV)
+        os.environ[BIND_ADDR_ENV] = bind
+        try:
+            self._server = start_server(cluster, job, index)
+        finally:
+            if node is not None:
+                os.environ[BIND_ADDR_ENV] = node
 
     def pid(self) -> int:
         return os.getpid()
+
+    def listening(self) -> list[tuple[str, int]]:
+        """Every TCP socket this process listens on (the server's and Ray's own)."""
+        from graphdist._fleet.exposure import listening_sockets
+
+        return listening_sockets(os.getpid())
 
 
 def _reserve_port() -> tuple[str, int, str]:
@@ -63,14 +110,132 @@ def _reserve_port() -> tuple[str, int, str]:
     return node_ip, port, ray.get_runtime_context().get_node_id()
 
 
-class RayTask(TaskView):
-    """One server of a :class:`RayFleet`: its task, actor, node and current pid."""
+def plan_hosts(
+    nodes: Sequence[tuple[str, str]],
+    driver: tuple[str, str] | None,
+    *,
+    expose: bool,
+) -> list[str]:
+    """Where each bundle's server listens, which is also its host in the cluster spec.
 
-    def __init__(self, task: Task, actor: Any, node_id: str, bundle: int) -> None:
+    ``nodes`` gives each bundle's ``(node id, node IP)``; ``driver`` this process's, or ``None``
+    where it is unknown (a Ray client). Without ``expose``: ``127.0.0.1`` for every bundle if all
+    are on this process's host (its node, a node with the same IP address, or a loopback node
+    address, which only a single-machine Ray has); otherwise :class:`ClusterSpecError`, since
+    the servers would have to be reached over the network. With ``expose``: each node's own
+    address (never a wildcard). A pure function: :class:`RayFleet` calls it once Ray has placed
+    the bundles and before any actor starts.
+    """
+    ips = [ip for _, ip in nodes]
+    v6 = sorted({ip for ip in ips if ":" in ip and not is_loopback_ip(ip)})
+    if v6:
+        raise ClusterSpecError(
+            f"Ray node address(es) {', '.join(v6)} are IPv6; graphdist's bind shim handles IPv4 "
+            "node addresses only (start the Ray nodes with an IPv4 --node-ip-address)",
+            v6,
+        )
+    if expose:
+        return ips
+
+    def here(node: str, ip: str) -> bool:
+        if is_loopback_ip(ip):
+            return True  # only a single-machine Ray has loopback node addresses
+        return driver is not None and (node == driver[0] or ip == driver[1])
+
+    away = sorted({ip for node, ip in nodes if not here(node, ip)})
+    if not away:
+        return [LOOPBACK] * len(nodes)
+    this = "this process (a Ray client)" if driver is None else f"this process ({driver[1]})"
+    raise ClusterSpecError(
+        f"Ray placed servers on {', '.join(away)}, another host than {this}: servers on "
+        "different hosts must reach each other, and this process must reach them, over the "
+        "network, and TensorFlow's servers have no authentication (whoever reaches a port can "
+        "run code in it). Pass expose=True (CLI: --expose) to bind each server to its node's "
+        "cluster address only (never every interface), or run this process on the one node "
+        "that holds every server",
+        away,
+    )
+
+
+def _starts_local_ray(address: str | None) -> bool:
+    """Whether ``ray.init(address)`` would start a new local Ray instance rather than connect
+    (Ray's own resolution: ``address``, else ``RAY_ADDRESS``, else the latest local cluster)."""
+    from ray._private import services as ray_services
+
+    services: Any = ray_services  # private API (ray>=2.60,<2.61 is pinned)
+    if address is None or address == "auto":
+        address = os.environ.get("RAY_ADDRESS") or address
+    if address == "local":
+        return True
+    if address is not None and "://" in address:
+        return False  # a Ray client
+    services.find_gcs_addresses.cache_clear()
+    try:
+        return services.canonicalize_bootstrap_address(address) is None
+    except Exception:
+        return False  # ray.init(address) says what is wrong with it
+
+
+def _init_loopback_ray() -> None:
+    """Start a local Ray instance whose every process listens on loopback only.
+
+    Ray binds its servers (GCS, raylet, agents, core workers) to loopback exactly when the node
+    address is loopback, but on Linux ``ray.init`` turns a ``127.0.0.1`` node address into the
+    machine's network address unless it runs in its single-machine mode (the default on macOS
+    and Windows, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``); that mode is switched on for the
+    call. The node address Ray ends up with is checked: anything else is refused.
+    """
+    import ray
+    import ray._private.ray_constants as ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(
+            address="local",
+            _node_ip_address=LOOPBACK,
+            include_dashboard=False,
+            log_to_driver=False,
+            namespace="graphdist",
+        )
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+    node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    if not is_loopback_ip(node_ip):
+        ray.shutdown()
+        raise LoopbackUnavailableError(
+            f"The Ray instance graphdist started runs on {node_ip}, not on loopback, so it would "
+            "be reachable from the network; it was shut down. Start Ray yourself and pass its "
+            "address (address=... / --address)"
+        )
+
+
+def _driver_node() -> tuple[str, str] | None:
+    """This process's Ray ``(node id, node IP)``; ``None`` for a Ray client (it may run
+    anywhere)."""
+    import ray
+
+    try:
+        from ray.util.client import ray as ray_client
+
+        client: Any = ray_client
+        if client.is_connected():
+            return None
+    except ImportError:
+        pass
+    node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    return ray.get_runtime_context().get_node_id(), node_ip
+
+
+class RayTask(TaskView):
+    """One server of a :class:`RayFleet`: its task, actor, node, bind address and current pid."""
+
+    def __init__(self, task: Task, actor: Any, node_id: str, bundle: int, bind: str) -> None:
         self.task = task
         self.actor = actor
         self.node_id = node_id
         self.bundle = bundle
+        self.bind = bind
         self.pid: int | None = None
         self.restarts = 0
         self.exitcode: int | None = None
@@ -111,11 +276,14 @@ class RayFleet(Fleet[RayTask]):
 
     ``cluster`` gives task counts (``"worker=3"`` or ``{"worker": 3}``): Ray picks the nodes, and
     graphdist the ports. ``address`` is passed to ``ray.init`` (``None``: a running cluster in
-    this process, else ``RAY_ADDRESS``, else a new local one); a Ray runtime this fleet started
-    is shut down by :meth:`close`. ``strategy`` is the placement group strategy (``SPREAD``).
+    this process, else ``RAY_ADDRESS``, else the latest local cluster, else a new local one on
+    loopback only); :meth:`close` shuts down a Ray runtime this fleet started (and disconnects
+    from one it connected to). ``strategy`` is the placement group strategy (``SPREAD``).
     ``cpus_per_task`` is reserved for every server (default 1). ``start_timeout_s`` bounds the
     placement and the servers' start (``None``: :data:`DEFAULT_START_TIMEOUT_S`, 180 s, for the
-    TensorFlow import in each new actor). Sessions, devices, health: as :class:`LocalFleet`.
+    TensorFlow import in each new actor). ``expose``: needed when the servers are on other
+    hosts than this process; each then listens on its node's address only (see the module
+    docstring). Sessions, devices, health: as :class:`LocalFleet`.
     """
 
     def __init__(
@@ -162,7 +330,10 @@ class RayFleet(Fleet[RayTask]):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         if not ray.is_initialized():
-            ray.init(address=self.address, log_to_driver=False, namespace="graphdist")
+            if _starts_local_ray(self.address):
+                _init_loopback_ray()
+            else:
+                ray.init(address=self.address, log_to_driver=False, namespace="graphdist")
             self._owns_ray = True
         names = [(job, i) for job in sorted(self.counts) for i in range(self.counts[job])]
         self._pg = placement_group([{"CPU": self.cpus_per_task}] * len(names), self.strategy)
@@ -186,26 +357,45 @@ class RayFleet(Fleet[RayTask]):
         ]
         reserve = ray.remote(num_cpus=self.cpus_per_task)(_reserve_port)
         spots = ray.get([reserve.options(scheduling_strategy=s).remote() for s in on_bundle])
+        hosts = plan_hosts(
+            [(node, ip) for ip, _, node in spots], _driver_node(), expose=self.expose
+        )
+        if self.expose:
+            exposed = sorted({h for h in hosts if not is_loopback_ip(h)})
+            if exposed:
+                log.warning(
+                    "expose=True: the servers of %r listen on %s; TensorFlow's gRPC runtime has "
+                    "no authentication, so anyone who can reach these ports can run code in them",
+                    self,
+                    ", ".join(exposed),
+                )
+            else:
+                log.warning(
+                    "expose=True, but the Ray node address is loopback (a Ray instance on this "
+                    "machine only): the servers of %r listen on 127.0.0.1",
+                    self,
+                )
         jobs: dict[str, list[str]] = {}
-        for (job, _), (ip, port, _) in zip(names, spots, strict=True):
-            jobs.setdefault(job, []).append(f"{ip}:{port}")
+        for (job, _), host, (_, port, _) in zip(names, hosts, spots, strict=True):
+            jobs.setdefault(job, []).append(f"{host}:{port}")
         self.cluster = Cluster(jobs)
         actor_class = ray.remote(_ServerActor)
         spec = self.cluster.as_dict()
-        for i, ((job, index), (_, _, node)) in enumerate(zip(names, spots, strict=True)):
+        for i, ((job, index), host, (ip, _, node)) in enumerate(
+            zip(names, hosts, spots, strict=True)
+        ):
             options: dict[str, Any] = {
                 "scheduling_strategy": on_bundle[i],
                 "num_cpus": self.cpus_per_task,
                 "max_restarts": -1,
                 "name": f"graphdist-{os.getpid()}-{id(self):x}-{job}-{index}",
+                # The shim is set to the node's address for Ray's own sockets in the process;
+                # the actor switches it to ``host`` for its server (see _ServerActor).
+                "runtime_env": {"env_vars": shim_env(ip)},
             }
-            address = server_bind_address(
-                self.cluster.task(job, index), expose=self.expose, allow_own_host=True
-            )
-            if address is not None:
-                options["runtime_env"] = {"env_vars": shim_env(address)}
-            actor = actor_class.options(**options).remote(spec, job, index)
-            self._tasks[(job, index)] = RayTask(self.cluster.task(job, index), actor, node, i)
+            actor = actor_class.options(**options).remote(spec, job, index, host)
+            task = self.cluster.task(job, index)
+            self._tasks[(job, index)] = RayTask(task, actor, node, i, host)
 
     def _wait_ready(self, tasks: list[RayTask], timeout_s: float) -> None:
         import ray
@@ -230,6 +420,38 @@ class RayFleet(Fleet[RayTask]):
                             address=task.address,
                         )
                     time.sleep(0.05)
+
+    def _allowed_addresses(self, task: RayTask) -> frozenset[str]:
+        """Loopback only, or the node address the server was bound to: never anything else,
+        not even with ``expose`` (a Ray server never listens on a wildcard)."""
+        return frozenset() if is_loopback_ip(task.bind) else frozenset({task.bind})
+
+    def _check_listening(self, task: RayTask, allowed: frozenset[str]) -> None:
+        """Ask the actor for its process's listening sockets (it may be on another node) and
+        check the server's port; Ray's own sockets in that process are Ray's business."""
+        import ray
+
+        name = f"{task.job}:{task.index}"
+        try:
+            sockets = ray.get(task.actor.listening.remote(), timeout=30.0)
+        except Exception as exc:
+            raise ExposedServerError(
+                f"Cannot check where the server of {name} listens (its actor did not say: "
+                f"{type(exc).__name__}: {exc}); refusing it rather than assuming it is on "
+                "loopback",
+                task=name,
+                address=task.address,
+            ) from None
+        checked = check_listening(
+            name, task.address, task.pid, allowed, sockets=sockets, port=task.task.port
+        )
+        if not checked:
+            raise ExposedServerError(
+                f"The server of {name} does not listen on its port {task.task.port} in its "
+                "actor's process; refusing it",
+                task=name,
+                address=task.address,
+            )
 
     def _kill_task(self, task: RayTask, sig: int) -> None:
         """Kill the actor (whatever ``sig``): Ray starts it again in the same bundle (same node

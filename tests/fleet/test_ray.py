@@ -1,5 +1,8 @@
 """RayFleet on a real multi-node Ray cluster (3 nodes simulated on this machine by
-``ray.cluster_utils.Cluster``): servers on distinct nodes, the split graph, recovery by Ray."""
+``ray.cluster_utils.Cluster``): servers on distinct nodes, the split graph, recovery by Ray.
+
+The simulated nodes share this machine's address, so the servers stay on loopback without
+``expose``; with ``--expose`` each listens on its node's address only (never a wildcard)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import psutil
 import pytest
 
 import graphdist
+from graphdist._fleet.exposure import is_loopback_ip, listening_sockets
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
 
 # Ray reads its auth settings when it is imported, so it is imported only once they are set.
@@ -72,6 +76,10 @@ def test_three_servers_on_three_nodes_run_the_split_graph_and_recover(ray_cluste
     with RayFleet("local=3", address=ray_cluster.address, strategy="STRICT_SPREAD") as fleet:
         assert len(set(fleet.node_ids.values())) == 3
         assert {t.job for t in fleet.tasks} == {"local"}
+        assert {t.task.host for t in fleet.tasks} == {"127.0.0.1"}  # one machine: loopback
+        for task in fleet.tasks:
+            server = [ip for ip, port in listening_sockets(task.pid) if port == task.task.port]
+            assert server and all(is_loopback_ip(ip) for ip in server), (task, server)
         graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
         with fleet.session("local", 0, graph=graph) as sess:
             assert sess.run(y) == SPLIT_GRAPH_RESULT
@@ -97,6 +105,20 @@ def test_unplaceable_fleet_fails_with_a_timeout_not_a_hang(ray_cluster):
     fleet.close()
 
 
+def test_servers_on_other_hosts_are_refused_before_any_actor_starts(ray_cluster, monkeypatch):
+    from graphdist._fleet import ray as ray_backend
+
+    # As if this process ran on another machine than every node of the cluster.
+    monkeypatch.setattr(ray_backend, "_driver_node", lambda: ("elsewhere", "203.0.113.9"))
+    fleet = ray_backend.RayFleet("local=2", address=ray_cluster.address)
+    with pytest.raises(graphdist.ClusterSpecError, match="expose=True") as info:
+        fleet.start()
+    assert "no authentication" in str(info.value)
+    assert fleet.state is graphdist.FleetState.FAILED
+    assert fleet.tasks == ()  # no actor was started
+    fleet.close()
+
+
 def test_counts_only():
     from graphdist._fleet.ray import RayFleet
 
@@ -107,16 +129,30 @@ def test_counts_only():
 
 
 def test_cli_up_with_the_ray_backend_runs_until_ctrl_c(ray_cluster):
+    """``--expose`` reaches the RayFleet: each server on its node's address, and only there."""
     import signal
 
     from tests.conftest import read_json_rows, start_graphdist
 
     proc = start_graphdist(
-        "up", "--cluster", "local=2", "--backend", "ray", "--address", ray_cluster.address, "--json"
+        "up",
+        "--cluster",
+        "local=2",
+        "--backend",
+        "ray",
+        "--address",
+        ray_cluster.address,
+        "--expose",
+        "--json",
     )
     try:
         rows = read_json_rows(proc)
         assert [(r["job"], r["task"]) for r in rows] == [("local", 0), ("local", 1)]
+        for row in rows:
+            host, port = row["address"].rsplit(":", 1)
+            assert host == ray_cluster.head_node.node_ip_address, row
+            server = [ip for ip, p in listening_sockets(row["pid"]) if p == int(port)]
+            assert server in ([host], [f"::ffff:{host}"]), server  # never a wildcard
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
     finally:

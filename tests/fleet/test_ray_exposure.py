@@ -1,0 +1,249 @@
+"""Where a RayFleet's servers and the Ray instance graphdist starts listen: loopback, unless the
+fleet is exposed, and then each server on its node's address only (never a wildcard)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import ipaddress
+import secrets
+import shutil
+import socket
+import sys
+import tempfile
+
+import psutil
+import pytest
+
+import graphdist
+from graphdist._fleet.exposure import is_loopback_ip, listening_sockets
+from graphdist._fleet.ray import plan_hosts
+from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
+from tests.conftest import EVENTUALLY_S, wait_gone
+
+needs_ray = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="Ray is not installed (pip install 'graphdist[ray]')",
+)
+DRIVER = ("driver-node", "10.0.0.1")
+
+
+# -- the decision, as a pure function of where Ray placed the bundles -----------------------------
+
+
+def test_one_loopback_node_binds_loopback():
+    assert plan_hosts([("n1", "127.0.0.1")] * 2, ("n1", "127.0.0.1"), expose=False) == [
+        "127.0.0.1",
+        "127.0.0.1",
+    ]
+
+
+def test_the_drivers_own_node_on_a_network_address_still_binds_loopback():
+    nodes = [(DRIVER[0], DRIVER[1])] * 3
+    assert plan_hosts(nodes, DRIVER, expose=False) == ["127.0.0.1"] * 3
+
+
+def test_simulated_nodes_sharing_the_drivers_address_bind_loopback():
+    nodes = [("n1", DRIVER[1]), ("n2", DRIVER[1]), (DRIVER[0], DRIVER[1])]
+    assert plan_hosts(nodes, DRIVER, expose=False) == ["127.0.0.1"] * 3
+
+
+def test_servers_on_other_hosts_need_expose_and_the_error_says_why():
+    nodes = [(DRIVER[0], DRIVER[1]), ("n2", "10.0.0.2"), ("n3", "10.0.0.3")]
+    with pytest.raises(graphdist.ClusterSpecError) as info:
+        plan_hosts(nodes, DRIVER, expose=False)
+    text = str(info.value)
+    for needed in ("10.0.0.2, 10.0.0.3", "over the network", "no authentication", "expose=True"):
+        assert needed in text
+    assert info.value.value == ["10.0.0.2", "10.0.0.3"]
+
+
+def test_one_node_that_is_not_the_drivers_needs_expose():
+    with pytest.raises(graphdist.ClusterSpecError, match="expose=True"):
+        plan_hosts([("n2", "10.0.0.2")] * 2, DRIVER, expose=False)
+
+
+def test_a_ray_client_driver_may_be_anywhere():
+    with pytest.raises(graphdist.ClusterSpecError, match="Ray client"):
+        plan_hosts([("n1", "10.0.0.2")], None, expose=False)
+    assert plan_hosts([("n1", "127.0.0.1")], None, expose=False) == ["127.0.0.1"]
+
+
+def test_expose_binds_each_node_address_never_a_wildcard():
+    nodes = [(DRIVER[0], DRIVER[1]), ("n2", "10.0.0.2"), ("n2", "10.0.0.2")]
+    hosts = plan_hosts(nodes, DRIVER, expose=True)
+    assert hosts == ["10.0.0.1", "10.0.0.2", "10.0.0.2"]
+    assert plan_hosts([DRIVER], DRIVER, expose=True) == ["10.0.0.1"]  # one node: the same rule
+    assert plan_hosts([("n1", "127.0.0.1")], None, expose=True) == ["127.0.0.1"]
+
+
+def test_ipv6_node_addresses_are_refused_where_the_shim_cannot_bind_them():
+    with pytest.raises(graphdist.ClusterSpecError, match="IPv6"):
+        plan_hosts([("n1", "fd00::2")], ("n1", "fd00::2"), expose=True)
+    with pytest.raises(graphdist.ClusterSpecError, match="IPv6"):
+        plan_hosts([("n1", "fd00::2")], ("n1", "fd00::2"), expose=False)
+
+
+def test_no_bundles_no_hosts():
+    assert plan_hosts([], DRIVER, expose=False) == []
+
+
+# -- real Ray instances on this machine ---------------------------------------------------------
+
+
+def _outside_addresses() -> list[str]:
+    found = []
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not ipaddress.ip_address(a.address).is_loopback:
+                found.append(a.address)
+    return found
+
+
+def _connects(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(2.0)
+        try:
+            s.connect((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _processes_of(marker: str) -> dict[int, psutil.Process]:
+    """Live processes whose command line mentions ``marker`` (the Ray instance's temp folder)."""
+    found = {}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if any(marker in part for part in proc.info["cmdline"] or []):
+                found[proc.pid] = proc
+    return found
+
+
+def _listening(procs: dict[int, psutil.Process]) -> dict[int, tuple[str, list[tuple[str, int]]]]:
+    """``pid`` → (name, listening TCP sockets) of each process that is still there."""
+    out = {}
+    for pid, proc in procs.items():
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
+            out[pid] = (proc.name(), listening_sockets(pid))
+    return out
+
+
+@pytest.fixture
+def ray_env(monkeypatch):
+    """A private Ray temp folder and auth token, no RAY_ADDRESS; every process the test's Ray
+    started must be gone afterwards."""
+    # Short: Ray's socket paths live below it and AF_UNIX paths stop at 107 bytes.
+    tmp = tempfile.mkdtemp(prefix="gdrx-")
+    monkeypatch.setenv("RAY_TMPDIR", tmp)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(16))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    _reload_ray_token()
+    import ray
+
+    assert not ray.is_initialized()
+    driver = psutil.Process()
+    before = {p.pid for p in driver.children(recursive=True)}
+    try:
+        yield tmp
+    finally:
+        # What this test's Ray started (its workers' command lines do not name the folder).
+        left = {p.pid for p in driver.children(recursive=True) if p.pid not in before}
+        ray.shutdown()
+        monkeypatch.undo()
+        _reload_ray_token()
+        assert wait_gone(left | set(_processes_of(tmp)), EVENTUALLY_S) == []
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _reload_ray_token() -> None:
+    """Ray caches its auth token per process: make it read this test's (or the next one's)."""
+    if "ray" in sys.modules:
+        from ray._raylet import AuthenticationTokenLoader
+
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
+@needs_ray
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_the_ray_graphdist_starts_and_its_servers_listen_on_loopback_only(ray_env):
+    import ray
+
+    from graphdist._fleet.ray import RayFleet
+
+    driver = psutil.Process()
+    before = {p.pid for p in driver.children(recursive=True)}
+    with RayFleet("local=2") as fleet:
+        assert ray.util.get_node_ip_address() == "127.0.0.1"
+        assert {t.task.host for t in fleet.tasks} == {"127.0.0.1"}
+        graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
+        with fleet.session("local", 0, graph=graph) as sess:
+            assert sess.run(y) == SPLIT_GRAPH_RESULT
+        for task in fleet.tasks:
+            sockets = listening_sockets(fleet.task(task.job, task.index).pid)
+            assert task.task.port in {port for _, port in sockets}, sockets
+            assert all(is_loopback_ip(ip) for ip, _ in sockets), (task, sockets)
+
+        # Every process of that Ray instance: what the driver started (GCS, raylet, monitors,
+        # and below the raylet its agents and workers) and whatever names its temp folder.
+        started = {p.pid: p for p in driver.children(recursive=True) if p.pid not in before}
+        procs = {**started, **_processes_of(ray_env)}
+        seen = _listening(procs)
+        names = {name for name, _ in seen.values()}
+        assert {"gcs_server", "raylet"} <= names, names
+        assert {t.pid for t in fleet.tasks} <= set(seen), seen
+        ray_sockets = [s for _, sockets in seen.values() for s in sockets]
+        ray_sockets += listening_sockets(driver.pid)  # the driver's own core worker
+        assert len(ray_sockets) >= 5, seen  # GCS, raylet (2), both servers at least
+        exposed = {
+            pid: v for pid, v in seen.items() if not all(is_loopback_ip(ip) for ip, _ in v[1])
+        }
+        assert exposed == {}
+        assert all(is_loopback_ip(ip) for ip, _ in listening_sockets(driver.pid))
+        for address in _outside_addresses():
+            reachable = [p for _, p in ray_sockets if _connects(address, p)]
+            assert reachable == [], (address, reachable)
+    assert fleet.state is graphdist.FleetState.CLOSED
+    assert not ray.is_initialized()  # close() shut down the Ray it started
+    assert wait_gone(procs, EVENTUALLY_S) == []
+
+
+@needs_ray
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_ray_node_on_a_network_address_still_gets_loopback_servers(ray_env):
+    import ray
+
+    from graphdist._fleet.ray import RayFleet
+
+    outside = _outside_addresses()
+    if not outside:
+        pytest.skip("this machine has no non-loopback IPv4 address for a Ray node")
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)  # the user's own Ray
+    node_ip = ray.util.get_node_ip_address()
+    assert not is_loopback_ip(node_ip)
+
+    with RayFleet("local=2") as fleet:
+        assert {t.task.host for t in fleet.tasks} == {"127.0.0.1"}
+        graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
+        with fleet.session("local", 0, graph=graph) as sess:
+            assert sess.run(y) == SPLIT_GRAPH_RESULT
+        for task in fleet.tasks:
+            port = task.task.port
+            server = [ip for ip, p in listening_sockets(task.pid) if p == port]
+            assert server and all(is_loopback_ip(ip) for ip in server), server
+            assert _connects("127.0.0.1", port)
+            assert not any(_connects(address, port) for address in outside)
+        # Ray's own core worker in the actor's process still answers (it keeps the node address).
+        assert ray.get(fleet.tasks[0].actor.pid.remote(), timeout=30) == fleet.tasks[0].pid
+
+    with RayFleet("local=1", expose=True) as fleet:
+        (task,) = fleet.tasks
+        assert task.task.host == node_ip
+        server = [ip for ip, p in listening_sockets(task.pid) if p == task.task.port]
+        assert server == [f"::ffff:{node_ip}"] or server == [node_ip], server
+        assert _connects(node_ip, task.task.port)
+        assert not _connects("127.0.0.1", task.task.port)  # the node's address only
+    assert ray.is_initialized()  # not the fleet's to shut down
