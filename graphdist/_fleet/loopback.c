@@ -1,53 +1,384 @@
 /* graphdist loopback-only bind shim, loaded with LD_PRELOAD into fleet server processes.
  *
  * TensorFlow's gRPC server always binds the wildcard address (0.0.0.0 / [::]), whatever host the
- * cluster names, and has no authentication. This interposes bind(): a wildcard address becomes
- * the loopback address in GRAPHDIST_BIND_ADDR (default 127.0.0.1); the IPv6 wildcard becomes the
- * same address v4-mapped (::ffff:127.0.0.1), so IPv4 clients of "localhost" still connect.
- * Any other address is passed through unchanged.
+ * cluster names, and has no authentication: whoever connects can run any op in it (read or write
+ * any file the server's user can). This library closes that in three places:
+ *
+ * bind()     A wildcard address becomes the loopback address in GRAPHDIST_BIND_ADDR (default
+ *            127.0.0.1). With an IPv4 value the IPv6 wildcard becomes the same address v4-mapped
+ *            (::ffff:127.0.0.1), so IPv4 clients of "localhost" still connect; with an IPv6 value
+ *            (::1) the IPv6 wildcard becomes that address and the IPv4 wildcard 127.0.0.1. Any
+ *            other address is passed through unchanged. The variable is read at each bind, so a
+ *            forked child may set it after the library was loaded.
+ *
+ * accept()   Loopback is shared by every user of the machine, so a TCP connection is only
+ * accept4()  handed to the caller if the peer's socket belongs to the server's own user or to
+ *            root. Root is allowed on purpose: it can read any process's memory and files anyway,
+ *            so refusing it protects nothing, and root-run clients and health checks keep working.
+ *            A refused connection is closed and the real accept called again, so the caller sees
+ *            the next connection, or EAGAIN / blocks, exactly as if the refused one never came.
+ *            The peer's socket (local address = our peer, remote address = us) is looked up with
+ *            one sock_diag netlink request: a hash lookup, whatever the number of sockets. Where
+ *            that cannot answer, or finds nothing for a local peer, its row is read from
+ *            /proc/net/tcp and tcp6 (uid: column 8): slower, as printing them walks the kernel's
+ *            whole socket hash table (~2 ms per accept here with 256k buckets, more with many
+ *            sockets open). A socket with inode 0 was already closed by its owner (FIN_WAIT2,
+ *            TIME_WAIT: the kernel then shows it as root's): its owner is unknown, so it is
+ *            refused (else another user could connect, send a request and close before we look).
+ *            A peer whose socket is not found is another machine (possible only when the server
+ *            was told to listen on a real address) and is let through, unless its address is
+ *            loopback or our own: then it is refused (said once on stderr if the kernel could not
+ *            be asked at all). Only AF_INET/AF_INET6 TCP connections are checked.
+ *
+ * constructor  Removes this library from LD_PRELOAD (keeping the user's other entries) unless
+ *            GRAPHDIST_SHIM_INHERIT=1, so the programs a server starts do not get the shim. The
+ *            process itself keeps it: the library stays mapped, and fork() children share it. So
+ *            a wrapper between whoever sets LD_PRELOAD and the server (sh -c, env, nice, strace)
+ *            takes the shim away from the server unless GRAPHDIST_SHIM_INHERIT=1; bash, which
+ *            replaces libc's unsetenv with its own, happens to pass it on.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 typedef int (*bind_fn)(int, const struct sockaddr *, socklen_t);
+typedef int (*accept_fn)(int, struct sockaddr *, socklen_t *);
+typedef int (*accept4_fn)(int, struct sockaddr *, socklen_t *, int);
 
-static struct in_addr loopback_addr(void) {
-    struct in_addr out;
+static bind_fn real_bind;
+static accept_fn real_accept;
+static accept4_fn real_accept4;
+
+static void resolve(void) {
+    if (real_bind == NULL) real_bind = (bind_fn)dlsym(RTLD_NEXT, "bind");
+    if (real_accept == NULL) real_accept = (accept_fn)dlsym(RTLD_NEXT, "accept");
+    if (real_accept4 == NULL) real_accept4 = (accept4_fn)dlsym(RTLD_NEXT, "accept4");
+}
+
+/* ---- bind ------------------------------------------------------------------------------- */
+
+/* GRAPHDIST_BIND_ADDR as an IPv4 (returns AF_INET) or IPv6 (AF_INET6) address; 127.0.0.1 when
+ * unset or unparsable. */
+static int loopback_addr(struct in_addr *v4, struct in6_addr *v6) {
     const char *text = getenv("GRAPHDIST_BIND_ADDR");
-    if (text == NULL || inet_pton(AF_INET, text, &out) != 1) {
-        out.s_addr = htonl(INADDR_LOOPBACK);
-    }
-    return out;
+    if (text != NULL && inet_pton(AF_INET, text, v4) == 1) return AF_INET;
+    if (text != NULL && inet_pton(AF_INET6, text, v6) == 1) return AF_INET6;
+    v4->s_addr = htonl(INADDR_LOOPBACK);
+    return AF_INET;
 }
 
 int bind(int fd, const struct sockaddr *addr, socklen_t len) {
-    static bind_fn real_bind = NULL;
-    if (real_bind == NULL) {
-        real_bind = (bind_fn)dlsym(RTLD_NEXT, "bind");
-    }
+    resolve();
+    struct in_addr v4;
+    struct in6_addr v6;
     if (addr != NULL && addr->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
         struct sockaddr_in a;
         memcpy(&a, addr, sizeof a);
         if (a.sin_addr.s_addr == htonl(INADDR_ANY)) {
-            a.sin_addr = loopback_addr();
+            if (loopback_addr(&v4, &v6) != AF_INET) v4.s_addr = htonl(INADDR_LOOPBACK);
+            a.sin_addr = v4;
             return real_bind(fd, (const struct sockaddr *)&a, sizeof a);
         }
     } else if (addr != NULL && addr->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
         struct sockaddr_in6 a;
         memcpy(&a, addr, sizeof a);
         if (IN6_IS_ADDR_UNSPECIFIED(&a.sin6_addr)) {
-            struct in_addr v4 = loopback_addr();
-            memset(&a.sin6_addr, 0, sizeof a.sin6_addr);
-            a.sin6_addr.s6_addr[10] = 0xff;
-            a.sin6_addr.s6_addr[11] = 0xff;
-            memcpy(&a.sin6_addr.s6_addr[12], &v4, 4);
+            if (loopback_addr(&v4, &v6) == AF_INET6) {
+                a.sin6_addr = v6;
+            } else { /* v4-mapped: ::ffff:a.b.c.d */
+                memset(&a.sin6_addr, 0, sizeof a.sin6_addr);
+                a.sin6_addr.s6_addr[10] = 0xff;
+                a.sin6_addr.s6_addr[11] = 0xff;
+                memcpy(&a.sin6_addr.s6_addr[12], &v4, 4);
+            }
             return real_bind(fd, (const struct sockaddr *)&a, sizeof a);
         }
     }
     return real_bind(fd, addr, len);
+}
+
+/* ---- accept: same user only ----------------------------------------------------------- */
+
+/* Both ends of an accepted connection: as IPv4 where both are IPv4 or v4-mapped (v4 set), and
+ * always as IPv6 (v4-mapped where need be). Ports in network byte order. */
+struct ends {
+    int v4;
+    struct in_addr me4, peer4;
+    struct in6_addr me6, peer6;
+    in_port_t me_port, peer_port;
+};
+
+/* The owner of the peer's socket from the kernel's sock_diag netlink interface: one exact lookup
+ * by address and port (a hash lookup, whatever the number of sockets). 1 found, 0 no such
+ * socket (or only a listener on its port), -1 cannot ask (no netlink, no inet_diag module). */
+static int diag_lookup(const struct ends *e, unsigned long *uid, unsigned long *inode) {
+    struct {
+        struct nlmsghdr nlh;
+        struct inet_diag_req_v2 req;
+    } msg;
+    memset(&msg, 0, sizeof msg);
+    msg.nlh.nlmsg_len = sizeof msg;
+    msg.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    msg.nlh.nlmsg_flags = NLM_F_REQUEST;
+    msg.req.sdiag_family = e->v4 ? AF_INET : AF_INET6; /* AF_INET also finds v4-mapped sockets */
+    msg.req.sdiag_protocol = IPPROTO_TCP;
+    msg.req.idiag_states = ~0U;
+    msg.req.id.idiag_sport = e->peer_port; /* the peer's socket: local = peer, remote = us */
+    msg.req.id.idiag_dport = e->me_port;
+    memcpy(msg.req.id.idiag_src, e->v4 ? (const void *)&e->peer4 : &e->peer6, e->v4 ? 4 : 16);
+    memcpy(msg.req.id.idiag_dst, e->v4 ? (const void *)&e->me4 : &e->me6, e->v4 ? 4 : 16);
+    msg.req.id.idiag_cookie[0] = msg.req.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+
+    int nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG), found = -1;
+    if (nl < 0) return -1;
+    long buf[1024]; /* aligned for nlmsghdr */
+    ssize_t n = -1;
+    if (send(nl, &msg, sizeof msg, 0) == (ssize_t)sizeof msg) {
+        do n = recv(nl, buf, sizeof buf, MSG_DONTWAIT); /* the reply is queued by send() */
+        while (n < 0 && errno == EINTR);
+    }
+    const struct nlmsghdr *h = (const struct nlmsghdr *)buf;
+    if (n > 0 && NLMSG_OK(h, (size_t)n)) {
+        if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY &&
+            h->nlmsg_len >= NLMSG_LENGTH(sizeof(struct inet_diag_msg))) {
+            const struct inet_diag_msg *m = NLMSG_DATA(h);
+            found = m->idiag_state != TCP_LISTEN;
+            *uid = m->idiag_uid;
+            *inode = m->idiag_inode;
+        } else if (h->nlmsg_type == NLMSG_ERROR &&
+                   h->nlmsg_len >= NLMSG_LENGTH(sizeof(struct nlmsgerr))) {
+            /* ENOENT: no such socket, or no diag module for TCP: proc_lookup tells them apart */
+            found = ((const struct nlmsgerr *)NLMSG_DATA(h))->error == -ENOENT ? 0 : -1;
+        }
+    }
+    close(nl);
+    return found;
+}
+
+/* An endpoint as the kernel prints it in /proc/net/tcp ("0100007F:1F90": the address's 32-bit
+ * words in host byte order, then the port) and in /proc/net/tcp6 (four words). */
+static void proc_v4(char out[16], const struct in_addr *a, in_port_t port) {
+    snprintf(out, 16, "%08X:%04X", (unsigned)a->s_addr, (unsigned)ntohs(port));
+}
+
+static void proc_v6(char out[40], const struct in6_addr *a, in_port_t port) {
+    uint32_t w[4];
+    memcpy(w, a, sizeof w);
+    snprintf(out, 40, "%08X%08X%08X%08X:%04X", (unsigned)w[0], (unsigned)w[1], (unsigned)w[2],
+             (unsigned)w[3], (unsigned)ntohs(port));
+}
+
+/* One row: "  sl: LOCAL REMOTE st tx:rx tr:when retrnsmt uid timeout inode ...". */
+static int match_row(const char *line, const char *local, const char *remote, size_t n,
+                     unsigned long *uid, unsigned long *inode) {
+    const char *p = strchr(line, ':');
+    if (p == NULL) return 0; /* the header */
+    for (p++; *p == ' '; p++) {}
+    if (strncmp(p, local, n) != 0 || p[n] != ' ' || strncmp(p + n + 1, remote, n) != 0) return 0;
+    p += 2 * n + 1;
+    for (int field = 0; field < 4; field++) { /* st, tx:rx, tr:when, retrnsmt */
+        for (; *p == ' '; p++) {}
+        for (; *p != ' ' && *p != '\0'; p++) {}
+    }
+    char *end;
+    *uid = strtoul(p, &end, 10);
+    strtoul(end, &end, 10); /* timeout */
+    *inode = strtoul(end, &end, 10);
+    return 1;
+}
+
+/* Find the row for (local, remote) in table: 1 found, 0 not found, -1 unreadable. One open, a
+ * read loop over a stack buffer, no stdio. */
+static int find_row(const char *table, const char *local, const char *remote, unsigned long *uid,
+                    unsigned long *inode) {
+    int fd = open(table, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    char buf[16384];
+    size_t have = 0, n = strlen(local);
+    int found = 0, skipping = 0; /* skipping: the rest of an over-long line */
+    for (;;) {
+        ssize_t got = read(fd, buf + have, sizeof buf - 1 - have);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            found = -1;
+            break;
+        }
+        have += (size_t)got;
+        buf[have] = '\0';
+        char *line = buf, *nl;
+        while ((nl = memchr(line, '\n', have - (size_t)(line - buf))) != NULL) {
+            *nl = '\0';
+            if (!skipping && match_row(line, local, remote, n, uid, inode)) {
+                found = 1;
+                break;
+            }
+            skipping = 0;
+            line = nl + 1;
+        }
+        if (found || got == 0) {
+            if (!found && !skipping && have > 0)
+                found = match_row(line, local, remote, n, uid, inode); /* no final newline */
+            break;
+        }
+        have -= (size_t)(line - buf);
+        memmove(buf, line, have);
+        if (have == sizeof buf - 1) { /* no row is this long: drop it */
+            have = 0;
+            skipping = 1;
+        }
+    }
+    close(fd);
+    return found;
+}
+
+/* The same answer from /proc/net/tcp (IPv4 client sockets) and /proc/net/tcp6 (IPv6 ones, v4
+ * mapped too): slower (the kernel walks its whole socket hash table to print them), so only
+ * where sock_diag cannot answer. */
+static int proc_lookup(const struct ends *e, unsigned long *uid, unsigned long *inode) {
+    char local[40], remote[40];
+    proc_v6(local, &e->peer6, e->peer_port), proc_v6(remote, &e->me6, e->me_port);
+    int found = find_row("/proc/net/tcp6", local, remote, uid, inode);
+    if (found != 1 && e->v4) {
+        proc_v4(local, &e->peer4, e->peer_port), proc_v4(remote, &e->me4, e->me_port);
+        int again = find_row("/proc/net/tcp", local, remote, uid, inode);
+        found = again == 1 || found == -1 ? again : found;
+    }
+    return found;
+}
+
+static void map_v4(struct in6_addr *out, const struct in_addr *a) {
+    memset(out, 0, sizeof *out);
+    out->s6_addr[10] = out->s6_addr[11] = 0xff;
+    memcpy(&out->s6_addr[12], a, 4);
+}
+
+static void warn_once(int *said, const char *text) {
+    if (__atomic_exchange_n(said, 1, __ATOMIC_RELAXED)) return;
+    ssize_t ignored = write(2, text, strlen(text));
+    (void)ignored;
+}
+
+/* Whether the connection on fd may be handed to the caller (see the header). */
+static int permitted(int fd) {
+    static int said_refused, said_unreadable;
+    struct sockaddr_storage me, peer;
+    socklen_t me_len = sizeof me, peer_len = sizeof peer;
+    int proto = IPPROTO_TCP;
+    socklen_t proto_len = sizeof proto;
+    if (getsockname(fd, (struct sockaddr *)&me, &me_len) != 0) return 0;
+    if (me.ss_family != AF_INET && me.ss_family != AF_INET6) return 1;
+    getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &proto_len);
+    if (proto != IPPROTO_TCP) return 1;
+    if (getpeername(fd, (struct sockaddr *)&peer, &peer_len) != 0 || peer.ss_family != me.ss_family)
+        return 0; /* reset before we looked: nothing to serve */
+
+    struct ends e;
+    if (me.ss_family == AF_INET) {
+        const struct sockaddr_in *m = (const void *)&me, *p = (const void *)&peer;
+        e.v4 = 1;
+        e.me4 = m->sin_addr, e.peer4 = p->sin_addr;
+        e.me_port = m->sin_port, e.peer_port = p->sin_port;
+        map_v4(&e.me6, &e.me4), map_v4(&e.peer6, &e.peer4);
+    } else {
+        const struct sockaddr_in6 *m = (const void *)&me, *p = (const void *)&peer;
+        e.me6 = m->sin6_addr, e.peer6 = p->sin6_addr;
+        e.me_port = m->sin6_port, e.peer_port = p->sin6_port;
+        e.v4 = IN6_IS_ADDR_V4MAPPED(&e.peer6) && IN6_IS_ADDR_V4MAPPED(&e.me6);
+        memcpy(&e.me4, &e.me6.s6_addr[12], 4), memcpy(&e.peer4, &e.peer6.s6_addr[12], 4);
+    }
+    /* A peer on this machine, as far as its address tells: loopback, or our own address. */
+    int local = e.v4 ? (ntohl(e.peer4.s_addr) >> 24) == 127 || e.peer4.s_addr == e.me4.s_addr
+                     : IN6_IS_ADDR_LOOPBACK(&e.peer6) || IN6_ARE_ADDR_EQUAL(&e.peer6, &e.me6);
+
+    unsigned long uid = 0, inode = 0;
+    int found = diag_lookup(&e, &uid, &inode);
+    if (found == -1 || (found == 0 && local)) found = proc_lookup(&e, &uid, &inode);
+    if (found == 1) {
+        if (inode != 0 && (uid == 0 || uid == getuid() || uid == geteuid())) return 1;
+        warn_once(&said_refused,
+                  "graphdist: refused a connection from another user's process (this server "
+                  "accepts only its own user and root)\n");
+        return 0;
+    }
+    if (found == -1 && local)
+        warn_once(&said_unreadable,
+                  "graphdist: cannot tell who connects (no sock_diag, no /proc/net/tcp); "
+                  "refusing connections from this machine\n");
+    return !local; /* no such socket here: another machine's */
+}
+
+/* The real accept (use4 == 0) or accept4, repeated while it returns a refused connection.
+ * errno is the real call's on failure and left as it set it on success. */
+static int accept_checked(int use4, int fd, struct sockaddr *addr, socklen_t *len, int flags) {
+    resolve();
+    socklen_t room = len != NULL ? *len : 0;
+    for (;;) {
+        int conn = use4 ? real_accept4(fd, addr, len, flags) : real_accept(fd, addr, len);
+        if (conn < 0) return conn;
+        int saved = errno;
+        if (permitted(conn)) {
+            errno = saved;
+            return conn;
+        }
+        close(conn);
+        if (len != NULL) *len = room; /* the next peer's address may be longer */
+    }
+}
+
+int accept(int fd, struct sockaddr *addr, socklen_t *len) {
+    return accept_checked(0, fd, addr, len, 0);
+}
+
+int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
+    return accept_checked(1, fd, addr, len, flags);
+}
+
+/* ---- constructor: not inherited by the programs a server starts ------------------------ */
+
+static int same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    if (strcmp(a, b) == 0) return 1;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
+__attribute__((constructor)) static void init(void) {
+    resolve();
+    const char *inherit = getenv("GRAPHDIST_SHIM_INHERIT");
+    const char *preload = getenv("LD_PRELOAD");
+    Dl_info self;
+    if ((inherit != NULL && strcmp(inherit, "1") == 0) || preload == NULL ||
+        dladdr((void *)&init, &self) == 0 || self.dli_fname == NULL)
+        return;
+    char *kept = malloc(strlen(preload) + 1), *copy = strdup(preload);
+    if (kept == NULL || copy == NULL) {
+        free(kept), free(copy);
+        return;
+    }
+    kept[0] = '\0';
+    char *rest = copy, *entry;
+    while ((entry = strsep(&rest, ": \t")) != NULL) { /* ld.so splits on ':' and spaces */
+        if (entry[0] == '\0' || same_file(entry, self.dli_fname)) continue;
+        if (kept[0] != '\0') strcat(kept, ":");
+        strcat(kept, entry);
+    }
+    if (kept[0] == '\0')
+        unsetenv("LD_PRELOAD");
+    else
+        setenv("LD_PRELOAD", kept, 1);
+    free(kept), free(copy);
 }

@@ -7,6 +7,13 @@ address, so graphdist loads a tiny shared library (``loopback.c`` beside this mo
 ``bind()`` to the task's loopback address. It needs no privileges, only a C compiler the first
 time (the library is cached per user). Where it cannot be built, :func:`loopback_library` raises
 :class:`LoopbackUnavailableError` rather than silently exposing the ports.
+
+The same library accepts connections only from processes of the server's own user or root (see
+the header of ``loopback.c``: the kernel's socket diagnostics name the owner of the client's
+socket), and removes itself from ``LD_PRELOAD`` so programs a server starts do not inherit it
+(``GRAPHDIST_SHIM_INHERIT=1`` keeps it: ``graphdist run`` tasks and Ray workers, which reach
+their process through a shell). Each server's listening sockets are checked after it starts
+(:mod:`graphdist._fleet.exposure`): the shim's effect is verified, not assumed.
 """
 
 from __future__ import annotations

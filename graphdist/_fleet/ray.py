@@ -391,7 +391,7 @@ class RayFleet(Fleet[RayTask]):
                 "name": f"graphdist-{os.getpid()}-{id(self):x}-{job}-{index}",
                 # The shim is set to the node's address for Ray's own sockets in the process;
                 # the actor switches it to ``host`` for its server (see _ServerActor).
-                "runtime_env": {"env_vars": shim_env(ip)},
+                "runtime_env": {"env_vars": shim_env(ip, inherit=True)},
             }
             actor = actor_class.options(**options).remote(spec, job, index, host)
             task = self.cluster.task(job, index)
@@ -426,7 +426,7 @@ class RayFleet(Fleet[RayTask]):
         not even with ``expose`` (a Ray server never listens on a wildcard)."""
         return frozenset() if is_loopback_ip(task.bind) else frozenset({task.bind})
 
-    def _check_listening(self, task: RayTask, allowed: frozenset[str]) -> None:
+    def _check_listening(self, task: RayTask, allowed: frozenset[str] | None) -> None:
         """Ask the actor for its process's listening sockets (it may be on another node) and
         check the server's port; Ray's own sockets in that process are Ray's business."""
         import ray
