@@ -1,4 +1,5 @@
-"""The seeds' graphs, built once here for the demo, the examples, the tests and the benchmarks."""
+"""The seeds' graphs, built once here for the demo, the examples, the tests and the benchmarks,
+and a blocking step for fault drills."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["SPLIT_GRAPH_RESULT", "split_graph"]
+__all__ = ["SPLIT_GRAPH_RESULT", "blocking_step", "split_graph"]
 
 SPLIT_GRAPH_RESULT = 238
 """What the seed's split graph returns: (2 + 300) + (2 - 66)."""
@@ -34,3 +35,21 @@ def split_graph(
             y1 = tf.add(x, 300, name="y1")
             y = tf.add(y1, y2, name="y")
     return graph, y
+
+
+def blocking_step(block_device: str, out_device: str) -> tuple[tf.Graph, Any, Any]:
+    """A step for fault drills: it blocks on ``block_device`` (a dequeue from an empty queue
+    there) and sends the item to ``out_device``, so a failure can hit it mid-transfer. Returns
+    ``(graph, out, release)``: running ``release`` (from another session) ends the step, and
+    ``out`` then evaluates to 42.0."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf.device(block_device):
+            queue = tf.queue.FIFOQueue(1, tf.float32, shapes=[], shared_name="q", name="q")
+            item = queue.dequeue()
+        with tf.device(out_device):
+            out = item + 1.0
+        release = queue.enqueue(41.0)
+    return graph, out, release

@@ -9,8 +9,9 @@ config leaves the field at 0, and keeps any value the caller set.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from graphdist._validate import timeout_ms
 
@@ -56,6 +57,19 @@ TASK_FAILURE_ERRORS = frozenset(
 """TensorFlow errors that a dead, restarted or frozen task causes."""
 
 Diagnose = Callable[[BaseException, int], Exception | None]
+
+
+class RunGuard(Protocol):
+    """What a fleet adds to its sessions (see :mod:`graphdist._fleet.guard`): runs that fail as
+    soon as the fleet knows a task they need is gone, and closes that do not wait for it."""
+
+    def run(self, sess: Any, call: Callable[[], Any]) -> Any: ...
+
+    def diagnose(self, exc: BaseException, timeout_ms: int) -> Exception | None: ...
+
+    def close_in_background(self, sess: Any) -> bool: ...
+
+
 _session_class: Any = None
 
 
@@ -69,6 +83,24 @@ def _graphdist_session_class() -> Any:
             """A ``tf.compat.v1.Session`` whose failed runs name the task that caused them."""
 
             _graphdist_diagnose: Diagnose | None = None
+            _graphdist_guard: RunGuard | None = None
+
+            def _diagnosed(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+                try:
+                    return call(*args, **kwargs)
+                except tf.errors.OpError as exc:
+                    guard = self._graphdist_guard
+                    diagnose = guard.diagnose if guard is not None else self._graphdist_diagnose
+                    if diagnose is None or type(exc).__name__ not in TASK_FAILURE_ERRORS:
+                        raise
+                    error = diagnose(exc, self._config.operation_timeout_in_ms)
+                    if error is None:
+                        raise
+                    raise error from exc
+
+            def _guarded(self, call: Callable[[], Any]) -> Any:
+                guard = self._graphdist_guard
+                return call() if guard is None else guard.run(self, call)
 
             def run(
                 self,
@@ -77,21 +109,35 @@ def _graphdist_session_class() -> Any:
                 options: Any = None,
                 run_metadata: Any = None,
             ) -> Any:
-                try:
-                    return super().run(fetches, feed_dict, options, run_metadata)
-                except tf.errors.OpError as exc:
-                    diagnose = self._graphdist_diagnose
-                    if diagnose is None or type(exc).__name__ not in TASK_FAILURE_ERRORS:
-                        raise
-                    error = diagnose(exc, self._config.operation_timeout_in_ms)
-                    if error is None:
-                        raise
-                    raise error from exc
+                parent = super().run
+                return self._guarded(
+                    lambda: self._diagnosed(parent, fetches, feed_dict, options, run_metadata)
+                )
+
+            def make_callable(
+                self, fetches: Any, feed_list: Any = None, accept_options: bool = False
+            ) -> Callable[..., Any]:
+                inner = super().make_callable(fetches, feed_list, accept_options)
+
+                def call(*args: Any, **kwargs: Any) -> Any:
+                    return self._guarded(lambda: self._diagnosed(inner, *args, **kwargs))
+
+                return call
 
             def close(self) -> None:
                 # Closing asks every task to drop this session's state; a dead or frozen task
-                # cannot answer, and that must not mask the error that ended the session. The
-                # master frees its own side regardless.
+                # cannot answer (TensorFlow then waits out the operation timeout), and that must
+                # neither mask the error that ended the session nor keep the caller waiting: a
+                # fleet that knows a task is gone closes in the background.
+                guard = self._graphdist_guard
+                if guard is not None and guard.close_in_background(self):
+                    threading.Thread(
+                        target=self._close_quietly, name="graphdist-close", daemon=True
+                    ).start()
+                    return
+                self._close_quietly()
+
+            def _close_quietly(self) -> None:
                 try:
                     super().close()
                 except tf.errors.OpError as exc:
@@ -110,6 +156,7 @@ def session(
     *,
     operation_timeout_ms: int | None = None,
     diagnose: Diagnose | None = None,
+    guard: RunGuard | None = None,
 ) -> Any:
     """A ``tf.compat.v1.Session`` on ``target`` (``grpc://host:port``; ``None`` or ``""`` for an
     in-process session) whose config carries a bounded operation timeout (see
@@ -117,6 +164,7 @@ def session(
 
     ``diagnose(error, timeout_ms)`` (used by fleets) may turn a task-failure error of ``run``
     into a graphdist error naming the task; it is raised with TensorFlow's error as its cause.
+    ``guard`` (a fleet's) watches each run and close (see :class:`RunGuard`).
     """
     sess = _graphdist_session_class()(
         target or "",
@@ -124,4 +172,5 @@ def session(
         config=session_config(config, operation_timeout_ms=operation_timeout_ms),
     )
     sess._graphdist_diagnose = diagnose
+    sess._graphdist_guard = guard
     return sess

@@ -1,0 +1,179 @@
+"""Failures surface as soon as the fleet knows of them, with default settings; healthy long
+steps run. The bounds below are generous (the claim is "well before the ten-minute operation
+timeout"); benchmarks/fast_failure.py prints the real detection times."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import graphdist
+from graphdist._graph import graphs
+from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
+from tests.conftest import DOCUMENTED_FLEET_OPERATION_TIMEOUT_MS, run_python
+
+tf = pytest.importorskip("tensorflow")
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+FAST_S = 20.0  # generous: the figures are 0.1-1 s (dead) and 6-8 s (frozen) here
+
+
+@pytest.fixture
+def fleet(graphdist_fleet_factory):
+    return graphdist_fleet_factory("local=2")
+
+
+def blocking_step(fleet):
+    return graphs.blocking_step(fleet.device("local", 1), fleet.device("local", 0))
+
+
+def run_in_thread(sess, fetch):
+    box = {}
+
+    def target():
+        start = time.monotonic()
+        try:
+            box["value"] = sess.run(fetch)
+        except BaseException as exc:
+            box["error"] = exc
+        box["elapsed"] = time.monotonic() - start
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def wait_blocked(fleet, thread):
+    time.sleep(1.0)  # the step is now blocked on local:1
+    assert thread.is_alive()
+
+
+def fail_mid_run(fleet, fail, join_s=FAST_S):
+    """Start the blocking step in a session on local:0, call ``fail()`` while it waits, and
+    return (the session, the run's error); the run must have ended within ``join_s``."""
+    graph, out, _ = blocking_step(fleet)
+    sess = fleet.session("local", 0, graph=graph)
+    thread, box = run_in_thread(sess, out)
+    wait_blocked(fleet, thread)
+    try:
+        fail()
+        thread.join(join_s)
+    finally:
+        assert not thread.is_alive(), "the run still waits for a failed task"
+    assert isinstance(box.get("error"), graphdist.TaskFailedError), box
+    return sess, box["error"]
+
+
+def closes_at_once(sess):
+    start = time.monotonic()
+    sess.close()
+    return time.monotonic() - start < FAST_S / 4
+
+
+def test_the_fleet_default_timeout_is_the_long_last_resort(fleet):
+    with fleet.session("local", 0) as sess:
+        assert sess._config.operation_timeout_in_ms == graphdist.FLEET_OPERATION_TIMEOUT_MS
+    assert graphdist.FLEET_OPERATION_TIMEOUT_MS == DOCUMENTED_FLEET_OPERATION_TIMEOUT_MS
+
+
+def test_a_task_dead_before_the_run_fails_it_at_once(fleet):
+    graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
+    fleet.kill("local", 1)
+    with fleet.session("local", 0, graph=graph) as sess:
+        start = time.monotonic()
+        with pytest.raises(graphdist.TaskFailedError) as info:
+            sess.run(y)
+        assert time.monotonic() - start < FAST_S
+    assert (info.value.task, info.value.status) == ("local:1", "dead")
+    assert "fleet.restart('local', 1)" in str(info.value)
+
+
+def test_a_task_killed_during_a_transfer_fails_the_run_and_close_does_not_wait(fleet):
+    sess, err = fail_mid_run(fleet, lambda: fleet.kill("local", 1))
+    assert (err.task, err.status) == ("local:1", "dead")
+    assert closes_at_once(sess)
+    with pytest.raises(graphdist.TaskFailedError, match="local:1"):
+        sess.run(tf.constant(1.0))  # a broken session refuses further runs the same way
+
+
+def test_a_frozen_task_is_reported_not_answering(fleet):
+    pid = fleet.task("local", 1).pid
+    try:
+        sess, err = fail_mid_run(fleet, lambda: os.kill(pid, signal.SIGSTOP), FAST_S + 10)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert (err.task, err.status) == ("local:1", "not answering")
+    assert closes_at_once(sess)
+
+
+def test_a_killed_master_fails_the_run(fleet):
+    sess, err = fail_mid_run(fleet, lambda: fleet.kill("local", 0))
+    assert (err.task, err.status) == ("local:0", "dead")
+    assert closes_at_once(sess)
+
+
+def test_runs_and_callables_of_a_session_from_before_a_restart_give_the_typed_error(fleet):
+    graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
+    sess = fleet.session("local", 0, graph=graph)
+    call = sess.make_callable(y)
+    assert sess.run(y) == call() == SPLIT_GRAPH_RESULT
+    fleet.restart("local", 1)
+    for attempt in (lambda: sess.run(y), call):
+        with pytest.raises(graphdist.TaskFailedError) as info:
+            attempt()
+        assert (info.value.task, info.value.status) == ("local:1", "restarted")
+        assert "open a new session" in str(info.value)
+    sess.close()
+    with fleet.session("local", 0, graph=graph) as fresh:
+        assert fresh.run(y) == SPLIT_GRAPH_RESULT
+
+
+def test_a_run_that_does_not_touch_a_dead_task_still_works(fleet):
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(fleet.device("local", 0)):
+        y = tf.constant(2.0) * 3.0
+    with fleet.session("local", 0, graph=graph) as sess:
+        assert sess.run(y) == 6.0
+        fleet.kill("local", 1)
+        assert sess.run(y) == 6.0
+
+
+@pytest.mark.timeout(300)
+def test_a_healthy_40_s_step_succeeds_with_default_settings(fleet):
+    graph, out, enqueue = blocking_step(fleet)
+    with fleet.session("local", 0, graph=graph) as sess:
+        thread, box = run_in_thread(sess, out)
+        time.sleep(40.0)
+        assert thread.is_alive()
+        with fleet.session("local", 0, graph=graph) as other:
+            other.run(enqueue)
+        thread.join(60)
+    assert "error" not in box, box.get("error")
+    assert box["value"] == 42.0 and box["elapsed"] >= 40.0
+
+
+def test_an_attached_detached_fleet_fails_fast_too(state_dir):
+    args = ["up", "--cluster", "local=2", "--detach", "--state-dir", state_dir]
+    up = run_python(["-m", "graphdist", *args], timeout=180)
+    assert up.returncode == 0, up.stderr
+    try:
+        with graphdist.attach(state_dir) as fleet:
+            sess, err = fail_mid_run(fleet, lambda: fleet.kill("local", 1))
+            assert (err.task, err.status) == ("local:1", "dead")
+            assert closes_at_once(sess)
+    finally:
+        down = run_python(["-m", "graphdist", "down", "--state-dir", state_dir])
+        assert down.returncode == 0, down.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_ray_fleet_fails_fast_too():
+    pytest.importorskip("ray")
+    with graphdist.RayFleet("local=2") as fleet:
+        # Ray brings a killed actor back by itself: the run sees it dead, or restarted
+        sess, err = fail_mid_run(fleet, lambda: fleet.kill("local", 1))
+        assert err.task == "local:1" and err.status in ("dead", "restarted")
+        assert closes_at_once(sess)
