@@ -14,9 +14,28 @@
   (SIGTERM, a grace period, SIGKILL) and :class:`TaskExitError` carries every task's exit code and
   last lines; the whole run is bounded by ``timeout_s`` (:class:`LaunchTimeoutError`).
 
-Every process is started in its own process group with ``PR_SET_PDEATHSIG``, so nothing outlives
-the launcher. The loopback bind shim is loaded into the task processes as into fleet servers, so
-the in-process servers that the strategies start are not reachable from the network either.
+Nothing a task started outlives the run, however the run ends: grandchildren in a wrapping shell
+(``sh -c 'python train.py; true'``) and daemons that left the task's session included. Each COMMAND
+runs under a guard (:func:`graphdist._fleet.process.guarded_argv`, in a session of its own): a
+child subreaper, so every orphan of the task is re-parented to it and stays in its reach, with
+``PR_SET_PDEATHSIG`` on the launcher, so even a SIGKILLed launcher sets it off. Stopped (or when
+COMMAND exits: its leftovers go too), the guard SIGTERMs every descendant, gives them
+``graphdist._fleet.process.STOP_GRACE_S`` (TensorFlow programs may catch or ignore SIGTERM),
+SIGKILLs the rest and exits once none is left, with COMMAND's exit status. Why a guard, not a
+process group or parent-death signals alone: a signal to a group misses whoever called ``setsid``,
+``PR_SET_PDEATHSIG`` only reaches a direct child, and neither helps once the launcher is SIGKILLed
+and the orphans belong to init; a cgroup would, but needs privileges. ``TaskResult.pid`` is the
+guard's pid: once it is gone, all of its task is.
+
+During the run, SIGINT, SIGTERM and SIGHUP (main thread only) stop every task and the ps servers
+first; then the launcher gets the signal as it would have without the run
+(:class:`graphdist._fleet.signals.SignalScope`): SIGINT raises KeyboardInterrupt (``graphdist run``
+exits 130), SIGTERM and SIGHUP kill it (a shell shows 143 and 129, 128 + the signal); a Python
+handler of the caller's runs instead, and :class:`LaunchError` follows if it returns. Ctrl-C in
+a terminal reaches only the launcher: each task has its own session.
+
+The loopback bind shim is loaded into the task processes as into fleet servers, so the in-process
+servers that the strategies start are not reachable from the network either.
 
 :func:`run_function` runs a Python function the same way and returns each task's result.
 """
@@ -26,6 +45,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,8 +64,10 @@ from graphdist._exceptions import (
     LaunchTimeoutError,
     TaskExitError,
 )
+from graphdist._fleet import process as _process
 from graphdist._fleet.loopback import server_bind_address, shim_env
-from graphdist._fleet.process import set_parent_death_signal, stop_all
+from graphdist._fleet.process import descendants, guarded_argv, stop_all
+from graphdist._fleet.signals import Interrupted, SignalScope
 from graphdist._validate import timeout_s as check_timeout_s
 
 __all__ = [
@@ -57,7 +80,9 @@ __all__ = [
     "run_function",
 ]
 
-STOP_GRACE_S = 5.0
+#: How long the launcher waits for a task's guard after SIGTERM before SIGKILLing its whole tree:
+#: the guard's own grace for the task's processes plus time to reap them.
+STOP_GRACE_S = _process.STOP_GRACE_S + 2.0
 TAIL_LINES = 20
 
 
@@ -68,7 +93,7 @@ class TaskResult:
     return ``value``."""
 
     task: Task
-    pid: int | None = None
+    pid: int | None = None  # the task's guard, the command's parent (see the module docstring)
     exitcode: int | None = None
     tail: list[str] = field(default_factory=list)
     value: Any = None
@@ -99,22 +124,17 @@ def launch_cluster(workers: int, ps: int = 0, chief: bool = False) -> Cluster:
     return Cluster.from_counts(counts)
 
 
-def _set_pdeathsig() -> None:  # runs in the child between fork and exec
-    set_parent_death_signal()
-
-
 class _TaskProcess:
     def __init__(self, task: Task, argv: Sequence[str], env: Mapping[str, str], out: Any) -> None:
         self.result = TaskResult(task)
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.proc = subprocess.Popen(
-            list(argv),
+            guarded_argv(argv),
             env=dict(env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_set_pdeathsig,
         )
         self.result.pid = self.proc.pid
         self._reader = threading.Thread(target=self._pump, args=(out,), daemon=True)
@@ -135,9 +155,18 @@ class _TaskProcess:
         return self.proc.poll() is None
 
     def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
+        """SIGTERM (or any catchable signal) goes to the guard, which stops its task; SIGKILL, the
+        last resort for a guard that did not finish, goes to everything the guard has left."""
+        if self.proc.poll() is not None:
+            return
+        targets = [self.proc.pid]
+        if sig == signal.SIGKILL:
+            targets = [*reversed(descendants(self.proc.pid)), self.proc.pid]
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, sig)
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
 
     def finish(self) -> TaskResult:
         self._reader.join(5.0)
@@ -188,7 +217,8 @@ def run_command(
     ``output`` receives the prefixed lines (default: ``sys.stdout``). Returns every command
     task's :class:`TaskResult` (all exit codes 0). Raises :class:`TaskExitError`,
     :class:`LaunchTimeoutError`, :class:`ClusterSpecError` for bad counts or
-    :class:`ArgumentError` for an empty command or a timeout that is not a finite number > 0.
+    :class:`ArgumentError` for an empty command, one that is not an executable, or a timeout that
+    is not a finite number > 0. A stop signal during the run: see the module docstring.
     """
     from graphdist._distribute.tfconfig import tf_config
     from graphdist._fleet.local import LocalFleet
@@ -198,61 +228,84 @@ def run_command(
             "No command to run; put it after `--`, e.g. -- python train.py", name="command"
         )
     timeout_s = check_timeout_s(timeout_s, "timeout_s")
+    base_env = {**os.environ, **(env or {}), "TF_USE_LEGACY_KERAS": "1"}
+    if shutil.which(command[0], path=base_env.get("PATH", os.defpath)) is None:
+        # here, not as each task's exit code 127: the guard, not the launcher, starts the command
+        where = "" if os.sep in command[0] else " on PATH"
+        raise ArgumentError(
+            f"Cannot run {command[0]!r}: no executable file by that name{where}",
+            name="command",
+            value=command[0],
+        )
     cluster = launch_cluster(workers, ps, chief)
     runners = [t for t in cluster if t.job == "chief"] if ps else list(cluster)
     runners = [t for t in runners if t.job in ("chief", "worker")]
     served = [job for job in ("worker", "ps") if ps and job in cluster]
     out = _Output(sys.stdout if output is None else output)
-    base_env = {**os.environ, **(env or {}), "TF_USE_LEGACY_KERAS": "1"}
 
     fleet = LocalFleet(cluster, jobs=served, expose=expose) if served else None
     procs: list[_TaskProcess] = []
     try:
-        if fleet is not None:
-            fleet.start()
-        for task in runners:
-            address = server_bind_address(task, expose=expose)
-            task_env = {
-                **base_env,
-                **(
-                    shim_env(address, base_env.get("LD_PRELOAD"), inherit=True)
-                    if address is not None
-                    else {}
-                ),
-                "TF_CONFIG": tf_config(cluster, task.job, task.index).to_json(),
-                "GRAPHDIST_TASK": task.name,
-            }
-            procs.append(_TaskProcess(task, command, task_env, out))
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = next(
-                (p for p, c in zip(procs, codes, strict=True) if c not in (None, 0)), None
+        with SignalScope() as signals:
+            try:
+                if fleet is not None:
+                    with signals.interruptible():
+                        fleet.start()
+                for task in runners:
+                    signals.check()
+                    address = server_bind_address(task, expose=expose)
+                    task_env = {
+                        **base_env,
+                        **(
+                            shim_env(address, base_env.get("LD_PRELOAD"), inherit=True)
+                            if address is not None
+                            else {}
+                        ),
+                        "TF_CONFIG": tf_config(cluster, task.job, task.index).to_json(),
+                        "GRAPHDIST_TASK": task.name,
+                    }
+                    procs.append(_TaskProcess(task, command, task_env, out))
+                return _supervise(procs, timeout_s, signals)
+            finally:  # no signal interrupts this: it is deferred to the end of the scope
+                _stop([p for p in procs if p.poll() is None], STOP_GRACE_S)
+                if fleet is not None:
+                    fleet.close()
+    except Interrupted as exc:  # the caller's own handler took the signal and returned
+        raise LaunchError(
+            f"The run was stopped by {exc.name}; every task was stopped",
+            [p.finish() for p in procs],
+        ) from None
+
+
+def _supervise(
+    procs: list[_TaskProcess], timeout_s: float | None, signals: SignalScope
+) -> list[TaskResult]:
+    """Wait for every task to exit 0; stop the others when one fails or the time is up."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = next((p for p, c in zip(procs, codes, strict=True) if c not in (None, 0)), None)
+        if failed is not None:
+            _stop([p for p in procs if p is not failed], STOP_GRACE_S)
+            results = [p.finish() for p in procs]
+            raise TaskExitError(
+                f"Task {_describe(failed.result)}\n  the other tasks were stopped",
+                results,
+                failed.result,
             )
-            if failed is not None:
-                _stop([p for p in procs if p is not failed], STOP_GRACE_S)
-                results = [p.finish() for p in procs]
-                raise TaskExitError(
-                    f"Task {_describe(failed.result)}\n  the other tasks were stopped",
-                    results,
-                    failed.result,
-                )
-            if all(c == 0 for c in codes):
-                return [p.finish() for p in procs]
-            if deadline is not None and time.monotonic() > deadline:
-                running = [p.result.name for p, c in zip(procs, codes, strict=True) if c is None]
-                _stop(procs, STOP_GRACE_S)
-                raise LaunchTimeoutError(
-                    f"The run did not finish within {timeout_s:g} s (still running: "
-                    f"{', '.join(running)}); every task was stopped; raise --timeout if it needs "
-                    "longer",
-                    [p.finish() for p in procs],
-                )
+        if all(c == 0 for c in codes):
+            return [p.finish() for p in procs]
+        if deadline is not None and time.monotonic() > deadline:
+            running = [p.result.name for p, c in zip(procs, codes, strict=True) if c is None]
+            _stop(procs, STOP_GRACE_S)
+            raise LaunchTimeoutError(
+                f"The run did not finish within {timeout_s:g} s (still running: "
+                f"{', '.join(running)}); every task was stopped; raise --timeout if it needs "
+                "longer",
+                [p.finish() for p in procs],
+            )
+        with signals.interruptible():
             time.sleep(0.05)
-    finally:
-        _stop([p for p in procs if p.poll() is None], STOP_GRACE_S)
-        if fleet is not None:
-            fleet.close()
 
 
 def run_function(

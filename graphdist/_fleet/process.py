@@ -3,29 +3,54 @@ parent's, and waits for processes to be gone.
 
 - :func:`stop_all` escalates: SIGTERM to every target at once, up to ``grace_s`` for them to exit,
   then SIGKILL to the rest and up to ``kill_wait_s`` more. Fleets (their server processes), the
-  launcher (each task's process group) and detached fleets (recorded pids) all stop this way; each
-  wraps its processes in a small object with ``signal(sig)`` and ``running()`` (:class:`Stoppable`).
-- :func:`set_parent_death_signal` asks the kernel to SIGKILL the calling process when its parent
-  thread exits (``PR_SET_PDEATHSIG``); server processes and launched tasks use it so that nothing
-  outlives its owner.
-- :func:`wait_gone` waits until pids have exited (a zombie counts as exited).
+  launcher (each task's guard) and detached fleets (recorded pids) all stop this way; each wraps its
+  processes in a small object with ``signal(sig)`` and ``running()`` (:class:`Stoppable`).
+- :func:`set_parent_death_signal` asks the kernel to signal the calling process (SIGKILL unless
+  told otherwise) when its parent thread exits (``PR_SET_PDEATHSIG``); the guard below uses it so
+  that nothing outlives its owner.
+- :func:`guarded_argv` wraps a command in a *guard*: this very file run as a script (``python -I
+  -S process.py``: the standard library only, so it starts in tens of milliseconds and no user
+  environment reaches it). The guard is what ``graphdist run`` starts for each task; see below.
+- :func:`descendants` lists a process's live descendants (``/proc``); :func:`wait_gone` waits until
+  pids have exited (a zombie counts as exited).
+
+The guard exists because a task's command is often not the process that matters: ``sh -c 'python
+train.py; true'`` runs TensorFlow in a grandchild. ``PR_SET_PDEATHSIG`` reaches only a direct child
+and is not inherited by the grandchildren it forks; a signal to the task's process group misses a
+grandchild that called ``setsid``, and once the shell is gone its orphans belong to init, where no
+one looks for them. So the guard
+
+- is a child subreaper (``PR_SET_CHILD_SUBREAPER``): every orphan in its tree, daemons that forked
+  twice into a session of their own included, is re-parented to it, so its descendants are exactly
+  what the task started and still runs;
+- has ``PR_SET_PDEATHSIG`` = SIGTERM on its owner (the launcher's thread), checked against a race
+  with the owner's pid, so even a SIGKILLed launcher sets it off; SIGTERM, SIGINT and SIGHUP from
+  anyone do the same;
+- then, and also when the command exits (its leftovers go with it), ends every descendant: SIGTERM,
+  ``grace_s`` (:data:`STOP_GRACE_S`) for them to exit, SIGKILL for the rest (a TensorFlow program
+  may catch or ignore SIGTERM), reaping as it goes; it exits only once none is left, with the
+  command's exit code, or dying of the signal that killed the command, so the owner sees the
+  command's status as if it had started the command itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import os
 import signal
+import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol, TypeVar
-
-import psutil
 
 __all__ = [
     "KILL_WAIT_S",
     "STOP_GRACE_S",
     "Stoppable",
+    "descendants",
+    "guarded_argv",
     "set_parent_death_signal",
     "stop_all",
     "wait_gone",
@@ -37,6 +62,10 @@ STOP_GRACE_S = 3.0
 KILL_WAIT_S = 5.0
 _POLL_S = 0.02
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+#: What the guard's owner's death sends the guard: catchable, unlike SIGKILL, so it can clean up.
+GUARD_DEATH_SIGNAL = signal.SIGTERM
+_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
 class Stoppable(Protocol):
@@ -73,16 +102,22 @@ def stop_all(
     return _wait(live, kill_wait_s)
 
 
+def _prctl(option: int, value: int) -> bool:
+    with contextlib.suppress(OSError, AttributeError):
+        return int(ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)) == 0
+    return False
+
+
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
     """Have the kernel send ``sig`` to this process when the thread that forked it exits.
 
     Safe between fork and exec (``preexec_fn``). Returns False where ``prctl`` is unavailable."""
-    with contextlib.suppress(OSError, AttributeError):
-        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)) == 0
-    return False
+    return _prctl(_PR_SET_PDEATHSIG, sig)
 
 
 def _gone(pid: int) -> bool:
+    import psutil  # here, not at the top: the guard runs this file without site-packages
+
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -98,3 +133,189 @@ def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
         if pending:
             time.sleep(_POLL_S)
     return [p for p in pending if not _gone(p)]
+
+
+# --- descendants and the guard -------------------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) from /proc/PID/stat, None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # the name, in (), may hold anything
+    except (OSError, IndexError):
+        return None
+    return fields[0].decode(), int(fields[1])
+
+
+def _children_by_scan() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None:
+                children.setdefault(stat[1], []).append(int(entry))
+    return children
+
+
+def _children(pid: int) -> list[int] | None:
+    """pid's children from /proc/PID/task/*/children; None where the kernel lacks that file."""
+    kids: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                kids.extend(int(k) for k in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread is gone
+            return None  # no CONFIG_PROC_CHILDREN
+        except OSError:
+            continue
+    return kids
+
+
+def descendants(pid: int) -> list[int]:
+    """The live (not zombie) descendants of ``pid``, parents before children (Linux ``/proc``)."""
+    found: list[int] = []
+    table: dict[int, list[int]] | None = None
+    todo = [pid]
+    while todo:
+        parent = todo.pop(0)
+        kids = _children(parent) if table is None else table.get(parent, [])
+        if kids is None:
+            table = _children_by_scan()
+            kids = table.get(parent, [])
+        for kid in kids:
+            if kid not in found and kid != pid:
+                found.append(kid)
+                todo.append(kid)
+    return [p for p in found if (_stat(p) or ("Z", 0))[0] not in ("Z", "X")]
+
+
+def guarded_argv(
+    command: Sequence[str], owner: int | None = None, grace_s: float = STOP_GRACE_S
+) -> list[str]:
+    """The argv that runs ``command`` under a guard (see the module docstring) whose owner is
+    ``owner`` (default: this process), which must be the process that starts it."""
+    owner = os.getpid() if owner is None else owner
+    script = os.path.abspath(__file__)
+    return [sys.executable, "-I", "-S", script, str(owner), repr(float(grace_s)), "--", *command]
+
+
+class _Guard:
+    def __init__(self, command: Sequence[str], grace_s: float) -> None:
+        self.command = list(command)
+        self.grace_s = grace_s
+        self.pid = os.getpid()
+        self.child = 0
+        self.status: int | None = None  # the command's wait status, once reaped
+
+    def reap(self) -> None:
+        """Reap every child that has exited: the command, and orphans re-parented to us."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.child:
+                self.status = status
+
+    def spawn(self) -> int | None:
+        """Start the command (the signals we block, unblocked for it); an exit code on failure."""
+        try:
+            self.child = os.posix_spawnp(
+                self.command[0],
+                self.command,
+                os.environ,
+                setsigmask=(),
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # as subprocess's restore_signals
+            )
+        except OSError as exc:
+            print(f"graphdist: cannot run {self.command[0]!r}: {exc}", file=sys.stderr, flush=True)
+            return 127 if exc.errno == errno.ENOENT else 126
+        return None
+
+    def end_tree(self) -> None:
+        """SIGTERM every descendant, give them grace_s, then SIGKILL until none is left."""
+        self._send(signal.SIGTERM)
+        self._wait(self.grace_s)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while self._send(signal.SIGKILL) and time.monotonic() < deadline:
+            self._wait(_POLL_S * 5)
+        self.reap()
+
+    def _send(self, sig: int) -> list[int]:
+        live = descendants(self.pid)
+        for pid in live:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        return live
+
+    def _wait(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while True:
+            self.reap()
+            left = deadline - time.monotonic()
+            if left <= 0 or not descendants(self.pid):
+                return
+            # wakes up for our children's exits; grandchildren's are polled
+            signal.sigtimedwait(_STOP_SIGNALS | {signal.SIGCHLD}, min(left, _POLL_S * 5))
+
+    def exit_code(self, stop: int) -> int:
+        """The command's exit code; for a command killed by a signal, die of that signal."""
+        status = self.status
+        if status is None:
+            return 128 + stop
+        if os.WIFSIGNALED(status):
+            _die_of(os.WTERMSIG(status))
+            return 128 + os.WTERMSIG(status)  # a signal that does not kill by default
+        return os.waitstatus_to_exitcode(status)
+
+
+def _die_of(sig: int) -> None:
+    import resource
+
+    with contextlib.suppress(OSError, ValueError):
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    with contextlib.suppress(OSError, ValueError):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+    os.kill(os.getpid(), sig)
+
+
+def _guard_main(args: Sequence[str]) -> int:
+    """``OWNER GRACE_S -- COMMAND...``: run COMMAND as a guard for OWNER (module docstring)."""
+    if len(args) < 4 or args[2] != "--":
+        print("usage: process.py OWNER_PID GRACE_S -- COMMAND...", file=sys.stderr)
+        return 2
+    owner, grace_s, command = int(args[0]), float(args[1]), args[3:]
+    # Signals first: from here on a stop request waits for us instead of killing us.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS | {signal.SIGCHLD})
+    set_parent_death_signal(GUARD_DEATH_SIGNAL)
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    if os.getppid() != owner:  # the owner died before the death signal was armed
+        return 128 + GUARD_DEATH_SIGNAL
+    guard = _Guard(command, grace_s)
+    failed = guard.spawn()
+    if failed is not None:
+        return failed
+    stop = 0
+    while guard.status is None and not stop:
+        info = signal.sigtimedwait(_STOP_SIGNALS | {signal.SIGCHLD}, 1.0)
+        guard.reap()
+        if info is not None and info.si_signo in _STOP_SIGNALS:
+            stop = info.si_signo
+        elif os.getppid() != owner:
+            stop = GUARD_DEATH_SIGNAL
+    guard.end_tree()
+    return guard.exit_code(stop or GUARD_DEATH_SIGNAL)
+
+
+if __name__ == "__main__":
+    sys.exit(_guard_main(sys.argv[1:]))

@@ -1,4 +1,14 @@
-"""Turning SIGINT, SIGTERM and SIGHUP into an event a foreground loop can wait on.
+"""SIGINT, SIGTERM and SIGHUP for foreground loops.
+
+- :func:`stop_on_signals` turns them into an event a foreground loop can wait on (``graphdist up``,
+  ``graphdist serve``).
+- :class:`SignalScope` is for an operation that owns child processes and must stop them whatever
+  ends it (``graphdist run``): a stop signal interrupts it only at the points it marks
+  :meth:`~SignalScope.interruptible` (raising :class:`Interrupted` there), never in the middle of
+  starting or stopping a process; when the scope ends, the previous handlers are back and every
+  signal that arrived is delivered to them, in order. So the operation cleans up first and then
+  the process does what it would have done without the scope: die of SIGTERM or SIGHUP (a shell
+  shows 128 + the signal), raise KeyboardInterrupt for SIGINT, or run its own handler.
 
 Handlers (not a blocked signal mask plus ``sigwait``) because a process-directed signal may be
 delivered to any thread whose mask allows it: gRPC and thread-pool threads do, and the signal
@@ -7,11 +17,14 @@ would then kill the process or surface as a stray KeyboardInterrupt instead of a
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
-from types import FrameType
+from collections.abc import Callable, Iterator
+from types import FrameType, TracebackType
+from typing import Any
 
-__all__ = ["STOP_SIGNALS", "stop_on_signals"]
+__all__ = ["STOP_SIGNALS", "Interrupted", "SignalScope", "stop_on_signals"]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -26,3 +39,76 @@ def stop_on_signals() -> threading.Event:
     for sig in STOP_SIGNALS:
         signal.signal(sig, handler)
     return event
+
+
+class Interrupted(BaseException):
+    """A stop signal arrived during a :meth:`SignalScope.interruptible` section. A BaseException,
+    like KeyboardInterrupt, so that ``except Exception`` on the way does not swallow it."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        super().__init__(f"stopped by {self.name}")
+
+
+class SignalScope:
+    """``with SignalScope() as scope:`` defers SIGINT, SIGTERM and SIGHUP (see the module
+    docstring). Only the main thread can install handlers: elsewhere the scope does nothing and
+    the signals keep their handlers. A signal that is ignored (``nohup`` ignores SIGHUP) stays
+    ignored, and so does one whose handler Python cannot restore (installed from C)."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int] = {}
+        self._interruptible = 0
+
+    def __enter__(self) -> SignalScope:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in STOP_SIGNALS:
+            previous = signal.getsignal(sig)
+            if previous is None or previous == signal.SIG_IGN:
+                continue
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, self._handler)
+                self._previous[sig] = previous
+        return self
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        if self._interruptible and len(self.received) == 1:
+            raise Interrupted(signum)
+
+    def check(self) -> None:
+        """Raise :class:`Interrupted` now if a stop signal has arrived."""
+        if self.received:
+            raise Interrupted(self.received[0])
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """A section a stop signal may interrupt: it raises :class:`Interrupted` inside (or at
+        once, for a signal that came before)."""
+        self.check()
+        self._interruptible += 1
+        try:
+            yield
+        finally:
+            self._interruptible -= 1
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        previous, self._previous = self._previous, {}
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        delivered = set()
+        for sig in self.received:
+            if sig in previous and sig not in delivered:
+                delivered.add(sig)
+                try:
+                    signal.raise_signal(sig)  # SIG_DFL: the process ends here
+                except BaseException as raised:  # KeyboardInterrupt, or the handler's own
+                    raise raised from None

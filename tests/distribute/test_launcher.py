@@ -107,6 +107,7 @@ def test_run_function_returns_each_tasks_result():
         (["run", "--workers", "1", "--ps", "1", "--", "true"], "--chief"),
         (["run", "--workers", "1"], "No command"),
         (["run", "--workers", "1", "--timeout", "0", "--", "true"], "--timeout"),
+        (["run", "--workers", "1", "--", "no-such-command-here"], "'no-such-command-here'"),
     ],
 )
 def test_cli_usage_errors(argv, fragment):
