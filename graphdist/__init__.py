@@ -22,6 +22,7 @@ from graphdist._distribute.tfconfig import TFConfig, cluster_resolver, parse_tf_
 from graphdist._exceptions import (
     ArgumentError,
     ClusterSpecError,
+    CorruptStateError,
     ExposedServerError,
     FleetClosedError,
     FleetError,
@@ -49,6 +50,7 @@ from graphdist._exceptions import (
 from graphdist._fleet.base import Fleet, FleetState, ReopeningSession, TaskExit, TaskView
 from graphdist._fleet.detached import DetachedFleet, attach
 from graphdist._fleet.gpus import available_gpus
+from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS
 from graphdist._fleet.health import TaskHealth
 from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
 from graphdist._fleet.ray import RayFleet, RayTask  # imports Ray only when a RayFleet starts
@@ -68,11 +70,13 @@ from graphdist._graph.variables import initialize_uninitialized, shared_variable
 __all__ = [
     "DEFAULT_OPERATION_TIMEOUT_MS",
     "DEFAULT_START_TIMEOUT_S",
+    "FLEET_OPERATION_TIMEOUT_MS",
     "ArgumentError",
     "AutoPlan",
     "ByName",
     "Cluster",
     "ClusterSpecError",
+    "CorruptStateError",
     "DetachedFleet",
     "DeviceSpec",
     "ExposedServerError",

@@ -27,7 +27,8 @@ values that explain it as attributes, so callers can react without parsing messa
     │   ├── TaskExitError       a task exited non-zero; the others were stopped
     │   └── LaunchTimeoutError  the run outlived its timeout; every task was stopped
     ├── StateError              graphdist's folders: a detached fleet's state (none running, stale,
-    │                           busy), or a folder that is not private to the user
+    │   │                       busy), or a folder that is not private to the user
+    │   └── CorruptStateError   a fleet.json that is not a fleet record (down still stops the fleet)
     └── UnsupportedVersionError  this Python or TensorFlow is outside the supported range
 
 Errors a caller causes with a bad value also derive from ``ValueError`` (``ArgumentError``,
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ArgumentError",
     "ClusterSpecError",
+    "CorruptStateError",
     "ExposedServerError",
     "FleetClosedError",
     "FleetError",
@@ -177,11 +179,11 @@ class LoopbackUnavailableError(FleetError):
 
 
 class TaskFailedError(FleetError):
-    """A task died or stopped answering while a session used it.
+    """A task died, was restarted or stopped answering while a session used it.
 
-    Attributes: ``task`` (``"job:index"``), ``address``, ``status`` (``"dead"`` or
-    ``"not answering"``), ``timeout_ms`` (the session's operation timeout). The TensorFlow error is
-    the ``__cause__``.
+    Attributes: ``task`` (``"job:index"``), ``address``, ``status`` (``"dead"``,
+    ``"restarted"`` or ``"not answering"``), ``timeout_ms`` (the session's operation timeout).
+    TensorFlow's error, where there was one, is the ``__cause__``.
     """
 
     def __init__(
@@ -321,3 +323,16 @@ class LaunchTimeoutError(LaunchError):
 class UnsupportedVersionError(GraphdistError, ImportError):
     """This Python or TensorFlow is outside the supported range (raised by ``import
     graphdist``); the message names the range and what was found."""
+
+
+class CorruptStateError(StateError):
+    """``fleet.json`` exists but is not a fleet record (``graphdist down`` still stops the
+    fleet's processes, found by their marker, and cleans the folder); ``reason`` says why."""
+
+    def __init__(self, path: str, reason: str, state_dir: str) -> None:
+        super().__init__(
+            f"State file {path} is corrupt ({reason}); `graphdist down` stops the fleet's "
+            "processes (found by their marker) and cleans the folder",
+            state_dir,
+        )
+        self.reason = reason

@@ -25,7 +25,11 @@ from graphdist._exceptions import (
     UsageError,
 )
 from graphdist._fleet.signals import stop_on_signals
-from graphdist._fleet.supervisor import DEFAULT_MAX_RESTARTS, RESTART_POLICIES
+from graphdist._fleet.supervisor import (
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_RESTART_WINDOW_S,
+    RESTART_POLICIES,
+)
 from graphdist._validate import count, timeout_s
 from graphdist._version import __version__
 
@@ -120,16 +124,35 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_MAX_RESTARTS,
         metavar="N",
-        help="with --restart on-failure: restarts per task before giving up "
-        f"(default {DEFAULT_MAX_RESTARTS})",
+        help="with --restart on-failure: restarts of a task within any --restart-window; one "
+        "more death within it and the supervisor gives up on the task (default "
+        f"{DEFAULT_MAX_RESTARTS}). Restarts back off: 0.5 s, doubling, at most 30 s",
+    )
+    up.add_argument(
+        "--restart-window",
+        type=float,
+        default=DEFAULT_RESTART_WINDOW_S,
+        metavar="S",
+        help=f"the sliding window --max-restarts counts in (default {DEFAULT_RESTART_WINDOW_S:g})",
     )
     _add_state_dir(up)
 
-    status = sub.add_parser("status", help="show the detached fleet's tasks")
+    status = sub.add_parser(
+        "status",
+        help="show the detached fleet's tasks",
+        description="Show the detached fleet's tasks. Exit status: 0 the fleet runs (a task may "
+        "be waiting for its scheduled restart); 1 a task is dead for good (the supervisor gave "
+        "up on it, or --restart is no); 2 no fleet, a stale one (cleaned up) or an unreadable "
+        "state file (`graphdist down` still stops its processes).",
+    )
     status.add_argument("--json", action="store_true", help="print a JSON list of tasks")
     _add_state_dir(status)
 
-    down = sub.add_parser("down", help="stop the detached fleet and remove its state")
+    down = sub.add_parser(
+        "down",
+        help="stop the detached fleet and remove its state (its processes are found by a "
+        "marker too, so an unreadable state file still stops everything)",
+    )
     _add_state_dir(down)
 
     run = sub.add_parser(
@@ -137,7 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a multi-worker command: one process per task, each with its TF_CONFIG",
         description="Start a local cluster and run COMMAND once per chief/worker task with its "
         "TF_CONFIG and TF_USE_LEGACY_KERAS=1; with --ps, the chief runs COMMAND as coordinator "
-        "while workers and ps tasks are plain servers. Exits 0 only if every task does.",
+        "while workers and ps tasks are plain servers. Exits 0 only if every task does. On "
+        "Ctrl-C, SIGTERM or SIGHUP every process the tasks started is stopped first (exit "
+        "130, 143, 129); if it is SIGKILLed, each task's guard stops them.",
     )
     run.add_argument("--workers", type=int, default=2, metavar="N", help="worker tasks (2)")
     run.add_argument("--ps", type=int, default=0, metavar="M", help="parameter servers (0)")
@@ -234,6 +259,7 @@ def _state_dir(args: argparse.Namespace) -> str:
 def _cmd_up(args: argparse.Namespace) -> int:
     timeout_s(args.start_timeout, "--start-timeout")
     count(args.max_restarts, "--max-restarts", minimum=0)
+    timeout_s(args.restart_window, "--restart-window")
     if args.restart != "no" and not args.detach:
         raise UsageError("--restart needs --detach (a foreground fleet stops on any failure)")
     if args.backend == "ray":
@@ -302,8 +328,13 @@ def _up_detached(args: argparse.Namespace, cluster: Cluster) -> int:
         restart=args.restart,
         max_restarts=args.max_restarts,
         expose=args.expose,
+        restart_window_s=args.restart_window,
     )
-    record = start_detached(spec)
+
+    def note(text: str) -> None:
+        print(f"graphdist: {text}", file=sys.stderr, flush=True)
+
+    record = start_detached(spec, note=note)
     _print_rows(status_rows(record), args.json)
     print(
         f"graphdist: fleet detached (supervisor pid {record.supervisor.pid}, state "
@@ -314,13 +345,20 @@ def _up_detached(args: argparse.Namespace, cluster: Cluster) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from graphdist._fleet.detached import live_record, no_fleet, status_rows
+    """Exit 0: the fleet runs (a task may be waiting for its scheduled restart); 1: a task is
+    dead for good (the restart policy gave up on it, or there is none); 2: no fleet, a stale
+    one (cleaned up) or an unreadable state file."""
+    from graphdist._exceptions import FleetError
+    from graphdist._fleet.detached import fleet_problem, live_record, no_fleet, status_rows
 
     state_dir = _state_dir(args)
     record = live_record(state_dir, cleanup=False)
     if record is None:
         raise no_fleet(state_dir)
     _print_rows(status_rows(record), args.json)
+    problem = fleet_problem(record)
+    if problem is not None:
+        raise FleetError(problem)
     return 0
 
 
@@ -328,7 +366,15 @@ def _cmd_down(args: argparse.Namespace) -> int:
     from graphdist._fleet.detached import stop_detached
 
     state_dir = _state_dir(args)
-    print(f"graphdist: {stop_detached(state_dir)}; removed {state_dir}")
+
+    def waiting(holder: str) -> None:
+        print(
+            f"graphdist: waiting for {holder}, which is changing {state_dir}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    print(f"graphdist: {stop_detached(state_dir, note=waiting)}; removed {state_dir}")
     return 0
 
 

@@ -2,13 +2,19 @@
 
 The lifecycle, which ``graphdist up --detach``, ``status`` and ``down`` only wrap:
 
-- :func:`start_detached` refuses a state folder whose fleet is live, spawns the supervisor
-  (``supervisor``) from a :class:`SupervisorSpec` and waits until it writes ``fleet.json``
-  (ready) or ``error.json`` (failed), or the start timeout passes;
+- :func:`start_detached` locks the state folder (``state.lock_state``: of several concurrent
+  starts one proceeds, the others get a one-line :class:`StateError`), refuses a folder whose
+  fleet is live, cleans what an earlier fleet left (a stale record, ``error.json``, orphaned
+  processes) with a one-line note, spawns the supervisor (``supervisor``) from a
+  :class:`SupervisorSpec`, carrying the folder's marker, and waits until it writes
+  ``fleet.json`` (ready) or ``error.json`` (failed), or the start timeout passes; whatever it
+  started is stopped again if the start fails;
 - :func:`live_record` reads the running fleet's record, cleaning up a stale one (its supervisor
-  is gone); :func:`status_rows` turns it into one row per task;
-- :func:`stop_detached` stops the supervisor, makes sure every server is gone and removes the
-  state folder;
+  is gone); :func:`status_rows` turns it into one row per task and :func:`fleet_problem` says
+  whether a task is dead for good (``graphdist status`` then exits 1);
+- :func:`stop_detached` (under the lock) stops the supervisor and every process of the fleet,
+  those in ``fleet.json`` and those found by their marker (so a corrupt, truncated or wrongly
+  typed record still stops everything), makes sure they are gone and removes the state folder;
 - :func:`attach` returns a :class:`DetachedFleet`, a :class:`Fleet` on the running fleet: tasks,
   targets, devices, sessions that name a failed task, health, and ``kill``/``restart`` done by
   the supervisor over its control channel (``control``).
@@ -16,10 +22,12 @@ The lifecycle, which ``graphdist up --detach``, ``status`` and ``down`` only wra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from graphdist._cluster import Cluster, Task
@@ -29,18 +37,25 @@ from graphdist._fleet.base import Fleet, FleetState, TaskView
 from graphdist._fleet.local import LOG_TAIL_LINES, read_log_tail
 from graphdist._fleet.process import STOP_GRACE_S
 from graphdist._fleet.state import (
+    MARK_ENV,
     STATE_FILE,
     SUPERVISOR_LOG,
+    CorruptStateError,
     FleetRecord,
+    ProcessRef,
     TaskRecord,
     clear_state,
     default_state_dir,
+    fleet_mark,
+    leftovers,
+    lock_state,
+    marked_processes,
     read_error,
     read_state,
+    remove_leftovers,
     stop_processes,
 )
 from graphdist._fleet.supervisor import SupervisorSpec
-from graphdist._private import private_dir
 from graphdist._validate import timeout_ms
 
 __all__ = [
@@ -48,6 +63,7 @@ __all__ = [
     "DetachedTask",
     "SupervisorSpec",
     "attach",
+    "fleet_problem",
     "live_record",
     "no_fleet",
     "resolve_state_dir",
@@ -58,6 +74,16 @@ __all__ = [
 
 READY_MARGIN_S = 30.0  # beyond the start timeout: the supervisor's own start (importing TF)
 KILL_TIMEOUT_S = 30.0
+SUPERVISOR_GRACE_S = 10.0  # a supervisor stops its servers (each with its own grace) on SIGTERM
+# How long `down` waits for another command that holds the state folder's lock (an `up` that is
+# still starting its fleet: its start timeout, 60 s by default, plus the supervisor's own start).
+DOWN_LOCK_WAIT_S = 120.0
+
+Note = Callable[[str], None]
+
+
+def _quiet(text: str) -> None:
+    pass
 
 
 def resolve_state_dir(state_dir: str | os.PathLike[str] | None = None) -> str:
@@ -74,16 +100,21 @@ def no_fleet(state_dir: str) -> StateError:
 
 
 def live_record(state_dir: str, *, cleanup: bool) -> FleetRecord | None:
-    """The running fleet in ``state_dir``; a stale one (supervisor gone) is cleaned up and
-    reported as StateError unless ``cleanup`` is set, in which case ``None`` is returned."""
+    """The running fleet in ``state_dir``, or ``None``. A stale one (supervisor gone) is cleaned
+    up (when no other command holds the folder's lock) and reported as StateError unless
+    ``cleanup`` is set, in which case ``None`` is returned. Raises :class:`CorruptStateError` for
+    an unreadable ``fleet.json`` (``graphdist down`` deals with it)."""
     record = read_state(state_dir)
     if record is None or record.supervisor.alive():
         return record
-    leftovers = stop_processes(t.process for t in record.tasks)
-    clear_state(state_dir)
+    note = ""
+    with contextlib.suppress(StateError), lock_state(state_dir) as locked:
+        if locked and read_state(state_dir) == record:
+            left = _stop_all(state_dir, record)
+            clear_state(state_dir)
+            note = f"; {len(left)} process(es) would not die" if left else ""
     if cleanup:
         return None
-    note = f"; {len(leftovers)} server(s) would not die" if leftovers else ""
     raise StateError(
         f"The fleet in {state_dir} was stale (supervisor pid {record.supervisor.pid} is gone); "
         f"its state was cleaned up{note}",
@@ -92,7 +123,7 @@ def live_record(state_dir: str, *, cleanup: bool) -> FleetRecord | None:
 
 
 def status_rows(record: FleetRecord) -> list[dict[str, Any]]:
-    """One row per task: job, task, address, pid, alive, log."""
+    """One row per task: job, task, address, pid, alive, log, restarts, gave_up."""
     return [
         {
             "job": t.job,
@@ -101,62 +132,183 @@ def status_rows(record: FleetRecord) -> list[dict[str, Any]]:
             "pid": t.pid,
             "alive": t.process.alive(),
             "log": t.log,
+            "restarts": t.restarts,
+            "gave_up": t.gave_up,
         }
         for t in record.tasks
     ]
 
 
-def start_detached(spec: SupervisorSpec) -> FleetRecord:
-    """Start a supervisor for ``spec`` and return the fleet's record once every server answers.
+def fleet_problem(record: FleetRecord) -> str | None:
+    """One line naming the tasks that are dead for good (the restart policy gave up on them, or
+    there is none), else ``None``. A task waiting for its scheduled restart is not one."""
+    dead = [t for t in record.tasks if not t.process.alive()]
+    lines = []
+    for t in dead:
+        if t.gave_up:
+            lines.append(
+                f"task {t.name} died {record.max_restarts + 1} times within "
+                f"{record.restart_window_s:g} s and is not restarted again (--max-restarts "
+                f"{record.max_restarts}; log: {t.log})"
+            )
+        elif record.restart_policy == "no":
+            code = "" if t.exitcode is None else f" with code {t.exitcode}"
+            lines.append(f"task {t.name} exited{code} and is not restarted (log: {t.log})")
+    if not lines:
+        return None
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    return f"{lines[0][0].upper()}{lines[0][1:]}{more}; `graphdist down` stops the fleet"
 
-    Raises :class:`StateError` if a fleet is already running in ``spec.state_dir``,
-    :class:`ClusterSpecError`/:class:`PortInUseError` before anything starts, and
-    :class:`FleetStartError` if the supervisor reports a failed start, exits, or is not ready
-    within ``spec.start_timeout_s`` (plus a margin for its own start)."""
-    from graphdist._fleet.local import check_hosts_and_ports, check_loopback
 
-    state_dir = spec.state_dir
-    record = live_record(state_dir, cleanup=True)
+def _stop_all(
+    state_dir: str, record: FleetRecord | None, also: Iterable[ProcessRef] = ()
+) -> list[ProcessRef]:
+    """Stop every process of the fleet in ``state_dir``: its supervisors first (recorded, found
+    by the marker, ``also``: each stops its servers), then every other recorded or marked
+    process; then look again for marked ones (a server forked during the stop). Returns those
+    that would not die."""
+    marked = marked_processes(state_dir)
+    supervisors = [*also, *(m.ref for m in marked if m.supervisor)]
+    others = [m.ref for m in marked if not m.supervisor]
     if record is not None:
+        supervisors.append(record.supervisor)
+        others.extend(t.process for t in record.tasks)
+    left = stop_processes(_unique(supervisors), grace_s=SUPERVISOR_GRACE_S)
+    left += stop_processes(_unique(others))
+    left += stop_processes(_unique(m.ref for m in marked_processes(state_dir)))
+    return _unique(left)
+
+
+def _unique(refs: Iterable[ProcessRef]) -> list[ProcessRef]:
+    seen: dict[int, ProcessRef] = {}
+    for ref in refs:
+        seen.setdefault(ref.pid, ref)
+    return list(seen.values())
+
+
+def _pids(refs: Iterable[ProcessRef]) -> str:
+    return ", ".join(str(r.pid) for r in refs)
+
+
+def _clean_before_start(state_dir: str, note: Note) -> None:
+    """Under the lock: refuse a folder whose fleet runs; otherwise stop the orphans of an
+    earlier one and remove its leftover files, saying so in one line."""
+    corrupt: CorruptStateError | None = None
+    try:
+        record = read_state(state_dir)
+    except CorruptStateError as exc:
+        record, corrupt = None, exc
+    if record is not None and record.supervisor.alive():
         raise StateError(
             f"A fleet is already running in {state_dir} (supervisor pid "
             f"{record.supervisor.pid}); stop it with `graphdist down` or pass another --state-dir",
             state_dir,
         )
-    cluster = Cluster.parse(spec.cluster)
-    check_hosts_and_ports(cluster)
-    if not spec.expose:
-        check_loopback(cluster)
-    private_dir(state_dir, "the fleet's state folder")
-    log_path = os.path.join(state_dir, SUPERVISOR_LOG)
-    with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen(
-            spec.command(),
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
+    marked = marked_processes(state_dir)
+    supervisors = [m.ref for m in marked if m.supervisor]
+    if supervisors:
+        why = f"its {STATE_FILE} is corrupt" if corrupt else f"it has no valid {STATE_FILE}"
+        raise StateError(
+            f"A fleet is already running in {state_dir} (supervisor pid {_pids(supervisors)}; "
+            f"{why}); stop it with `graphdist down` or pass another --state-dir",
+            state_dir,
         )
+    done = []
+    orphans = _unique([*(m.ref for m in marked), *(t.process for t in (record or _NO).tasks)])
+    orphans = [r for r in orphans if r.alive()]
+    if orphans:
+        left = stop_processes(orphans)
+        if left:
+            raise StateError(
+                f"Process(es) {_pids(left)} of an earlier fleet in {state_dir} would not die; "
+                "stop them, then try again",
+                state_dir,
+            )
+        done.append(f"stopped {len(orphans)} orphaned process(es) (pid {_pids(orphans)})")
+    removed = remove_leftovers(state_dir)
+    if removed:
+        what = {
+            STATE_FILE: f"{STATE_FILE} ({'corrupt' if corrupt else 'stale'})",
+            "error.json": "error.json (a failed start)",
+        }
+        done.append("removed " + ", ".join(what.get(n, n) for n in removed))
+    if done:
+        note(f"cleaned up after an earlier fleet in {state_dir}: {'; '.join(done)}")
+
+
+_NO = FleetRecord(ProcessRef(0, 0.0), {})
+
+
+def start_detached(spec: SupervisorSpec, *, note: Note | None = None) -> FleetRecord:
+    """Start a supervisor for ``spec`` and return the fleet's record once every server answers.
+
+    Holds the state folder's lock throughout. Raises :class:`StateError` if a fleet is already
+    running in ``spec.state_dir`` or another command holds the lock, :class:`ClusterSpecError`/
+    :class:`PortInUseError` before anything starts, and :class:`FleetStartError` if the
+    supervisor reports a failed start, exits, or is not ready within ``spec.start_timeout_s``
+    (plus a margin for its own start); then nothing it started is left running. ``note`` gets a
+    one-line message for each thing cleaned up on the way (what an earlier fleet left)."""
+    from graphdist._fleet.local import check_hosts_and_ports, check_loopback
+
+    state_dir = spec.state_dir
+    created = not os.path.lexists(state_dir)
+    with lock_state(state_dir, create=True):
+        try:
+            _clean_before_start(state_dir, note or _quiet)
+            cluster = Cluster.parse(spec.cluster)
+            check_hosts_and_ports(cluster)
+            if not spec.expose:
+                check_loopback(cluster)
+        except BaseException:
+            if created:
+                clear_state(state_dir)
+            raise
+        log_path = os.path.join(state_dir, SUPERVISOR_LOG)
+        env = {**os.environ, MARK_ENV: fleet_mark(state_dir)}
+        with open(log_path, "ab") as log_file:
+            proc = subprocess.Popen(
+                spec.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                env=env,
+            )
+        try:
+            ref = ProcessRef.of(proc.pid)
+        except Exception:  # psutil.Error: it is gone already; the wait below says why
+            ref = ProcessRef(proc.pid, 0.0)
+        try:
+            return _wait_ready(spec, proc, log_path)
+        except BaseException:
+            _stop_all(state_dir, None, also=[ref])
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(1.0)
+            raise
+
+
+def _wait_ready(spec: SupervisorSpec, proc: subprocess.Popen[bytes], log_path: str) -> FleetRecord:
+    state_dir = spec.state_dir
     deadline = time.monotonic() + spec.start_timeout_s + READY_MARGIN_S
     while True:
-        record = read_state(state_dir)
-        if record is not None:
-            return record
+        with contextlib.suppress(CorruptStateError):  # written atomically: never, but be sure
+            record = read_state(state_dir)
+            if record is not None and record.supervisor.pid == proc.pid:
+                return record
         error = read_error(state_dir)
-        code = proc.poll()
-        if error is not None or code is not None:
-            proc.wait(10)
-            if error is None:
-                raise FleetStartError(
-                    f"The supervisor exited with code {code} before the fleet was ready; see "
-                    f"{log_path}"
-                )
+        if error is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(SUPERVISOR_GRACE_S)  # it exits right after writing error.json
+            _stop_all(state_dir, None)
             clear_state(state_dir)
             raise FleetStartError(error["message"])
+        code = proc.poll()
+        if code is not None:
+            raise FleetStartError(
+                f"The supervisor exited with code {code} before the fleet was ready; see {log_path}"
+            )
         if time.monotonic() > deadline:
-            proc.terminate()
-            proc.wait(10)
             raise FleetStartError(
                 f"The detached fleet was not ready after {spec.start_timeout_s:g} s; raise "
                 f"--start-timeout (supervisor log: {log_path})"
@@ -164,30 +316,58 @@ def start_detached(spec: SupervisorSpec) -> FleetRecord:
         time.sleep(0.05)
 
 
-def stop_detached(state_dir: str) -> str:
+def stop_detached(state_dir: str, *, note: Note | None = None) -> str:
     """Stop the fleet in ``state_dir`` (or clean up a stale one), check that every process is
-    gone and remove the folder. Returns what was done: ``"stopped N server(s)"`` or ``"cleaned
-    up a stale fleet"``. Raises :class:`StateError` if there is no fleet, :class:`FleetError`
-    if a process would not die."""
-    record = read_state(state_dir)
+    gone and remove the folder. Returns what was done, in a few words (``"stopped N
+    server(s)"``, ``"cleaned up a stale fleet"``, ...). Every process the fleet's supervisor
+    started is found, by ``fleet.json`` and by its marker, so a corrupt, truncated or wrongly
+    typed ``fleet.json`` (or none) still stops everything.
+
+    Waits up to :data:`DOWN_LOCK_WAIT_S` for a command that holds the folder's lock (``note``
+    says so once). Raises :class:`StateError` if there is no fleet (and nothing to clean up),
+    :class:`FleetError` if a process would not die."""
+    with lock_state(state_dir, wait_s=DOWN_LOCK_WAIT_S, on_wait=note) as locked:
+        corrupt: StateError | None = None
+        record = None
+        if locked:
+            try:
+                record = read_state(state_dir)
+            except StateError as exc:  # corrupt, or unreadable: the marker finds the processes
+                corrupt = exc
+        marked = marked_processes(state_dir)
+        if record is None and corrupt is None and not marked:
+            found = leftovers(state_dir) if locked else []
+            if not found:
+                raise no_fleet(state_dir)
+            clear_state(state_dir)
+            return f"no fleet was running; removed what an earlier one left ({', '.join(found)})"
+        stale = record is not None and not record.supervisor.alive()
+        left = _stop_all(state_dir, record)
+        if left:
+            raise FleetError(f"Could not stop pid(s) {_pids(left)} of {state_dir}")
+        clear_state(state_dir)
     if record is None:
-        raise no_fleet(state_dir)
-    stale = not record.supervisor.alive()
-    # The supervisor stops its servers on SIGTERM; then make sure every pid is really gone.
-    left = stop_processes([record.supervisor], grace_s=10.0)
-    left += stop_processes(t.process for t in record.tasks)
-    if left:
-        raise FleetError(
-            "Could not stop pid(s) " + ", ".join(str(r.pid) for r in left) + f" of {state_dir}"
+        reason = corrupt.reason if isinstance(corrupt, CorruptStateError) else None
+        why = (
+            f"{STATE_FILE} was corrupt ({reason})"
+            if reason
+            else f"{STATE_FILE} was unreadable"
+            if corrupt
+            else f"there was no {STATE_FILE}"
         )
-    clear_state(state_dir)
-    return "cleaned up a stale fleet" if stale else f"stopped {len(record.tasks)} server(s)"
+        if not marked:
+            return f"{why}; no process of the fleet was running"
+        return f"{why}; stopped {len(marked)} process(es) of the fleet found by their marker"
+    if stale:
+        return "cleaned up a stale fleet"
+    return f"stopped {len(record.tasks)} server(s)"
 
 
 class DetachedTask(TaskView):
     """One server of a detached fleet, as its supervisor last recorded it in ``fleet.json``:
     ``pid``, ``alive`` (that very process still runs), ``exitcode`` (``None`` while it runs, or
-    until the supervisor has seen it exit), ``restarts``, ``log_path`` and :meth:`log_tail`."""
+    until the supervisor has seen it exit), ``restarts``, ``gave_up``, ``log_path`` and
+    :meth:`log_tail`."""
 
     def __init__(self, fleet: DetachedFleet, record: TaskRecord) -> None:
         self.task = Task(record.job, record.task, record.address)
@@ -215,6 +395,12 @@ class DetachedTask(TaskView):
     @property
     def restarts(self) -> int:
         return self.record.restarts
+
+    @property
+    def gave_up(self) -> bool:
+        """The supervisor's restart policy gave up on this task (too many restarts within its
+        window): it stays dead until :meth:`DetachedFleet.restart` brings it back."""
+        return self.record.gave_up
 
     @property
     def log_path(self) -> str:
@@ -326,8 +512,12 @@ class DetachedFleet(Fleet[DetachedTask]):
         folder now holds another fleet. ``grace_s`` is accepted for the common interface."""
         if self._stopped:
             return
-        record = read_state(self.state_dir)
-        if record is not None and record.supervisor == self.supervisor:
+        try:
+            record = read_state(self.state_dir)
+            ours = record is not None and record.supervisor == self.supervisor
+        except CorruptStateError:
+            ours = self.supervisor.alive()  # stop_detached finds it by its marker
+        if ours:
             stop_detached(self.state_dir)
         self._stopped = True
 

@@ -1,47 +1,84 @@
 """The state folder of a detached fleet: who supervises it, which pids serve which tasks, and logs.
 
 Layout of a state folder: ``fleet.json`` (written atomically once every server is ready, and again
-whenever a task dies or is restarted), ``error.json`` (written instead when the start failed),
-``control.sock`` (the supervisor's control channel, see ``graphdist._fleet.control``),
-``supervisor.log`` and ``logs/JOB-INDEX.log``.
+whenever a task dies, is restarted or given up on), ``error.json`` (written instead when the start
+failed), ``control.sock`` (the supervisor's control channel, see ``graphdist._fleet.control``),
+``lock`` (see below), ``supervisor.log`` and ``logs/JOB-INDEX.log``.
+
 Pids are stored with their process start times, so a pid reused by an unrelated process is never
 mistaken for one of ours (and never signalled).
+
+Two things keep the folder from racing or rotting:
+
+- **The lock.** A command that changes the folder (``up --detach`` from its check until the
+  supervisor is ready, ``down``, the cleanup of a stale fleet) holds an exclusive ``flock`` on
+  ``lock`` (:func:`lock_state`); the holder writes its pid there, for the message of whoever has
+  to wait or give up. The lock is never unlinked on release; a ``down`` removes the folder while
+  holding it, so a waiter that then gets the lock checks that its file is still the one at that
+  path and otherwise starts over.
+- **The marker.** Every process of a detached fleet (the supervisor, its fork server and the
+  servers forked from it) carries ``GRAPHDIST_FLEET_MARK=<the folder's real path>`` in its
+  environment from the moment it is executed (:data:`MARK_ENV`, :func:`fleet_mark`), so
+  :func:`marked_processes` finds them even when ``fleet.json`` is missing, truncated or garbage.
+
+A ``fleet.json`` that cannot be read as a fleet record (bad JSON, bad UTF-8, a field of the wrong
+type) raises :class:`CorruptStateError`, a :class:`StateError`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
+import math
 import os
 import shutil
-from collections.abc import Iterable
+import stat
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psutil
 
-from graphdist._exceptions import StateError
+from graphdist._exceptions import CorruptStateError, StateError
 from graphdist._fleet.process import STOP_GRACE_S, stop_all
 from graphdist._private import private_dir
 
 __all__ = [
+    "MARK_ENV",
     "STATE_DIR_ENV",
+    "CorruptStateError",
     "FleetRecord",
+    "MarkedProcess",
     "ProcessRef",
     "TaskRecord",
     "clear_state",
     "default_state_dir",
+    "fleet_mark",
+    "leftovers",
+    "lock_state",
+    "marked_processes",
     "read_error",
     "read_state",
+    "remove_leftovers",
     "stop_processes",
     "write_state",
 ]
 
 STATE_DIR_ENV = "GRAPHDIST_STATE_DIR"
+MARK_ENV = "GRAPHDIST_FLEET_MARK"
 STATE_FILE = "fleet.json"
 ERROR_FILE = "error.json"
 SUPERVISOR_LOG = "supervisor.log"
 CONTROL_SOCKET = "control.sock"
+LOCK_FILE = "lock"
+SUPERVISOR_MODULE = "graphdist._fleet.supervisor"
+MAX_STATE_BYTES = 16 << 20
+_LOCK_POLL_S = 0.05
+# What a fleet leaves in its folder that the next one must not mistake for its own.
+_LEFTOVERS = (STATE_FILE, ERROR_FILE, CONTROL_SOCKET)
 
 
 def default_state_dir() -> str:
@@ -53,6 +90,15 @@ def default_state_dir() -> str:
         os.path.expanduser("~"), ".local", "state"
     )
     return os.path.join(base, "graphdist")
+
+
+def fleet_mark(state_dir: str) -> str:
+    """The marker value (:data:`MARK_ENV`) of the processes of the fleet in ``state_dir``: its
+    real path, so two spellings of one folder give one marker."""
+    return os.path.realpath(state_dir)
+
+
+# -- records ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -96,10 +142,16 @@ class TaskRecord:
     log: str
     restarts: int = 0
     exitcode: int | None = None  # set once the supervisor has seen the process exit
+    gave_up: bool = False  # the restart policy gave up on it (too many restarts in the window)
+    restart_at: float | None = None  # wall-clock time of its scheduled restart (backoff)
 
     @property
     def process(self) -> ProcessRef:
         return ProcessRef(self.pid, self.create_time)
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}:{self.task}"
 
 
 @dataclass(frozen=True)
@@ -110,21 +162,99 @@ class FleetRecord:
     started_at: float = 0.0
     restart_policy: str = "no"
     start_timeout_s: float = 60.0  # how long the supervisor waits for a (re)started server
+    max_restarts: int = 0  # with "on-failure": restarts per task within restart_window_s
+    restart_window_s: float = 60.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> FleetRecord:
-        data = json.loads(text)
+        """The record in ``text``; raises ValueError naming the first field that is missing or
+        of the wrong type."""
+        data = _obj(json.loads(text), "the record")
+        sup = _obj(_get(data, "supervisor"), "supervisor")
+        tasks = _get(data, "tasks")
+        if not isinstance(tasks, list):
+            raise ValueError(f"tasks must be a list, not {type(tasks).__name__}")
+        cluster = _get(data, "cluster")
+        if not isinstance(cluster, dict):
+            raise ValueError(f"cluster must be an object, not {type(cluster).__name__}")
         return cls(
-            supervisor=ProcessRef(**data["supervisor"]),
-            cluster=data["cluster"],
-            tasks=[TaskRecord(**t) for t in data["tasks"]],
-            started_at=data.get("started_at", 0.0),
-            restart_policy=data.get("restart_policy", "no"),
-            start_timeout_s=data.get("start_timeout_s", 60.0),
+            supervisor=ProcessRef(_int(sup, "pid"), _num(sup, "create_time")),
+            cluster=cluster,
+            tasks=[_task(_obj(t, "a task")) for t in tasks],
+            started_at=_num(data, "started_at", 0.0),
+            restart_policy=_str(data, "restart_policy", "no"),
+            start_timeout_s=_num(data, "start_timeout_s", 60.0),
+            max_restarts=_int(data, "max_restarts", 0),
+            restart_window_s=_num(data, "restart_window_s", 60.0),
         )
+
+
+_MISSING: Any = object()
+
+
+def _obj(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _get(data: dict[str, Any], key: str, default: Any = _MISSING) -> Any:
+    if key in data:
+        return data[key]
+    if default is _MISSING:
+        raise ValueError(f"{key} is missing")
+    return default
+
+
+def _int(data: dict[str, Any], key: str, default: Any = _MISSING) -> int:
+    value = _get(data, key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be a whole number, not {value!r:.40}")
+    return value
+
+
+def _num(data: dict[str, Any], key: str, default: Any = _MISSING) -> float:
+    value = _get(data, key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{key} must be a number, not {value!r:.40}")
+    return float(value)
+
+
+def _str(data: dict[str, Any], key: str, default: Any = _MISSING) -> str:
+    value = _get(data, key, default)
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string, not {value!r:.40}")
+    return value
+
+
+def _task(data: dict[str, Any]) -> TaskRecord:
+    exitcode = _get(data, "exitcode", None)
+    if exitcode is not None:
+        exitcode = _int(data, "exitcode")
+    restart_at = _get(data, "restart_at", None)
+    if restart_at is not None:
+        restart_at = _num(data, "restart_at")
+    gave_up = _get(data, "gave_up", False)
+    if not isinstance(gave_up, bool):
+        raise ValueError(f"gave_up must be true or false, not {gave_up!r:.40}")
+    return TaskRecord(
+        job=_str(data, "job"),
+        task=_int(data, "task"),
+        address=_str(data, "address"),
+        pid=_int(data, "pid"),
+        create_time=_num(data, "create_time"),
+        log=_str(data, "log"),
+        restarts=_int(data, "restarts", 0),
+        exitcode=exitcode,
+        gave_up=gave_up,
+        restart_at=restart_at,
+    )
+
+
+# -- files --------------------------------------------------------------------------------------
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -146,38 +276,219 @@ def write_error(state_dir: str, kind: str, message: str) -> None:
     )
 
 
+def _read_small(path: str) -> bytes:
+    """The bytes of the regular file ``path`` (FileNotFoundError if missing; OSError if it is
+    not a regular file or too large to be ours)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if info.st_size > MAX_STATE_BYTES:
+            raise OSError(errno.EFBIG, f"larger than {MAX_STATE_BYTES} bytes")
+        return f.read(MAX_STATE_BYTES + 1)
+
+
 def read_error(state_dir: str) -> dict[str, str] | None:
+    """The failure the supervisor recorded in ``error.json`` (``kind``, ``message``), or
+    ``None``; an unreadable one reads as a failure with a message saying so."""
+    path = os.path.join(state_dir, ERROR_FILE)
     try:
-        with open(os.path.join(state_dir, ERROR_FILE), encoding="utf-8") as f:
-            data: dict[str, str] = json.load(f)
-            return data
-    except (OSError, ValueError):
+        data = json.loads(_read_small(path).decode("utf-8"))
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as exc:
+        return {"kind": "StateError", "message": f"The supervisor's {path} is unreadable: {exc}"}
+    if not isinstance(data, dict) or not isinstance(data.get("message"), str):
+        return {"kind": "StateError", "message": f"The supervisor's {path} is not a failure"}
+    return {"kind": str(data.get("kind", "FleetStartError")), "message": data["message"]}
 
 
 def read_state(state_dir: str) -> FleetRecord | None:
-    """The fleet recorded in ``state_dir``, or ``None``; raises StateError if it is unreadable
-    or the folder is not private to this user (a record there could name anyone's processes)."""
+    """The fleet recorded in ``state_dir``, or ``None``; raises StateError if the folder is not
+    private to this user (a record there could name anyone's processes) or the file cannot be
+    read, :class:`CorruptStateError` if it is not a fleet record."""
     private_dir(state_dir, "the fleet's state folder", create=False)
     path = os.path.join(state_dir, STATE_FILE)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        data = _read_small(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise StateError(f"Cannot read {path}: {exc.strerror}", state_dir) from None
+        if exc.errno in (errno.ELOOP, errno.EINVAL, errno.EFBIG):
+            raise CorruptStateError(path, str(exc.strerror), state_dir) from None
+        raise StateError(f"Cannot read {path}: {exc.strerror or exc}", state_dir) from None
     try:
-        return FleetRecord.from_json(text)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise StateError(
-            f"State file {path} is corrupt ({exc}); remove {state_dir} by hand", state_dir
-        ) from None
+        return FleetRecord.from_json(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError: ValueError
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        reason = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        raise CorruptStateError(path, reason[:120], state_dir) from None
+
+
+def leftovers(state_dir: str) -> list[str]:
+    """Files of an earlier fleet in ``state_dir`` that a new one must not inherit:
+    ``fleet.json``, ``error.json``, ``control.sock`` and half-written ``*.tmpPID`` files."""
+    try:
+        names = os.listdir(state_dir)
+    except OSError:
+        return []
+    return sorted(
+        n for n in names if n in _LEFTOVERS or any(n.startswith(f"{f}.tmp") for f in _LEFTOVERS)
+    )
+
+
+def remove_leftovers(state_dir: str) -> list[str]:
+    """Remove :func:`leftovers` (only while holding :func:`lock_state`); return their names."""
+    removed = []
+    for name in leftovers(state_dir):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(state_dir, name))
+            removed.append(name)
+    return removed
 
 
 def clear_state(state_dir: str) -> None:
-    """Remove the state folder (fleet.json, error.json, logs)."""
+    """Remove the state folder (fleet.json, error.json, logs, the lock)."""
     shutil.rmtree(state_dir, ignore_errors=True)
+
+
+# -- the lock -----------------------------------------------------------------------------------
+
+
+def _lock_holder(path: str) -> str:
+    """Who holds the lock: ``another graphdist command (pid N)``, as its file says."""
+    try:
+        text = _read_small(path).decode("ascii", "replace").strip()
+    except OSError:
+        text = ""
+    return "another graphdist command" + (f" (pid {text})" if text.isdigit() else "")
+
+
+@contextlib.contextmanager
+def lock_state(
+    state_dir: str,
+    *,
+    wait_s: float = 0.0,
+    create: bool = False,
+    on_wait: Callable[[str], None] | None = None,
+) -> Iterator[bool]:
+    """Hold the exclusive lock on ``state_dir`` (see the module docstring) for the ``with``
+    block; yields ``True``, or ``False`` when the folder does not exist and ``create`` is not
+    set (there is nothing to lock). With ``create`` the folder is made (mode 0700) first.
+
+    Waits up to ``wait_s`` seconds for another holder (calling ``on_wait`` once, with who it
+    is, if it has to wait), then raises :class:`StateError` naming it."""
+    path = os.path.join(state_dir, LOCK_FILE)
+    deadline = time.monotonic() + wait_s
+    waited = False
+    while True:
+        if create:
+            private_dir(state_dir, "the fleet's state folder")
+        else:
+            private_dir(state_dir, "the fleet's state folder", create=False)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            if create:
+                continue  # removed by a `down` between the two calls: make it again
+            yield False
+            return
+        except OSError as exc:
+            raise StateError(f"Cannot open {path}: {exc.strerror or exc}", state_dir) from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise StateError(
+                        f"{_lock_holder(path).capitalize()} is already starting or stopping "
+                        f"the fleet in {state_dir}; wait for it to finish, or pass another "
+                        "--state-dir",
+                        state_dir,
+                    ) from None
+                if on_wait is not None and not waited:
+                    on_wait(_lock_holder(path))
+                waited = True
+                os.close(fd)
+                fd = -1
+                time.sleep(_LOCK_POLL_S)
+                continue
+            # Locked; but a `down` that held it before us may have removed the folder.
+            mine = os.fstat(fd)
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+            if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+                os.close(fd)
+                fd = -1
+                continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            yield True
+            return
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MarkedProcess:
+    """A process found by the marker: its reference and whether it is the supervisor."""
+
+    ref: ProcessRef
+    supervisor: bool
+
+
+def _ancestors() -> set[int]:
+    pids = {os.getpid()}
+    with contextlib.suppress(psutil.Error):
+        pids.update(p.pid for p in psutil.Process().parents())
+    return pids
+
+
+def _is_supervisor_of(cmdline: list[str], mark: str) -> bool:
+    """``cmdline`` runs ``python -m graphdist._fleet.supervisor SPEC`` for the folder ``mark``."""
+    if SUPERVISOR_MODULE not in cmdline[:-1]:
+        return False
+    try:
+        spec = json.loads(cmdline[-1])
+        return isinstance(spec, dict) and fleet_mark(str(spec.get("state_dir"))) == mark
+    except (ValueError, TypeError):
+        return False
+
+
+def marked_processes(state_dir: str) -> list[MarkedProcess]:
+    """The live processes of the fleet in ``state_dir``, whatever its ``fleet.json`` says: this
+    user's processes that carry the folder's marker (:data:`MARK_ENV`, inherited by every
+    process the supervisor starts) and run either the supervisor (a
+    ``graphdist._fleet.supervisor`` command line, whose spec may name the folder instead) or the
+    ``multiprocess`` fork server that the servers are forked from (and so share its command
+    line). This process and its ancestors are never listed."""
+    mark = fleet_mark(state_dir)
+    uid = os.getuid()
+    skip = _ancestors()
+    found = []
+    for proc in psutil.process_iter(["pid", "uids", "cmdline", "create_time"]):
+        try:
+            info = proc.info
+            if info["pid"] in skip or info["uids"] is None or info["uids"].real != uid:
+                continue
+            cmdline = info["cmdline"] or []
+            supervisor = _is_supervisor_of(cmdline, mark)
+            if not supervisor:
+                if not any("multiprocess" in arg for arg in cmdline):
+                    continue
+                if proc.environ().get(MARK_ENV) != mark:
+                    continue
+            found.append(MarkedProcess(ProcessRef(info["pid"], info["create_time"]), supervisor))
+        except (psutil.Error, OSError):
+            continue
+    return [p for p in found if p.ref.alive()]
 
 
 def stop_processes(refs: Iterable[ProcessRef], grace_s: float = STOP_GRACE_S) -> list[ProcessRef]:

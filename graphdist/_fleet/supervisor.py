@@ -9,6 +9,16 @@ supervisor outright still takes every server down.
 
 Everything it needs is one :class:`SupervisorSpec`, passed as its only argument, in JSON:
 ``python -m graphdist._fleet.supervisor SPEC_JSON`` (build it with :meth:`SupervisorSpec.command`).
+It is started with ``GRAPHDIST_FLEET_MARK`` set (see ``state``), which its fork server and every
+server inherit, so ``graphdist down`` finds them all even without a readable ``fleet.json``.
+
+The restart policy ``on-failure`` restarts a dead server after a backoff: 0.5 s after a death,
+doubling with each further death in a row (1, 2, 4 ... s), capped at 30 s; a server that ran for
+a whole restart window (60 s by default) before dying starts again from 0.5 s. At most
+``max_restarts`` restarts of a task happen within any restart window; the next death within it
+makes the supervisor give up on that task: it stays dead, ``fleet.json`` records ``gave_up`` and
+``graphdist status`` exits 1. A restart asked over the control channel (``fleet.restart``)
+always happens, and clears a give-up.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -29,24 +40,44 @@ import psutil
 from graphdist._cluster import Cluster
 from graphdist._exceptions import ArgumentError, GraphdistError
 from graphdist._fleet.control import ControlServer
-from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, LocalFleet
+from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
 from graphdist._fleet.signals import stop_on_signals
 from graphdist._fleet.state import (
+    MARK_ENV,
     STATE_FILE,
     FleetRecord,
     ProcessRef,
     TaskRecord,
+    fleet_mark,
     write_error,
     write_state,
 )
 from graphdist._validate import count, timeout_s
 
-__all__ = ["DEFAULT_MAX_RESTARTS", "RESTART_POLICIES", "SupervisorSpec", "main"]
+__all__ = [
+    "BACKOFF_MAX_S",
+    "BACKOFF_MIN_S",
+    "DEFAULT_MAX_RESTARTS",
+    "DEFAULT_RESTART_WINDOW_S",
+    "RESTART_POLICIES",
+    "SupervisorSpec",
+    "backoff_s",
+    "main",
+]
 
 log = logging.getLogger("graphdist.supervisor")
 RESTART_POLICIES = ("no", "on-failure")
 DEFAULT_MAX_RESTARTS = 3
+DEFAULT_RESTART_WINDOW_S = 60.0
+BACKOFF_MIN_S = 0.5
+BACKOFF_MAX_S = 30.0
 MONITOR_INTERVAL_S = 0.5
+
+
+def backoff_s(failures: int) -> float:
+    """Seconds to wait before restarting a task that died ``failures`` times in a row (>= 1):
+    0.5, 1, 2, 4 ... capped at 30."""
+    return min(BACKOFF_MIN_S * 2.0 ** min(max(failures, 1) - 1, 32), BACKOFF_MAX_S)
 
 
 @dataclass(frozen=True)
@@ -58,8 +89,11 @@ class SupervisorSpec:
     - ``cluster``: the cluster, as :meth:`Cluster.as_dict` gives it (ports already chosen).
     - ``start_timeout_s``: how long to wait for every server, at start and at each restart.
     - ``restart``: ``"no"`` or ``"on-failure"`` (restart a server that dies).
-    - ``max_restarts``: with ``"on-failure"``, restarts per task before giving up.
+    - ``max_restarts``: with ``"on-failure"``, restarts of a task within any
+      ``restart_window_s`` seconds; one more death within the window and the supervisor gives
+      up on the task (see the module docstring for the backoff).
     - ``expose``: let the servers listen on every interface (default: loopback only).
+    - ``restart_window_s``: the sliding window ``max_restarts`` counts in (default 60 s).
     """
 
     state_dir: str
@@ -68,10 +102,12 @@ class SupervisorSpec:
     restart: str = "no"
     max_restarts: int = DEFAULT_MAX_RESTARTS
     expose: bool = False
+    restart_window_s: float = DEFAULT_RESTART_WINDOW_S
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state_dir", os.path.abspath(self.state_dir))
         timeout_s(self.start_timeout_s, "start_timeout_s")
+        timeout_s(self.restart_window_s, "restart_window_s")
         count(self.max_restarts, "max_restarts", minimum=0)
         if self.restart not in RESTART_POLICIES:
             raise ArgumentError(
@@ -109,9 +145,13 @@ class SupervisorSpec:
         return [sys.executable, "-m", "graphdist._fleet.supervisor", self.to_json()]
 
 
+def _label(task: FleetTask) -> str:
+    return f"{task.job}:{task.index}"
+
+
 class _Supervisor:
-    """The running fleet, its record in ``fleet.json`` and the handling of control requests.
-    One lock serialises the monitor loop (restart on failure) and control requests."""
+    """The running fleet, its record in ``fleet.json``, the restart policy and the handling of
+    control requests. One lock serialises the monitor loop and control requests."""
 
     def __init__(self, spec: SupervisorSpec, fleet: LocalFleet) -> None:
         self.spec = spec
@@ -120,10 +160,21 @@ class _Supervisor:
         self.lock = threading.Lock()
         self._refs: dict[tuple[str, int], ProcessRef] = {}
         self._written: tuple[Any, ...] | None = None
+        # The restart policy's state, per task name.
         self._given_up: set[str] = set()
+        self._due: dict[str, float] = {}  # monotonic time of a scheduled restart
+        self._restart_at: dict[str, float] = {}  # ... the same as wall-clock time, for the record
+        self._recent: dict[str, deque[float]] = {}  # monotonic times of the policy's restarts
+        self._failures: dict[str, int] = {}  # deaths in a row (the backoff's exponent)
+        now = time.monotonic()
+        self._up_since: dict[str, float] = {t.name: now for t in fleet.tasks}
 
     def _snapshot(self) -> tuple[Any, ...]:
-        return tuple((t.pid, t.alive, t.exitcode, t.restarts) for t in self.fleet.tasks)
+        return (
+            tuple((t.pid, t.alive, t.exitcode, t.restarts) for t in self.fleet.tasks),
+            tuple(sorted(self._given_up)),
+            tuple(sorted(self._restart_at.items())),
+        )
 
     def _ref(self, job: str, index: int, pid: int, alive: bool) -> ProcessRef:
         """The pid with the start time it had when first seen alive: a dead task's pid, reused
@@ -155,6 +206,8 @@ class _Supervisor:
                     t.log_path,
                     t.restarts,
                     exitcode,
+                    gave_up=t.name in self._given_up,
+                    restart_at=self._restart_at.get(t.name),
                 )
             )
         return FleetRecord(
@@ -164,14 +217,24 @@ class _Supervisor:
             started_at=self.started_at,
             restart_policy=self.spec.restart,
             start_timeout_s=self.spec.start_timeout_s,
+            max_restarts=self.spec.max_restarts,
+            restart_window_s=self.spec.restart_window_s,
         )
 
     def save(self) -> None:
         self._written = self._snapshot()
         write_state(self.spec.state_dir, self.record())
 
+    def next_wait(self) -> float:
+        """Seconds until the monitor should look again: the next scheduled restart, at most
+        :data:`MONITOR_INTERVAL_S`."""
+        due = list(self._due.values())
+        if not due:
+            return MONITOR_INTERVAL_S
+        return min(MONITOR_INTERVAL_S, max(0.01, min(due) - time.monotonic()))
+
     def tick(self) -> None:
-        """One pass of the monitor: restart dead tasks (if asked to), record any change."""
+        """One pass of the monitor: schedule or do restarts (if asked to), record any change."""
         with self.lock:
             if self.spec.restart == "on-failure":
                 self._restart_dead()
@@ -179,18 +242,79 @@ class _Supervisor:
                 self.save()
 
     def _restart_dead(self) -> None:
+        now = time.monotonic()
         for task in self.fleet.dead_tasks():
-            if task.restarts >= self.spec.max_restarts:
-                if task.name not in self._given_up:
-                    self._given_up.add(task.name)
-                    log.error("%r died %d times; not restarting it again", task, task.restarts + 1)
+            if task.name in self._given_up:
                 continue
-            log.warning("%r died (exit code %s); restarting it", task, task.exitcode)
-            try:
-                self.fleet.restart(task.job, task.index)
-            except GraphdistError as exc:
-                log.error("restart of %s failed: %s", task.name, exc)
-            self.save()
+            due = self._due.get(task.name)
+            if due is None:
+                self._schedule(task, now)
+            elif now >= due:
+                self._restart(task)
+
+    def _schedule(self, task: FleetTask, now: float) -> None:
+        """A death just seen: give up (too many restarts in the window) or schedule a restart
+        after the backoff."""
+        window, cap = self.spec.restart_window_s, self.spec.max_restarts
+        recent = self._recent.setdefault(task.name, deque())
+        while recent and recent[0] <= now - window:
+            recent.popleft()
+        if len(recent) >= cap:
+            self._given_up.add(task.name)
+            log.error(
+                "%s died %d times within %g s; not restarting it again (--max-restarts %d); "
+                "exit code %s, log %s",
+                _label(task),
+                len(recent) + 1,
+                window,
+                cap,
+                task.exitcode,
+                task.log_path,
+            )
+            return
+        stable = now - self._up_since.get(task.name, now) >= window
+        failures = 1 if stable else self._failures.get(task.name, 0) + 1
+        self._failures[task.name] = failures
+        delay = backoff_s(failures)
+        self._due[task.name] = now + delay
+        self._restart_at[task.name] = time.time() + delay
+        log.warning(
+            "%s died (exit code %s); restarting it in %.1f s (restart %d of at most %d within "
+            "%g s)",
+            _label(task),
+            task.exitcode,
+            delay,
+            len(recent) + 1,
+            cap,
+            window,
+        )
+
+    def _restart(self, task: FleetTask) -> None:
+        """Do a scheduled restart; a failed one is a death like any other (the next tick
+        schedules the next attempt, with a longer backoff)."""
+        self._due.pop(task.name, None)
+        self._restart_at.pop(task.name, None)
+        now = time.monotonic()
+        self._recent.setdefault(task.name, deque()).append(now)
+        self._up_since[task.name] = now
+        log.warning("%s: restart attempt %d", _label(task), task.restarts + 1)
+        try:
+            self.fleet.restart(task.job, task.index)
+        except GraphdistError as exc:
+            log.error("restart of %s failed: %s", _label(task), exc)
+            if not task.alive:
+                self._schedule(task, time.monotonic())
+        else:
+            log.info("%s restarted (pid %s)", _label(task), task.pid)
+        self.save()
+
+    def _forget(self, name: str) -> None:
+        """A restart asked for by hand: the policy's give-up, schedule and backoff start over."""
+        self._given_up.discard(name)
+        self._due.pop(name, None)
+        self._restart_at.pop(name, None)
+        self._failures.pop(name, None)
+        self._up_since[name] = time.monotonic()
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         """Answer one control request (see ``graphdist._fleet.control``)."""
@@ -210,6 +334,8 @@ class _Supervisor:
                     self.fleet.kill(job, index, sig=sig)
                 else:
                     log.warning("control: restarting %s:%d", job, index)
+                    task = self.fleet.task(job, index)
+                    self._forget(task.name)
                     self.fleet.restart(job, index)
             finally:
                 self.save()
@@ -227,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"graphdist-supervisor: bad spec: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # Normally set by whoever started us (see detached.start_detached); the fork server and the
+    # servers inherit it from here.
+    os.environ[MARK_ENV] = fleet_mark(spec.state_dir)
 
     stop = stop_on_signals()
     state_dir = spec.state_dir
@@ -254,8 +383,14 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
         supervisor.save()
-        log.info("fleet ready: %r (restart policy %s)", fleet, spec.restart)
-        while not stop.wait(MONITOR_INTERVAL_S):
+        log.info(
+            "fleet ready: %r (restart policy %s, at most %d restarts per task within %g s)",
+            fleet,
+            spec.restart,
+            spec.max_restarts,
+            spec.restart_window_s,
+        )
+        while not stop.wait(supervisor.next_wait()):
             supervisor.tick()
         log.info("got a stop signal; stopping the fleet")
     finally:

@@ -29,6 +29,11 @@ def test_supervisor_spec_round_trips_and_refuses_what_it_does_not_know(tmp_path)
         SupervisorSpec(str(tmp_path), {}, restart="always")
     with pytest.raises(ValueError, match="max_restarts"):
         SupervisorSpec(str(tmp_path), {}, max_restarts=-1)
+    with pytest.raises(ValueError, match="restart_window_s"):
+        SupervisorSpec(str(tmp_path), {}, restart_window_s=0)
+    # A spec from before the restart window existed still reads, with the documented 60 s.
+    old = {k: v for k, v in json.loads(spec.to_json()).items() if k != "restart_window_s"}
+    assert SupervisorSpec.from_json(json.dumps(old)).restart_window_s == 60.0
 
 
 def test_control_channel_answers_and_carries_errors_even_on_a_long_path(tmp_path):
