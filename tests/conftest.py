@@ -23,6 +23,8 @@ EVENTUALLY_S = 30.0
 # The documented defaults (README "Sessions"; LocalFleet's docstring, `graphdist up --help`), not
 # the code's own constants: a default of 0 would mean "wait forever" to TensorFlow.
 DOCUMENTED_OPERATION_TIMEOUT_MS = 30_000
+# A fleet session's default: ten minutes, the last resort behind the fleet's own failure watch.
+DOCUMENTED_FLEET_OPERATION_TIMEOUT_MS = 600_000
 DOCUMENTED_START_TIMEOUT_S = 60.0
 
 

@@ -45,10 +45,12 @@ from graphdist._exceptions import (
     ExposedServerError,
     FleetClosedError,
     FleetError,
+    FleetStartError,
     TaskFailedError,
     TaskNotFoundError,
 )
 from graphdist._fleet.exposure import check_listening
+from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS, SessionGuard
 from graphdist._fleet.health import ALIVE, DEAD, NOT_ANSWERING, TaskHealth, probe_all
 from graphdist._fleet.probe import PROBE_TIMEOUT_S
 from graphdist._fleet.process import STOP_GRACE_S
@@ -299,9 +301,7 @@ class Fleet(Generic[_TaskT]):
         whose sockets cannot be read, raises :class:`ExposedServerError`."""
         self._wait_ready(list(tasks), timeout_s)  # a backend may consume its list
         for task in tasks:
-            allowed = self._allowed_addresses(task)
-            if allowed is not None:
-                self._check_listening(task, allowed)
+            self._check_listening(task, self._allowed_addresses(task))
 
     # -- the backend's primitives -----------------------------------------------------------------
 
@@ -329,10 +329,23 @@ class Fleet(Generic[_TaskT]):
         (``expose=True``). Default: loopback only, unless exposed."""
         return None if self.expose else frozenset()
 
-    def _check_listening(self, task: _TaskT, allowed: frozenset[str]) -> None:
+    def _check_listening(self, task: _TaskT, allowed: frozenset[str] | None) -> None:
         """Raise ExposedServerError unless ``task``'s process listens only on loopback or
-        ``allowed`` (default: its sockets as the OS lists them for its pid)."""
-        check_listening(f"{task.job}:{task.index}", task.address, task.pid, allowed)
+        ``allowed`` (``None``: anywhere), and FleetStartError unless it is the process that
+        listens on the task's port: an answer from another process (a second name for an
+        address another task has) is no proof of this one (default: its sockets as the OS
+        lists them for its pid)."""
+        name = f"{task.job}:{task.index}"
+        sockets = check_listening(name, task.address, task.pid, allowed)
+        port = int(task.address.rsplit(":", 1)[1])
+        if not any(p == port for _, p in sockets):
+            raise FleetStartError(
+                f"Server {name} is not the process listening on {task.address} (pid "
+                f"{task.pid} listens on {sorted({p for _, p in sockets}) or 'nothing'}): another "
+                "process answered for it. Is the address another task's under another name?",
+                task=name,
+                address=task.address,
+            )
 
     def _teardown(self) -> None:
         """Release what is left once the tasks are stopped (default: nothing)."""
@@ -408,28 +421,30 @@ class Fleet(Generic[_TaskT]):
     ) -> Any:
         """A ``tf.compat.v1.Session`` whose master is ``job:task``, with a bounded operation
         timeout (``operation_timeout_ms``, else the fleet's, else the config's, else
-        :data:`graphdist.DEFAULT_OPERATION_TIMEOUT_MS`).
+        :data:`graphdist.FLEET_OPERATION_TIMEOUT_MS`, ten minutes: the last resort).
 
-        Raises :class:`TaskFailedError` at once if the master is dead or not answering. When a
-        run fails because a task died or froze (TensorFlow's Unavailable, DeadlineExceeded,
-        Aborted... errors), ``sess.run`` raises :class:`TaskFailedError` naming that task, with
-        TensorFlow's error as its cause; other errors pass through unchanged.
+        Raises :class:`TaskFailedError` at once if the master is dead or not answering. Runs
+        (``run`` and ``make_callable`` callables) fail fast with :class:`TaskFailedError` naming
+        the task when a task they need is dead, restarted or frozen, before or during the run;
+        closing such a session does not wait (see :mod:`graphdist._fleet.guard`). Other errors
+        pass through unchanged.
         """
         self._require_running()
         master = self.task(job, task)
-        # None means "the fleet's" (itself None: the config's, else the default), nothing else.
+        # None means "the fleet's" (itself None: the config's, else the fleet default), nothing
+        # else. A fleet's default is long: its guard, not the timeout, finds failed tasks.
         wanted = timeout_ms(operation_timeout_ms, "operation_timeout_ms", self.operation_timeout_ms)
-        effective = session_config(config, operation_timeout_ms=wanted).operation_timeout_in_ms
+        if wanted is None and (config is None or config.operation_timeout_in_ms <= 0):
+            wanted = FLEET_OPERATION_TIMEOUT_MS
+        effective = session_config(config, operation_timeout_ms=wanted)
         (health,) = self.health(tasks=[master])
         if not health.ok:
-            raise self._task_failed(health, effective, "cannot open a session")
-        return session(
-            master.target,
-            graph=graph,
-            config=config,
-            operation_timeout_ms=effective,
-            diagnose=self._diagnose,
-        )
+            raise self._task_failed(
+                health, effective.operation_timeout_in_ms, "cannot open a session"
+            )
+        guard = SessionGuard(self, master, effective.device_filters)
+        guard.timeout_ms = effective.operation_timeout_in_ms
+        return session(master.target, graph=graph, config=effective, guard=guard)
 
     def health(
         self, timeout_s: float = PROBE_TIMEOUT_S, tasks: list[_TaskT] | None = None

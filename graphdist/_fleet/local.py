@@ -79,7 +79,23 @@ def _is_local(host: str) -> bool:
 
 
 def check_hosts_and_ports(cluster: Cluster) -> None:
-    """Raise before anything starts if a task's host is not this machine or its port is taken."""
+    """Raise before anything starts if a task's host is not this machine, two tasks share a
+    port, or a port is taken.
+
+    Addresses are compared by what they mean, not by their text: every task of a local fleet
+    runs on this machine, so ``localhost:P``, ``127.0.0.1:P`` and ``[::1]:P`` are one port, and
+    a second task there would be answered by the first task's server.
+    """
+    by_port: dict[int, Task] = {}
+    for task in cluster:
+        first = by_port.setdefault(task.port, task)
+        if first is not task:
+            raise ClusterSpecError(
+                f"Tasks {first.job}:{first.index} ({first.address}) and {task.job}:{task.index} "
+                f"({task.address}) are both on port {task.port} of this machine; give each task "
+                "its own port (a spec like 'local=2' picks free ones)",
+                task.address,
+            )
     for task in cluster:
         if not _is_local(task.host):
             raise ClusterSpecError(
@@ -179,7 +195,8 @@ class LocalFleet(Fleet[FleetTask]):
     - ``env``: extra environment variables for every server process.
     - ``server_config``: a ``ConfigProto`` for the servers' default session config.
     - ``operation_timeout_ms``: the timeout :meth:`session` puts in every config
-      (default :data:`graphdist.DEFAULT_OPERATION_TIMEOUT_MS`).
+      (default :data:`graphdist.FLEET_OPERATION_TIMEOUT_MS`, ten minutes: the fleet itself
+      finds dead and frozen tasks within seconds, see :mod:`graphdist._fleet.guard`).
     - ``jobs``: serve only the tasks of these jobs (default: all); the others are served by
       other processes, e.g. the chief and workers of :func:`graphdist.run_command`.
     - ``gpus``: pin GPUs per task through ``CUDA_VISIBLE_DEVICES``: ``"round-robin"`` over the

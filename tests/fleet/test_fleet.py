@@ -15,7 +15,7 @@ import pytest
 import graphdist
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
 from tests.conftest import (
-    DOCUMENTED_OPERATION_TIMEOUT_MS,
+    DOCUMENTED_FLEET_OPERATION_TIMEOUT_MS,
     EVENTUALLY_S,
     QUIET_TF,
     REPO,
@@ -72,7 +72,7 @@ def test_session_config_carries_the_timeout(graphdist_fleet):
     with graphdist_fleet.session("local", 0, graph=tf.Graph(), operation_timeout_ms=4321) as s:
         assert s._config.operation_timeout_in_ms == 4321
     with graphdist_fleet.session("local", 1, graph=tf.Graph()) as s:
-        assert s._config.operation_timeout_in_ms == DOCUMENTED_OPERATION_TIMEOUT_MS
+        assert s._config.operation_timeout_in_ms == DOCUMENTED_FLEET_OPERATION_TIMEOUT_MS
 
 
 def test_fleet_device_is_checked_against_its_cluster(graphdist_fleet):

@@ -252,3 +252,28 @@ def test_mixed_loopback_and_network_hosts_are_refused_before_anything_starts():
     with pytest.raises(graphdist.ClusterSpecError, match="w:1"):
         fleet.start()
     assert fleet.tasks == ()
+
+
+def test_one_port_under_two_names_is_refused_before_anything_starts():
+    (port,) = pick_free_ports(1)
+    try:
+        for other in ("127.0.0.1", "[::1]"):
+            fleet = graphdist.LocalFleet({"local": [f"localhost:{port}", f"{other}:{port}"]})
+            with pytest.raises(graphdist.ClusterSpecError, match="both on port") as info:
+                fleet.start()
+            assert "local:0" in str(info.value) and "local:1" in str(info.value)
+            assert fleet.tasks == ()
+    finally:
+        release_ports([port])
+
+
+def test_a_task_whose_own_process_does_not_listen_is_not_ready(graphdist_fleet):
+    """Readiness is proven by the task's own pid owning the listening socket, not by whoever
+    answers at its address."""
+    import types
+
+    real = graphdist_fleet.tasks[0]
+    impostor = types.SimpleNamespace(job="local", index=1, address=real.address, pid=os.getpid())
+    with pytest.raises(graphdist.FleetStartError, match="not the process listening"):
+        graphdist_fleet._check_listening(impostor, frozenset())
+    graphdist_fleet._check_listening(real, frozenset())  # the real one passes
