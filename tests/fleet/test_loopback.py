@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 import graphdist
+from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
 from graphdist._ports import pick_free_ports, release_ports
 from tests.conftest import EVENTUALLY_S, REPO, run_python, wait_gone
 
@@ -273,7 +274,24 @@ def test_a_task_whose_own_process_does_not_listen_is_not_ready(graphdist_fleet):
     import types
 
     real = graphdist_fleet.tasks[0]
-    impostor = types.SimpleNamespace(job="local", index=1, address=real.address, pid=os.getpid())
-    with pytest.raises(graphdist.FleetStartError, match="not the process listening"):
-        graphdist_fleet._check_listening(impostor, frozenset())
+    other = subprocess.Popen(["sleep", "60"])  # a live process that listens on nothing
+    try:
+        impostor = types.SimpleNamespace(job="local", index=1, address=real.address, pid=other.pid)
+        with pytest.raises(graphdist.FleetStartError, match="not the process listening"):
+            graphdist_fleet._check_listening(impostor, frozenset())
+    finally:
+        other.kill()
+        other.wait()
     graphdist_fleet._check_listening(real, frozenset())  # the real one passes
+
+
+def test_an_ipv6_loopback_cluster_starts_and_stays_on_loopback():
+    ports = pick_free_ports(2)
+    release_ports(ports)
+    cluster = {"local": [f"[::1]:{port}" for port in ports]}
+    with graphdist.LocalFleet(cluster) as fleet:
+        graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
+        with fleet.session("local", 0, graph=graph) as sess:
+            assert sess.run(y) == SPLIT_GRAPH_RESULT
+        for task in fleet.tasks:
+            assert listening(task.pid) == [("::1", task.task.port)]

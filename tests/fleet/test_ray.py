@@ -18,6 +18,7 @@ import pytest
 import graphdist
 from graphdist._fleet.exposure import is_loopback_ip, listening_sockets
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
+from tests.fleet.conftest import reload_ray_token
 
 # Ray reads its auth settings when it is imported, so it is imported only once they are set.
 if importlib.util.find_spec("ray") is None:
@@ -44,6 +45,7 @@ def ray_cluster():
     saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     # Ray's state and its auth token stay in this test's folder and environment, not in $HOME.
     os.environ.update(RAY_TMPDIR=tmp, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
+    reload_ray_token()  # another test of this process may have made Ray cache its token
     import ray
     from ray.cluster_utils import Cluster
 
@@ -64,6 +66,7 @@ def ray_cluster():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        reload_ray_token()
         from tests.conftest import EVENTUALLY_S, wait_gone
 
         assert wait_gone(_ray_processes(tmp), EVENTUALLY_S) == []

@@ -6,11 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import ipaddress
-import secrets
-import shutil
 import socket
-import sys
-import tempfile
 
 import psutil
 import pytest
@@ -20,6 +16,7 @@ from graphdist._fleet.exposure import is_loopback_ip, listening_sockets
 from graphdist._fleet.ray import plan_hosts
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
 from tests.conftest import EVENTUALLY_S, wait_gone
+from tests.fleet.conftest import processes_of as _processes_of
 
 needs_ray = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None,
@@ -110,16 +107,6 @@ def _connects(host: str, port: int) -> bool:
     return True
 
 
-def _processes_of(marker: str) -> dict[int, psutil.Process]:
-    """Live processes whose command line mentions ``marker`` (the Ray instance's temp folder)."""
-    found = {}
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        with contextlib.suppress(psutil.Error):
-            if any(marker in part for part in proc.info["cmdline"] or []):
-                found[proc.pid] = proc
-    return found
-
-
 def _listening(procs: dict[int, psutil.Process]) -> dict[int, tuple[str, list[tuple[str, int]]]]:
     """``pid`` → (name, listening TCP sockets) of each process that is still there."""
     out = {}
@@ -127,42 +114,6 @@ def _listening(procs: dict[int, psutil.Process]) -> dict[int, tuple[str, list[tu
         with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
             out[pid] = (proc.name(), listening_sockets(pid))
     return out
-
-
-@pytest.fixture
-def ray_env(monkeypatch):
-    """A private Ray temp folder and auth token, no RAY_ADDRESS; every process the test's Ray
-    started must be gone afterwards."""
-    # Short: Ray's socket paths live below it and AF_UNIX paths stop at 107 bytes.
-    tmp = tempfile.mkdtemp(prefix="gdrx-")
-    monkeypatch.setenv("RAY_TMPDIR", tmp)
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")
-    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(16))
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    _reload_ray_token()
-    import ray
-
-    assert not ray.is_initialized()
-    driver = psutil.Process()
-    before = {p.pid for p in driver.children(recursive=True)}
-    try:
-        yield tmp
-    finally:
-        # What this test's Ray started (its workers' command lines do not name the folder).
-        left = {p.pid for p in driver.children(recursive=True) if p.pid not in before}
-        ray.shutdown()
-        monkeypatch.undo()
-        _reload_ray_token()
-        assert wait_gone(left | set(_processes_of(tmp)), EVENTUALLY_S) == []
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _reload_ray_token() -> None:
-    """Ray caches its auth token per process: make it read this test's (or the next one's)."""
-    if "ray" in sys.modules:
-        from ray._raylet import AuthenticationTokenLoader
-
-        AuthenticationTokenLoader.instance().reset_cache()
 
 
 @needs_ray

@@ -1,0 +1,61 @@
+"""Fixtures of the fleet tests: a private Ray for the tests that start one."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import shutil
+import sys
+import tempfile
+
+import psutil
+import pytest
+
+from tests.conftest import EVENTUALLY_S, wait_gone
+
+
+def processes_of(marker: str) -> dict[int, psutil.Process]:
+    """Live processes whose command line mentions ``marker`` (the Ray instance's temp folder)."""
+    found = {}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if any(marker in part for part in proc.info["cmdline"] or []):
+                found[proc.pid] = proc
+    return found
+
+
+@pytest.fixture
+def ray_env(monkeypatch):
+    """A private Ray temp folder and auth token, no RAY_ADDRESS; every process the test's Ray
+    started must be gone afterwards."""
+    # Short: Ray's socket paths live below it and AF_UNIX paths stop at 107 bytes.
+    tmp = tempfile.mkdtemp(prefix="gdrx-")
+    monkeypatch.setenv("RAY_TMPDIR", tmp)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(16))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    import ray
+
+    if ray.is_initialized():  # a connection an earlier test of this worker left open
+        ray.shutdown()
+    reload_ray_token()
+    driver = psutil.Process()
+    before = {p.pid for p in driver.children(recursive=True)}
+    try:
+        yield tmp
+    finally:
+        # What this test's Ray started (its workers' command lines do not name the folder).
+        left = {p.pid for p in driver.children(recursive=True) if p.pid not in before}
+        ray.shutdown()
+        monkeypatch.undo()
+        reload_ray_token()
+        assert wait_gone(left | set(processes_of(tmp)), EVENTUALLY_S) == []
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def reload_ray_token() -> None:
+    """Ray caches its auth token per process: make it read this test's (or the next one's)."""
+    if "ray" in sys.modules:
+        from ray._raylet import AuthenticationTokenLoader
+
+        AuthenticationTokenLoader.instance().reset_cache()
