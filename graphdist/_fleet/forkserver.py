@@ -7,24 +7,113 @@ and its environment is fixed when it starts. Each distinct start environment her
 without the ``LD_PRELOAD`` bind shim) gets its own fork server, started on first use. A child does
 not re-run the owner's ``__main__`` either: a server needs nothing from it, and re-running a user's
 script (or failing to, for a notebook) in every server would be slow and surprising.
+
+A fork server exits at once when its owner is gone (:mod:`graphdist._fleet.forkserver_exit`, its
+first preload). One that died under its owner is found at the next start: that start raises
+:class:`ForkServerDiedError` (LocalFleet turns it into a ``FleetStartError`` naming the task) and
+the next one gets a fresh fork server.
+
+Temporary folders: the fork server's socket lives in a folder of the owner's own,
+``graphdist-forkserver-<owner pid>-*`` (not multiprocess's ``pymp-*``, which only a clean exit
+removes), and a fleet's logs in ``graphdist-fleet-<owner pid>-*``. An owner killed with SIGKILL
+cannot remove them; :func:`sweep_stale_temp_dirs` removes this user's folders whose owner is gone.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import io
 import os
+import re
+import shutil
+import signal
+import stat
+import tempfile
 import threading
+import time
 from typing import Any
 
+from graphdist._fleet.forkserver_exit import OWNER_ENV
 from graphdist._fleet.loopback import with_preload
 
-__all__ = ["PRELOAD", "process_class"]
+__all__ = [
+    "PRELOAD",
+    "ForkServerDiedError",
+    "owned_temp_dir",
+    "process_class",
+    "sweep_stale_temp_dirs",
+]
 
-PRELOAD = ["tensorflow", "graphdist._fleet.server", "graphdist._fleet.forkserver_exit"]
+# forkserver_exit first: it watches the owner while TensorFlow is still being imported.
+PRELOAD = ["graphdist._fleet.forkserver_exit", "tensorflow", "graphdist._fleet.server"]
+_STALE_DIR = re.compile(r"^graphdist-(?:fleet|forkserver)-(\d+)-")
+_DEATH_WAIT_S = 1.0
+# Longest socket folder path used: a socket path (folder + "/listener-XXXXXXXX") must fit in
+# sun_path (108 bytes); past this, multiprocess's own (shorter) pymp-* folder is used.
+_MAX_SOCKET_DIR = 80
 _lock = threading.Lock()
 _env_lock = threading.Lock()
 _servers: dict[str, Any] = {}  # LD_PRELOAD value ("" for none) -> ForkServer
 _classes: dict[str, Any] = {}
+_socket_dir: tuple[int, str] | None = None  # (owner pid, folder) for the fork servers' sockets
+
+
+class ForkServerDiedError(RuntimeError):
+    """A fork server died (or stopped answering) while a process was being started from it."""
+
+
+def owned_temp_dir(kind: str) -> str:
+    """A new private temporary folder ``graphdist-KIND-<this pid>-*`` (see the module doc)."""
+    return tempfile.mkdtemp(prefix=f"graphdist-{kind}-{os.getpid()}-")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_temp_dirs(root: str | None = None) -> list[str]:
+    """Remove this user's ``graphdist-fleet-<pid>-*`` and ``graphdist-forkserver-<pid>-*``
+    folders in ``root`` (the temp folder) whose owner pid is no longer running; return them.
+
+    Only real folders (not links) owned by this uid are touched: never another user's."""
+    root = root or tempfile.gettempdir()
+    removed: list[str] = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    uid = os.getuid()
+    for name in names:
+        match = _STALE_DIR.match(name)
+        if match is None or _pid_alive(int(match.group(1))):
+            continue
+        path = os.path.join(root, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _sockets_dir() -> str:
+    """This process's folder for its fork servers' sockets (removed at exit)."""
+    global _socket_dir
+    if _socket_dir is None or _socket_dir[0] != os.getpid() or not os.path.isdir(_socket_dir[1]):
+        path = owned_temp_dir("forkserver")
+        atexit.register(shutil.rmtree, path, True)
+        _socket_dir = (os.getpid(), path)
+    return _socket_dir[1]
 
 
 def _fork_server(preload_library: str) -> Any:
@@ -38,23 +127,67 @@ def _fork_server(preload_library: str) -> Any:
 
 
 def _new_fork_server(preload_library: str) -> Any:
-    from multiprocess import forkserver
+    from multiprocess import forkserver, process
 
     class ForkServer(forkserver.ForkServer):  # type: ignore[misc]
         def ensure_running(self) -> None:
-            # The fork server inherits os.environ when it is spawned: set LD_PRELOAD for that
-            # moment only (the user's own entries kept), so this process and its other
-            # children stay untouched.
+            # The fork server inherits os.environ when it is spawned: set LD_PRELOAD (the
+            # user's own entries kept) and the owner's pid for that moment only, so this
+            # process and its other children stay untouched. Its socket goes in our own
+            # folder, not multiprocess's pymp-* (swept when the owner dies; see above).
             with _env_lock:
                 saved = os.environ.pop("LD_PRELOAD", None)
                 if preload_library:
                     os.environ["LD_PRELOAD"] = with_preload(preload_library, saved)
+                os.environ[OWNER_ENV] = str(os.getpid())
+                config = process.current_process()._config
+                saved_tempdir = config.get("tempdir")
+                sockets_dir = _sockets_dir()
+                if len(sockets_dir) <= _MAX_SOCKET_DIR:
+                    config["tempdir"] = sockets_dir
                 try:
                     super().ensure_running()
                 finally:
+                    if saved_tempdir is None:
+                        config.pop("tempdir", None)
+                    else:
+                        config["tempdir"] = saved_tempdir
+                    os.environ.pop(OWNER_ENV, None)
                     os.environ.pop("LD_PRELOAD", None)
                     if saved is not None:
                         os.environ["LD_PRELOAD"] = saved
+
+        def discard(self) -> None:
+            """Forget a fork server that failed a start (waiting briefly for it to be gone,
+            killing it if it is not), so that the next start spawns a fresh one."""
+            state: Any = self  # multiprocess's attributes, untyped
+            with state._lock:
+                pid = state._forkserver_pid
+                if pid is None:
+                    return
+                deadline = time.monotonic() + _DEATH_WAIT_S
+                while True:
+                    try:
+                        done, _ = os.waitpid(pid, os.WNOHANG)
+                    except ChildProcessError:
+                        break
+                    if done:
+                        break
+                    if time.monotonic() > deadline:
+                        with contextlib.suppress(OSError):
+                            os.kill(pid, signal.SIGKILL)
+                        with contextlib.suppress(ChildProcessError):
+                            os.waitpid(pid, 0)
+                        break
+                    time.sleep(0.01)
+                with contextlib.suppress(OSError):
+                    os.close(state._forkserver_alive_fd)
+                if isinstance(state._forkserver_address, str):
+                    with contextlib.suppress(OSError):
+                        os.unlink(state._forkserver_address)
+                state._forkserver_address = None
+                state._forkserver_alive_fd = None
+                state._forkserver_pid = None
 
     return ForkServer()
 
@@ -83,12 +216,24 @@ def process_class(preload_library: str = "") -> Any:
                 reduction.dump(process_obj, buf)
             finally:
                 context.set_spawning_popen(None)
-            self.sentinel, w = server.connect_to_new_process(self._fds)
-            parent_w = os.dup(w)
-            self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
-            with open(w, "wb", closefd=True) as f:
-                f.write(buf.getbuffer())
-            self.pid = forkserver.read_signed(self.sentinel)
+            server.ensure_running()  # a failure to spawn one is not a death: raised as it is
+            try:
+                self.sentinel, w = server.connect_to_new_process(self._fds)
+                parent_w = os.dup(w)
+                self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
+                with open(w, "wb", closefd=True) as f:
+                    f.write(buf.getbuffer())
+                self.pid = forkserver.read_signed(self.sentinel)
+            except (OSError, EOFError) as exc:
+                # multiprocess reports a fork server that died under a start as a bare
+                # EOFError/OSError (then, at the next join, an AssertionError): say what it was.
+                dead_pid = server._forkserver_pid
+                server.discard()
+                raise ForkServerDiedError(
+                    f"graphdist's fork server (pid {dead_pid}) died or stopped answering while "
+                    f"starting a process ({type(exc).__name__}: {exc}); the next start uses a "
+                    "fresh one"
+                ) from exc
 
     class _Process(context.ForkServerProcess):  # type: ignore[misc]
         @staticmethod

@@ -1,11 +1,19 @@
-"""Imported only inside graphdist's fork servers (as the last preload module): make the fork
-server exit at once when its owner is gone.
+"""Imported only inside graphdist's fork servers, as the first preload module (before TensorFlow):
+make the fork server exit at once when its owner is gone.
 
-multiprocess's fork server leaves its loop with ``SystemExit`` when its owner's end of the "alive"
-pipe closes, then runs a normal interpreter shutdown, which with TensorFlow loaded takes 1-5 s
-(TensorFlow's own exit handlers and module teardown). Nothing in the fork server needs that
-clean-up: its children exit through ``os._exit`` and never run exit handlers. This handler is
-registered after TensorFlow's, so it runs first and ends the process.
+- The owner's pid comes in :data:`OWNER_ENV` (set by the owner for the spawn). A watcher thread
+  waits on it (a pidfd: exact, no polling, immune to pid reuse; polling where pidfds are missing)
+  and ends the process with ``os._exit`` the moment the owner dies, however it died. It starts
+  before TensorFlow is imported, so an owner killed during a start (while the fork server is still
+  importing TensorFlow, seconds) takes the fork server with it at once; multiprocess's own exit
+  path, the owner's end of the "alive" pipe, is only looked at once the preload is done.
+  (``PR_SET_PDEATHSIG`` would not do: it fires when the owner *thread* that spawned the fork
+  server exits, and a fleet may be started from a short-lived thread.)
+- multiprocess's fork server leaves its loop with ``SystemExit`` when every holder of the "alive"
+  pipe is gone, then runs a normal interpreter shutdown, which with TensorFlow loaded takes 1-5 s.
+  Nothing in the fork server needs that clean-up (its children exit through ``os._exit``), so
+  :func:`register_exit_hook` registers an ``os._exit`` handler; ``graphdist._fleet.server``, the
+  preload after TensorFlow, calls it again so that it runs before TensorFlow's own handlers.
 """
 
 from __future__ import annotations
@@ -13,7 +21,16 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import select
 import sys
+import threading
+import time
+
+__all__ = ["OWNER_ENV", "register_exit_hook"]
+
+#: The environment variable that carries the fork server's owner pid.
+OWNER_ENV = "GRAPHDIST_FORKSERVER_OWNER"
+_POLL_S = 0.05
 
 
 def _exit_now() -> None:
@@ -23,4 +40,43 @@ def _exit_now() -> None:
     os._exit(0)
 
 
-atexit.register(_exit_now)
+def register_exit_hook() -> None:
+    """(Re-)register the ``os._exit`` handler last, so that it runs first at exit."""
+    atexit.unregister(_exit_now)
+    atexit.register(_exit_now)
+
+
+def _watch_owner(owner: int) -> None:
+    try:
+        pidfd: int | None = os.pidfd_open(owner)
+    except ProcessLookupError:
+        os._exit(0)  # the owner died before we could watch it
+    except (OSError, AttributeError):
+        pidfd = None
+
+    def watch() -> None:
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(owner, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    pass
+                time.sleep(_POLL_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="graphdist-forkserver-owner", daemon=True).start()
+
+
+def _owner_pid() -> int | None:
+    value = os.environ.pop(OWNER_ENV, "")  # popped: the servers it forks need not see it
+    return int(value) if value.isdigit() else None
+
+
+_OWNER = _owner_pid()
+if _OWNER is not None and os.getpid() != _OWNER:
+    _watch_owner(_OWNER)
+register_exit_hook()

@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import socket
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -30,7 +29,12 @@ from graphdist._exceptions import (
     StartTimeoutError,
 )
 from graphdist._fleet.base import Fleet, FleetState, TaskView
-from graphdist._fleet.forkserver import process_class
+from graphdist._fleet.forkserver import (
+    ForkServerDiedError,
+    owned_temp_dir,
+    process_class,
+    sweep_stale_temp_dirs,
+)
 from graphdist._fleet.gpus import GpuPlan, plan_gpus
 from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
 from graphdist._fleet.probe import Prober
@@ -149,11 +153,11 @@ class FleetTask(TaskView):
         return read_log_tail(self.log_path, lines)
 
     def _start(self, process_class: Any, spec: dict[str, Any]) -> None:
-        self._process = process_class(
-            target=fleet_child, args=(spec,), name=f"graphdist-{self.name}"
-        )
-        self._process.daemon = False
-        self._process.start()
+        self._process = None  # set once started: a process that never started cannot be joined
+        process = process_class(target=fleet_child, args=(spec,), name=f"graphdist-{self.name}")
+        process.daemon = False
+        process.start()
+        self._process = process
 
     def _signal(self, sig: int) -> None:
         if self._process is not None and self._process.is_alive():
@@ -247,8 +251,10 @@ class LocalFleet(Fleet[FleetTask]):
 
     def _launch(self) -> None:
         check_hosts_and_ports(self.served)
+        for path in sweep_stale_temp_dirs():  # left by owners killed with SIGKILL
+            log.debug("removed %s: its owner process is gone", path)
         if self._own_log_dir:
-            self.log_dir = tempfile.mkdtemp(prefix="graphdist-fleet-")
+            self.log_dir = owned_temp_dir("fleet")  # graphdist-fleet-<pid>-*: swept if we die
         os.makedirs(self.log_dir, exist_ok=True)
         self._process_class = process_class(self._bind_shim())
         for task in self.served:
@@ -324,7 +330,17 @@ class LocalFleet(Fleet[FleetTask]):
         return loopback_library()
 
     def _start_task(self, ft: FleetTask) -> None:
-        ft._start(self._process_class, self._spec(ft))
+        try:
+            ft._start(self._process_class, self._spec(ft))
+        except ForkServerDiedError as exc:
+            name = f"{ft.job}:{ft.index}"
+            raise FleetStartError(
+                f"Server {name} at {ft.address} could not be started: {exc}",
+                task=name,
+                address=ft.address,
+                log_path=ft.log_path,
+                log_tail=ft.log_tail(),
+            ) from exc
         log.debug("started %r", ft)
 
     def _wait_ready(self, pending: list[FleetTask], timeout_s: float) -> None:

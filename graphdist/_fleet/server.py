@@ -32,6 +32,8 @@ EXIT_PORT_IN_USE = 4
 READY_MARKER = "graphdist: server ready"
 _PR_SET_PDEATHSIG = 1
 _OWNER_POLL_S = 0.25
+# The pid of the process that imported this module: in a server, the fork server (a preload).
+_IMPORT_PID = os.getpid()
 
 
 def _redirect_output(log_path: str) -> None:
@@ -56,6 +58,8 @@ def _exit_with(owner_pid: int) -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getpid() != _IMPORT_PID and os.getppid() != _IMPORT_PID:
+        os._exit(EXIT_START_FAILED)  # the fork server died before the death signal was set
 
     pidfd: int | None
     try:
@@ -150,3 +154,7 @@ def fleet_child(spec: dict[str, Any]) -> None:
         text = str(exc)
         in_use = "Could not start gRPC server" in text or "Address already in use" in text
         os._exit(EXIT_PORT_IN_USE if in_use else EXIT_START_FAILED)
+
+
+if "graphdist._fleet.forkserver_exit" in sys.modules:  # preloaded in a fork server, after TF
+    sys.modules["graphdist._fleet.forkserver_exit"].register_exit_hook()

@@ -1,0 +1,137 @@
+"""graphdist's fork servers when something dies under a start: the fork server itself (a typed
+error, then a fresh fork server) or the fleet's owner (nothing left running, no folders left)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, run_python, wait_gone
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+# Runs in a subprocess: killing a fork server kills every server it forked, and the test
+# process's own fleets must not be among them.
+KILL_FORK_SERVER = textwrap.dedent(
+    """
+    import os, signal, threading, time
+    import psutil
+    import graphdist
+    from graphdist._fleet import forkserver
+
+    killed = []
+
+    def kill_when_spawned():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for server in list(forkserver._servers.values()):
+                pid = server._forkserver_pid
+                if pid:
+                    os.kill(pid, signal.SIGKILL)  # while it still imports TensorFlow
+                    killed.append(pid)
+                    return
+            time.sleep(0.001)
+
+    killer = threading.Thread(target=kill_when_spawned)
+    killer.start()
+    try:
+        graphdist.LocalFleet("local=2").start()
+    except graphdist.FleetStartError as exc:
+        killer.join()
+        assert type(exc) is graphdist.FleetStartError, repr(exc)
+        assert exc.task == "local:0", exc.task
+        assert "fork server" in str(exc) and "died" in str(exc), str(exc)
+        assert str(killed[0]) in str(exc), str(exc)
+    else:
+        raise AssertionError("the start did not fail")
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid == killed[0]]
+    assert not left or left[0].status() == psutil.STATUS_ZOMBIE, left
+    with graphdist.LocalFleet("local=1") as fleet:
+        (pid,) = fleet.pids
+        assert psutil.Process(pid).ppid() != killed[0]
+        assert fleet.state is graphdist.FleetState.RUNNING
+    print("OK")
+    """
+)
+
+
+def test_fork_server_killed_during_start_gives_a_fleet_start_error_then_a_fresh_one():
+    result = run_python(["-c", KILL_FORK_SERVER], timeout=200)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
+
+
+OWNER = textwrap.dedent(
+    """
+    import graphdist
+    graphdist.LocalFleet("local=2", start_timeout_s=120).start()
+    """
+)
+
+
+def _fork_server_of(owner: psutil.Process, timeout_s: float) -> psutil.Process:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for child in owner.children():
+            try:
+                if "forkserver" in " ".join(child.cmdline()):
+                    return child
+            except psutil.Error:
+                continue
+        time.sleep(0.01)
+    raise AssertionError("the owner never started a fork server")
+
+
+@pytest.fixture
+def short_tmpdir():
+    """A private temp folder (nobody else's folders are looked at) with a short path: a fork
+    server's socket path must fit in 108 bytes, and pytest's tmp_path can be longer."""
+    path = tempfile.mkdtemp(prefix="gd-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_owner_killed_during_start_leaves_no_process_and_no_folder(short_tmpdir):
+    tmpdir = short_tmpdir
+    env = {**os.environ, **QUIET_TF, "TMPDIR": tmpdir}
+    proc = subprocess.Popen([sys.executable, "-c", OWNER], cwd=REPO, env=env)
+    try:
+        owner = psutil.Process(proc.pid)
+        _fork_server_of(owner, EVENTUALLY_S)
+        time.sleep(0.5)  # well inside the fork server's TensorFlow import
+        started = [p.pid for p in owner.children(recursive=True)]
+        assert started
+        killed_at = time.monotonic()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(EVENTUALLY_S)
+        assert wait_gone(started, EVENTUALLY_S) == []
+        print(
+            f"owner SIGKILLed during a start: its processes gone in "
+            f"{time.monotonic() - killed_at:.2f} s"
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(EVENTUALLY_S)
+
+    left = sorted(os.listdir(tmpdir))
+    assert glob.glob(os.path.join(tmpdir, f"graphdist-fleet-{proc.pid}-*")), left
+    assert not glob.glob(os.path.join(tmpdir, "pymp-*")), left
+
+    result = run_python(
+        ["-c", "import graphdist\nwith graphdist.LocalFleet('local=1'): pass"],
+        env={"TMPDIR": tmpdir},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not glob.glob(os.path.join(tmpdir, f"graphdist-*-{proc.pid}-*")), os.listdir(tmpdir)
+    assert not glob.glob(os.path.join(tmpdir, "pymp-*")), os.listdir(tmpdir)
