@@ -4,18 +4,29 @@
 normalises every form a user may hold (a dict, JSON text, a JSON file, compact counts such as
 ``"local=2,ps=1"``, a ``tf.train.ClusterSpec``, a TF_CONFIG-style ``{"cluster": ...}``) in one
 place.
+
+Every input is bounded before it is used, so a mistake is one :class:`ClusterSpecError` line,
+never a traceback or a hang: spec text and cluster files hold at most ``MAX_SPEC_BYTES`` (1 MiB),
+JSON nests at most ``MAX_JSON_DEPTH`` (32) levels and names no key twice in one object, a cluster
+file must be a regular file of UTF-8 text, ports, task indices and counts are ASCII digits only
+(Python's ``int()`` also takes Arabic-Indic or fullwidth digits), hosts are host names, IPv4
+addresses or bracketed IPv6 literals, and a ``job=N`` spec asks for at most ``MAX_TASKS`` (1024)
+tasks in all, since each one holds a free port (and a lock file) of this machine.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import stat
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from graphdist._exceptions import ClusterSpecError
+from graphdist._validate import is_ascii_digits, show
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -23,9 +34,16 @@ if TYPE_CHECKING:
 __all__ = ["Cluster", "ClusterLike", "Task"]
 
 JOB_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # what TensorFlow accepts as a job name
-_COUNTS_RE = re.compile(r"^\s*[^=,\s]+\s*=\s*[^=,]*(\s*,\s*[^=,\s]+\s*=\s*[^=,]*)*\s*$")
+# A host name or IPv4 address: ASCII letters, digits, '-', '_' and '.', at most 253 characters.
+_HOST_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}$")
+_SCOPE_RE = re.compile(r"^[A-Za-z0-9_.-]+$")  # an IPv6 zone such as 'eth0'
+_WHOLE_RE = re.compile(r"^-?[0-9]{1,10}$")  # a task index or count as text: ASCII digits only
 DEFAULT_HOST = "localhost"
 MAX_TASKS_PER_JOB = 1024
+MAX_TASKS = 1024  # in all, for a job=N spec: each task holds a free port of this machine
+MAX_TASK_INDEX = 2**31 - 1  # TensorFlow keeps task indices as int32
+MAX_SPEC_BYTES = 1 << 20  # spec text, a cluster file, a TF_CONFIG
+MAX_JSON_DEPTH = 32
 
 ClusterLike = Union["Cluster", Mapping[str, Any], str, os.PathLike[str], "tf.train.ClusterSpec"]
 
@@ -64,44 +82,67 @@ def split_address(address: str) -> tuple[str, int]:
     """Split ``host:port`` (or ``[v6]:port``) and check both halves; raises ClusterSpecError."""
     if not isinstance(address, str):
         raise ClusterSpecError(
-            f"Task address {address!r} is not a string; write it as 'host:port'", address
+            f"Task address {show(address)} is not a string; write it as 'host:port'", address
         )
+    shown = show(address)
     if address.startswith("grpc://"):
         raise ClusterSpecError(
-            f"Task address {address!r} has a scheme; write it as 'host:port' without 'grpc://'",
+            f"Task address {shown} has a scheme; write it as 'host:port' without 'grpc://'",
             address,
         )
     host, sep, port_text = address.rpartition(":")
     if not sep or not host:
         raise ClusterSpecError(
-            f"Task address {address!r} has no port; write it as 'host:port'", address
+            f"Task address {shown} has no port; write it as 'host:port'", address
         )
     if host.startswith("["):
         if not host.endswith("]") or len(host) < 3:
-            raise ClusterSpecError(f"Task address {address!r} has a malformed IPv6 host", address)
+            raise ClusterSpecError(f"Task address {shown} has a malformed IPv6 host", address)
+        if not _is_ipv6(host[1:-1]):
+            raise ClusterSpecError(
+                f"Task address {shown} has host {show(host)}, which is not an IPv6 address; "
+                "brackets hold an IPv6 address such as [::1]",
+                address,
+            )
     elif ":" in host:
         raise ClusterSpecError(
-            f"Task address {address!r} looks like IPv6 without brackets; write '[{host}]:PORT'",
+            f"Task address {shown} looks like IPv6 without brackets; write "
+            f"'[{host if len(host) <= 64 else 'HOST'}]:PORT'",
             address,
         )
-    if any(c.isspace() for c in host) or "/" in host:
-        raise ClusterSpecError(f"Task address {address!r} has a malformed host", address)
-    if not port_text.isdigit():
+    elif not _HOST_RE.fullmatch(host):
         raise ClusterSpecError(
-            f"Task address {address!r} has port {port_text!r}, which is not a number", address
+            f"Task address {shown} has a malformed host: use a host name or address of ASCII "
+            "letters, digits, '-', '_' and '.' (or [IPv6])",
+            address,
+        )
+    if not is_ascii_digits(port_text) or len(port_text) > 5:
+        raise ClusterSpecError(
+            f"Task address {shown} has port {show(port_text)}, which is not a number of ASCII "
+            "digits from 1 to 65535",
+            address,
         )
     port = int(port_text)
     if not 1 <= port <= 65535:
-        raise ClusterSpecError(
-            f"Task address {address!r} has port {port}, outside 1-65535", address
-        )
+        raise ClusterSpecError(f"Task address {shown} has port {port}, outside 1-65535", address)
     return host, port
 
 
+def _is_ipv6(text: str) -> bool:
+    literal, _, scope = text.partition("%")
+    if "%" in text and not _SCOPE_RE.fullmatch(scope):
+        return False
+    try:
+        ipaddress.IPv6Address(literal)
+    except ValueError:
+        return False
+    return True
+
+
 def _check_job_name(job: object) -> str:
-    if not isinstance(job, str) or not JOB_NAME_RE.match(job):
+    if not isinstance(job, str) or not JOB_NAME_RE.fullmatch(job):
         raise ClusterSpecError(
-            f"Job name {job!r} is not valid: use a letter followed by letters, digits or '_'",
+            f"Job name {show(job)} is not valid: use a letter followed by letters, digits or '_'",
             job,
         )
     return job
@@ -170,40 +211,36 @@ class Cluster:
             return cls._from_file(os.fspath(spec))
         if not isinstance(spec, str):
             raise ClusterSpecError(
-                f"Cannot read a cluster from {type(spec).__name__} {spec!r}; pass a dict, JSON "
-                "text, a JSON file path or 'job=N,...'",
+                f"Cannot read a cluster from {type(spec).__name__} {show(spec)}; pass a dict, "
+                "JSON text, a JSON file path or 'job=N,...'",
                 spec,
             )
+        check_size(spec, "cluster spec text")
         text = spec.strip()
         if not text:
             raise ClusterSpecError(
                 "The cluster spec is empty; pass JSON, a JSON file path or 'job=N,...'", spec
             )
         if text.startswith(("{", "[")):
-            return cls.parse(_load_json(text, "cluster spec text"), host=host)
-        if "=" in text and _COUNTS_RE.match(text):
+            return cls.parse(load_json(text, "cluster spec text"), host=host)
+        if _looks_like_counts(text):
             return cls.from_counts(_parse_counts(text), host=host)
         if os.path.exists(text) or text.endswith(".json"):
             return cls._from_file(text)
         raise ClusterSpecError(
-            f"Cannot read a cluster from {spec!r}: it is not JSON, not 'job=N[,job=N...]' and "
-            "not an existing file",
+            f"Cannot read a cluster from {show(spec)}: it is not JSON, not 'job=N[,job=N...]' "
+            "and not an existing file",
             spec,
         )
 
     @classmethod
     def _from_file(cls, path: str) -> Cluster:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as exc:
-            raise ClusterSpecError(
-                f"Cannot read cluster file {path!r}: {exc.strerror or exc}", path
-            ) from None
-        data = _load_json(text, f"cluster file {path!r}")
+        text = read_text_file(path, "cluster file")
+        data = load_json(text, f"cluster file {show(path, 4096)}")
         if not isinstance(data, Mapping):
             raise ClusterSpecError(
-                f"Cluster file {path!r} holds {type(data).__name__}, not a JSON object", path
+                f"Cluster file {show(path, 4096)} holds {type(data).__name__}, not a JSON object",
+                path,
             )
         return cls.parse(data)
 
@@ -217,13 +254,19 @@ class Cluster:
         """``counts`` as a dict if every job name is valid and every count a whole number from 1
         to ``MAX_TASKS_PER_JOB``; raises ClusterSpecError naming the job. The one home of the
         count check, for ``job=N`` text, mappings, Ray fleets and launched runs."""
+        if not isinstance(counts, Mapping):
+            raise ClusterSpecError(
+                f"Task counts are a mapping of job name to count, not {type(counts).__name__}",
+                counts,
+            )
         if not counts:
             raise ClusterSpecError("The cluster has no jobs; name at least one job", counts)
         for job, n in counts.items():
             _check_job_name(job)
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ClusterSpecError(
-                    f"Job {job!r} asks for {n!r} tasks; the count must be a whole number >= 1", n
+                    f"Job {job!r} asks for {show(n)} tasks; the count must be a whole number >= 1",
+                    n,
                 )
             if n > MAX_TASKS_PER_JOB:
                 raise ClusterSpecError(
@@ -236,11 +279,19 @@ class Cluster:
         """A cluster of ``counts[job]`` tasks per job on free ports of ``host``.
 
         The ports are reserved for this process (see :mod:`graphdist._ports`) until a fleet that
-        serves them is up, so concurrent processes never pick the same one.
+        serves them is up, so concurrent processes never pick the same one. Each reservation
+        holds a lock file open, so the counts add up to at most ``MAX_TASKS`` (1024) in all.
         """
         from graphdist._ports import pick_free_ports
 
         counts = Cluster.check_counts(counts)
+        total = sum(counts.values())
+        if total > MAX_TASKS:
+            raise ClusterSpecError(
+                f"The jobs ask for {total} tasks in all; at most {MAX_TASKS} on free ports of "
+                "this machine (name the addresses in a JSON spec for more)",
+                total,
+            )
         ports = iter(pick_free_ports(sum(counts.values())))
         return cls({job: [f"{host}:{next(ports)}" for _ in range(n)] for job, n in counts.items()})
 
@@ -281,7 +332,8 @@ class Cluster:
         tasks = self._job(job)
         if index not in tasks:
             raise ClusterSpecError(
-                f"No task with index {index} in job {job!r}; it has {_describe(tasks)}", index
+                f"No task with index {show(index)} in job {job!r}; it has {_describe(tasks)}",
+                index,
             )
         return Task(job, index, tasks[index])
 
@@ -296,7 +348,8 @@ class Cluster:
             return self._jobs[job]
         except KeyError:
             raise ClusterSpecError(
-                f"No job named {job!r} in the cluster; its jobs are {', '.join(self.jobs)}", job
+                f"No job named {show(job)} in the cluster; its jobs are {', '.join(self.jobs)}",
+                job,
             ) from None
 
     def subset(self, jobs: Iterable[str]) -> Cluster:
@@ -350,21 +403,22 @@ def _job_tasks(job: str, value: object) -> dict[int, str]:
         value = [value]  # TensorFlow accepts a lone address for a one-task job
     if isinstance(value, Mapping):
         tasks: dict[int, str] = {}
+        keys: dict[int, object] = {}
         for key, address in value.items():
-            try:
-                index = int(key)
-            except (TypeError, ValueError):
+            index = _task_index(job, key)
+            if index in keys:
                 raise ClusterSpecError(
-                    f"Job {job!r} has task index {key!r}, which is not a whole number", key
-                ) from None
-            if index < 0:
-                raise ClusterSpecError(f"Job {job!r} has negative task index {index}", key)
+                    f"Job {job!r} has task indices {show(keys[index])} and {show(key)}, which are "
+                    f"both index {index}; name each task once",
+                    key,
+                )
+            keys[index] = key
             tasks[index] = address
     elif isinstance(value, Sequence):
         tasks = dict(enumerate(value))
     else:
         raise ClusterSpecError(
-            f"Job {job!r} maps to {type(value).__name__} {value!r}; give a list of 'host:port'",
+            f"Job {job!r} maps to {type(value).__name__} {show(value)}; give a list of 'host:port'",
             value,
         )
     if not tasks:
@@ -374,14 +428,154 @@ def _job_tasks(job: str, value: object) -> dict[int, str]:
     return tasks
 
 
-def _load_json(text: str, what: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+def _task_index(job: str, key: object) -> int:
+    """A task index key: an int, or ASCII digits as JSON object keys are."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        index = key
+    elif isinstance(key, str) and _WHOLE_RE.fullmatch(key):
+        index = int(key)
+    else:
         raise ClusterSpecError(
+            f"Job {job!r} has task index {show(key)}, which is not a whole number of ASCII digits",
+            key,
+        )
+    if index < 0:
+        raise ClusterSpecError(f"Job {job!r} has negative task index {index}", key)
+    if index > MAX_TASK_INDEX:
+        raise ClusterSpecError(f"Job {job!r} has task index {index}; at most {MAX_TASK_INDEX}", key)
+    return index
+
+
+_JSON_TOKEN_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def _json_depth(text: str) -> int:
+    """How deep the arrays and objects of JSON ``text`` nest (brackets inside strings aside)."""
+    depth = deepest = 0
+    for match in _JSON_TOKEN_RE.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_JSON_DEPTH:
+                break
+        elif token in "]}":
+            depth -= 1
+    return deepest
+
+
+def check_size(
+    text: str, what: str, error: Callable[[str, object], ClusterSpecError] = ClusterSpecError
+) -> None:
+    """Raise ``error`` if ``text`` takes more than ``MAX_SPEC_BYTES`` in UTF-8, as in a file."""
+    size = len(text)
+    if MAX_SPEC_BYTES // 4 < size <= MAX_SPEC_BYTES:  # a character takes 1 to 4 bytes
+        size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_SPEC_BYTES:
+        raise error(
+            f"The {what} takes more than {MAX_SPEC_BYTES} bytes (1 MiB) in UTF-8; at most "
+            f"{MAX_SPEC_BYTES}",
+            size,
+        )
+
+
+def load_json(
+    text: str, what: str, error: Callable[[str, object], ClusterSpecError] = ClusterSpecError
+) -> Any:
+    """JSON ``text`` parsed within bounds: at most ``MAX_SPEC_BYTES`` in UTF-8, nested at most
+    ``MAX_JSON_DEPTH`` deep, no key twice in one object, no ``NaN``/``Infinity``. Raises
+    ``error`` (ClusterSpecError or a subclass) naming ``what`` otherwise."""
+    check_size(text, what, error)
+    depth = _json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise error(f"The {what} nests deeper than {MAX_JSON_DEPTH} levels", depth)
+
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise error(
+                    f"The {what} names key {show(key)} twice in one object; give each key once",
+                    key,
+                )
+            out[key] = value
+        return out
+
+    def no_constant(name: str) -> Any:
+        raise error(f"The {what} holds {name}, which is not JSON", name)
+
+    try:
+        return json.loads(text, object_pairs_hook=unique_keys, parse_constant=no_constant)
+    except json.JSONDecodeError as exc:
+        raise error(
             f"The {what} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
             text,
         ) from None
+    except ClusterSpecError:
+        raise
+    except (ValueError, RecursionError) as exc:  # a number of thousands of digits, say
+        raise error(f"The {what} is not usable JSON: {show(str(exc))}", text) from None
+
+
+def read_text_file(path: str, what: str) -> str:
+    """The UTF-8 text of the regular file ``path`` (at most ``MAX_SPEC_BYTES``); raises
+    ClusterSpecError naming the file for anything else (a folder, a device such as
+    ``/dev/zero``, a FIFO, bytes that are not UTF-8), without blocking or reading without
+    bound."""
+    shown = show(path, 4096)
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ClusterSpecError(f"Cannot read {what} {shown}: {reason}", path) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            raise ClusterSpecError(f"Cannot read {what} {shown}: it is {kind}", path)
+        if info.st_size > MAX_SPEC_BYTES:
+            raise ClusterSpecError(
+                f"The {what} {shown} holds {info.st_size} bytes; at most {MAX_SPEC_BYTES} (1 MiB)",
+                path,
+            )
+        chunks: list[bytes] = []
+        left = MAX_SPEC_BYTES + 1
+        while left > 0:  # a file that grows while it is read is still read within the bound
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise ClusterSpecError(f"Cannot read {what} {shown}: {exc.strerror or exc}", path) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > MAX_SPEC_BYTES:
+        raise ClusterSpecError(
+            f"The {what} {shown} holds more than {MAX_SPEC_BYTES} bytes (1 MiB)", path
+        )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ClusterSpecError(
+            f"The {what} {shown} is not UTF-8 text (byte {data[exc.start]:#04x} at offset "
+            f"{exc.start})",
+            path,
+        ) from None
+
+
+def _looks_like_counts(text: str) -> bool:
+    """``job=N[,job=N...]`` in shape: each comma-separated part one ``=`` after a name without
+    spaces (the count is checked later). A plain loop: a regular expression for this shape
+    backtracks for minutes on long text."""
+    for part in text.split(","):
+        job, sep, count = part.partition("=")
+        job = job.strip()
+        if not sep or "=" in count or not job or any(c.isspace() for c in job):
+            return False
+    return True
 
 
 def _parse_counts(text: str) -> dict[str, int]:
@@ -390,12 +584,12 @@ def _parse_counts(text: str) -> dict[str, int]:
         job, _, count_text = (s.strip() for s in part.partition("="))
         _check_job_name(job)
         if job in counts:
-            raise ClusterSpecError(f"Job {job!r} is named twice in {text!r}", job)
-        try:
-            count = int(count_text)
-        except ValueError:
+            raise ClusterSpecError(f"Job {job!r} is named twice in {show(text)}", job)
+        if not _WHOLE_RE.fullmatch(count_text):
             raise ClusterSpecError(
-                f"Job {job!r} has count {count_text!r}, which is not a whole number", count_text
-            ) from None
-        counts[job] = count
+                f"Job {job!r} has count {show(count_text)}, which is not a whole number of ASCII "
+                "digits",
+                count_text,
+            )
+        counts[job] = int(count_text)
     return counts

@@ -56,8 +56,10 @@ def is_port_free(port: int) -> bool:
     for family, host in families:
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
-            continue  # family not available on this machine
+        except OSError as exc:
+            if exc.errno in (errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT):
+                continue  # family not available on this machine
+            raise  # out of file descriptors, say: the port was not checked
         try:
             # gRPC sets SO_REUSEADDR too, so a port in TIME_WAIT is usable by the server.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -82,7 +84,12 @@ def _reserve(port: int) -> bool:
     except OSError:
         os.close(fd)
         return False
-    if not is_port_free(port):
+    try:
+        free = is_port_free(port)
+    except BaseException:
+        os.close(fd)  # closing drops the lock
+        raise
+    if not free:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
         return False
@@ -94,7 +101,8 @@ def pick_free_ports(count: int) -> list[int]:
     """Choose ``count`` distinct free ports, each reserved for this process until released.
 
     Raises :class:`NoFreePortsError` if no free port turns up after many tries (a machine with
-    almost every port in use, or more tasks than the range holds).
+    almost every port in use, or more tasks than the range holds), or if no more lock files can
+    be opened (the open-file limit).
     """
     low, high = _candidate_range()
     rng = random.SystemRandom()
@@ -103,7 +111,19 @@ def pick_free_ports(count: int) -> list[int]:
         if len(ports) == count:
             return ports
         port = rng.randint(low, high)
-        if port not in ports and _reserve(port):
+        try:
+            reserved = port not in ports and _reserve(port)
+        except OSError as exc:  # no more lock files: the open-file limit (ulimit -n), a full disk
+            release_ports(ports)
+            raise NoFreePortsError(
+                f"Could not reserve {count} free ports: after {len(ports)}, "
+                f"{exc.strerror or exc}; ask for fewer tasks, raise the open-file limit "
+                "(ulimit -n), or name the ports in the cluster spec",
+                count=count,
+                low=low,
+                high=high,
+            ) from None
+        if reserved:
             ports.append(port)
     release_ports(ports)
     raise NoFreePortsError(

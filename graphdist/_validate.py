@@ -2,18 +2,54 @@
 
 Every timeout graphdist accepts goes through :func:`timeout_s` or :func:`timeout_ms` where it is
 accepted: ``None`` means "the default" and nothing else; a value must be a finite number > 0
-(``0``, ``nan`` and ``inf`` would each mean "wait forever" somewhere below). Counts go through
-:func:`count`. Each raises :class:`ArgumentError` (a ``ValueError``) naming the argument.
+(``0``, ``nan`` and ``inf`` would each mean "wait forever" somewhere below), and at most what the
+waits below can take (``threading.TIMEOUT_MAX`` seconds, about 292 years; an int64 of
+milliseconds, as TensorFlow's ``operation_timeout_in_ms``). Counts go through :func:`count`. Each
+raises :class:`ArgumentError` (a ``ValueError``) naming the argument.
 """
 
 from __future__ import annotations
 
 import math
+import reprlib
+import threading
 from typing import overload
 
 from graphdist._exceptions import ArgumentError
 
-__all__ = ["count", "timeout_ms", "timeout_s"]
+__all__ = [
+    "MAX_TIMEOUT_MS",
+    "MAX_TIMEOUT_S",
+    "count",
+    "is_ascii_digits",
+    "show",
+    "timeout_ms",
+    "timeout_s",
+]
+
+MAX_TIMEOUT_S = threading.TIMEOUT_MAX
+MAX_TIMEOUT_MS = 2**63 - 1
+
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = 80
+_short.maxlist = _short.maxdict = _short.maxtuple = _short.maxset = 4
+_short.maxlevel = 3
+
+
+def show(value: object, width: int = 80) -> str:
+    """``repr(value)`` cut to a readable length, for error messages (which are one line); a
+    string of at most ``width`` characters (a file path, say) is shown whole."""
+    if isinstance(value, str) and len(value) <= width:
+        return repr(value)
+    try:
+        return _short.repr(value)
+    except ValueError:  # an int of more digits than Python converts to text
+        return f"<{type(value).__name__} too long to show>"
+
+
+def is_ascii_digits(text: str) -> bool:
+    """True for a non-empty run of ``0``-``9`` (``str.isdigit`` also takes ``"٣"`` or ``"²"``)."""
+    return text.isascii() and text.isdigit()
 
 
 @overload
@@ -26,11 +62,19 @@ def timeout_s(value: float | None, name: str, default: float | None = None) -> f
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ArgumentError(
-            f"{name} must be a number of seconds, not {value!r}", name=name, value=value
+            f"{name} must be a number of seconds, not {show(value)}", name=name, value=value
         )
     if not math.isfinite(value) or value <= 0:
         raise ArgumentError(
-            f"{name} must be a finite number of seconds > 0, not {value!r}", name=name, value=value
+            f"{name} must be a finite number of seconds > 0, not {show(value)}",
+            name=name,
+            value=value,
+        )
+    if value > MAX_TIMEOUT_S:
+        raise ArgumentError(
+            f"{name} must be at most {MAX_TIMEOUT_S:g} seconds, not {show(value)}",
+            name=name,
+            value=value,
         )
     return float(value)
 
@@ -44,9 +88,10 @@ def timeout_ms(value: int | None, name: str, default: int | None = None) -> int 
     or ``default`` when ``value`` is ``None``."""
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_TIMEOUT_MS:
         raise ArgumentError(
-            f"{name} must be a whole number of milliseconds > 0, not {value!r}",
+            f"{name} must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS}, not "
+            f"{show(value)}",
             name=name,
             value=value,
         )
@@ -57,6 +102,6 @@ def count(value: int, name: str, minimum: int = 1) -> int:
     """``value`` if it is a whole number >= ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ArgumentError(
-            f"{name} must be a whole number >= {minimum}, not {value!r}", name=name, value=value
+            f"{name} must be a whole number >= {minimum}, not {show(value)}", name=name, value=value
         )
     return value

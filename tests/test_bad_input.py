@@ -4,15 +4,17 @@ shows no traceback and leaves no process running. Hypothesis generates more."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import uuid
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import graphdist
 from graphdist._cli.main import EXIT_USAGE
+from graphdist._cluster import MAX_JSON_DEPTH, MAX_SPEC_BYTES, MAX_TASKS
 from tests.conftest import processes_marked, run_python
 
 GOOD = {"worker": ["h:1", "h:2"], "chief": ["h:3"]}
@@ -50,6 +52,45 @@ CLUSTER_SPECS = [
     "/does/not/exist.json",
     "plainword",
     3.5,
+    # digits other than ASCII ones, which int() and str.isdigit() take
+    {"local": ["h:\u0663\u0663"]},  # Arabic-Indic 33
+    {"local": ["h:\uff12\uff10\uff12\uff10"]},  # fullwidth 2020
+    {"local": ["h:\u00b2"]},  # superscript 2: isdigit() but not int()
+    {"local": {"\u0663": "h:1"}},
+    {"local": {" 1": "h:1"}},
+    {"local": {"1_0": "h:1"}},
+    {"local": {"9" * 5000: "h:1"}},  # more digits than int() converts
+    {"local": {"4294967296": "h:1"}},  # beyond TensorFlow's int32 task index
+    {"local": {True: "h:1"}},
+    "local=\u0663",
+    "local=\uff13",
+    "local=1_0",
+    "local=" + "9" * 5000,
+    # one task index written twice, or one JSON key twice
+    {"local": {"0": "h:1", "00": "h:2"}},
+    {"local": {0: "h:1", "0": "h:2"}},
+    '{"local": ["h:1"], "local": ["h:2"]}',
+    '{"cluster": {"local": ["h:1"]}, "cluster": {"local": ["h:2"]}}',
+    # nesting, size, numbers that are not JSON
+    "[" * 100_000,
+    '{"local": ' * (MAX_JSON_DEPTH + 1) + '["h:1"]' + "}" * (MAX_JSON_DEPTH + 1),
+    '{"local": ["h:1"]}' + " " * MAX_SPEC_BYTES,
+    '{"local": [' + "9" * 5000 + "]}",
+    '{"local": [NaN]}',
+    '{"local": ["h:1"], "x": Infinity}',
+    # hosts
+    {"local": ["[zz]:1"]},
+    {"local": ["[1.2.3.4]:1"]},
+    {"local": ["[::1%\u0663]:1"]},
+    {"local": ["h\n:1"]},
+    {"local": ["h\u00f4st:1"]},
+    {"local": ["-h:1"]},
+    {"local\n": ["h:1"]},
+    # too many tasks for free ports (each holds a lock file): refused before any is picked
+    ",".join(f"j{i}=1000" for i in range(10)),
+    # a counts-like text that made a regular expression backtrack for minutes
+    "a=" + " " * 20_000 + "=",
+    "a=1" + " ," * 20_000,
 ]
 
 DEVICES = [
@@ -66,6 +107,15 @@ DEVICES = [
     "/job:local/foo:1",
     "/job:local/task:1:2",
     12,
+    "/job:local/task:\u0663",
+    "/job:local/gpu:\uff10",
+    "/job:local/replica:\u00b2",
+    "/job:local/device:GPU:\u0661",
+    "/job:local/task:" + "9" * 5000,
+    "/job:local/task:4294967296",
+    "/job:lo\ncal/task:0",
+    "/job:local/cu\u017ftom:0",  # with a long s, which upper() makes "CUSTOM"
+    "/job:local" + "/task:0" * 1000,
 ]
 
 CHECKED_DEVICES = [
@@ -98,6 +148,13 @@ TF_CONFIGS = [
     json.dumps({"cluster": "worker=2", "task": {"type": "worker", "index": 0}}),
     json.dumps({"cluster": GOOD, "task": {"type": "worker", "index": 0}, "extra": 1}),
     json.dumps({"cluster": GOOD, "task": {"type": "worker", "index": 0}, "rpc_layer": 5}),
+    json.dumps({"cluster": {"worker": ["h:\u0661"]}, "task": {"type": "worker", "index": 0}}),
+    json.dumps({"cluster": {"worker": {"\u0660": "h:1"}}, "task": {"type": "worker", "index": 0}}),
+    '{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0}, "task": {}}',
+    '{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": NaN}}',
+    '{"x": ' * 100 + "1" + "}" * 100,
+    "[" * 100_000,
+    json.dumps({"cluster": GOOD, "task": {"type": "worker", "index": 0}}) + " " * MAX_SPEC_BYTES,
 ]
 
 CLI_ARGS = [
@@ -118,6 +175,38 @@ CLI_ARGS = [
     ["tf-config", "--cluster", "worker=2", "--task", "worker"],
     ["tf-config", "--cluster", "worker=2"],
     ["demo", "--master", "two"],
+    # the inputs of the issue "every user mistake is one line": each checked before anything
+    # starts ({tmp} is the test's own folder, holding bad.json, not UTF-8, and a FIFO)
+    ["tf-config", "--cluster", '{"worker": ["h:\u0663\u0663"]}', "--task", "worker:0"],
+    ["tf-config", "--cluster", "worker=2", "--task", "worker:\uff11"],
+    ["up", "--cluster", "local=\u0663"],
+    ["up", "--cluster", "[" * 50_000],
+    ["up", "--cluster", "{tmp}/bad.json"],
+    ["up", "--cluster", "{tmp}/fifo"],
+    ["up", "--cluster", "{tmp}"],
+    ["up", "--cluster", "/dev/zero"],
+    ["up", "--cluster", ",".join(f"j{i}=1000" for i in range(10))],
+    ["up", "--cluster", "a=" + " " * 20_000 + "="],
+    ["up", "--cluster", "local=1", "--detach", "--state-dir", "/proc/x"],
+    ["status", "--state-dir", "/proc/x"],
+    ["down", "--state-dir", "/dev/null"],
+    ["run", "--", "/nonexistent"],
+    ["run", "--workers", "\u0663", "--", "true"],
+    ["serve", "--slurm", "worker=1"],
+    ["serve", "--cluster", '{"w": ["127.0.0.1:1"]}', "--job", "w", "--task", "\u0663"],
+    ["demo", "--picture", "/nonexistent/dir/x.svg"],
+    ["demo", "--picture", "{tmp}/x.jpg"],
+    ["demo", "--tensorboard", "/dev/null/x"],
+    ["demo", "--master", "5"],
+    ["up", "--cluster", '{"local": ["localhost:1"], "local": ["localhost:2"]}'],
+    ["up", "--cluster", '{"local": {"0": "localhost:1", "00": "localhost:2"}}'],
+    ["up", "--cluster", '{"local": ["[zz]:2020"]}'],
+    ["up", "--cluster", "local=1", "--start-timeout", "nan"],
+    ["up", "--cluster", "local=1", "--start-timeout", "inf"],
+    ["up", "--cluster", "local=1", "--start-timeout", "\uff13"],
+    ["up", "--cluster", "local=1", "--detach", "--restart-window", "nan"],
+    ["run", "--timeout", "nan", "--", "true"],
+    ["run", "--timeout", "1e400", "--", "true"],
 ]
 
 
@@ -126,16 +215,156 @@ def test_the_corpus_has_at_least_fifty_inputs():
     assert total + len(CLI_ARGS) >= 50
 
 
-@pytest.mark.parametrize("spec", CLUSTER_SPECS, ids=repr)
+def _short_id(value):
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}...({len(text)} chars)"
+
+
+def _assert_one_line(message: str) -> None:
+    assert "\n" not in message and len(message) < 1000, message[:2000]
+
+
+@pytest.mark.timeout(30)  # a hang (a backtracking regex, an endless read) fails, not stalls
+@pytest.mark.parametrize("spec", CLUSTER_SPECS, ids=_short_id)
 def test_bad_cluster_specs(spec):
-    with pytest.raises(graphdist.ClusterSpecError):
+    with pytest.raises(graphdist.ClusterSpecError) as info:
+        graphdist.Cluster.parse(spec)
+    _assert_one_line(str(info.value))
+
+
+@pytest.mark.parametrize("text", DEVICES, ids=_short_id)
+def test_bad_device_strings(text):
+    with pytest.raises(graphdist.PlacementError) as info:
+        graphdist.parse_device(text)
+    _assert_one_line(str(info.value))
+
+
+def _cluster_file(tmp_path, kind):
+    path = tmp_path / "cluster.json"
+    if kind == "not UTF-8":
+        path.write_bytes(b'{"local": ["h:1"], "x": "\xff\xfe"}')
+    elif kind == "UTF-16":
+        path.write_text('{"local": ["h:1"]}', encoding="utf-16")
+    elif kind == "oversized":
+        path.write_text('{"local": ["h:1"]}' + " " * MAX_SPEC_BYTES)
+    elif kind == "deep":
+        path.write_text("[" * 100_000)
+    elif kind == "duplicate keys":
+        path.write_text('{"local": ["h:1"], "local": ["h:2"]}')
+    elif kind == "FIFO":
+        os.mkfifo(path)  # no writer: opening it to read would wait forever
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "unreadable":
+        path.write_text('{"local": ["h:1"]}')
+        path.chmod(0)
+        if os.access(path, os.R_OK):
+            pytest.skip("running as root: every file is readable")
+    elif kind in ("/dev/zero", "/dev/urandom"):
+        return kind  # endless: read without bound, it never ends
+    elif kind == "NUL in the name":
+        return str(tmp_path / "a\0b.json")
+    return str(path)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "not UTF-8",
+        "UTF-16",
+        "oversized",
+        "deep",
+        "duplicate keys",
+        "FIFO",
+        "folder",
+        "unreadable",
+        "/dev/zero",
+        "/dev/urandom",
+        "NUL in the name",
+    ],
+)
+def test_bad_cluster_files(kind, tmp_path):
+    path = _cluster_file(tmp_path, kind)
+    with pytest.raises(graphdist.ClusterSpecError) as info:
+        graphdist.Cluster.parse(path)
+    _assert_one_line(str(info.value))
+    if "\0" not in path:
+        assert repr(path) in str(info.value)  # the message names the file
+
+
+def test_too_many_tasks_are_refused_before_any_port_is_picked(monkeypatch):
+    def no_ports(count):
+        raise AssertionError(f"picked {count} ports")
+
+    monkeypatch.setattr("graphdist._ports.pick_free_ports", no_ports)
+    spec = ",".join(f"j{i}=1000" for i in range(10))
+    with pytest.raises(
+        graphdist.ClusterSpecError, match=f"10000 tasks in all; at most {MAX_TASKS}"
+    ):
         graphdist.Cluster.parse(spec)
 
 
-@pytest.mark.parametrize("text", DEVICES, ids=repr)
-def test_bad_device_strings(text):
-    with pytest.raises(graphdist.PlacementError):
-        graphdist.parse_device(text)
+def test_running_out_of_lock_files_is_no_free_ports_error():
+    """With a low open-file limit, reserving ports runs out of lock files: one typed error."""
+    code = (
+        "import resource, graphdist\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\n"
+        "try:\n"
+        "    graphdist.Cluster.parse('local=200')\n"
+        "except graphdist.NoFreePortsError as exc:\n"
+        "    print('NoFreePortsError', exc)\n"
+    )
+    result = run_python(["-c", code])
+    assert result.returncode == 0 and not result.stderr, result
+    assert result.stdout.startswith("NoFreePortsError") and "ulimit -n" in result.stdout, result
+
+
+ONE = {"local": ["localhost:2020"]}  # named, so no port is reserved
+BAD_SECONDS = [math.nan, math.inf, -math.inf, 0, -1, True, "5", 1e300]
+BAD_MILLISECONDS = [math.nan, math.inf, 0, -1, 1.5, True, "5", 2**63]
+
+
+def _timeouts_s():
+    """Every place the API takes seconds, as a call that must refuse a bad value before
+    anything starts."""
+    return {
+        "LocalFleet start_timeout_s": lambda v: graphdist.LocalFleet(ONE, start_timeout_s=v),
+        "RayFleet start_timeout_s": lambda v: graphdist.RayFleet("local=1", start_timeout_s=v),
+        "run_command timeout_s": lambda v: graphdist.run_command(["true"], timeout_s=v),
+        "run_function timeout_s": lambda v: graphdist.run_function(print, timeout_s=v),
+        "Fleet.health timeout_s": lambda v: graphdist.LocalFleet(ONE).health(timeout_s=v),
+        "Fleet.close grace_s": lambda v: graphdist.LocalFleet(ONE).close(grace_s=v),
+    }
+
+
+def _timeouts_ms(tmp_path):
+    return {
+        "LocalFleet operation_timeout_ms": lambda v: graphdist.LocalFleet(
+            ONE, operation_timeout_ms=v
+        ),
+        "RayFleet operation_timeout_ms": lambda v: graphdist.RayFleet(
+            "local=1", operation_timeout_ms=v
+        ),
+        "attach operation_timeout_ms": lambda v: graphdist.attach(tmp_path, operation_timeout_ms=v),
+    }
+
+
+@pytest.mark.parametrize("value", BAD_SECONDS, ids=repr)
+@pytest.mark.parametrize("where", sorted(_timeouts_s()))
+def test_every_timeout_in_seconds_is_finite_and_positive(where, value):
+    with pytest.raises(graphdist.ArgumentError) as info:
+        _timeouts_s()[where](value)
+    _assert_one_line(str(info.value))
+    assert info.value.name is not None and info.value.name in str(info.value)
+
+
+@pytest.mark.parametrize("value", BAD_MILLISECONDS, ids=repr)
+@pytest.mark.parametrize("where", sorted(_timeouts_ms(None)))
+def test_every_timeout_in_milliseconds_is_a_positive_int64(where, value, tmp_path):
+    with pytest.raises(graphdist.ArgumentError) as info:
+        _timeouts_ms(tmp_path)[where](value)
+    _assert_one_line(str(info.value))
 
 
 @pytest.mark.parametrize("text", CHECKED_DEVICES)
@@ -152,8 +381,14 @@ def test_bad_tf_configs(text, monkeypatch):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("argv", CLI_ARGS, ids=" ".join)
-def test_bad_cli_arguments(argv, tmp_path):
+@pytest.mark.parametrize("argv", CLI_ARGS, ids=lambda argv: _short_id(" ".join(argv)))
+def test_bad_cli_arguments(argv, tmp_path, monkeypatch):
+    (tmp_path / "bad.json").write_bytes(b'{"local": ["localhost:\xff"]}')
+    os.mkfifo(tmp_path / "fifo")
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    for name in list(os.environ):
+        if name.startswith("SLURM_"):
+            monkeypatch.delenv(name)  # `serve --slurm` must be refused outside Slurm
     mark = uuid.uuid4().hex
     env = {"GRAPHDIST_STATE_DIR": str(tmp_path / "state"), "GRAPHDIST_TEST_MARK": mark}
     result = run_python(["-m", "graphdist", *argv], env=env)
@@ -203,6 +438,11 @@ BAD_DEVICE_PARTS = [
     "device:%:0",
     "foo:1",
     "job:a:b",
+    "task:\u0663",
+    "gpu:\uff10",
+    "replica:\u00b2",
+    "device:GPU:\u0967",
+    "cu\u017ftom:0",
 ]
 
 
@@ -274,13 +514,21 @@ addresses = mostly(
         st.sampled_from(["h", "Host-1.example", "localhost", "10.0.0.1", "[::1]"]),
         st.integers(1, 65535),
     ),
-    st.sampled_from(["fe80::1:80", "a b:80", ":80", "h:0", "h:65536", "h:-1", "h:x", "h", 7]),
+    st.sampled_from(
+        [
+            *["fe80::1:80", "a b:80", ":80", "h:0", "h:65536", "h:-1", "h:x", "h", 7],
+            *["h:\u0663", "h:\uff11", "h:\u00b2", "[zz]:80", "[h]:80", "h\n:80", "h\u00e9:80"],
+        ]
+    ),
 )
 job_values = mostly(
     st.lists(addresses, min_size=1, max_size=3)
     | addresses
-    | st.dictionaries(st.sampled_from(["0", "1", "3"]), addresses, min_size=1, max_size=3),
-    st.sampled_from([[], {}, {"-1": "h:1"}, {"x": "h:1"}, None]),
+    # "01" and "1" are one index: a mapping holding both is refused
+    | st.dictionaries(st.sampled_from(["0", "1", "3", "01"]), addresses, min_size=1, max_size=3),
+    st.sampled_from(
+        [[], {}, {"-1": "h:1"}, {"x": "h:1"}, None, {"\u0661": "h:1"}, {"0": "h:1", "00": "h:2"}]
+    ),
 )
 job_names = mostly(
     st.sampled_from(["local", "worker", "ps", "chief", "w_2"]),
@@ -295,8 +543,9 @@ def _expected_tasks(jobs):
     for job, value in jobs.items():
         if isinstance(value, str):
             value = [value]
-        items = value.items() if isinstance(value, dict) else enumerate(value)
+        items = list(value.items() if isinstance(value, dict) else enumerate(value))
         out[job] = {int(index): address for index, address in items}
+        assert len(out[job]) == len(items)  # no index was named twice
     return out
 
 
@@ -404,3 +653,150 @@ def test_tf_config_like_json_is_what_it_says_or_a_tf_config_error(jobs, task, ex
     except graphdist.TFConfigError:
         return
     _check_parsed_tf_config(config, data)
+
+
+# -- fuzzing the classes the corpus above samples: digits other than ASCII, deep nesting, bytes
+# -- that are not UTF-8, inputs over the size bound. Each must be refused with its typed error.
+
+# Unicode decimal digits (category Nd) with at least one outside ASCII: int() takes them all.
+non_ascii_digits = st.text(st.characters(categories=["Nd"]), min_size=1, max_size=6).filter(
+    lambda text: not text.isascii()
+)
+NUMBER_PLACES = {
+    "port": lambda d: graphdist.Cluster.parse({"local": [f"h:{d}"]}),
+    "task index key": lambda d: graphdist.Cluster.parse(json.dumps({"local": {d: "h:1"}})),
+    "count": lambda d: graphdist.Cluster.parse(f"local={d}"),
+    "tf_config task": lambda d: graphdist.tf_config(GOOD, f"worker:{d}"),
+    "device task": lambda d: graphdist.parse_device(f"/job:local/task:{d}"),
+    "device replica": lambda d: graphdist.parse_device(f"/job:local/replica:{d}"),
+    "device index": lambda d: graphdist.parse_device(f"/job:local/gpu:{d}"),
+    "full device index": lambda d: graphdist.parse_device(f"/job:local/device:GPU:{d}"),
+}
+NUMBER_ERRORS = {
+    "tf_config task": graphdist.TFConfigError,
+    "device task": graphdist.PlacementError,
+    "device replica": graphdist.PlacementError,
+    "device index": graphdist.PlacementError,
+    "full device index": graphdist.PlacementError,
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(non_ascii_digits, st.sampled_from(sorted(NUMBER_PLACES)))
+def test_digits_other_than_ascii_are_refused_wherever_a_number_is_read(digits, place):
+    error = NUMBER_ERRORS.get(place, graphdist.ClusterSpecError)
+    with pytest.raises(error) as info:
+        NUMBER_PLACES[place](digits)
+    _assert_one_line(str(info.value))
+
+
+@settings(max_examples=100, deadline=None)
+@given(non_ascii_digits, st.sampled_from(["--task", "--port-base", "--workers", "--master"]))
+def test_cli_numbers_take_ascii_digits_only(digits, option):
+    from graphdist._cli.main import build_parser
+
+    command = {"--task": "serve", "--port-base": "serve", "--workers": "run", "--master": "demo"}
+    with pytest.raises(graphdist.UsageError, match=option):
+        build_parser().parse_args([command[option], option, digits])
+
+
+def _nested(depth, kinds, leaf):
+    """``leaf`` in ``depth`` arrays or objects, their kinds cycling through ``kinds``."""
+    text = leaf
+    for level in reversed(range(depth)):
+        text = f"[{text}]" if kinds[level % len(kinds)] == "list" else f'{{"k": {text}}}'
+    return text
+
+
+nesting_kinds = st.lists(st.sampled_from(["list", "object"]), min_size=1, max_size=8)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(MAX_JSON_DEPTH + 1, 5000), nesting_kinds)
+def test_nesting_deeper_than_the_bound_is_refused_before_parsing(depth, kinds):
+    text = _nested(depth, kinds, '"h:1"')
+    with pytest.raises(graphdist.ClusterSpecError, match="nests deeper"):
+        graphdist.Cluster.parse(text)
+    with pytest.raises(graphdist.TFConfigError, match="nests deeper"):
+        graphdist.parse_tf_config(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, MAX_JSON_DEPTH), nesting_kinds)
+def test_nesting_within_the_bound_parses(depth, kinds):
+    from graphdist._cluster import load_json
+
+    text = _nested(depth, kinds, "1")
+    assert load_json(text, "text") == json.loads(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=80))
+def test_brackets_and_quotes_inside_strings_do_not_count_as_nesting(environment):
+    data = {"cluster": GOOD, "task": {"type": "worker", "index": 0}, "environment": environment}
+    config = graphdist.parse_tf_config(json.dumps(data, ensure_ascii=False))
+    assert config.environment == environment
+
+
+VALID_CLUSTER_TEXTS = [json.dumps(GOOD), json.dumps({"local": {"0": "h:1", "2": "h:2"}})]
+
+
+@st.composite
+def cluster_file_bytes(draw):
+    """Bytes of a cluster file: a valid one with bytes inserted, or one in another encoding."""
+    text = draw(st.sampled_from(VALID_CLUSTER_TEXTS))
+    if draw(st.booleans()):
+        data = text.encode()
+        at = draw(st.integers(0, len(data)))
+        return data[:at] + draw(st.binary(min_size=1, max_size=4)) + data[at:]
+    text = text.replace("h:1", draw(st.sampled_from(["h\u00e9:1", "h:1"])))
+    return text.encode(draw(st.sampled_from(["utf-16", "utf-32", "latin-1", "cp1252", "utf-8"])))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cluster_file_bytes())
+def test_cluster_file_bytes_are_utf8_json_or_a_cluster_spec_error(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("files") / "cluster.json"
+    path.write_bytes(data)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        with pytest.raises(graphdist.ClusterSpecError, match="not UTF-8") as info:
+            graphdist.Cluster.parse(str(path))
+        _assert_one_line(str(info.value))
+        return
+    try:
+        cluster = graphdist.Cluster.parse(str(path))
+    except graphdist.ClusterSpecError as exc:
+        _assert_one_line(str(exc))
+        return
+    assert cluster == graphdist.Cluster.parse(text)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(1, 4096),
+    st.sampled_from(["text", "file", "tf_config"]),
+    st.sampled_from([" ", "\n", "\u00e9"]),
+)
+def test_inputs_over_the_size_bound_are_refused(tmp_path_factory, extra, form, filler):
+    config = {"cluster": GOOD, "task": {"type": "worker", "index": 0}}
+    text = json.dumps(config)
+    padding = MAX_SPEC_BYTES - len(text) + extra
+    if filler == "\u00e9":  # inside a string: valid JSON, 2 bytes a character in a file
+        config["environment"] = filler * (padding // 2 + 1)
+        text = json.dumps(config, ensure_ascii=False)
+    else:
+        text += filler * padding
+    assert len(text.encode()) > MAX_SPEC_BYTES
+    if form == "tf_config":
+        with pytest.raises(graphdist.TFConfigError, match="at most"):
+            graphdist.parse_tf_config(text)
+        return
+    source = text
+    if form == "file":
+        path = tmp_path_factory.mktemp("files") / "cluster.json"
+        path.write_text(text, encoding="utf-8")
+        source = str(path)
+    with pytest.raises(graphdist.ClusterSpecError, match=r"at most|more than"):
+        graphdist.Cluster.parse(source)

@@ -19,6 +19,7 @@ from graphdist._exceptions import (
     ClusterSpecError,
     GraphdistError,
     LoopbackUnavailableError,
+    PictureError,
     PlacementError,
     PortInUseError,
     StateError,
@@ -30,7 +31,7 @@ from graphdist._fleet.supervisor import (
     DEFAULT_RESTART_WINDOW_S,
     RESTART_POLICIES,
 )
-from graphdist._validate import count, timeout_s
+from graphdist._validate import count, is_ascii_digits, timeout_s
 from graphdist._version import __version__
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UsageError", "build_parser", "main"]
@@ -65,6 +66,26 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
+def _int(text: str) -> int:
+    """A whole number of ASCII digits (``int()`` also takes ``"٣"``, ``" 3"`` or ``"3_0"``)."""
+    body = text[1:] if text.startswith("-") else text
+    if not is_ascii_digits(body) or len(body) > 18:
+        raise ValueError(text)
+    return int(text)
+
+
+def _float(text: str) -> float:
+    """A number written in ASCII (``float()`` also takes ``"٣"``); nan and inf reach the check
+    of the option, which names them."""
+    if not text.isascii() or "_" in text:
+        raise ValueError(text)
+    return float(text)
+
+
+_int.__name__ = "int"  # argparse: "argument --task: invalid int value: '٣'"
+_float.__name__ = "float"
+
+
 def _add_state_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--state-dir",
@@ -92,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument(
         "--start-timeout",
-        type=float,
+        type=_float,
         metavar="S",
         help="seconds to wait for every server (default: the backend's, 60 local, 180 ray)",
     )
@@ -121,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument(
         "--max-restarts",
-        type=int,
+        type=_int,
         default=DEFAULT_MAX_RESTARTS,
         metavar="N",
         help="with --restart on-failure: restarts of a task within any --restart-window; one "
@@ -130,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument(
         "--restart-window",
-        type=float,
+        type=_float,
         default=DEFAULT_RESTART_WINDOW_S,
         metavar="S",
         help=f"the sliding window --max-restarts counts in (default {DEFAULT_RESTART_WINDOW_S:g})",
@@ -164,10 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
         "Ctrl-C, SIGTERM or SIGHUP every process the tasks started is stopped first (exit "
         "130, 143, 129); if it is SIGKILLed, each task's guard stops them.",
     )
-    run.add_argument("--workers", type=int, default=2, metavar="N", help="worker tasks (2)")
-    run.add_argument("--ps", type=int, default=0, metavar="M", help="parameter servers (0)")
+    run.add_argument("--workers", type=_int, default=2, metavar="N", help="worker tasks (2)")
+    run.add_argument("--ps", type=_int, default=0, metavar="M", help="parameter servers (0)")
     run.add_argument("--chief", action="store_true", help="add a chief task (needed with --ps)")
-    run.add_argument("--timeout", type=float, metavar="S", help="stop everything after S seconds")
+    run.add_argument("--timeout", type=_float, metavar="S", help="stop everything after S seconds")
     run.add_argument("--expose", action="store_true", help="do not keep servers on loopback")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
@@ -177,13 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument("--cluster", metavar="SPEC", help="JSON text or a JSON file path")
     srv.add_argument("--job", help="this server's job name")
-    srv.add_argument("--task", type=int, metavar="INDEX", help="this server's task index")
+    srv.add_argument("--task", type=_int, metavar="INDEX", help="this server's task index")
     srv.add_argument(
         "--slurm",
         metavar="JOB=N[,JOB=N]",
         help="take the cluster and this task from Slurm's environment (SlurmClusterResolver)",
     )
-    srv.add_argument("--port-base", type=int, default=8888, help="with --slurm (8888)")
+    srv.add_argument("--port-base", type=_int, default=8888, help="with --slurm (8888)")
     srv.add_argument(
         "--bind-all",
         action="store_true",
@@ -203,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="use the seed's localhost:2020 and localhost:2021 instead of free ports",
     )
     demo.add_argument(
-        "--master", type=int, default=0, metavar="TASK", help="task the session talks to (0)"
+        "--master", type=_int, default=0, metavar="TASK", help="task the session talks to (0)"
     )
     demo.add_argument(
         "--picture",
@@ -379,14 +400,26 @@ def _cmd_down(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from graphdist._graph.trace import check_log_dir, check_picture_path
+
+    # Every argument is checked before the fleet starts, not after the demo ran.
+    if args.master not in (0, 1):
+        raise UsageError(f"--master {args.master}: the demo fleet has tasks 0 and 1")
+    try:
+        if args.picture:
+            check_picture_path(args.picture)
+        if args.tensorboard:
+            check_log_dir(args.tensorboard)
+    except PictureError as exc:
+        option = "--picture" if args.picture and exc.path == args.picture else "--tensorboard"
+        raise UsageError(f"{option}: {exc}") from None
+
     from graphdist._fleet.local import LocalFleet
     from graphdist._graph.graphs import split_graph
     from graphdist._graph.trace import no_folding_config, run_traced
 
     spec: Any = {"local": ["localhost:2020", "localhost:2021"]} if args.seed_ports else "local=2"
     with LocalFleet(spec) as fleet:
-        if args.master not in fleet.cluster.task_indices("local"):
-            raise UsageError(f"--master {args.master}: the demo fleet has tasks 0 and 1")
         print(
             "graphdist demo: "
             + ", ".join(f"{t.job}:{t.index} at {t.address} (pid {t.pid})" for t in fleet.tasks),

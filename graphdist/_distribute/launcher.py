@@ -68,6 +68,7 @@ from graphdist._fleet import process as _process
 from graphdist._fleet.loopback import server_bind_address, shim_env
 from graphdist._fleet.process import descendants, guarded_argv, stop_all
 from graphdist._fleet.signals import Interrupted, SignalScope
+from graphdist._validate import show
 from graphdist._validate import timeout_s as check_timeout_s
 
 __all__ = [
@@ -106,10 +107,10 @@ class TaskResult:
 def launch_cluster(workers: int, ps: int = 0, chief: bool = False) -> Cluster:
     """A cluster of ``chief`` (0 or 1), ``worker`` x ``workers`` and ``ps`` x ``ps`` on free
     loopback ports. Raises ClusterSpecError for bad counts or ps without a chief."""
-    if workers < 1:
-        raise ClusterSpecError(f"A run needs at least one worker, not {workers}", workers)
-    if ps < 0:
-        raise ClusterSpecError(f"The number of ps tasks must be >= 0, not {ps}", ps)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ClusterSpecError(f"A run needs at least one worker, not {show(workers)}", workers)
+    if isinstance(ps, bool) or not isinstance(ps, int) or ps < 0:
+        raise ClusterSpecError(f"The number of ps tasks must be >= 0, not {show(ps)}", ps)
     if ps and not chief:
         raise ClusterSpecError(
             "A parameter-server run needs a coordinator: add --chief (chief=True); the chief runs "

@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from graphdist._cluster import Cluster, ClusterLike
+from graphdist._cluster import Cluster, ClusterLike, load_json
 from graphdist._exceptions import ClusterSpecError, TFConfigError
+from graphdist._validate import is_ascii_digits, show
 
 __all__ = ["TFConfig", "cluster_resolver", "parse_tf_config", "tf_config"]
 
@@ -58,9 +59,14 @@ class TFConfig:
 
 
 def _parse_task(value: str) -> tuple[str, int]:
+    if not isinstance(value, str):
+        raise TFConfigError(f"Task {show(value)} is not TYPE:INDEX (e.g. worker:1)", value)
     kind, sep, index = value.partition(":")
-    if not sep or not index.isdigit():
-        raise TFConfigError(f"Task {value!r} is not TYPE:INDEX (e.g. worker:1)", value)
+    if not sep or not is_ascii_digits(index) or len(index) > 10:
+        raise TFConfigError(
+            f"Task {show(value)} is not TYPE:INDEX with an index of ASCII digits (e.g. worker:1)",
+            value,
+        )
     return kind, int(index)
 
 
@@ -96,9 +102,9 @@ def _check_cluster(cluster: Cluster) -> Cluster:
 
 def _check_task(cluster: Cluster, task_type: object, task_index: object) -> None:
     if not isinstance(task_type, str) or not task_type:
-        raise TFConfigError(f"Task type {task_type!r} is not a job name", task_type)
+        raise TFConfigError(f"Task type {show(task_type)} is not a job name", task_type)
     if not isinstance(task_index, int) or isinstance(task_index, bool) or task_index < 0:
-        raise TFConfigError(f"Task index {task_index!r} is not a whole number >= 0", task_index)
+        raise TFConfigError(f"Task index {show(task_index)} is not a whole number >= 0", task_index)
     if task_type == EVALUATOR:
         if task_index != 0:
             raise TFConfigError(
@@ -108,8 +114,8 @@ def _check_task(cluster: Cluster, task_type: object, task_index: object) -> None
     if task_type not in cluster:
         known = ", ".join(sorted(set(KNOWN_TYPES) | set(cluster.jobs)))
         raise TFConfigError(
-            f"Task type {task_type!r} is neither a job of the cluster ({', '.join(cluster.jobs)}) "
-            f"nor 'evaluator'; known types: {known}",
+            f"Task type {show(task_type)} is neither a job of the cluster "
+            f"({', '.join(cluster.jobs)}) nor 'evaluator'; known types: {known}",
             task_type,
         )
     if task_index not in cluster.task_indices(task_type):
@@ -127,28 +133,20 @@ def parse_tf_config(source: str | Mapping[str, Any] | None = None) -> TFConfig:
         source = os.environ.get("TF_CONFIG")
         if not source:
             raise TFConfigError("TF_CONFIG is not set (or empty) in the environment")
-    if isinstance(source, str):
-        try:
-            data = json.loads(source)
-        except json.JSONDecodeError as exc:
-            raise TFConfigError(
-                f"TF_CONFIG is not valid JSON ({exc.msg} at column {exc.colno}): {source[:80]!r}",
-                source,
-            ) from None
-    else:
-        data = source
+    data = load_json(source, "TF_CONFIG", TFConfigError) if isinstance(source, str) else source
     if not isinstance(data, Mapping):
         raise TFConfigError(f"TF_CONFIG must be a JSON object, not {type(data).__name__}", data)
     unknown = set(data) - {"cluster", "task", "rpc_layer", "environment"}
     if unknown:
-        raise TFConfigError(f"TF_CONFIG has unknown key(s): {', '.join(sorted(unknown))}", data)
+        names = ", ".join(sorted(show(k) for k in unknown)[:5])
+        raise TFConfigError(f"TF_CONFIG has unknown key(s): {names}", data)
     if "cluster" not in data:
         raise TFConfigError("TF_CONFIG has no 'cluster'", data)
     if "task" not in data:
         raise TFConfigError("TF_CONFIG has no 'task' (e.g. {'type': 'worker', 'index': 0})", data)
     task = data["task"]
     if not isinstance(task, Mapping):
-        raise TFConfigError(f"TF_CONFIG 'task' must be an object, not {task!r}", task)
+        raise TFConfigError(f"TF_CONFIG 'task' must be an object, not {show(task)}", task)
     if "type" not in task or "index" not in task:
         missing = [k for k in ("type", "index") if k not in task]
         raise TFConfigError(f"TF_CONFIG 'task' lacks {' and '.join(missing)}", task)
@@ -159,12 +157,12 @@ def parse_tf_config(source: str | Mapping[str, Any] | None = None) -> TFConfig:
     except ClusterSpecError as exc:
         raise TFConfigError(f"TF_CONFIG 'cluster' is invalid: {exc}", data["cluster"]) from None
     if cluster is None:
-        raise TFConfigError(f"TF_CONFIG 'cluster' must be an object, not {data['cluster']!r}")
+        raise TFConfigError(f"TF_CONFIG 'cluster' must be an object, not {show(data['cluster'])}")
     _check_cluster(cluster)
     _check_task(cluster, task["type"], task["index"])
     for key in ("rpc_layer", "environment"):
         if key in data and not isinstance(data[key], str):
-            raise TFConfigError(f"TF_CONFIG {key!r} must be a string, not {data[key]!r}")
+            raise TFConfigError(f"TF_CONFIG {key!r} must be a string, not {show(data[key])}")
     return TFConfig(
         cluster, task["type"], task["index"], data.get("rpc_layer"), data.get("environment")
     )

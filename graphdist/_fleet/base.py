@@ -58,6 +58,7 @@ from graphdist._graph.master import master_for
 from graphdist._graph.placement import DeviceSpec, check_device, device
 from graphdist._graph.session import session, session_config
 from graphdist._validate import timeout_ms
+from graphdist._validate import timeout_s as check_timeout_s
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -237,6 +238,7 @@ class Fleet(Generic[_TaskT]):
     def close(self, grace_s: float = STOP_GRACE_S) -> None:
         """Stop every task (SIGTERM, up to ``grace_s`` seconds, then SIGKILL, where the backend
         has processes) and release what the fleet holds. Safe to call any number of times."""
+        grace_s = check_timeout_s(grace_s, "grace_s", STOP_GRACE_S)
         if self.state in (FleetState.CLOSED, FleetState.CLOSING):
             return
         if self.state in (FleetState.CREATED, FleetState.FAILED):
@@ -451,6 +453,7 @@ class Fleet(Generic[_TaskT]):
     ) -> list[TaskHealth]:
         """Each task's :class:`TaskHealth` (``alive``, ``dead`` or ``not answering``), checked
         with a real gRPC call of at most ``timeout_s`` seconds (all tasks at once)."""
+        timeout_s = check_timeout_s(timeout_s, "timeout_s", PROBE_TIMEOUT_S)
         tasks = list(self._tasks.values()) if tasks is None else tasks
         results = probe_all([t.address for t in tasks], timeout_s)
         out = []

@@ -56,7 +56,7 @@ from graphdist._fleet.state import (
     stop_processes,
 )
 from graphdist._fleet.supervisor import SupervisorSpec
-from graphdist._validate import timeout_ms
+from graphdist._validate import timeout_ms, timeout_s
 
 __all__ = [
     "DetachedFleet",
@@ -510,6 +510,7 @@ class DetachedFleet(Fleet[DetachedTask]):
         its own grace period) and then any server left, and remove the state folder. Safe to
         repeat; also after :meth:`detach`; does nothing if the fleet is already gone or the
         folder now holds another fleet. ``grace_s`` is accepted for the common interface."""
+        timeout_s(grace_s, "grace_s")
         if self._stopped:
             return
         try:

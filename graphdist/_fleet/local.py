@@ -231,16 +231,17 @@ class LocalFleet(Fleet[FleetTask]):
         gpus: GpuPlan = None,
     ) -> None:
         super().__init__()
+        # the plain values first: a job=N cluster reserves ports as it is parsed
+        self.start_timeout_s = timeout_s(
+            start_timeout_s, "start_timeout_s", DEFAULT_START_TIMEOUT_S
+        )
+        self.operation_timeout_ms = timeout_ms(operation_timeout_ms, "operation_timeout_ms")
         self.cluster = Cluster.parse(cluster)
         self.expose = bool(expose)
         self.jobs = tuple(jobs) if jobs is not None else self.cluster.jobs
         for job in self.jobs:
             self.cluster.task_indices(job)  # raises ClusterSpecError naming an unknown job
         self.gpus = plan_gpus(gpus, self.cluster)
-        self.start_timeout_s = timeout_s(
-            start_timeout_s, "start_timeout_s", DEFAULT_START_TIMEOUT_S
-        )
-        self.operation_timeout_ms = timeout_ms(operation_timeout_ms, "operation_timeout_ms")
         self._env = dict(env or {})
         self._server_config = server_config.SerializeToString() if server_config else None
         self._own_log_dir = log_dir is None

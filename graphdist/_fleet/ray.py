@@ -60,7 +60,7 @@ from graphdist._fleet.base import Fleet, TaskView
 from graphdist._fleet.exposure import check_listening, is_loopback_ip
 from graphdist._fleet.loopback import BIND_ADDR_ENV, shim_env
 from graphdist._fleet.probe import Prober
-from graphdist._validate import timeout_ms, timeout_s
+from graphdist._validate import show, timeout_ms, timeout_s
 
 __all__ = ["RayFleet", "RayTask", "plan_hosts"]
 
@@ -264,7 +264,7 @@ def _counts(spec: str | Mapping[str, int]) -> dict[str, int]:
         if "=" not in spec or spec.strip().startswith("{"):
             raise ClusterSpecError(
                 f"A RayFleet chooses nodes and ports itself; give task counts such as "
-                f"'worker=3', not {spec!r}",
+                f"'worker=3', not {show(spec)}",
                 spec,
             )
         return Cluster.parse_counts(spec)

@@ -10,20 +10,75 @@ spec (through the same ``bind()`` shim a local fleet uses, loaded by re-executin
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 
 from graphdist._cluster import Cluster
-from graphdist._exceptions import PortInUseError
+from graphdist._exceptions import ClusterSpecError, PortInUseError
 from graphdist._fleet.exposure import check_listening
 from graphdist._fleet.loopback import BIND_ADDR_ENV, server_bind_address, shim_env
 from graphdist._fleet.signals import stop_on_signals
 from graphdist._ports import is_port_free, port_holder
+from graphdist._validate import show
 
-__all__ = ["serve", "slurm_task"]
+__all__ = ["check_slurm_environment", "serve", "slurm_task"]
 
 _SHIMMED_ENV = "GRAPHDIST_SERVE_SHIMMED"
+
+
+SLURM_VARIABLES = (
+    "SLURM_PROCID",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_NODELIST",
+    "SLURM_STEP_TASKS_PER_NODE",
+)
+"""What TensorFlow's ``SlurmClusterResolver`` reads: ``srun`` sets them for each task."""
+_NUMBER_RE = re.compile(r"[0-9]{1,9}")
+# host names and bracketed ranges, comma-separated: node[01-03,07],login1 (each alternative starts
+# with its own characters, so the match never backtracks)
+_NODELIST_RE = re.compile(r"(?:[A-Za-z0-9_.-]|\[[0-9,-]+\]|,)+")
+_PER_NODE_RE = re.compile(r"[0-9]{1,6}(?:\(x[0-9]{1,6}\))?(?:,[0-9]{1,6}(?:\(x[0-9]{1,6}\))?)*")
+
+
+def check_slurm_environment(jobs: Mapping[str, int], port_base: int) -> None:
+    """Raise :class:`ClusterSpecError` (one line) unless this process runs in a Slurm step whose
+    task count fits ``jobs`` and ``port_base`` is a port; checked before TensorFlow is imported,
+    whose resolver would fail with a traceback."""
+    Cluster.check_counts(jobs)
+    if isinstance(port_base, bool) or not isinstance(port_base, int) or not 1 <= port_base <= 65535:
+        raise ClusterSpecError(f"The port base must be a port from 1 to 65535, not {port_base!r}")
+    missing = [name for name in SLURM_VARIABLES if not os.environ.get(name)]
+    if missing:
+        raise ClusterSpecError(
+            f"--slurm needs Slurm's environment, and {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not set; run it inside a Slurm step "
+            "(srun graphdist serve --slurm ...), or pass --cluster, --job and --task",
+            missing,
+        )
+    for name, pattern, what in (
+        ("SLURM_PROCID", _NUMBER_RE, "a whole number"),
+        ("SLURM_STEP_NUM_TASKS", _NUMBER_RE, "a whole number"),
+        ("SLURM_STEP_NODELIST", _NODELIST_RE, "a Slurm host list such as node[01-04]"),
+        ("SLURM_STEP_TASKS_PER_NODE", _PER_NODE_RE, "a Slurm task list such as 2(x3),1"),
+    ):
+        value = os.environ[name]
+        if len(value) > 4096 or not pattern.fullmatch(value):
+            raise ClusterSpecError(f"{name}={show(value)} is not {what}", value)
+    wanted, have = sum(jobs.values()), int(os.environ["SLURM_STEP_NUM_TASKS"])
+    if wanted > have:
+        raise ClusterSpecError(
+            f"--slurm asks for {wanted} task(s) but the Slurm step has {have} "
+            "(SLURM_STEP_NUM_TASKS); ask srun for as many tasks as the jobs add up to",
+            wanted,
+        )
+    if int(os.environ["SLURM_PROCID"]) >= wanted:
+        raise ClusterSpecError(
+            f"This is Slurm task {os.environ['SLURM_PROCID']}, but --slurm names only {wanted} "
+            "task(s); ask srun for as many tasks as the jobs add up to",
+            os.environ["SLURM_PROCID"],
+        )
 
 
 def slurm_task(
@@ -31,20 +86,29 @@ def slurm_task(
 ) -> tuple[Cluster, str, int]:
     """The cluster and this task's job and index under Slurm, from TensorFlow's
     ``SlurmClusterResolver`` (reads ``SLURM_PROCID``, ``SLURM_STEP_NODELIST``,
-    ``SLURM_STEP_TASKS_PER_NODE`` ...). Imports TensorFlow."""
+    ``SLURM_STEP_TASKS_PER_NODE`` ...). Raises :class:`ClusterSpecError` outside a Slurm step,
+    or for a step that does not fit ``jobs`` (see :func:`check_slurm_environment`). Imports
+    TensorFlow."""
+    check_slurm_environment(jobs, port_base)
     import tensorflow as tf
     from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
 
-    if gpus_per_node == 0:
-        # TensorFlow's resolver allocates one task per GPU slot and so finds no task at all on
-        # CPU-only nodes; pretend one slot per task (auto_set_gpu=False: nothing is pinned).
-        per_node = os.environ.get("SLURM_STEP_TASKS_PER_NODE")
-        gpus_per_node = max(slurm.expand_tasks_per_node(per_node)) if per_node else 1
-    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
-        jobs=dict(jobs), port_base=port_base, gpus_per_node=gpus_per_node, auto_set_gpu=False
-    )
-    cluster = Cluster.parse(resolver.cluster_spec())
-    return cluster, resolver.task_type, int(resolver.task_id)
+    try:
+        if gpus_per_node == 0:
+            # TensorFlow's resolver allocates one task per GPU slot and so finds no task at all
+            # on CPU-only nodes; pretend one slot per task (auto_set_gpu=False: nothing pinned).
+            per_node = os.environ["SLURM_STEP_TASKS_PER_NODE"]
+            gpus_per_node = max(slurm.expand_tasks_per_node(per_node))
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+            jobs=dict(jobs), port_base=port_base, gpus_per_node=gpus_per_node, auto_set_gpu=False
+        )
+        spec = resolver.cluster_spec()
+        task_type, task_id = resolver.task_type, int(resolver.task_id)
+    except (ValueError, RuntimeError, AttributeError, IndexError) as exc:
+        raise ClusterSpecError(
+            f"TensorFlow's Slurm resolver cannot read this Slurm step: {show(str(exc))}", str(exc)
+        ) from None
+    return Cluster.parse(spec), task_type, task_id
 
 
 def serve(cluster: Cluster, job: str, index: int, *, bind_all: bool, argv: Sequence[str]) -> int:

@@ -5,7 +5,9 @@ parts ``job:NAME``, ``replica:N``, ``task:N``, and one device part, either the f
 ``device:TYPE:N`` (``N`` may be ``*``) or the short ``TYPE:N`` / ``TYPE`` for the known types
 (``cpu:0``, ``gpu:0``, as in the seed). Unlike TensorFlow, graphdist also rejects negative or
 repeated parts at parse time, and :func:`check_device` catches an unknown job or an out-of-range
-task before TensorFlow only notices it at ``sess.run``.
+task before TensorFlow only notices it at ``sess.run``. Numbers are ASCII digits only
+(Arabic-Indic or fullwidth digits are refused, though Python's ``int()`` takes them) and at most
+``2**31 - 1``; a device string is at most ``MAX_DEVICE_CHARS`` long.
 """
 
 from __future__ import annotations
@@ -13,14 +15,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from graphdist._cluster import Cluster, ClusterLike
+from graphdist._cluster import MAX_TASK_INDEX, Cluster, ClusterLike
 from graphdist._exceptions import PlacementError
+from graphdist._validate import is_ascii_digits, show
 
 __all__ = ["DeviceSpec", "check_device", "device", "normalize_device", "parse_device"]
 
 # The short form ``gpu:0`` is accepted for these types only, as in TensorFlow.
 SHORT_DEVICE_TYPES = frozenset({"CPU", "GPU", "TPU", "CUSTOM", "EPU"})
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+MAX_DEVICE_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -38,9 +42,11 @@ class DeviceSpec:
     device_index: int | None = None
 
     def __post_init__(self) -> None:
-        if self.job is not None and not _NAME_RE.match(self.job):
+        if self.job is not None and (
+            not isinstance(self.job, str) or not _NAME_RE.fullmatch(self.job)
+        ):
             raise PlacementError(
-                f"Job name {self.job!r} is not valid: use a letter followed by letters, "
+                f"Job name {show(self.job)} is not valid: use a letter followed by letters, "
                 "digits or '_'",
                 self.job,
             )
@@ -50,11 +56,18 @@ class DeviceSpec:
             ("device index", self.device_index),
         ):
             if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 0
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or not 0 <= value <= MAX_TASK_INDEX
             ):
-                raise PlacementError(f"The {field} must be a whole number >= 0, not {value!r}")
-        if self.device_type is not None and not _NAME_RE.match(self.device_type):
-            raise PlacementError(f"Device type {self.device_type!r} is not valid")
+                raise PlacementError(
+                    f"The {field} must be a whole number >= 0 and <= {MAX_TASK_INDEX}, not "
+                    f"{show(value)}"
+                )
+        if self.device_type is not None and (
+            not isinstance(self.device_type, str) or not _NAME_RE.fullmatch(self.device_type)
+        ):
+            raise PlacementError(f"Device type {show(self.device_type)} is not valid")
         if self.device_index is not None and self.device_type is None:
             raise PlacementError("A device index needs a device type (e.g. GPU)")
 
@@ -78,17 +91,23 @@ class DeviceSpec:
 
 
 def _int_part(name: str, text: str, spec: str) -> int:
-    if not text.isdigit():
-        raise PlacementError(f"Device {spec!r}: {name} {text!r} is not a whole number >= 0", spec)
+    if not is_ascii_digits(text) or len(text) > 10 or int(text) > MAX_TASK_INDEX:
+        raise PlacementError(
+            f"Device {show(spec)}: {name} {show(text)} is not a whole number >= 0 of ASCII digits "
+            f"(at most {MAX_TASK_INDEX})",
+            spec,
+        )
     return int(text)
 
 
 def _device_type(text: str, spec: str) -> str:
+    if not isinstance(text, str):
+        raise PlacementError(f"Device type {show(text)} is not a string", show(spec))
     upper = text.upper()
-    if upper in SHORT_DEVICE_TYPES:
+    if text.isascii() and upper in SHORT_DEVICE_TYPES:
         return upper
-    if not _NAME_RE.match(text):
-        raise PlacementError(f"Device {spec!r}: device type {text!r} is not valid", spec)
+    if not _NAME_RE.fullmatch(text):
+        raise PlacementError(f"Device {show(spec)}: device type {show(text)} is not valid", spec)
     return text
 
 
@@ -103,13 +122,19 @@ def parse_device(spec: str | DeviceSpec | None) -> DeviceSpec:
     if spec is None:
         return DeviceSpec()
     if not isinstance(spec, str):
-        raise PlacementError(f"A device must be a string, not {type(spec).__name__} {spec!r}")
+        raise PlacementError(f"A device must be a string, not {type(spec).__name__} {show(spec)}")
+    if len(spec) > MAX_DEVICE_CHARS:
+        raise PlacementError(
+            f"Device string of {len(spec)} characters; at most {MAX_DEVICE_CHARS}", show(spec)
+        )
     fields: dict[str, object] = {}
 
     def put(key: str, value: object, part: str) -> None:
         if key in fields:
             what = "device" if key == "device_type" else key
-            raise PlacementError(f"Device {spec!r} names the {what} twice (at {part!r})", spec)
+            raise PlacementError(
+                f"Device {show(spec)} names the {what} twice (at {show(part)})", spec
+            )
         fields[key] = value
 
     for part in spec.strip().split("/"):
@@ -118,14 +143,16 @@ def parse_device(spec: str | DeviceSpec | None) -> DeviceSpec:
         pieces = part.split(":")
         head = pieces[0]
         if len(pieces) == 2 and head == "job":
-            if not _NAME_RE.match(pieces[1]):
-                raise PlacementError(f"Device {spec!r}: job name {pieces[1]!r} is not valid", spec)
+            if not _NAME_RE.fullmatch(pieces[1]):
+                raise PlacementError(
+                    f"Device {show(spec)}: job name {show(pieces[1])} is not valid", spec
+                )
             put("job", pieces[1], part)
         elif len(pieces) == 2 and head == "replica":
             put("replica", _int_part("replica", pieces[1], spec), part)
         elif len(pieces) == 2 and head == "task":
             put("task", _int_part("task", pieces[1], spec), part)
-        elif len(pieces) in (1, 2) and head.upper() in SHORT_DEVICE_TYPES:
+        elif len(pieces) in (1, 2) and head.isascii() and head.upper() in SHORT_DEVICE_TYPES:
             put("device_type", head.upper(), part)
             if len(pieces) == 2 and pieces[1] != "*":
                 fields["device_index"] = _int_part("device index", pieces[1], spec)
@@ -138,7 +165,8 @@ def parse_device(spec: str | DeviceSpec | None) -> DeviceSpec:
             if head in ("tsk", "tasks", "jobs", "replicas", "dev"):
                 hint = "; did you mean job:, replica:, task: or device:?"
             raise PlacementError(
-                f"Device {spec!r}: unknown part {part!r}; expected job:NAME, replica:N, task:N, "
+                f"Device {show(spec)}: unknown part {show(part)}; expected job:NAME, replica:N, "
+                "task:N, "
                 f"device:TYPE:N or TYPE:N{hint}",
                 spec,
             )

@@ -21,7 +21,7 @@ from graphdist._graph.placement import parse_device
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["Placement", "no_folding_config", "run_traced"]
+__all__ = ["Placement", "check_log_dir", "check_picture_path", "no_folding_config", "run_traced"]
 
 
 def no_folding_config(
@@ -113,27 +113,31 @@ class Placement(Mapping[str, str]):
 
     def write_picture(self, path: str | os.PathLike[str]) -> str:
         """Write the placed graph to ``path``: ``.dot`` as text, ``.svg``/``.png``/``.pdf``
-        rendered by Graphviz ``dot``. Raises :class:`PictureError` if ``dot`` is needed but
-        missing."""
-        path = os.fspath(path)
-        fmt = os.path.splitext(path)[1].lstrip(".").lower()
+        rendered by Graphviz ``dot``. Raises :class:`PictureError` (one line) for another
+        format, a folder that does not exist or cannot be written, ``dot`` needed but missing,
+        or a failed write; :func:`check_picture_path` makes the same checks up front."""
+        path = check_picture_path(path)
+        fmt = _picture_format(path)
         dot_text = self.to_dot()
-        if fmt in ("dot", "gv"):
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(dot_text)
-            return path
-        if fmt not in ("svg", "png", "pdf"):
-            raise PictureError(
-                f"Cannot write a picture as {path!r}: use .dot, .svg, .png or .pdf", path
+        try:
+            if fmt in _DOT_FORMATS:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(dot_text)
+                return path
+            exe = shutil.which("dot")
+            assert exe is not None  # checked above
+            done = subprocess.run(
+                [exe, f"-T{fmt}", "-o", path], input=dot_text.encode(), capture_output=True
             )
-        exe = shutil.which("dot")
-        if exe is None:
+        except OSError as exc:
             raise PictureError(
-                f"Graphviz `dot` is not installed, so {path!r} cannot be rendered; install "
-                "graphviz (apt-get install graphviz) or write a .dot file",
-                path,
+                f"Cannot write the picture {path!r}: {exc.strerror or exc}", path
+            ) from None
+        if done.returncode != 0:
+            last = (done.stderr.decode(errors="replace").strip().splitlines() or [""])[-1]
+            raise PictureError(
+                f"Graphviz `dot` could not write {path!r} (exit {done.returncode}): {last}", path
             )
-        subprocess.run([exe, f"-T{fmt}", "-o", path], input=dot_text.encode(), check=True)
         return path
 
     def write_tensorboard(self, logdir: str | os.PathLike[str]) -> str:
@@ -145,7 +149,7 @@ class Placement(Mapping[str, str]):
             raise PictureError(
                 "This placement has no graph or run metadata to write", os.fspath(logdir)
             )
-        logdir = os.fspath(logdir)
+        logdir = check_log_dir(logdir)
         with self.graph.as_default():  # FileWriter refuses to run eagerly
             writer = tf.compat.v1.summary.FileWriter(logdir, graph=self.graph)
             try:
@@ -153,6 +157,64 @@ class Placement(Mapping[str, str]):
             finally:
                 writer.close()
         return logdir
+
+
+_DOT_FORMATS = ("dot", "gv")
+_RENDERED_FORMATS = ("svg", "png", "pdf")
+
+
+def _picture_format(path: str) -> str:
+    return os.path.splitext(path)[1].lstrip(".").lower()
+
+
+def check_picture_path(path: str | os.PathLike[str]) -> str:
+    """``path`` as a string if a placement picture can be written there: a ``.dot``/``.gv``,
+    ``.svg``, ``.png`` or ``.pdf`` name (the last three need Graphviz ``dot`` on ``PATH``) in an
+    existing folder this user can write, and not a folder itself. Raises :class:`PictureError`
+    naming the path; the CLI calls it before a demo starts anything."""
+    path = os.fspath(path)
+    fmt = _picture_format(path)
+    if fmt not in _DOT_FORMATS + _RENDERED_FORMATS:
+        raise PictureError(
+            f"Cannot write a picture as {path!r}: use .dot, .svg, .png or .pdf", path
+        )
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise PictureError(
+            f"Cannot write the picture {path!r}: folder {folder!r} does not exist", path
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PictureError(
+            f"Cannot write the picture {path!r}: folder {folder!r} is not writable", path
+        )
+    if os.path.isdir(path):
+        raise PictureError(f"Cannot write the picture {path!r}: it is a folder", path)
+    if fmt in _RENDERED_FORMATS and shutil.which("dot") is None:
+        raise PictureError(
+            f"Graphviz `dot` is not installed, so {path!r} cannot be rendered; install "
+            "graphviz (apt-get install graphviz) or write a .dot file",
+            path,
+        )
+    return path
+
+
+def check_log_dir(logdir: str | os.PathLike[str]) -> str:
+    """``logdir`` as a string if a TensorBoard log can be written there: a folder, or a path
+    whose nearest existing parent is a folder this user can write. Raises
+    :class:`PictureError`."""
+    logdir = os.fspath(logdir)
+    probe = os.path.abspath(logdir)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise PictureError(
+            f"Cannot write a TensorBoard log in {logdir!r}: {probe!r} is a file", logdir
+        )
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise PictureError(
+            f"Cannot write a TensorBoard log in {logdir!r}: {probe!r} is not writable", logdir
+        )
+    return logdir
 
 
 def _device_name(raw: str) -> str:

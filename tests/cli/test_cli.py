@@ -53,10 +53,46 @@ def test_parser_is_separate_from_running():
         (["frobnicate"], "frobnicate"),
         (["up", "--cluster", "local=1", "--start-timeout", "0"], "--start-timeout"),
         (["demo", "--master", "x"], "--master"),
+        # each checked before anything starts (the demo used to run, then fail on its picture)
+        (["up", "--cluster", '{"local": ["localhost:\u0662\u0660"]}'], "'\u0662\u0660'"),
+        (["tf-config", "--cluster", "w=2", "--task", "w:\uff11"], "'w:\uff11'"),
+        (["run", "--workers", "\u0663", "--", "true"], "'\u0663'"),
+        (["up", "--cluster", "[" * 10_000], "nests deeper than 32"),
+        (["up", "--cluster", "/dev/zero"], "'/dev/zero': it is not a regular file"),
+        (["up", "--cluster", ",".join(f"j{i}=1000" for i in range(10))], "10000 tasks in all"),
+        (["up", "--cluster", "local=1", "--detach", "--state-dir", "/proc/x"], "/proc/x"),
+        (["run", "--", "/nonexistent"], "'/nonexistent'"),
+        (["demo", "--picture", "/nonexistent/dir/x.svg"], "'/nonexistent/dir' does not exist"),
+        (["demo", "--picture", "x.jpg"], "'x.jpg'"),
+        (["demo", "--master", "7"], "--master 7"),
+        (["up", "--cluster", '{"local": ["localhost:1"], "local": ["localhost:2"]}'], "twice"),
+        (["up", "--cluster", '{"local": {"0": "localhost:1", "00": "localhost:2"}}'], "'00'"),
+        (["up", "--cluster", '{"local": ["[zz]:2020"]}'], "'[zz]'"),
+        (["up", "--cluster", "local=1", "--start-timeout", "nan"], "not nan"),
+        (["run", "--timeout", "inf", "--", "true"], "not inf"),
     ],
 )
 def test_user_mistakes_print_one_line_and_exit_2(argv, fragment):
     assert_user_error(gd(*argv), fragment)
+
+
+def test_cluster_files_that_are_not_utf8_json_text_are_one_line(tmp_path):
+    latin = tmp_path / "latin1.json"
+    latin.write_bytes('{"local": ["h\u00f4te:2020"]}'.encode("latin-1"))
+    assert_user_error(gd("up", "--cluster", str(latin)), "is not UTF-8 text (byte 0xf4")
+    assert_user_error(gd("up", "--cluster", str(tmp_path)), "it is a folder")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # no writer: a plain open() would wait for one forever
+    assert_user_error(gd("up", "--cluster", str(fifo), timeout=60), "not a regular file")
+
+
+def test_serve_slurm_outside_slurm_says_to_use_srun(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("SLURM_"):
+            monkeypatch.delenv(name)
+    result = gd("serve", "--slurm", "ps=1,worker=2")
+    assert_user_error(result, "SLURM_PROCID")
+    assert "srun" in result.stderr
 
 
 def test_no_fleet_running(state_dir):
