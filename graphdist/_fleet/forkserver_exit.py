@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-__all__ = ["OWNER_ENV", "register_exit_hook"]
+__all__ = ["IN_FORK_SERVER", "OWNER_ENV", "register_exit_hook"]
 
 #: The environment variable that carries the fork server's owner pid.
 OWNER_ENV = "GRAPHDIST_FORKSERVER_OWNER"
@@ -77,6 +77,10 @@ def _owner_pid() -> int | None:
 
 
 _OWNER = _owner_pid()
-if _OWNER is not None and os.getpid() != _OWNER:
+#: True only inside a fork server: the owner imports this module too (for :data:`OWNER_ENV`),
+#: and an ``os._exit(0)`` hook there would turn every exit status of the owner into 0.
+IN_FORK_SERVER = _OWNER is not None and os.getpid() != _OWNER
+if IN_FORK_SERVER:
+    assert _OWNER is not None
     _watch_owner(_OWNER)
-register_exit_hook()
+    register_exit_hook()

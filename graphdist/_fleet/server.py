@@ -156,5 +156,6 @@ def fleet_child(spec: dict[str, Any]) -> None:
         os._exit(EXIT_PORT_IN_USE if in_use else EXIT_START_FAILED)
 
 
-if "graphdist._fleet.forkserver_exit" in sys.modules:  # preloaded in a fork server, after TF
-    sys.modules["graphdist._fleet.forkserver_exit"].register_exit_hook()
+_exit_module = sys.modules.get("graphdist._fleet.forkserver_exit")
+if _exit_module is not None and _exit_module.IN_FORK_SERVER:  # preloaded in a fork server
+    _exit_module.register_exit_hook()  # again, after TensorFlow's handlers: it runs first

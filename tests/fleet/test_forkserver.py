@@ -135,3 +135,19 @@ def test_owner_killed_during_start_leaves_no_process_and_no_folder(short_tmpdir)
     assert result.returncode == 0, result.stdout + result.stderr
     assert not glob.glob(os.path.join(tmpdir, f"graphdist-*-{proc.pid}-*")), os.listdir(tmpdir)
     assert not glob.glob(os.path.join(tmpdir, "pymp-*")), os.listdir(tmpdir)
+
+
+def test_the_owner_keeps_its_own_exit_status():
+    """The fork server's quick-exit hook (os._exit(0)) belongs in fork servers only: an owner
+    that imports the fork-server machinery and starts a fleet still exits with its own status."""
+    code = (
+        "import sys, graphdist\n"
+        "import graphdist._fleet.forkserver, graphdist._fleet.server\n"
+        "with graphdist.LocalFleet('local=1'):\n"
+        "    pass\n"
+        "sys.exit(3)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert result.returncode == 3, result.stderr
