@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-__all__ = ["IN_FORK_SERVER", "OWNER_ENV", "register_exit_hook"]
+__all__ = ["IN_FORK_SERVER", "OWNER_ENV", "exit_when_gone", "register_exit_hook"]
 
 #: The environment variable that carries the fork server's owner pid.
 OWNER_ENV = "GRAPHDIST_FORKSERVER_OWNER"
@@ -46,11 +46,17 @@ def register_exit_hook() -> None:
     atexit.register(_exit_now)
 
 
-def _watch_owner(owner: int) -> None:
+def exit_when_gone(
+    pid: int, *, already_gone_status: int = 0, message: str | None = None, poll_s: float = _POLL_S
+) -> None:
+    """End this process with ``os._exit(0)`` (after printing ``message``) as soon as process
+    ``pid`` dies, however it dies; ``os._exit(already_gone_status)`` at once if it is gone
+    already. A daemon thread waits on a pidfd (exact, no polling, immune to pid reuse) and
+    falls back to polling every ``poll_s`` seconds where pidfds are missing."""
     try:
-        pidfd: int | None = os.pidfd_open(owner)
+        pidfd: int | None = os.pidfd_open(pid)
     except ProcessLookupError:
-        os._exit(0)  # the owner died before we could watch it
+        os._exit(already_gone_status)
     except (OSError, AttributeError):
         pidfd = None
 
@@ -60,15 +66,17 @@ def _watch_owner(owner: int) -> None:
         else:
             while True:
                 try:
-                    os.kill(owner, 0)
+                    os.kill(pid, 0)
                 except ProcessLookupError:
                     break
                 except PermissionError:
                     pass
-                time.sleep(_POLL_S)
+                time.sleep(poll_s)
+        if message:
+            print(message, flush=True)
         os._exit(0)
 
-    threading.Thread(target=watch, name="graphdist-forkserver-owner", daemon=True).start()
+    threading.Thread(target=watch, name=f"graphdist-watch-{pid}", daemon=True).start()
 
 
 def _owner_pid() -> int | None:
@@ -82,5 +90,5 @@ _OWNER = _owner_pid()
 IN_FORK_SERVER = _OWNER is not None and os.getpid() != _OWNER
 if IN_FORK_SERVER:
     assert _OWNER is not None
-    _watch_owner(_OWNER)
+    exit_when_gone(_OWNER)
     register_exit_hook()

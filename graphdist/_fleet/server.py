@@ -7,16 +7,14 @@ fleet's owner must be able to pickle a reference to :func:`fleet_child` without 
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
-import select
 import signal
 import sys
-import threading
-import time
 import traceback
 from typing import Any
+
+from graphdist._fleet.forkserver_exit import exit_when_gone
+from graphdist._fleet.process import set_parent_death_signal
 
 __all__ = [
     "EXIT_PORT_IN_USE",
@@ -30,7 +28,6 @@ __all__ = [
 EXIT_START_FAILED = 3
 EXIT_PORT_IN_USE = 4
 READY_MARKER = "graphdist: server ready"
-_PR_SET_PDEATHSIG = 1
 _OWNER_POLL_S = 0.25
 # The pid of the process that imported this module: in a server, the fork server (a preload).
 _IMPORT_PID = os.getpid()
@@ -55,36 +52,15 @@ def _exit_with(owner_pid: int) -> None:
     do: it covers the fork server dying, and a watcher thread covers the owner. The watcher waits
     on a pidfd (exact, no polling, immune to pid reuse) and falls back to polling.
     """
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    set_parent_death_signal(signal.SIGKILL)
     if os.getpid() != _IMPORT_PID and os.getppid() != _IMPORT_PID:
         os._exit(EXIT_START_FAILED)  # the fork server died before the death signal was set
-
-    pidfd: int | None
-    try:
-        pidfd = os.pidfd_open(owner_pid)
-    except ProcessLookupError:
-        os._exit(EXIT_START_FAILED)  # the owner is already gone
-    except (OSError, AttributeError):
-        pidfd = None
-
-    def watch() -> None:
-        if pidfd is not None:
-            select.select([pidfd], [], [])
-        else:
-            while True:
-                try:
-                    os.kill(owner_pid, 0)
-                except ProcessLookupError:
-                    break
-                except PermissionError:
-                    pass
-                time.sleep(_OWNER_POLL_S)
-        print(f"graphdist: owner process {owner_pid} is gone; exiting", flush=True)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="graphdist-owner-watch", daemon=True).start()
+    exit_when_gone(
+        owner_pid,
+        already_gone_status=EXIT_START_FAILED,
+        message=f"graphdist: owner process {owner_pid} is gone; exiting",
+        poll_s=_OWNER_POLL_S,
+    )
 
 
 def start_server(
