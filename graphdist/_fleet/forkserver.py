@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any
 
-from graphdist._fleet.forkserver_exit import OWNER_ENV
+from graphdist._fleet.forkserver_exit import IN_FORK_SERVER, OWNER_ENV
 from graphdist._fleet.loopback import with_preload
 
 __all__ = [
@@ -45,8 +45,14 @@ __all__ = [
     "sweep_stale_temp_dirs",
 ]
 
-# forkserver_exit first: it watches the owner while TensorFlow is still being imported.
-PRELOAD = ["graphdist._fleet.forkserver_exit", "tensorflow", "graphdist._fleet.server"]
+# forkserver_exit first: it watches the owner while TensorFlow is still being imported; this
+# module last, so that its Process class is defined once there instead of in every child.
+PRELOAD = [
+    "graphdist._fleet.forkserver_exit",
+    "tensorflow",
+    "graphdist._fleet.server",
+    "graphdist._fleet.forkserver",
+]
 _STALE_DIR = re.compile(r"^graphdist-(?:fleet|forkserver)-(\d+)-")
 _DEATH_WAIT_S = 1.0
 # Longest socket folder path used: a socket path (folder + "/listener-XXXXXXXX") must fit in
@@ -55,7 +61,6 @@ _MAX_SOCKET_DIR = 80
 _lock = threading.Lock()
 _env_lock = threading.Lock()
 _servers: dict[str, Any] = {}  # LD_PRELOAD value ("" for none) -> ForkServer
-_classes: dict[str, Any] = {}
 _socket_dir: tuple[int, str] | None = None  # (owner pid, folder) for the fork servers' sockets
 
 
@@ -193,19 +198,76 @@ def _new_fork_server(preload_library: str) -> Any:
 
 
 def process_class(preload_library: str = "") -> Any:
-    """A ``multiprocess`` Process class whose ``start()`` forks from graphdist's fork server for
-    ``preload_library`` (``""``: no ``LD_PRELOAD``)."""
-    with _lock:
-        cls = _classes.get(preload_library)
-        if cls is not None:
-            return cls
-    from multiprocess import context, forkserver, popen_forkserver, reduction, spawn, util
+    """A factory for ``multiprocess`` Process objects whose ``start()`` forks from graphdist's
+    fork server for ``preload_library`` (``""``: no ``LD_PRELOAD``); it takes Process's keyword
+    arguments (``target``, ``args``, ``name``...).
 
-    server = _fork_server(preload_library)
+    ``start()`` returns as soon as the request is sent: the fork server's answer (the pid) is read
+    on first use of ``pid``, so that a fleet's requests are all queued before the first fork is
+    awaited. A fork server that died under a start raises :class:`ForkServerDiedError` there."""
+    _fork_server(preload_library)  # one per library, spawned on first start
+    cls = __getattr__("GraphdistProcess")
 
-    class _Popen(popen_forkserver.Popen):  # type: ignore[misc]
+    def make(**kwargs: Any) -> Any:
+        process = cls(**kwargs)
+        process._graphdist_preload = preload_library
+        return process
+
+    return make
+
+
+def _define_classes() -> None:
+    """Define :data:`GraphdistProcess` and its Popen (here, not at import: ``multiprocess`` is
+    imported only when a fleet starts). They are module attributes so that a Process is pickled
+    by reference: a class defined inside a function is pickled by value, 27 ms per server."""
+    from multiprocess import (
+        connection,
+        context,
+        forkserver,
+        popen_forkserver,
+        reduction,
+        spawn,
+        util,
+    )
+
+    class GraphdistPopen(popen_forkserver.Popen):  # type: ignore[misc]
+        _pid: int | None = None
+        _server: Any = None
+
+        @property
+        def pid(self) -> int | None:
+            if self._pid is None and self._server is not None:
+                self._read_pid()
+            return self._pid
+
+        @pid.setter
+        def pid(self, value: int | None) -> None:
+            self._pid = value
+
+        def _read_pid(self) -> None:
+            server, self._server = self._server, None
+            try:
+                self._pid = forkserver.read_signed(self.sentinel)
+            except (OSError, EOFError) as exc:
+                self.returncode = 255
+                raise _died(server, exc) from exc
+
+        def poll(self, flag: int = os.WNOHANG) -> int | None:
+            # the first number on the sentinel is the pid, the second the exit code
+            if self._pid is None and self._server is not None:
+                if flag == os.WNOHANG and not connection.wait([self.sentinel], 0):
+                    return None
+                try:
+                    self._read_pid()
+                except ForkServerDiedError:
+                    return self.returncode
+            result: int | None = super().poll(flag)
+            return result
+
         def _launch(self, process_obj: Any) -> None:
-            # popen_forkserver.Popen._launch, with our fork server and without __main__.
+            # popen_forkserver.Popen._launch, with our fork server, without __main__, and
+            # without waiting for the pid (see process_class).
+            server = _fork_server(process_obj._graphdist_preload)
             prep_data = spawn.get_preparation_data(process_obj._name)
             prep_data.pop("init_main_from_path", None)
             prep_data.pop("init_main_from_name", None)
@@ -223,23 +285,42 @@ def process_class(preload_library: str = "") -> Any:
                 self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
                 with open(w, "wb", closefd=True) as f:
                     f.write(buf.getbuffer())
-                self.pid = forkserver.read_signed(self.sentinel)
             except (OSError, EOFError) as exc:
-                # multiprocess reports a fork server that died under a start as a bare
-                # EOFError/OSError (then, at the next join, an AssertionError): say what it was.
-                dead_pid = server._forkserver_pid
-                server.discard()
-                raise ForkServerDiedError(
-                    f"graphdist's fork server (pid {dead_pid}) died or stopped answering while "
-                    f"starting a process ({type(exc).__name__}: {exc}); the next start uses a "
-                    "fresh one"
-                ) from exc
+                raise _died(server, exc) from exc
+            self._server = server
 
-    class _Process(context.ForkServerProcess):  # type: ignore[misc]
+    class GraphdistProcess(context.ForkServerProcess):  # type: ignore[misc]
+        _graphdist_preload = ""
+
         @staticmethod
         def _Popen(process_obj: Any) -> Any:
-            return _Popen(process_obj)
+            return GraphdistPopen(process_obj)
 
-    with _lock:
-        _classes.setdefault(preload_library, _Process)
-        return _classes[preload_library]
+    for cls in (GraphdistPopen, GraphdistProcess):
+        cls.__qualname__ = cls.__name__  # found by name here: pickled by reference
+        globals()[cls.__name__] = cls
+
+
+def _died(server: Any, exc: BaseException) -> ForkServerDiedError:
+    """multiprocess reports a fork server that died under a start as a bare EOFError/OSError
+    (then, at the next join, an AssertionError): say what it was, and forget that server."""
+    dead_pid = server._forkserver_pid
+    server.discard()
+    return ForkServerDiedError(
+        f"graphdist's fork server (pid {dead_pid}) died or stopped answering while starting a "
+        f"process ({type(exc).__name__}: {exc}); the next start uses a fresh one"
+    )
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: the classes exist once asked for, here or in a child unpickling a Process
+    if name in ("GraphdistProcess", "GraphdistPopen"):
+        with _lock:
+            if name not in globals():
+                _define_classes()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if IN_FORK_SERVER:  # preloaded: the children unpickle their Process class from here
+    _define_classes()

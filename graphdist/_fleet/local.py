@@ -37,7 +37,7 @@ from graphdist._fleet.forkserver import (
 )
 from graphdist._fleet.gpus import GpuPlan, plan_gpus
 from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
-from graphdist._fleet.probe import Prober
+from graphdist._fleet.probe import Prober, probe_all
 from graphdist._fleet.process import STOP_GRACE_S
 from graphdist._fleet.server import EXIT_PORT_IN_USE, fleet_child
 from graphdist._ports import is_port_free, port_holder, release_ports
@@ -53,6 +53,7 @@ log = logging.getLogger("graphdist.fleet")
 DEFAULT_START_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 12
 _POLL_S = 0.02
+_PROBE_S = 0.5
 
 
 def read_log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -262,6 +263,12 @@ class LocalFleet(Fleet[FleetTask]):
             ft = FleetTask(task, os.path.join(self.log_dir, f"{task.name}.log"))
             self._tasks[(task.job, task.index)] = ft
             self._start_task(ft)
+        # Every request is queued; a fresh fork server is still importing TensorFlow (seconds):
+        # meanwhile import what the readiness probes need, then read the fork server's answers.
+        import grpc  # noqa: F401
+
+        for ft in self._tasks.values():
+            self._confirm_started(ft)
 
     def _on_running(self) -> None:
         release_ports(t.port for t in self.cluster.tasks)
@@ -283,6 +290,7 @@ class LocalFleet(Fleet[FleetTask]):
             self._kill_task(task, signal.SIGKILL)
         task.restarts += 1
         self._start_task(task)
+        self._confirm_started(task)
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -331,18 +339,29 @@ class LocalFleet(Fleet[FleetTask]):
         return loopback_library()
 
     def _start_task(self, ft: FleetTask) -> None:
+        """Ask the fork server for ``ft``'s process (not waiting for it: see _confirm_started)."""
         try:
             ft._start(self._process_class, self._spec(ft))
         except ForkServerDiedError as exc:
-            name = f"{ft.job}:{ft.index}"
-            raise FleetStartError(
-                f"Server {name} at {ft.address} could not be started: {exc}",
-                task=name,
-                address=ft.address,
-                log_path=ft.log_path,
-                log_tail=ft.log_tail(),
-            ) from exc
+            raise self._fork_server_died(ft, exc) from exc
+
+    def _confirm_started(self, ft: FleetTask) -> None:
+        """Wait for the fork server's answer to ``ft``'s request: the pid of its process."""
+        try:
+            ft.pid  # noqa: B018 - read from the fork server on first use
+        except ForkServerDiedError as exc:
+            raise self._fork_server_died(ft, exc) from exc
         log.debug("started %r", ft)
+
+    def _fork_server_died(self, ft: FleetTask, exc: ForkServerDiedError) -> FleetStartError:
+        name = f"{ft.job}:{ft.index}"
+        return FleetStartError(
+            f"Server {name} at {ft.address} could not be started: {exc}",
+            task=name,
+            address=ft.address,
+            log_path=ft.log_path,
+            log_tail=ft.log_tail(),
+        )
 
     def _wait_ready(self, pending: list[FleetTask], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -350,11 +369,12 @@ class LocalFleet(Fleet[FleetTask]):
         expected = len(pending)
         try:
             while pending:
-                for ft in list(pending):
+                for ft in pending:
                     if not ft.alive:
                         raise self._start_failure(ft)
-                    if probers[ft.name].probe(timeout_s=0.5):
-                        pending.remove(ft)
+                # every pending server at once: one slow server does not hold up the others
+                answered = probe_all([probers[ft.name] for ft in pending], _PROBE_S)
+                pending = [ft for ft, ok in zip(pending, answered, strict=True) if not ok]
                 if not pending:
                     break
                 if time.monotonic() > deadline:
