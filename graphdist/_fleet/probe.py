@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PROBE_TIMEOUT_S", "Prober"]
+__all__ = ["PROBE_TIMEOUT_S", "Prober", "probe_all"]
 
 PROBE_TIMEOUT_S = 1.0
 _GET_STATUS = "/tensorflow.WorkerService/GetStatus"
@@ -38,8 +38,12 @@ class Prober:
 
     def probe(self, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
         """True if the server answered GetStatus within ``timeout_s`` seconds."""
+        return self._outcome(self._call.future(b"", timeout=timeout_s))
+
+    def _outcome(self, future: Any) -> bool:
+        """Whether ``future`` (a GetStatus call) was answered; keeps the error otherwise."""
         try:
-            self._call(b"", timeout=timeout_s)
+            future.result()
         except self._grpc.RpcError as exc:
             self.last_error = f"{exc.code().name}: {exc.details()}"
             return False
@@ -54,3 +58,10 @@ class Prober:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def probe_all(probers: list[Prober], timeout_s: float = PROBE_TIMEOUT_S) -> list[bool]:
+    """Probe every server at once (one call each, all in flight together); whether each
+    answered within ``timeout_s`` seconds, in the order of ``probers``."""
+    futures = [p._call.future(b"", timeout=timeout_s) for p in probers]
+    return [p._outcome(f) for p, f in zip(probers, futures, strict=True)]
