@@ -36,6 +36,16 @@ def is_gone(pid: int) -> bool:
         return True
 
 
+def listening(pid: int) -> list[tuple[str, int]]:
+    """Where process ``pid`` listens, as psutil reads it: the tests' own oracle, independent of
+    graphdist's reading (``graphdist._fleet.exposure``)."""
+    return sorted(
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    )
+
+
 def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
     """Wait until every pid is gone; return those still alive after ``timeout_s``."""
     pending = list(pids)

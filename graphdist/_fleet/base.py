@@ -49,7 +49,7 @@ from graphdist._exceptions import (
     TaskFailedError,
     TaskNotFoundError,
 )
-from graphdist._fleet.exposure import check_listening
+from graphdist._fleet.exposure import ListeningTable, check_listening
 from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS, SessionGuard
 from graphdist._fleet.health import ALIVE, DEAD, NOT_ANSWERING, TaskHealth, probe_all
 from graphdist._fleet.probe import PROBE_TIMEOUT_S
@@ -302,8 +302,9 @@ class Fleet(Generic[_TaskT]):
         :mod:`graphdist._fleet.exposure`): a server on a wildcard or foreign address, or one
         whose sockets cannot be read, raises :class:`ExposedServerError`."""
         self._wait_ready(list(tasks), timeout_s)  # a backend may consume its list
+        table = ListeningTable()  # read after every task answered: their sockets are in it
         for task in tasks:
-            self._check_listening(task, self._allowed_addresses(task))
+            self._check_listening(task, self._allowed_addresses(task), table)
 
     # -- the backend's primitives -----------------------------------------------------------------
 
@@ -331,14 +332,16 @@ class Fleet(Generic[_TaskT]):
         (``expose=True``). Default: loopback only, unless exposed."""
         return None if self.expose else frozenset()
 
-    def _check_listening(self, task: _TaskT, allowed: frozenset[str] | None) -> None:
+    def _check_listening(
+        self, task: _TaskT, allowed: frozenset[str] | None, table: ListeningTable | None = None
+    ) -> None:
         """Raise ExposedServerError unless ``task``'s process listens only on loopback or
         ``allowed`` (``None``: anywhere), and FleetStartError unless it is the process that
         listens on the task's port: an answer from another process (a second name for an
         address another task has) is no proof of this one (default: its sockets as the OS
-        lists them for its pid)."""
+        lists them for its pid, in ``table``, one reading for the whole fleet)."""
         name = f"{task.job}:{task.index}"
-        sockets = check_listening(name, task.address, task.pid, allowed)
+        sockets = check_listening(name, task.address, task.pid, allowed, table=table)
         port = int(task.address.rsplit(":", 1)[1])
         if not any(p == port for _, p in sockets):
             raise FleetStartError(

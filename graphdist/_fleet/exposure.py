@@ -8,30 +8,77 @@ use (a Ray node's or a real host's own address). A wildcard (``0.0.0.0``, ``::``
 address — a shim that the dynamic loader skipped, a shim built wrong, a server that bound by
 itself — raises :class:`ExposedServerError`, and the fleet stops the server. Where the sockets
 cannot be read at all the answer is the same refusal: the promise is checked, never assumed.
+
+The sockets come from Linux's own tables: ``/proc/net/tcp`` and ``/proc/net/tcp6`` (every
+listening socket of this network namespace, by inode) and ``/proc/PID/fd`` (which inodes a
+process holds). A :class:`ListeningTable` reads the tables once for any number of processes; a
+fleet of 16 servers is checked in one read instead of 16 (``psutil``'s per-process call reads
+them each time, about 12 ms per server here).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
+import sys
 from collections.abc import Iterable
-
-import psutil
 
 from graphdist._exceptions import ExposedServerError
 
-__all__ = ["check_listening", "is_loopback_ip", "listening_sockets"]
+__all__ = ["ListeningTable", "check_listening", "is_loopback_ip", "listening_sockets"]
+
+_TCP_LISTEN = "0A"  # the state column of /proc/net/tcp*: TCP_LISTEN
+
+
+def _decode(address: str) -> tuple[str, int]:
+    """``"0100007F:1F90"`` (a /proc/net/tcp* address: 32-bit words in host order) ->
+    ``("127.0.0.1", 8080)``."""
+    ip_hex, port_hex = address.split(":")
+    raw = bytes.fromhex(ip_hex)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(raw)), int(port_hex, 16)
+
+
+class ListeningTable:
+    """One reading of every listening TCP socket (IPv4 and IPv6) of this network namespace;
+    :meth:`of` says which of them a process holds."""
+
+    def __init__(self) -> None:
+        self._by_inode: dict[int, tuple[str, int]] = {}
+        for name in ("tcp", "tcp6"):
+            try:
+                f = open(f"/proc/net/{name}")  # noqa: SIM115 - closed below
+            except FileNotFoundError:  # a kernel without IPv6
+                continue
+            with f:
+                next(f, None)  # the header
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 9 and fields[3] == _TCP_LISTEN:
+                        self._by_inode[int(fields[9])] = _decode(fields[1])
+
+    def of(self, pid: int) -> list[tuple[str, int]]:
+        """The ``(address, port)`` of every socket of this table that process ``pid`` holds,
+        sorted; raises :class:`OSError` where the process is gone or cannot be read."""
+        folder = f"/proc/{pid}/fd"
+        found = set()
+        for fd in os.listdir(folder):
+            try:
+                target = os.readlink(f"{folder}/{fd}")
+            except FileNotFoundError:  # closed since the listing
+                continue
+            if target.startswith("socket:["):
+                address = self._by_inode.get(int(target[8:-1]))
+                if address is not None:
+                    found.add(address)
+        return sorted(found)
 
 
 def listening_sockets(pid: int) -> list[tuple[str, int]]:
     """The ``(address, port)`` of every TCP socket that process ``pid`` listens on; raises
-    :class:`psutil.Error` where the process is gone or cannot be read."""
-    process = psutil.Process(pid)
-    reader = getattr(process, "net_connections", None) or process.connections  # psutil < 6
-    return sorted(
-        (conn.laddr.ip, conn.laddr.port)
-        for conn in reader(kind="tcp")
-        if conn.status == psutil.CONN_LISTEN
-    )
+    :class:`OSError` where the process is gone or cannot be read."""
+    return ListeningTable().of(pid)
 
 
 def _address(ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -65,13 +112,15 @@ def check_listening(
     *,
     sockets: list[tuple[str, int]] | None = None,
     port: int | None = None,
+    table: ListeningTable | None = None,
 ) -> list[tuple[str, int]]:
     """Raise :class:`ExposedServerError` unless every socket that the server of ``task`` (process
     ``pid``) listens on is loopback or in ``allowed`` (``None``: anywhere, only read them);
     returns the sockets it checked.
 
     ``sockets`` skips reading them from the OS (a backend that asks the process itself, as Ray
-    does); ``port`` limits the check to that port (a process that also runs other services).
+    does); ``port`` limits the check to that port (a process that also runs other services);
+    ``table`` is a reading of the OS's sockets to use (default: a fresh one).
     """
     if sockets is None:
         if pid is None:
@@ -82,8 +131,8 @@ def check_listening(
                 address=address,
             )
         try:
-            sockets = listening_sockets(pid)
-        except psutil.Error as exc:
+            sockets = (table or ListeningTable()).of(pid)
+        except OSError as exc:
             raise ExposedServerError(
                 f"Cannot check where the server of {task} (pid {pid}) listens "
                 f"({type(exc).__name__}: {exc}); refusing it rather than assuming it is on "

@@ -57,7 +57,7 @@ from graphdist._exceptions import (
     StartTimeoutError,
 )
 from graphdist._fleet.base import Fleet, TaskView
-from graphdist._fleet.exposure import check_listening, is_loopback_ip
+from graphdist._fleet.exposure import ListeningTable, check_listening, is_loopback_ip
 from graphdist._fleet.loopback import BIND_ADDR_ENV, shim_env
 from graphdist._fleet.probe import Prober
 from graphdist._validate import show, timeout_ms, timeout_s
@@ -426,7 +426,9 @@ class RayFleet(Fleet[RayTask]):
         not even with ``expose`` (a Ray server never listens on a wildcard)."""
         return frozenset() if is_loopback_ip(task.bind) else frozenset({task.bind})
 
-    def _check_listening(self, task: RayTask, allowed: frozenset[str] | None) -> None:
+    def _check_listening(
+        self, task: RayTask, allowed: frozenset[str] | None, table: ListeningTable | None = None
+    ) -> None:
         """Ask the actor for its process's listening sockets (it may be on another node) and
         check the server's port; Ray's own sockets in that process are Ray's business."""
         import ray

@@ -16,7 +16,7 @@ import pytest
 import graphdist
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
 from graphdist._ports import pick_free_ports, release_ports
-from tests.conftest import EVENTUALLY_S, REPO, run_python, wait_gone
+from tests.conftest import EVENTUALLY_S, REPO, listening, run_python, wait_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -103,14 +103,6 @@ def test_no_mechanism_is_a_clear_error_not_a_silent_exposure(tmp_path):
 
 
 # -- verified, not assumed (the shim's effect is checked after every start) ----------------------
-
-
-def listening(pid: int) -> list[tuple[str, int]]:
-    return [
-        (c.laddr.ip, c.laddr.port)
-        for c in psutil.Process(pid).net_connections(kind="tcp")
-        if c.status == psutil.CONN_LISTEN
-    ]
 
 
 def test_check_listening_refuses_wildcards_and_foreign_addresses():

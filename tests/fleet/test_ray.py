@@ -16,8 +16,9 @@ import psutil
 import pytest
 
 import graphdist
-from graphdist._fleet.exposure import is_loopback_ip, listening_sockets
+from graphdist._fleet.exposure import is_loopback_ip
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
+from tests.conftest import listening
 from tests.fleet.conftest import reload_ray_token
 
 # Ray reads its auth settings when it is imported, so it is imported only once they are set.
@@ -81,7 +82,7 @@ def test_three_servers_on_three_nodes_run_the_split_graph_and_recover(ray_cluste
         assert {t.job for t in fleet.tasks} == {"local"}
         assert {t.task.host for t in fleet.tasks} == {"127.0.0.1"}  # one machine: loopback
         for task in fleet.tasks:
-            server = [ip for ip, port in listening_sockets(task.pid) if port == task.task.port]
+            server = [ip for ip, port in listening(task.pid) if port == task.task.port]
             assert server and all(is_loopback_ip(ip) for ip in server), (task, server)
         graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
         with fleet.session("local", 0, graph=graph) as sess:
@@ -154,7 +155,7 @@ def test_cli_up_with_the_ray_backend_runs_until_ctrl_c(ray_cluster):
         for row in rows:
             host, port = row["address"].rsplit(":", 1)
             assert host == ray_cluster.head_node.node_ip_address, row
-            server = [ip for ip, p in listening_sockets(row["pid"]) if p == int(port)]
+            server = [ip for ip, p in listening(row["pid"]) if p == int(port)]
             assert server in ([host], [f"::ffff:{host}"]), server  # never a wildcard
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0

@@ -12,10 +12,10 @@ import psutil
 import pytest
 
 import graphdist
-from graphdist._fleet.exposure import is_loopback_ip, listening_sockets
+from graphdist._fleet.exposure import is_loopback_ip
 from graphdist._fleet.ray import plan_hosts
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
-from tests.conftest import EVENTUALLY_S, wait_gone
+from tests.conftest import EVENTUALLY_S, listening, wait_gone
 from tests.fleet.conftest import processes_of as _processes_of
 
 needs_ray = pytest.mark.skipif(
@@ -112,7 +112,7 @@ def _listening(procs: dict[int, psutil.Process]) -> dict[int, tuple[str, list[tu
     out = {}
     for pid, proc in procs.items():
         with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
-            out[pid] = (proc.name(), listening_sockets(pid))
+            out[pid] = (proc.name(), listening(pid))
     return out
 
 
@@ -133,7 +133,7 @@ def test_the_ray_graphdist_starts_and_its_servers_listen_on_loopback_only(ray_en
         with fleet.session("local", 0, graph=graph) as sess:
             assert sess.run(y) == SPLIT_GRAPH_RESULT
         for task in fleet.tasks:
-            sockets = listening_sockets(fleet.task(task.job, task.index).pid)
+            sockets = listening(fleet.task(task.job, task.index).pid)
             assert task.task.port in {port for _, port in sockets}, sockets
             assert all(is_loopback_ip(ip) for ip, _ in sockets), (task, sockets)
 
@@ -146,13 +146,13 @@ def test_the_ray_graphdist_starts_and_its_servers_listen_on_loopback_only(ray_en
         assert {"gcs_server", "raylet"} <= names, names
         assert {t.pid for t in fleet.tasks} <= set(seen), seen
         ray_sockets = [s for _, sockets in seen.values() for s in sockets]
-        ray_sockets += listening_sockets(driver.pid)  # the driver's own core worker
+        ray_sockets += listening(driver.pid)  # the driver's own core worker
         assert len(ray_sockets) >= 5, seen  # GCS, raylet (2), both servers at least
         exposed = {
             pid: v for pid, v in seen.items() if not all(is_loopback_ip(ip) for ip, _ in v[1])
         }
         assert exposed == {}
-        assert all(is_loopback_ip(ip) for ip, _ in listening_sockets(driver.pid))
+        assert all(is_loopback_ip(ip) for ip, _ in listening(driver.pid))
         for address in _outside_addresses():
             reachable = [p for _, p in ray_sockets if _connects(address, p)]
             assert reachable == [], (address, reachable)
@@ -183,7 +183,7 @@ def test_a_ray_node_on_a_network_address_still_gets_loopback_servers(ray_env):
             assert sess.run(y) == SPLIT_GRAPH_RESULT
         for task in fleet.tasks:
             port = task.task.port
-            server = [ip for ip, p in listening_sockets(task.pid) if p == port]
+            server = [ip for ip, p in listening(task.pid) if p == port]
             assert server and all(is_loopback_ip(ip) for ip in server), server
             assert _connects("127.0.0.1", port)
             assert not any(_connects(address, port) for address in outside)
@@ -193,7 +193,7 @@ def test_a_ray_node_on_a_network_address_still_gets_loopback_servers(ray_env):
     with RayFleet("local=1", expose=True) as fleet:
         (task,) = fleet.tasks
         assert task.task.host == node_ip
-        server = [ip for ip, p in listening_sockets(task.pid) if p == task.task.port]
+        server = [ip for ip, p in listening(task.pid) if p == task.task.port]
         assert server == [f"::ffff:{node_ip}"] or server == [node_ip], server
         assert _connects(node_ip, task.task.port)
         assert not _connects("127.0.0.1", task.task.port)  # the node's address only
