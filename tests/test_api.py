@@ -25,6 +25,37 @@ def test_all_names_exist_and_are_public():
     }
 
 
+def test_lazy_names_match_the_type_checking_imports():
+    """``graphdist.__getattr__`` loads each public name from where ``_LAZY`` says; type checkers
+    read the ``TYPE_CHECKING`` imports instead: both must say the same, and every module must
+    really provide its names."""
+    import ast
+
+    tree = ast.parse(Path(graphdist.__file__).read_text())
+    guarded = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+    )
+    imported: dict[str, tuple[str, ...]] = {}
+    for node in guarded.body:
+        assert isinstance(node, ast.ImportFrom) and node.module, ast.unparse(node)
+        imported[node.module] = imported.get(node.module, ()) + tuple(a.name for a in node.names)
+    assert imported == graphdist._LAZY
+    for module, names in graphdist._LAZY.items():
+        for name in names:
+            assert getattr(importlib.import_module(module), name) is getattr(graphdist, name)
+
+
+def test_import_reads_only_the_exceptions():
+    code = (
+        "import sys, graphdist; print(sorted(m for m in sys.modules if m.startswith('graphdist')))"
+    )
+    out = run_python(["-c", code])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(["graphdist", "graphdist._exceptions", "graphdist._version"])
+
+
 def test_every_error_derives_from_graphdist_error():
     for name in graphdist.__all__:
         obj = getattr(graphdist, name)
