@@ -459,7 +459,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from graphdist._fleet import lean
     from graphdist._fleet.serve import serve, slurm_task
+
+    lean.install()  # this process only serves: TensorFlow without Keras and SciPy
 
     if args.slurm:
         if args.cluster or args.job or args.task is not None:

@@ -45,10 +45,12 @@ __all__ = [
     "sweep_stale_temp_dirs",
 ]
 
-# forkserver_exit first: it watches the owner while TensorFlow is still being imported; this
-# module last, so that its Process class is defined once there instead of in every child.
+# forkserver_exit first: it watches the owner while TensorFlow is still being imported; lean
+# before TensorFlow: servers import it without Keras and SciPy; this module last, so that its
+# Process class is defined once there instead of in every child.
 PRELOAD = [
     "graphdist._fleet.forkserver_exit",
+    "graphdist._fleet.lean",
     "tensorflow",
     "graphdist._fleet.server",
     "graphdist._fleet.forkserver",

@@ -79,6 +79,9 @@ class _ServerActor:
     """
 
     def __init__(self, cluster: dict[str, Any], job: str, index: int, bind: str) -> None:
+        from graphdist._fleet import lean
+
+        lean.install()  # an actor's process is its own and only serves (see lean.py)
         from graphdist._fleet.server import start_server
 
         node = os.environ.get(BIND_ADDR_ENV)
