@@ -8,8 +8,10 @@ that crashed while starting) exits 1; neither shows a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -414,10 +416,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         option = "--picture" if args.picture and exc.path == args.picture else "--tensorboard"
         raise UsageError(f"{option}: {exc}") from None
 
+    from graphdist._fleet import lean
     from graphdist._fleet.local import LocalFleet
     from graphdist._graph.graphs import split_graph
     from graphdist._graph.trace import no_folding_config, run_traced
 
+    lean.install()  # this client only builds and runs a graph: TensorFlow without Keras
+    # The client's TensorFlow import (seconds) overlaps the fleet's start, which is mostly the
+    # fork server's own import; the graph below waits for it (the import lock).
+    threading.Thread(
+        target=importlib.import_module, args=("tensorflow",), name="import-tf", daemon=True
+    ).start()
     spec: Any = {"local": ["localhost:2020", "localhost:2021"]} if args.seed_ports else "local=2"
     with LocalFleet(spec) as fleet:
         print(

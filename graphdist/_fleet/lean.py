@@ -12,8 +12,9 @@ environment: 5.4 s -> 2.6 s, 639 -> 523 MB peak RSS; see ``benchmarks/startup.py
 packages with a spec whose loader raises :class:`ModuleNotFoundError` (a finder that raised
 instead would break ``importlib.util.find_spec``, which TensorFlow calls unguarded). It is
 installed by a fork server before it imports TensorFlow (this module is its second preload), by
-``graphdist serve`` and by a RayFleet's server actors (each has its process to itself); never in
-a client, a ``graphdist run`` task or the fleet's owner, which may well need Keras.
+``graphdist serve``, by a RayFleet's server actors (each has its process to itself) and by
+``graphdist demo``, whose client only builds and runs a graph; never in a library user's
+process, a ``graphdist run`` task or a fleet's owner, which may well need Keras.
 """
 
 from __future__ import annotations
