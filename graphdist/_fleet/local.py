@@ -38,7 +38,7 @@ from graphdist._fleet.forkserver import (
 from graphdist._fleet.gpus import GpuPlan, plan_gpus
 from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
 from graphdist._fleet.probe import Prober, probe_all
-from graphdist._fleet.process import STOP_GRACE_S
+from graphdist._fleet.process import STOP_GRACE_S, stop_all
 from graphdist._fleet.server import EXIT_PORT_IN_USE, fleet_child
 from graphdist._ports import is_port_free, port_holder, release_ports
 from graphdist._validate import timeout_ms, timeout_s
@@ -160,7 +160,12 @@ class FleetTask(TaskView):
         process.start()
         self._process = process
 
-    def _signal(self, sig: int) -> None:
+    def running(self) -> bool:
+        """Whether its process runs (``process.Stoppable``; the same as :attr:`alive`)."""
+        return self.alive
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to its process if it still runs (``process.Stoppable``)."""
         if self._process is not None and self._process.is_alive():
             with contextlib.suppress(ProcessLookupError, OSError):
                 os.kill(self._process.pid, sig)
@@ -275,13 +280,14 @@ class LocalFleet(Fleet[FleetTask]):
         log.info("fleet ready: %s", ", ".join(f"{t.name}={t.address}" for t in self.cluster))
 
     def _stop_tasks(self, tasks: list[FleetTask], grace_s: float) -> None:
-        self._stop_all(grace_s)
+        for ft in stop_all(tasks, grace_s):
+            log.error("%r survived SIGTERM and SIGKILL", ft)
 
     def _teardown(self) -> None:
         self._remove_own_logs()
 
     def _kill_task(self, task: FleetTask, sig: int) -> None:
-        task._signal(sig)
+        task.signal(sig)
         if sig in (signal.SIGKILL, signal.SIGTERM):
             task._join(10.0)
 
@@ -421,17 +427,6 @@ class LocalFleet(Fleet[FleetTask]):
             log_path=ft.log_path,
             log_tail=tail,
         )
-
-    def _stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
-        tasks = list(self._tasks.values())
-        for ft in tasks:
-            ft._signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for ft in tasks:
-            if not ft._join(max(0.0, deadline - time.monotonic())):
-                log.warning("%r ignored SIGTERM for %.1f s; killing it", ft, grace_s)
-                ft._signal(signal.SIGKILL)
-                ft._join(5.0)
 
     def _remove_own_logs(self) -> None:
         if self._own_log_dir and self.log_dir:
