@@ -15,7 +15,9 @@ The floor is measured at least ``FLOOR_REPEATS`` (3) times; a run whose floor va
 cold LocalFleet (a fresh process that starts the fleet, closes it and exits) against a cold
 ``create_local_cluster`` (a fresh process that starts its servers, checks each answers and exits),
 at each size, and a warm LocalFleet ``start()`` (a second fleet in a process whose fork server is
-already up). Each round also measures the floor, and every figure is the median over the rounds.
+already up) beside TensorFlow's own warm floor (the same number of servers built by
+``create_local_cluster`` in one process that has TensorFlow imported and built a server already).
+Each round also measures the floor, and every figure is the median over the rounds.
 
     python benchmarks/startup.py [--sizes 1 4 8] [--repeats 3] [--json out.json]
     python benchmarks/startup.py --side-by-side [--sizes 8 16] [--repeats 3]
@@ -261,6 +263,30 @@ WARM = textwrap.dedent(
     """
 )
 
+# TensorFlow's own floor for a warm start: servers built in a process that has TensorFlow
+# imported and one server built already (its one-time costs paid), all in that one process,
+# without a fork or a process per server. No design that runs a process per server can beat it.
+WARM_TF = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import tensorflow as tf
+    import grpc
+    def ready(workers):
+        for w in workers:
+            with grpc.insecure_channel(w.target[len("grpc://"):]) as channel:
+                get_status = channel.unary_unary("/tensorflow.WorkerService/GetStatus")
+                get_status(b"", timeout=30, wait_for_ready=True)
+    ready(tf.test.create_local_cluster(1, 0)[0])
+    out = {}
+    for n in sys.argv[1:]:
+        start = time.perf_counter()
+        ready(tf.test.create_local_cluster(int(n), 0)[0])
+        out[n] = {"start_s": time.perf_counter() - start}
+    print("READY", json.dumps(out), flush=True)
+    os._exit(0)  # its servers can never be stopped otherwise
+    """
+)
+
 
 class Timing(TypedDict):
     """One figure of the side-by-side: the median over the rounds, every round's seconds in the
@@ -284,11 +310,13 @@ class ColdRow(TypedDict):
 
 class WarmRow(TypedDict):
     """A warm LocalFleet at one size: ``start()`` and ``close()`` of a fleet in a process whose
-    fork server is already up."""
+    fork server is already up; and TensorFlow's own floor, the same number of servers built in
+    one process that has TensorFlow imported (``WARM_TF``)."""
 
     servers: int
     start: Timing
     close: Timing
+    tf_in_process: Timing
 
 
 class SideBySide(TypedDict):
@@ -308,8 +336,8 @@ def measure_side(key: str, servers: int, warm_sizes: list[int]) -> dict[str, flo
     if key == "floor":
         ready, _ = time_to_ready(CHILDREN["bare_import"])
         return {"ready_s": ready}
-    if key == "warm":
-        _, _, out = run_child(WARM, *map(str, warm_sizes))
+    if key in ("warm", "warm_tf"):
+        _, _, out = run_child(WARM if key == "warm" else WARM_TF, *map(str, warm_sizes))
         return {f"{k}[{n}]": v for n, figures in out.items() for k, v in figures.items()}
     ready, exited, _ = run_child(COLD[key], str(servers))
     return {"ready_s": ready, "exit_s": exited}
@@ -324,7 +352,7 @@ def side_by_side(sizes: list[int], warm_sizes: list[int], repeats: int = 3) -> S
     """Cold LocalFleet vs cold ``create_local_cluster`` at each of ``sizes`` and a warm
     LocalFleet at each of ``warm_sizes``, with the floor, in ``repeats`` interleaved rounds (each
     round starts one later in the plan, so no method always runs first); medians over rounds."""
-    plan = [("floor", 0), *((m, n) for n in sizes for m in COLD), ("warm", 0)]
+    plan = [("floor", 0), *((m, n) for n in sizes for m in COLD), ("warm", 0), ("warm_tf", 0)]
     runs: dict[tuple[str, int], list[dict[str, float]]] = {key: [] for key in plan}
     for r in range(repeats):
         k = r % len(plan)
@@ -352,6 +380,7 @@ def side_by_side(sizes: list[int], warm_sizes: list[int], repeats: int = 3) -> S
             "servers": n,
             "start": timing(("warm", 0), f"start_s[{n}]"),
             "close": timing(("warm", 0), f"close_s[{n}]"),
+            "tf_in_process": timing(("warm_tf", 0), f"start_s[{n}]"),
         }
         for n in warm_sizes
     ]
@@ -409,6 +438,11 @@ def side_by_side_lines(r: SideBySide) -> list[str]:
     out[-1] += f" | {per:.3f} |"
     close_cells = [cell(by_size[n]["close"]) if n in by_size else "" for n in sizes]
     out.append("| warm LocalFleet `close()` | " + " | ".join(close_cells) + " | |")
+    tf_cells = [cell(by_size[n]["tf_in_process"]) if n in by_size else "" for n in sizes]
+    out.append(
+        "| TensorFlow's floor, warm: the servers built in one process that imported it "
+        "| " + " | ".join(tf_cells) + " | |"
+    )
     spreads = ", ".join(
         f"{m} {row['servers']}: {spread(row[m]['runs_s']):.0%}" for row in r["cold"] for m in COLD
     )

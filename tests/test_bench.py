@@ -135,9 +135,11 @@ def test_floor_points_spread_the_floor_over_the_startup_rows():
 def fake_side(key, servers, warm_sizes):
     """A made-up measurement of the side-by-side: floor 2.5 s; cold LocalFleet ready at 2.6 s +
     0.01 s/server and gone 0.1 s later; cold create_local_cluster 3.0 s + 0.02 s/server; a warm
-    start 0.1 s + 0.005 s/server, its close 0.05 s."""
+    start 0.1 s + 0.005 s/server, its close 0.05 s; TensorFlow's warm floor 0.01 s/server."""
     if key == "floor":
         return {"ready_s": 2.5}
+    if key == "warm_tf":
+        return {f"start_s[{n}]": 0.01 * n for n in warm_sizes}
     if key == "warm":
         return {
             **{f"start_s[{n}]": 0.1 + 0.005 * n for n in warm_sizes},
@@ -265,7 +267,7 @@ def test_side_by_side_interleaves_its_rounds_with_the_floor(monkeypatch):
     monkeypatch.setattr(startup, "measure_side", measure_side)
     result = startup.side_by_side([8, 16], [8, 16], repeats=3)
     plan = [("floor", 0), ("local_fleet", 8), ("create_local_cluster", 8)]
-    plan += [("local_fleet", 16), ("create_local_cluster", 16), ("warm", 0)]
+    plan += [("local_fleet", 16), ("create_local_cluster", 16), ("warm", 0), ("warm_tf", 0)]
     rounds = [log[i : i + len(plan)] for i in range(0, len(log), len(plan))]
     assert len(rounds) == 3 and all(sorted(r) == sorted(plan) for r in rounds)
     assert [r[0] for r in rounds] == plan[:3]  # each round starts one later in the plan
@@ -276,6 +278,7 @@ def test_side_by_side_interleaves_its_rounds_with_the_floor(monkeypatch):
     assert cold8["local_fleet_ready"]["seconds"] == pytest.approx(2.68)
     assert cold16["create_local_cluster"]["seconds"] == pytest.approx(3.42)
     assert [w["start"]["seconds"] for w in result["warm"]] == pytest.approx([0.14, 0.18])
+    assert [w["tf_in_process"]["seconds"] for w in result["warm"]] == pytest.approx([0.08, 0.16])
     assert result["slopes"] == pytest.approx(
         {
             "cold_s_per_server[local_fleet]": 0.01,
@@ -299,6 +302,7 @@ def test_side_by_side_is_one_table_in_the_markdown(monkeypatch):
     )
     assert "| cold LocalFleet / create_local_cluster | 0.85x | 0.84x | |" in text
     assert "| warm LocalFleet `start()` (fork server up) | 0.14 s (0.06x) | 0.18 s (0.07x)" in text
+    assert "in one process that imported it | 0.08 s (0.03x) | 0.16 s (0.06x) | |" in text
     assert suite.run_warnings(results) == []
 
 
