@@ -114,7 +114,8 @@ def floor_warnings(
         if seconds < bare:
             out.append(
                 f"{WARNING}{label}: {seconds:.2f} s beat its own floor (bare `import tensorflow`, "
-                f"{bare:.2f} s), which no fleet start can do: the machine's load changed during "
+                f"{bare:.2f} s), which no start that imports TensorFlow whole can do: the "
+                "machine's load changed during "
                 "the run; the ratios against the floor are unreliable."
             )
     return out
