@@ -26,6 +26,7 @@ import contextlib
 import io
 import os
 import re
+import select
 import shutil
 import signal
 import stat
@@ -223,7 +224,6 @@ def _define_classes() -> None:
     imported only when a fleet starts). They are module attributes so that a Process is pickled
     by reference: a class defined inside a function is pickled by value, 27 ms per server."""
     from multiprocess import (
-        connection,
         context,
         forkserver,
         popen_forkserver,
@@ -235,6 +235,7 @@ def _define_classes() -> None:
     class GraphdistPopen(popen_forkserver.Popen):  # type: ignore[misc]
         _pid: int | None = None
         _server: Any = None
+        _server_pid: int | None = None  # the fork server that took the request
 
         @property
         def pid(self) -> int | None:
@@ -252,13 +253,16 @@ def _define_classes() -> None:
                 self._pid = forkserver.read_signed(self.sentinel)
             except (OSError, EOFError) as exc:
                 self.returncode = 255
-                raise _died(server, exc) from exc
+                raise _died(server, exc, self._server_pid) from exc
 
         def poll(self, flag: int = os.WNOHANG) -> int | None:
+            # A plain select() for the common "still running?" (a fleet session asks before
+            # every run): multiprocess's wait() builds a selector object each time.
+            ready = self.returncode is not None or flag != os.WNOHANG
+            if not ready and not select.select([self.sentinel], [], [], 0)[0]:
+                return None
             # the first number on the sentinel is the pid, the second the exit code
             if self._pid is None and self._server is not None:
-                if flag == os.WNOHANG and not connection.wait([self.sentinel], 0):
-                    return None
                 try:
                     self._read_pid()
                 except ForkServerDiedError:
@@ -283,6 +287,7 @@ def _define_classes() -> None:
             server.ensure_running()  # a failure to spawn one is not a death: raised as it is
             try:
                 self.sentinel, w = server.connect_to_new_process(self._fds)
+                self._server_pid = server._forkserver_pid
                 parent_w = os.dup(w)
                 self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
                 with open(w, "wb", closefd=True) as f:
@@ -303,11 +308,17 @@ def _define_classes() -> None:
         globals()[cls.__name__] = cls
 
 
-def _died(server: Any, exc: BaseException) -> ForkServerDiedError:
+def _died(server: Any, exc: BaseException, dead_pid: int | None = None) -> ForkServerDiedError:
     """multiprocess reports a fork server that died under a start as a bare EOFError/OSError
-    (then, at the next join, an AssertionError): say what it was, and forget that server."""
-    dead_pid = server._forkserver_pid
-    server.discard()
+    (then, at the next join, an AssertionError): say what it was, and forget that server.
+
+    ``dead_pid`` is the fork server that took the request (default: the current one). Where
+    multiprocess has replaced it since (it spawns a fresh one when a later request finds it
+    dead), the fresh one is kept."""
+    if dead_pid is None:
+        dead_pid = server._forkserver_pid
+    if server._forkserver_pid == dead_pid:
+        server.discard()
     return ForkServerDiedError(
         f"graphdist's fork server (pid {dead_pid}) died or stopped answering while starting a "
         f"process ({type(exc).__name__}: {exc}); the next start uses a fresh one"
