@@ -8,10 +8,9 @@ most one probe timeout however many tasks are frozen.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from graphdist._fleet.probe import Prober
+from graphdist._fleet.probe import Prober, probe_many
 
 __all__ = ["ALIVE", "DEAD", "NOT_ANSWERING", "TaskHealth", "probe_all"]
 
@@ -40,15 +39,12 @@ class TaskHealth:
         return f"{self.job}:{self.index} at {self.address} pid={self.pid}: {self.status}{extra}"
 
 
-def _probe(address: str, timeout_s: float) -> tuple[bool, str | None]:
-    with Prober(address) as prober:
-        ok = prober.probe(timeout_s)
-        return ok, prober.last_error
-
-
 def probe_all(addresses: Sequence[str], timeout_s: float) -> list[tuple[bool, str | None]]:
-    """Probe every address in parallel; ``(answered, last gRPC error)`` for each, in order."""
-    if not addresses:
-        return []
-    with ThreadPoolExecutor(max_workers=min(32, len(addresses))) as pool:
-        return list(pool.map(lambda a: _probe(a, timeout_s), addresses))
+    """Probe every address at once; ``(answered, last gRPC error)`` for each, in order."""
+    probers = [Prober(address) for address in addresses]
+    try:
+        answered = probe_many(probers, timeout_s)
+        return [(ok, p.last_error) for ok, p in zip(answered, probers, strict=True)]
+    finally:
+        for prober in probers:
+            prober.close()

@@ -37,7 +37,7 @@ from graphdist._fleet.forkserver import (
 )
 from graphdist._fleet.gpus import GpuPlan, plan_gpus
 from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
-from graphdist._fleet.probe import Prober, probe_all
+from graphdist._fleet.probe import Prober, probe_many
 from graphdist._fleet.process import STOP_GRACE_S, stop_all
 from graphdist._fleet.server import EXIT_PORT_IN_USE, fleet_child
 from graphdist._ports import is_port_free, port_holder, release_ports
@@ -379,7 +379,7 @@ class LocalFleet(Fleet[FleetTask]):
                     if not ft.alive:
                         raise self._start_failure(ft)
                 # every pending server at once: one slow server does not hold up the others
-                answered = probe_all([probers[ft.name] for ft in pending], _PROBE_S)
+                answered = probe_many([probers[ft.name] for ft in pending], _PROBE_S)
                 pending = [ft for ft, ok in zip(pending, answered, strict=True) if not ok]
                 if not pending:
                     break

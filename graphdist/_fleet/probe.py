@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PROBE_TIMEOUT_S", "Prober", "probe_all"]
+__all__ = ["PROBE_TIMEOUT_S", "Prober", "probe_many"]
 
 PROBE_TIMEOUT_S = 1.0
 _GET_STATUS = "/tensorflow.WorkerService/GetStatus"
@@ -60,7 +60,7 @@ class Prober:
         self.close()
 
 
-def probe_all(probers: list[Prober], timeout_s: float = PROBE_TIMEOUT_S) -> list[bool]:
+def probe_many(probers: list[Prober], timeout_s: float = PROBE_TIMEOUT_S) -> list[bool]:
     """Probe every server at once (one call each, all in flight together); whether each
     answered within ``timeout_s`` seconds, in the order of ``probers``."""
     futures = [p._call.future(b"", timeout=timeout_s) for p in probers]
