@@ -266,8 +266,12 @@ class Fleet(Generic[_TaskT]):
         self.close()
 
     def __del__(self) -> None:
-        running = getattr(self, "state", None) in (FleetState.RUNNING, FleetState.STARTING)
-        if running and os.getpid() == getattr(self, "_owner_pid", -1):
+        try:
+            running = getattr(self, "state", None) in (FleetState.RUNNING, FleetState.STARTING)
+            owner = os.getpid() == getattr(self, "_owner_pid", -1)
+        except (AttributeError, TypeError):  # interpreter shutdown: module globals are None
+            return  # (the atexit sweep closed whatever still ran)
+        if running and owner:
             warnings.warn(
                 f"{self!r} was never closed; closing it now", ResourceWarning, stacklevel=2
             )

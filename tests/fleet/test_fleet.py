@@ -176,3 +176,28 @@ def test_servers_exit_when_the_owner_is_killed(attempt):
         if owner.poll() is None:
             owner.kill()
             owner.wait()
+
+
+def test_a_closed_fleet_still_referenced_at_exit_leaves_no_error_on_stderr():
+    # A script's module-level fleet is collected while the interpreter tears its modules down;
+    # its __del__ must not trip over globals that are already gone.
+    code = textwrap.dedent(
+        """
+        import tensorflow  # its modules change the teardown order: the fleet goes late
+        import graphdist
+        with graphdist.LocalFleet("local=1") as fleet:
+            pass
+        print("closed", fleet.state.value)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=REPO,
+        env={**os.environ, **QUIET_TF},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "closed closed"
+    assert "Exception ignored" not in result.stderr, result.stderr
