@@ -26,6 +26,7 @@ The operation timeout stays as the last resort (a fleet's default is
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import queue
 import re
@@ -84,6 +85,9 @@ class _Runner:
         while True:
             job = self._jobs.get()
             job()
+            # an idle thread keeps nothing alive: the job's closure holds its session (which
+            # must be collectable, e.g. at exit) and its outcome (the fetched values)
+            del job
             with self._lock:
                 self._idle += 1
 
@@ -92,10 +96,14 @@ _runner = _Runner()
 
 
 class _Outcome:
+    """What a run's call returned or raised; ``done`` is a bare lock, held until the call ends
+    (cheaper to hand over than an Event: this is paid on every step)."""
+
     __slots__ = ("done", "error", "value")
 
     def __init__(self) -> None:
-        self.done = threading.Event()
+        self.done = _thread.allocate_lock()
+        self.done.acquire()
         self.value: Any = None
         self.error: BaseException | None = None
 
@@ -226,17 +234,18 @@ class SessionGuard:
             except BaseException as exc:  # handed to the caller below
                 outcome.error = exc
             finally:
-                outcome.done.set()
+                outcome.done.release()
 
         _runner.submit(work)
         next_probe = time.monotonic() + PROBE_INTERVAL_S
         misses = dict.fromkeys(map(self._key, needed), 0)
-        while not outcome.done.wait(max(CHECK_INTERVAL_S, self.fleet.watch_interval_s)):
+        wait = max(CHECK_INTERVAL_S, self.fleet.watch_interval_s)
+        while not outcome.done.acquire(True, wait):
             problem = self._gone(needed)
             if problem is None and time.monotonic() >= next_probe:
                 problem = self._probe(needed, misses)
                 next_probe = time.monotonic() + PROBE_INTERVAL_S
-            if problem is not None and not outcome.done.is_set():
+            if problem is not None and outcome.done.locked():
                 self.broken = problem
                 threading.Thread(target=self._cancel, args=(sess,), daemon=True).start()
                 raise self._refuse(problem)

@@ -9,6 +9,7 @@ config leaves the field at 0, and keeps any value the caller set.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -129,8 +130,16 @@ def _graphdist_session_class() -> Any:
                 # cannot answer (TensorFlow then waits out the operation timeout), and that must
                 # neither mask the error that ended the session nor keep the caller waiting: a
                 # fleet that knows a task is gone closes in the background.
+                if not getattr(self, "_session", None) or getattr(self, "_closed", True):
+                    return  # never opened, or closed already (TensorFlow's __del__ closes again)
                 guard = self._graphdist_guard
                 if guard is not None and guard.close_in_background(self):
+                    if sys.is_finalizing():
+                        # The interpreter is exiting: a thread started now never runs (and on
+                        # Python 3.11 its start() waits for ever). The tasks are gone, the
+                        # process is ending, and a close now could wait out the timeout: skip it.
+                        self._closed = True
+                        return
                     threading.Thread(
                         target=self._close_quietly, name="graphdist-close", daemon=True
                     ).start()

@@ -4,10 +4,12 @@ timeout"); benchmarks/fast_failure.py prints the real detection times."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -142,6 +144,20 @@ def test_a_run_that_does_not_touch_a_dead_task_still_works(fleet):
 
 
 @pytest.mark.timeout(300)
+def test_a_closed_session_is_not_kept_alive_by_the_thread_that_ran_its_steps(fleet):
+    # The guard runs steps in reused helper threads; an idle one must not hold the last step's
+    # closure (its session, its fetched values), or a module-level session is only collected at
+    # exit and the values stay in memory.
+    graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
+    sess = fleet.session("local", 0, graph=graph)
+    assert sess.run(y) == SPLIT_GRAPH_RESULT
+    sess.close()
+    collected = weakref.ref(sess)
+    del sess
+    gc.collect()
+    assert collected() is None
+
+
 def test_a_healthy_40_s_step_succeeds_with_default_settings(fleet):
     graph, out, enqueue = blocking_step(fleet)
     with fleet.session("local", 0, graph=graph) as sess:
