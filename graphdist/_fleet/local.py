@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import socket
-import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +36,7 @@ from graphdist._fleet.forkserver import (
 )
 from graphdist._fleet.gpus import GpuPlan, plan_gpus
 from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
-from graphdist._fleet.probe import Prober, probe_many
+from graphdist._fleet.probe import wait_answering
 from graphdist._fleet.process import STOP_GRACE_S, stop_all
 from graphdist._fleet.server import EXIT_PORT_IN_USE, fleet_child
 from graphdist._ports import is_port_free, port_holder, release_ports
@@ -52,8 +51,6 @@ log = logging.getLogger("graphdist.fleet")
 
 DEFAULT_START_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 12
-_POLL_S = 0.02
-_PROBE_S = 0.5
 
 
 def read_log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -370,37 +367,25 @@ class LocalFleet(Fleet[FleetTask]):
         )
 
     def _wait_ready(self, pending: list[FleetTask], timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        probers = {ft.name: Prober(ft.address) for ft in pending}
-        expected = len(pending)
-        try:
-            while pending:
-                for ft in pending:
-                    if not ft.alive:
-                        raise self._start_failure(ft)
-                # every pending server at once: one slow server does not hold up the others
-                answered = probe_many([probers[ft.name] for ft in pending], _PROBE_S)
-                pending = [ft for ft, ok in zip(pending, answered, strict=True) if not ok]
-                if not pending:
-                    break
-                if time.monotonic() > deadline:
-                    ft = pending[0]
-                    raise StartTimeoutError(
-                        f"{expected - len(pending)} of {expected} servers answered within "
-                        f"{timeout_s:g} s; {ft.job}:{ft.index} at {ft.address} did not "
-                        f"(last gRPC error: {probers[ft.name].last_error}); raise start_timeout_s "
-                        "if the machine is slow",
-                        ready=expected - len(pending),
-                        expected=expected,
-                        timeout_s=timeout_s,
-                        task=f"{ft.job}:{ft.index}",
-                        address=ft.address,
-                        log_tail=ft.log_tail(),
-                    )
-                time.sleep(_POLL_S)
-        finally:
-            for prober in probers.values():
-                prober.close()
+        def each_round(silent: list[int]) -> None:
+            for i in silent:
+                if not pending[i].alive:
+                    raise self._start_failure(pending[i])
+
+        silent = wait_answering([ft.address for ft in pending], timeout_s, each_round=each_round)
+        if silent is not None:
+            ft = pending[silent.index]
+            raise StartTimeoutError(
+                f"{silent.answered} of {len(pending)} servers answered within {timeout_s:g} s; "
+                f"{ft.job}:{ft.index} at {ft.address} did not (last gRPC error: "
+                f"{silent.last_error}); raise start_timeout_s if the machine is slow",
+                ready=silent.answered,
+                expected=len(pending),
+                timeout_s=timeout_s,
+                task=f"{ft.job}:{ft.index}",
+                address=ft.address,
+                log_tail=ft.log_tail(),
+            )
 
     def _start_failure(self, ft: FleetTask) -> FleetStartError:
         ft._join(1.0)

@@ -8,9 +8,11 @@ both ways, so only ``grpcio`` (a TensorFlow dependency, 0.1 s to import) is need
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["PROBE_TIMEOUT_S", "Prober", "probe_many"]
+__all__ = ["PROBE_TIMEOUT_S", "Prober", "Silent", "probe_many", "wait_answering"]
 
 PROBE_TIMEOUT_S = 1.0
 _GET_STATUS = "/tensorflow.WorkerService/GetStatus"
@@ -65,3 +67,48 @@ def probe_many(probers: list[Prober], timeout_s: float = PROBE_TIMEOUT_S) -> lis
     answered within ``timeout_s`` seconds, in the order of ``probers``."""
     futures = [p._call.future(b"", timeout=timeout_s) for p in probers]
     return [p._outcome(f) for p, f in zip(probers, futures, strict=True)]
+
+
+class Silent:
+    """The first server still silent when :func:`wait_answering` gave up: its place in the
+    list, how many had answered, and its last gRPC error."""
+
+    __slots__ = ("answered", "index", "last_error")
+
+    def __init__(self, index: int, answered: int, last_error: str | None) -> None:
+        self.index = index
+        self.answered = answered
+        self.last_error = last_error
+
+
+def wait_answering(
+    addresses: Sequence[str],
+    timeout_s: float,
+    *,
+    each_round: Callable[[list[int]], None] | None = None,
+    probe_s: float = 0.5,
+    poll_s: float = 0.02,
+) -> Silent | None:
+    """Probe every server until all have answered (each round probes the silent ones at once,
+    so one slow server holds up none of the others); ``None`` once they have, else the first
+    one still silent after ``timeout_s`` seconds. ``each_round(silent)`` runs before every
+    round with the places of the servers not yet answering, and may raise (a server process
+    that died while starting is a failure to report, not a wait to sit out)."""
+    deadline = time.monotonic() + timeout_s
+    probers = [Prober(address) for address in addresses]
+    pending = list(range(len(probers)))
+    try:
+        while True:
+            if each_round is not None:
+                each_round(pending)
+            answered = probe_many([probers[i] for i in pending], probe_s)
+            pending = [i for i, ok in zip(pending, answered, strict=True) if not ok]
+            if not pending:
+                return None
+            if time.monotonic() > deadline:
+                first = pending[0]
+                return Silent(first, len(probers) - len(pending), probers[first].last_error)
+            time.sleep(poll_s)
+    finally:
+        for prober in probers:
+            prober.close()

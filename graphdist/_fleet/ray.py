@@ -59,7 +59,7 @@ from graphdist._exceptions import (
 from graphdist._fleet.base import Fleet, TaskView
 from graphdist._fleet.exposure import ListeningTable, check_listening, is_loopback_ip
 from graphdist._fleet.loopback import BIND_ADDR_ENV, shim_env
-from graphdist._fleet.probe import Prober
+from graphdist._fleet.probe import wait_answering
 from graphdist._validate import show, timeout_ms, timeout_s
 
 __all__ = ["RayFleet", "RayTask", "plan_hosts"]
@@ -404,25 +404,23 @@ class RayFleet(Fleet[RayTask]):
         import ray
 
         deadline = time.monotonic() + timeout_s
-        expected = len(tasks)
         pids = ray.get([t.actor.pid.remote() for t in tasks], timeout=timeout_s)
         for task, pid in zip(tasks, pids, strict=True):
             task.pid = pid
-        for ready, task in enumerate(tasks):
-            with Prober(task.address) as prober:
-                while not prober.probe(0.5):
-                    if time.monotonic() > deadline:
-                        raise StartTimeoutError(
-                            f"{ready} of {expected} servers answered within {timeout_s:g} s; "
-                            f"{task.job}:{task.index} at {task.address} did not "
-                            f"({prober.last_error}); raise start_timeout_s",
-                            ready=ready,
-                            expected=expected,
-                            timeout_s=timeout_s,
-                            task=f"{task.job}:{task.index}",
-                            address=task.address,
-                        )
-                    time.sleep(0.05)
+        left = max(0.0, deadline - time.monotonic())
+        silent = wait_answering([t.address for t in tasks], left)
+        if silent is not None:
+            task = tasks[silent.index]
+            raise StartTimeoutError(
+                f"{silent.answered} of {len(tasks)} servers answered within {timeout_s:g} s; "
+                f"{task.job}:{task.index} at {task.address} did not ({silent.last_error}); "
+                "raise start_timeout_s",
+                ready=silent.answered,
+                expected=len(tasks),
+                timeout_s=timeout_s,
+                task=f"{task.job}:{task.index}",
+                address=task.address,
+            )
 
     def _allowed_addresses(self, task: RayTask) -> frozenset[str]:
         """Loopback only, or the node address the server was bound to: never anything else,
