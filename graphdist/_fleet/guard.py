@@ -64,37 +64,6 @@ _JOB = re.compile(r"/job:([^/]+)")
 _TASK = re.compile(r"/task:(\d+)")
 
 
-class _Runner:
-    """Daemon threads that run TensorFlow calls for waiting callers, reused between runs (a
-    stuck call never keeps the interpreter from exiting)."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._idle = 0
-        self._lock = threading.Lock()
-
-    def submit(self, job: Callable[[], None]) -> None:
-        with self._lock:
-            if self._idle == 0:
-                threading.Thread(target=self._work, name="graphdist-run", daemon=True).start()
-            else:
-                self._idle -= 1
-        self._jobs.put(job)
-
-    def _work(self) -> None:
-        while True:
-            job = self._jobs.get()
-            job()
-            # an idle thread keeps nothing alive: the job's closure holds its session (which
-            # must be collectable, e.g. at exit) and its outcome (the fetched values)
-            del job
-            with self._lock:
-                self._idle += 1
-
-
-_runner = _Runner()
-
-
 class _Outcome:
     """What a run's call returned or raised; ``done`` is a bare lock, held until the call ends
     (cheaper to hand over than an Event: this is paid on every step)."""
@@ -106,6 +75,43 @@ class _Outcome:
         self.done.acquire()
         self.value: Any = None
         self.error: BaseException | None = None
+
+
+class _Runner:
+    """Daemon threads that run TensorFlow calls for waiting callers, reused between runs (a
+    stuck call never keeps the interpreter from exiting)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], _Outcome]] = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, call: Callable[[], Any], outcome: _Outcome) -> None:
+        """Run ``call()`` in a helper thread; its result or error goes to ``outcome``."""
+        with self._lock:
+            if self._idle == 0:
+                threading.Thread(target=self._work, name="graphdist-run", daemon=True).start()
+            else:
+                self._idle -= 1
+        self._jobs.put((call, outcome))
+
+    def _work(self) -> None:
+        while True:
+            call, outcome = self._jobs.get()
+            try:
+                outcome.value = call()
+            except BaseException as exc:  # handed to the caller
+                outcome.error = exc
+            # An idle thread keeps nothing alive: the call holds its session, which must be
+            # collectable (e.g. at exit) as soon as the caller lets go of it.
+            del call
+            outcome.done.release()
+            del outcome
+            with self._lock:
+                self._idle += 1
+
+
+_runner = _Runner()
 
 
 class SessionGuard:
@@ -227,16 +233,7 @@ class SessionGuard:
         if problem is not None:
             raise self._refuse(problem)
         outcome = _Outcome()
-
-        def work() -> None:
-            try:
-                outcome.value = call()
-            except BaseException as exc:  # handed to the caller below
-                outcome.error = exc
-            finally:
-                outcome.done.release()
-
-        _runner.submit(work)
+        _runner.submit(call, outcome)
         next_probe = time.monotonic() + PROBE_INTERVAL_S
         misses = dict.fromkeys(map(self._key, needed), 0)
         wait = max(CHECK_INTERVAL_S, self.fleet.watch_interval_s)

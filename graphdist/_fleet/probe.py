@@ -95,9 +95,10 @@ def wait_answering(
     round with the places of the servers not yet answering, and may raise (a server process
     that died while starting is a failure to report, not a wait to sit out)."""
     deadline = time.monotonic() + timeout_s
-    probers = [Prober(address) for address in addresses]
-    pending = list(range(len(probers)))
+    probers: list[Prober] = []
     try:
+        probers += (Prober(address) for address in addresses)
+        pending = list(range(len(probers)))
         while True:
             if each_round is not None:
                 each_round(pending)

@@ -136,8 +136,10 @@ def _graphdist_session_class() -> Any:
                 if guard is not None and guard.close_in_background(self):
                     if sys.is_finalizing():
                         # The interpreter is exiting: a thread started now never runs (and on
-                        # Python 3.11 its start() waits for ever). The tasks are gone, the
-                        # process is ending, and a close now could wait out the timeout: skip it.
+                        # Python 3.11 its start() waits for ever), and closing here could wait
+                        # out the operation timeout on a task that is gone or frozen: skip it.
+                        # A fleet's servers die with this process; a detached fleet's master
+                        # may keep this session's state (a broken session's only).
                         self._closed = True
                         return
                     threading.Thread(

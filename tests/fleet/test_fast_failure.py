@@ -143,7 +143,6 @@ def test_a_run_that_does_not_touch_a_dead_task_still_works(fleet):
         assert sess.run(y) == 6.0
 
 
-@pytest.mark.timeout(300)
 def test_a_closed_session_is_not_kept_alive_by_the_thread_that_ran_its_steps(fleet):
     # The guard runs steps in reused helper threads; an idle one must not hold the last step's
     # closure (its session, its fetched values), or a module-level session is only collected at
@@ -158,6 +157,7 @@ def test_a_closed_session_is_not_kept_alive_by_the_thread_that_ran_its_steps(fle
     assert collected() is None
 
 
+@pytest.mark.timeout(300)
 def test_a_healthy_40_s_step_succeeds_with_default_settings(fleet):
     graph, out, enqueue = blocking_step(fleet)
     with fleet.session("local", 0, graph=graph) as sess:

@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 import graphdist
+from graphdist._fleet.probe import wait_answering
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
 from tests.conftest import (
     DOCUMENTED_FLEET_OPERATION_TIMEOUT_MS,
@@ -73,6 +74,28 @@ def test_session_config_carries_the_timeout(graphdist_fleet):
         assert s._config.operation_timeout_in_ms == 4321
     with graphdist_fleet.session("local", 1, graph=tf.Graph()) as s:
         assert s._config.operation_timeout_in_ms == DOCUMENTED_FLEET_OPERATION_TIMEOUT_MS
+
+
+def test_readiness_wait_names_the_first_silent_server_and_how_many_answered(graphdist_fleet):
+    live = [t.address for t in graphdist_fleet.tasks]
+    with socket.socket() as silent:  # bound, never listening: connections are refused
+        silent.bind(("127.0.0.1", 0))
+        refused = f"127.0.0.1:{silent.getsockname()[1]}"
+        assert wait_answering(live, 5.0) is None
+        outcome = wait_answering([live[0], refused, live[1]], 0.5)
+        assert outcome is not None
+        assert (outcome.index, outcome.answered) == (1, 2)
+        assert outcome.last_error and outcome.last_error.startswith("UNAVAILABLE")
+        rounds = []
+
+        def each_round(pending):
+            rounds.append(list(pending))
+            if len(rounds) == 2:
+                raise graphdist.FleetStartError("the silent server's process died")
+
+        with pytest.raises(graphdist.FleetStartError, match="process died"):
+            wait_answering([live[0], refused], 30.0, each_round=each_round)
+        assert rounds == [[0, 1], [1]]  # each round sees only the servers still silent
 
 
 def test_fleet_device_is_checked_against_its_cluster(graphdist_fleet):
