@@ -83,10 +83,16 @@ def main(argv: list[str] | None = None) -> dict[str, Latency]:
     print(f"{'session':<42} {'median':>8} {'p99':>8} {'mean':>8}  (ms/step)")
     for name, f in figures.items():
         print(f"{name:<42} {f['median_ms']:>8.3f} {f['p99_ms']:>8.3f} {f['mean_ms']:>8.3f}")
-    raw0 = figures["raw TF, master 0"]["mean_ms"]
-    gd0 = figures["graphdist, master 0 (the seed's)"]["mean_ms"]
-    gd1 = figures["graphdist, master 1 (graphdist's choice)"]["mean_ms"]
-    print(f"graphdist / raw TF on the same master: {gd0 / raw0:.3f}x (target <= 1.05)")
+    mean = {name.split(" (")[0]: f["mean_ms"] for name, f in figures.items()}
+    # the guard's hand-off costs about the same per step on either master, so the faster
+    # master shows it as the larger ratio: both are printed, the worse one is held to the target
+    ratios = [mean[f"graphdist, master {m}"] / mean[f"raw TF, master {m}"] for m in (0, 1)]
+    print(
+        "graphdist / raw TF on the same master: "
+        f"{ratios[0]:.3f}x (master 0), {ratios[1]:.3f}x (master 1); "
+        f"worse {max(ratios):.3f}x (target <= 1.05)"
+    )
+    gd0, gd1 = mean["graphdist, master 0"], mean["graphdist, master 1"]
     print(f"seed's master / chosen master:         {gd0 / gd1:.2f}x faster (target >= 1.8)")
     write_json(args.json, figures)
     return figures
