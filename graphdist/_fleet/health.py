@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from graphdist._fleet.probe import Prober, probe_many
+from graphdist._fleet.probe import probe_many, probers
 
 __all__ = ["ALIVE", "DEAD", "NOT_ANSWERING", "TaskHealth", "probe_all"]
 
@@ -41,10 +41,6 @@ class TaskHealth:
 
 def probe_all(addresses: Sequence[str], timeout_s: float) -> list[tuple[bool, str | None]]:
     """Probe every address at once; ``(answered, last gRPC error)`` for each, in order."""
-    probers = [Prober(address) for address in addresses]
-    try:
-        answered = probe_many(probers, timeout_s)
-        return [(ok, p.last_error) for ok, p in zip(answered, probers, strict=True)]
-    finally:
-        for prober in probers:
-            prober.close()
+    with probers(addresses) as each:
+        answered = probe_many(each, timeout_s)
+        return [(ok, p.last_error) for ok, p in zip(answered, each, strict=True)]

@@ -8,11 +8,12 @@ both ways, so only ``grpcio`` (a TensorFlow dependency, 0.1 s to import) is need
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["PROBE_TIMEOUT_S", "Prober", "Silent", "probe_many", "wait_answering"]
+__all__ = ["PROBE_TIMEOUT_S", "Prober", "Silent", "probe_many", "probers", "wait_answering"]
 
 PROBE_TIMEOUT_S = 1.0
 _GET_STATUS = "/tensorflow.WorkerService/GetStatus"
@@ -62,6 +63,19 @@ class Prober:
         self.close()
 
 
+@contextlib.contextmanager
+def probers(addresses: Sequence[str]) -> Iterator[list[Prober]]:
+    """One :class:`Prober` per address, all closed at the end (also those built before one
+    failed to be)."""
+    opened: list[Prober] = []
+    try:
+        opened += (Prober(address) for address in addresses)
+        yield opened
+    finally:
+        for prober in opened:
+            prober.close()
+
+
 def probe_many(probers: list[Prober], timeout_s: float = PROBE_TIMEOUT_S) -> list[bool]:
     """Probe every server at once (one call each, all in flight together); whether each
     answered within ``timeout_s`` seconds, in the order of ``probers``."""
@@ -95,21 +109,16 @@ def wait_answering(
     round with the places of the servers not yet answering, and may raise (a server process
     that died while starting is a failure to report, not a wait to sit out)."""
     deadline = time.monotonic() + timeout_s
-    probers: list[Prober] = []
-    try:
-        probers += (Prober(address) for address in addresses)
-        pending = list(range(len(probers)))
+    with probers(addresses) as each:
+        pending = list(range(len(each)))
         while True:
             if each_round is not None:
                 each_round(pending)
-            answered = probe_many([probers[i] for i in pending], probe_s)
+            answered = probe_many([each[i] for i in pending], probe_s)
             pending = [i for i, ok in zip(pending, answered, strict=True) if not ok]
             if not pending:
                 return None
             if time.monotonic() > deadline:
                 first = pending[0]
-                return Silent(first, len(probers) - len(pending), probers[first].last_error)
+                return Silent(first, len(each) - len(pending), each[first].last_error)
             time.sleep(poll_s)
-    finally:
-        for prober in probers:
-            prober.close()
