@@ -58,6 +58,8 @@ CHECK_INTERVAL_S = 0.05
 PROBE_INTERVAL_S = 2.0
 """How often a waiting run asks its tasks over gRPC whether they still answer."""
 PROBE_TIMEOUT_S = 1.5
+"""How long a probe waits for an answer: a busy task on a loaded machine still gives one, a
+frozen task misses every probe (three probes, 2 s apart: about 7.5 s to report it)."""
 MISSES_BEFORE_FROZEN = 3
 """Probes in a row a task may miss before a run gives up on it as ``not answering``."""
 _JOB = re.compile(r"/job:([^/]+)")
@@ -241,7 +243,7 @@ class SessionGuard:
             problem = self._gone(needed)
             if problem is None and time.monotonic() >= next_probe:
                 problem = self._probe(needed, misses)
-                next_probe = time.monotonic() + PROBE_INTERVAL_S
+                next_probe += PROBE_INTERVAL_S  # on schedule: a probe may take PROBE_TIMEOUT_S
             if problem is not None and outcome.done.locked():
                 self.broken = problem
                 threading.Thread(target=self._cancel, args=(sess,), daemon=True).start()

@@ -18,10 +18,12 @@ __all__ = ["PROBE_TIMEOUT_S", "Prober", "Silent", "probe_many", "probers", "wait
 PROBE_TIMEOUT_S = 1.0
 _GET_STATUS = "/tensorflow.WorkerService/GetStatus"
 # Short reconnect back-off, so a server that starts a moment after a failed probe is seen at once
-# instead of after gRPC's default 1 s back-off.
+# instead of after gRPC's default 1 s back-off. Not grpc.min_reconnect_backoff_ms: gRPC also
+# takes it as the time a connection attempt may last, so at 50 ms any server that took longer to
+# answer the HTTP/2 handshake (a busy one on a loaded machine) failed the probe in ~0.1 s
+# whatever its timeout; without it a probe waits its full timeout for a slow server.
 _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 50),
-    ("grpc.min_reconnect_backoff_ms", 50),
     ("grpc.max_reconnect_backoff_ms", 200),
     ("grpc.enable_retries", 0),
 ]
