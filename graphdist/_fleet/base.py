@@ -68,6 +68,10 @@ __all__ = ["Fleet", "FleetState", "ReopeningSession", "TaskExit", "TaskHandle", 
 log = logging.getLogger("graphdist.fleet")
 _FleetT = TypeVar("_FleetT", bound="Fleet[Any]")  # typing.Self needs Python 3.11
 _live_fleets: weakref.WeakSet[Fleet[Any]] = weakref.WeakSet()
+# Probes that find which task made a run fail: a short one for all tasks, then, where several
+# did not answer, a longer one for those (a busy task answers it, a frozen one does not).
+_DIAGNOSE_PROBE_S = 0.5
+_RECHECK_PROBE_S = 2.0
 
 
 class FleetState(enum.Enum):
@@ -496,12 +500,16 @@ class Fleet(Generic[_TaskT]):
         """Which task made a run fail, as a TaskFailedError (None if every task is fine)."""
         if self.state is not FleetState.RUNNING:
             return None
-        for health in self.health(timeout_s=0.5):
-            if not health.ok:
-                return self._task_failed(
-                    health, timeout_ms, f"the run failed ({type(exc).__name__})"
-                )
-        return None
+        bad = [h for h in self.health(timeout_s=_DIAGNOSE_PROBE_S) if not h.ok]
+        if len(bad) > 1 and all(h.status == NOT_ANSWERING for h in bad):
+            # A task busy on a loaded machine can miss a short probe, a frozen one misses a
+            # long one too: ask the silent ones again before naming one of them.
+            silent = [self.task(h.job, h.index) for h in bad]
+            bad = [h for h in self.health(_RECHECK_PROBE_S, tasks=silent) if not h.ok] or bad
+        bad.sort(key=lambda h: h.status != DEAD)  # a dead task is the cause before a silent one
+        if not bad:
+            return None
+        return self._task_failed(bad[0], timeout_ms, f"the run failed ({type(exc).__name__})")
 
     def _task_failed(
         self, health: TaskHealth, timeout_ms: int | None, what: str

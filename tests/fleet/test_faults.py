@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -98,6 +99,25 @@ def test_frozen_worker_is_reported_within_the_operation_timeout(fleet):
         assert type(info.value.__cause__).__name__ == "DeadlineExceededError"
     with fleet.session("local", 0, graph=graph) as sess:
         assert sess.run(y) == SPLIT_GRAPH_RESULT
+
+
+def test_a_busy_task_is_not_blamed_for_a_frozen_one(fleet):
+    # After a failed run the fleet asks every task whether it answers; on a loaded machine the
+    # master itself can miss that short probe. Here it is stopped for the first probe (as busy
+    # as it gets) and resumed during the second: the frozen task must be the one named.
+    master, frozen = fleet.task("local", 0).pid, fleet.task("local", 1).pid
+    os.kill(frozen, signal.SIGSTOP)
+    os.kill(master, signal.SIGSTOP)
+    resume = threading.Timer(1.0, os.kill, (master, signal.SIGCONT))
+    resume.start()
+    try:
+        error = fleet._diagnose(tf.errors.DeadlineExceededError(None, None, "deadline"), 1500)
+    finally:
+        resume.join()
+        os.kill(master, signal.SIGCONT)
+        os.kill(frozen, signal.SIGCONT)
+    assert isinstance(error, graphdist.TaskFailedError)
+    assert (error.task, error.status) == ("local:1", "not answering")
 
 
 def test_restart_keeps_variables_on_other_tasks(fleet):
