@@ -46,13 +46,14 @@ from graphdist._exceptions import (
     FleetClosedError,
     FleetError,
     FleetStartError,
+    StartTimeoutError,
     TaskFailedError,
     TaskNotFoundError,
 )
 from graphdist._fleet.exposure import ListeningTable, check_listening
 from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS, SessionGuard
 from graphdist._fleet.health import ALIVE, DEAD, NOT_ANSWERING, TaskHealth, probe_all
-from graphdist._fleet.probe import PROBE_TIMEOUT_S
+from graphdist._fleet.probe import PROBE_TIMEOUT_S, wait_answering
 from graphdist._fleet.process import STOP_GRACE_S
 from graphdist._graph.master import master_for
 from graphdist._graph.placement import DeviceSpec, check_device, device
@@ -313,6 +314,34 @@ class Fleet(Generic[_TaskT]):
         table = ListeningTable()  # read after every task answered: their sockets are in it
         for task in tasks:
             self._check_listening(task, self._allowed_addresses(task), table)
+
+    def _wait_answering(
+        self,
+        tasks: list[_TaskT],
+        timeout_s: float,
+        *,
+        each_round: Callable[[list[int]], None] | None = None,
+        budget_s: float | None = None,
+    ) -> None:
+        """Return once every task in ``tasks`` answers over gRPC (:func:`probe.wait_answering`),
+        else raise StartTimeoutError naming the first still silent, with the count of those
+        that answered; ``budget_s`` is the whole start timeout the message names (default:
+        ``timeout_s``), where part of it was spent before."""
+        silent = wait_answering([t.address for t in tasks], timeout_s, each_round=each_round)
+        if silent is None:
+            return
+        task, budget_s = tasks[silent.index], timeout_s if budget_s is None else budget_s
+        raise StartTimeoutError(
+            f"{silent.answered} of {len(tasks)} servers answered within {budget_s:g} s; "
+            f"{task.job}:{task.index} at {task.address} did not (last gRPC error: "
+            f"{silent.last_error}); raise start_timeout_s if the machine is slow",
+            ready=silent.answered,
+            expected=len(tasks),
+            timeout_s=budget_s,
+            task=f"{task.job}:{task.index}",
+            address=task.address,
+            log_tail=task.log_tail(),
+        )
 
     # -- the backend's primitives -----------------------------------------------------------------
 

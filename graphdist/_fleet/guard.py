@@ -59,7 +59,7 @@ PROBE_INTERVAL_S = 2.0
 """How often a waiting run asks its tasks over gRPC whether they still answer."""
 PROBE_TIMEOUT_S = 1.5
 """How long a probe waits for an answer: a busy task on a loaded machine still gives one, a
-frozen task misses every probe (three probes, 2 s apart: about 7.5 s to report it)."""
+frozen task misses every probe (three probes, 2 s apart: reported in about 6.5 s here)."""
 MISSES_BEFORE_FROZEN = 3
 """Probes in a row a task may miss before a run gives up on it as ``not answering``."""
 _JOB = re.compile(r"/job:([^/]+)")

@@ -25,7 +25,6 @@ from graphdist._exceptions import (
     ClusterSpecError,
     FleetStartError,
     PortInUseError,
-    StartTimeoutError,
 )
 from graphdist._fleet.base import Fleet, FleetState, TaskView
 from graphdist._fleet.forkserver import (
@@ -36,7 +35,6 @@ from graphdist._fleet.forkserver import (
 )
 from graphdist._fleet.gpus import GpuPlan, plan_gpus
 from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
-from graphdist._fleet.probe import wait_answering
 from graphdist._fleet.process import STOP_GRACE_S, stop_all
 from graphdist._fleet.server import EXIT_PORT_IN_USE, fleet_child
 from graphdist._ports import is_port_free, port_holder, release_ports
@@ -372,20 +370,7 @@ class LocalFleet(Fleet[FleetTask]):
                 if not pending[i].alive:
                     raise self._start_failure(pending[i])
 
-        silent = wait_answering([ft.address for ft in pending], timeout_s, each_round=each_round)
-        if silent is not None:
-            ft = pending[silent.index]
-            raise StartTimeoutError(
-                f"{silent.answered} of {len(pending)} servers answered within {timeout_s:g} s; "
-                f"{ft.job}:{ft.index} at {ft.address} did not (last gRPC error: "
-                f"{silent.last_error}); raise start_timeout_s if the machine is slow",
-                ready=silent.answered,
-                expected=len(pending),
-                timeout_s=timeout_s,
-                task=f"{ft.job}:{ft.index}",
-                address=ft.address,
-                log_tail=ft.log_tail(),
-            )
+        self._wait_answering(pending, timeout_s, each_round=each_round)
 
     def _start_failure(self, ft: FleetTask) -> FleetStartError:
         ft._join(1.0)

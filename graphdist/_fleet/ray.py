@@ -59,7 +59,6 @@ from graphdist._exceptions import (
 from graphdist._fleet.base import Fleet, TaskView
 from graphdist._fleet.exposure import ListeningTable, check_listening, is_loopback_ip
 from graphdist._fleet.loopback import BIND_ADDR_ENV, shim_env
-from graphdist._fleet.probe import wait_answering
 from graphdist._validate import show, timeout_ms, timeout_s
 
 __all__ = ["RayFleet", "RayTask", "plan_hosts"]
@@ -408,19 +407,7 @@ class RayFleet(Fleet[RayTask]):
         for task, pid in zip(tasks, pids, strict=True):
             task.pid = pid
         left = max(0.0, deadline - time.monotonic())
-        silent = wait_answering([t.address for t in tasks], left)
-        if silent is not None:
-            task = tasks[silent.index]
-            raise StartTimeoutError(
-                f"{silent.answered} of {len(tasks)} servers answered within {timeout_s:g} s; "
-                f"{task.job}:{task.index} at {task.address} did not ({silent.last_error}); "
-                "raise start_timeout_s",
-                ready=silent.answered,
-                expected=len(tasks),
-                timeout_s=timeout_s,
-                task=f"{task.job}:{task.index}",
-                address=task.address,
-            )
+        self._wait_answering(tasks, left, budget_s=timeout_s)
 
     def _allowed_addresses(self, task: RayTask) -> frozenset[str]:
         """Loopback only, or the node address the server was bound to: never anything else,
