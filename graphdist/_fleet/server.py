@@ -7,6 +7,7 @@ fleet's owner must be able to pickle a reference to :func:`fleet_child` without 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -19,6 +20,7 @@ from graphdist._fleet.process import set_parent_death_signal
 __all__ = [
     "EXIT_PORT_IN_USE",
     "EXIT_START_FAILED",
+    "PROCESS_TITLE_PREFIX",
     "READY_MARKER",
     "fleet_child",
     "run_server",
@@ -63,6 +65,20 @@ def _exit_with(owner_pid: int) -> None:
     )
 
 
+PROCESS_TITLE_PREFIX = "graphdist "
+"""How a fleet's server process shows in ``ps``: ``graphdist local:1 (fleet of pid 123)``."""
+
+
+def _name_process(task: str, owner_pid: int) -> None:
+    """Name this process by its task in ``ps`` and ``top`` (its command line would otherwise
+    be the fork server's ``python -B -c from multiprocess.forkserver import main...``)."""
+    try:
+        import setproctitle
+    except ImportError:  # a dependency; its C part may be missing on an odd platform
+        return
+    setproctitle.setproctitle(f"{PROCESS_TITLE_PREFIX}{task} (fleet of pid {owner_pid})")
+
+
 def start_server(
     cluster: dict[str, Any], job: str, index: int, *, config: bytes | None = None
 ) -> Any:
@@ -102,12 +118,19 @@ def fleet_child(spec: dict[str, Any]) -> None:
     """
     _redirect_output(spec["log_path"])
     _exit_with(spec["owner_pid"])
-    # A fresh signal state: the fork server ignores SIGINT; a server should die on SIGTERM/SIGINT.
-    # The owner may block signals (the supervisor does, to sigwait); masks survive fork and exec.
+    # A fresh signal state: a server dies on SIGTERM (the fleet's close). The owner may block
+    # signals (the supervisor does, to sigwait); masks survive fork and exec.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # Ctrl-C and Jupyter's "interrupt kernel" signal the owner's whole process group
+    # (jupyter_client uses os.killpg): a server leaves that group and ignores SIGINT, so an
+    # interrupt stops the owner's step, not the fleet (its variables live on). It still dies
+    # with its owner (above) and on the fleet's SIGTERM.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(spec.get("env") or {})
+    _name_process(f"{spec['job']}:{spec['index']}", spec["owner_pid"])
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "(unset: every GPU)")
     print(
         f"graphdist: starting /job:{spec['job']}/task:{spec['index']} pid={os.getpid()} "

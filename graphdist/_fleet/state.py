@@ -44,6 +44,7 @@ import psutil
 
 from graphdist._exceptions import CorruptStateError, StateError
 from graphdist._fleet.process import STOP_GRACE_S, stop_all
+from graphdist._fleet.server import PROCESS_TITLE_PREFIX
 from graphdist._private import private_dir
 
 __all__ = [
@@ -467,8 +468,9 @@ def marked_processes(state_dir: str) -> list[MarkedProcess]:
     user's processes that carry the folder's marker (:data:`MARK_ENV`, inherited by every
     process the supervisor starts) and run either the supervisor (a
     ``graphdist._fleet.supervisor`` command line, whose spec may name the folder instead) or the
-    ``multiprocess`` fork server that the servers are forked from (and so share its command
-    line). This process and its ancestors are never listed."""
+    ``multiprocess`` fork server that the servers are forked from, or a server (named
+    ``graphdist JOB:INDEX ...``, :data:`~graphdist._fleet.server.PROCESS_TITLE_PREFIX`). This
+    process and its ancestors are never listed."""
     mark = fleet_mark(state_dir)
     uid = os.getuid()
     skip = _ancestors()
@@ -481,7 +483,9 @@ def marked_processes(state_dir: str) -> list[MarkedProcess]:
             cmdline = info["cmdline"] or []
             supervisor = _is_supervisor_of(cmdline, mark)
             if not supervisor:
-                if not any("multiprocess" in arg for arg in cmdline):
+                if not any(
+                    "multiprocess" in arg or arg.startswith(PROCESS_TITLE_PREFIX) for arg in cmdline
+                ):
                     continue
                 if proc.environ().get(MARK_ENV) != mark:
                     continue
