@@ -21,6 +21,7 @@ values that explain it as attributes, so callers can react without parsing messa
     │   │   └── ExposedServerError  a server listens where it must not (carries its sockets)
     │   ├── LoopbackUnavailableError  no way to keep servers on loopback (and expose not asked)
     │   ├── TaskFailedError     a task died or stopped answering during a run (names the task)
+    │   ├── SessionInterruptedError  a session closed to cancel a step KeyboardInterrupt stopped
     │   ├── FleetClosedError    the fleet is closed or closing
     │   └── TaskNotFoundError   no such job or task index in the fleet
     ├── LaunchError             a multi-process run did not succeed (carries every task's result)
@@ -61,6 +62,7 @@ __all__ = [
     "PictureError",
     "PlacementError",
     "PortInUseError",
+    "SessionInterruptedError",
     "SplitError",
     "StartTimeoutError",
     "StateError",
@@ -172,6 +174,16 @@ class TaskNotFoundError(FleetError, KeyError):
 
 class FleetClosedError(FleetError):
     """An operation needs a running fleet, but this one is closed or closing."""
+
+
+class SessionInterruptedError(FleetError):
+    """A fleet session whose step ``KeyboardInterrupt`` stopped: graphdist closed it to cancel
+    that step inside TensorFlow (the only way TensorFlow cancels one), so it runs no more; open
+    a new session. Attribute: ``master`` (``"job:index"``)."""
+
+    def __init__(self, message: str, *, master: str | None = None) -> None:
+        super().__init__(message)
+        self.master = master
 
 
 class LoopbackUnavailableError(FleetError):

@@ -89,8 +89,10 @@ def run_python(
     )
 
 
-def start_python(*args: str) -> subprocess.Popen[str]:
-    """``python ARGS`` in the background, stdout and stderr captured as text."""
+def start_python(*args: str, new_session: bool = False) -> subprocess.Popen[str]:
+    """``python ARGS`` in the background, stdout and stderr captured as text; with
+    ``new_session``, in a session and process group of its own (what a terminal or a Jupyter
+    kernel gives it: signals to "the group" then reach it and its children only)."""
     return subprocess.Popen(
         [sys.executable, *args],
         stdout=subprocess.PIPE,
@@ -98,6 +100,7 @@ def start_python(*args: str) -> subprocess.Popen[str]:
         text=True,
         cwd=REPO,
         env={**os.environ, **QUIET_TF},
+        start_new_session=new_session,
     )
 
 

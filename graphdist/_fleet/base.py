@@ -30,9 +30,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import enum
+import html
+import itertools
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -51,8 +54,16 @@ from graphdist._exceptions import (
     TaskNotFoundError,
 )
 from graphdist._fleet.exposure import ListeningTable, check_listening
-from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS, SessionGuard
-from graphdist._fleet.health import ALIVE, DEAD, NOT_ANSWERING, TaskHealth, probe_all
+from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS, SessionGuard, release_signals
+from graphdist._fleet.health import (
+    ALIVE,
+    DEAD,
+    NOT_ANSWERING,
+    HealthReport,
+    TaskHealth,
+    probe_all,
+    task_failed,
+)
 from graphdist._fleet.probe import PROBE_TIMEOUT_S, wait_answering
 from graphdist._fleet.process import STOP_GRACE_S
 from graphdist._graph.master import master_for
@@ -73,6 +84,9 @@ _live_fleets: weakref.WeakSet[Fleet[Any]] = weakref.WeakSet()
 # did not answer, a longer one for those (a busy task answers it, a frozen one does not).
 _DIAGNOSE_PROBE_S = 0.5
 _RECHECK_PROBE_S = 2.0
+SESSION_CLOSE_WAIT_S = 2.0
+"""How long, in seconds, ``close()`` waits for the fleet's open sessions to close before it
+stops the servers (they close side by side; one to a frozen master gives up then)."""
 
 
 class FleetState(enum.Enum):
@@ -207,12 +221,24 @@ class Fleet(Generic[_TaskT]):
     gpus: dict[tuple[str, int], list[int]] | None = None
     _tasks: dict[tuple[str, int], _TaskT]
     _owner_pid: int = -1
+    _sessions_closed = False
+    """Set once the fleet closes: its sessions were closed with it (their guards read it)."""
+    _epoch = 0
+    """A new value whenever a task may have died, restarted or been killed (the watcher, kill,
+    restart and close set it): a session's guard re-checks its tasks only when it changed, so
+    a step pays no liveness check of its own (see :mod:`graphdist._fleet.guard`)."""
+    _epochs = itertools.count(1)  # next() on it is atomic: two threads never lose a change
 
     def __init__(self) -> None:
         self.state = FleetState.CREATED
         self._owner_pid = os.getpid()
         self._tasks = {}
         self._init_watcher()
+        self._init_sessions()
+
+    def _init_sessions(self) -> None:
+        self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._sessions_closed = False
 
     def _init_watcher(self) -> None:
         self._watch_lock = threading.Lock()
@@ -231,6 +257,7 @@ class Fleet(Generic[_TaskT]):
         _live_fleets.add(self)
         try:
             self._launch()
+            _exit_sweep_runs_first()  # the backend's imports may have registered exit hooks
             self._ready(list(self._tasks.values()), self.start_timeout_s)
         except BaseException:
             self.state = FleetState.FAILED
@@ -250,10 +277,37 @@ class Fleet(Generic[_TaskT]):
             self.state = FleetState.CLOSED  # nothing runs: a failed start cleaned up already
             return
         self.state = FleetState.CLOSING
+        self._changed()
         try:
+            self._close_sessions()
             self._shutdown(grace_s)
         finally:
             self.state = FleetState.CLOSED
+            if not _live_fleets:
+                release_signals()  # no fleet session runs any more (see guard.py)
+
+    def _changed(self) -> None:
+        """A task may have died or restarted: sessions re-check their tasks (see ``_epoch``)."""
+        self._epoch = next(Fleet._epochs)
+
+    def _close_sessions(self, wait_s: float = SESSION_CLOSE_WAIT_S) -> None:
+        """Close every session this fleet opened that is still open, while its servers still
+        answer (each close is one quick RPC then; later, dropping the session costs nothing).
+        A run in flight in another thread is cancelled and raises FleetClosedError. Closes run
+        side by side, each in its own thread holding its session, and the fleet waits up to
+        ``wait_s`` seconds for them: a frozen master cannot hold up the close."""
+        self._sessions_closed = True
+        sessions = [s for s in list(self._sessions) if not s._closed]
+        if not sessions or sys.is_finalizing():  # no thread can start while Python exits
+            return
+        threads = [
+            threading.Thread(target=s.close, name="graphdist-close", daemon=True) for s in sessions
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + wait_s
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _shutdown(self, grace_s: float) -> None:
         try:
@@ -288,7 +342,10 @@ class Fleet(Generic[_TaskT]):
         SIGTERM, return once it is gone (a backend that brings servers back by itself, like Ray,
         may start it again at once). For fault drills; see :meth:`restart`."""
         self._require_running()
-        self._kill_task(self.task(job, index), sig)
+        try:
+            self._kill_task(self.task(job, index), sig)
+        finally:
+            self._changed()
 
     def restart(self, job: str | None = None, index: int = 0) -> _TaskT:
         """Start the server of ``job:index`` again on the same address (killing it first if it
@@ -297,12 +354,15 @@ class Fleet(Generic[_TaskT]):
         at once. Raises :class:`FleetStartError` if it does not come back in time."""
         self._require_running()
         task = self.task(job, index)
-        self._restart_task(task)
+        self._changed()
         try:
+            self._restart_task(task)
             self._ready([task], self.start_timeout_s)
         except ExposedServerError:
             self._kill_task(task, signal.SIGKILL)
             raise
+        finally:
+            self._changed()
         log.info("restarted %r (restart %d)", task, task.restarts)
         return task
 
@@ -484,13 +544,17 @@ class Fleet(Generic[_TaskT]):
             raise self._task_failed(
                 health, effective.operation_timeout_in_ms, "cannot open a session"
             )
+        self._ensure_watcher()  # it tells the sessions' guards of every death (``_epoch``)
         guard = SessionGuard(self, master, effective.device_filters)
         guard.timeout_ms = effective.operation_timeout_in_ms
-        return session(master.target, graph=graph, config=effective, guard=guard)
+        sess = session(master.target, graph=graph, config=effective, guard=guard)
+        guard.attach(sess)
+        self._sessions.add(sess)
+        return sess
 
     def health(
         self, timeout_s: float = PROBE_TIMEOUT_S, tasks: list[_TaskT] | None = None
-    ) -> list[TaskHealth]:
+    ) -> HealthReport:
         """Each task's :class:`TaskHealth` (``alive``, ``dead`` or ``not answering``), checked
         with a real gRPC call of at most ``timeout_s`` seconds (all tasks at once)."""
         timeout_s = check_timeout_s(timeout_s, "timeout_s", PROBE_TIMEOUT_S)
@@ -505,7 +569,7 @@ class Fleet(Generic[_TaskT]):
             else:
                 status, detail = NOT_ANSWERING, error or ""
             out.append(TaskHealth(ft.job, ft.index, ft.address, ft.pid, status, detail))
-        return out
+        return HealthReport(out)
 
     def reopening_session(
         self,
@@ -543,20 +607,7 @@ class Fleet(Generic[_TaskT]):
     def _task_failed(
         self, health: TaskHealth, timeout_ms: int | None, what: str
     ) -> TaskFailedError:
-        hint = (
-            f"restart it with fleet.restart({health.job!r}, {health.index}) and open a new session"
-            if health.status == DEAD
-            else "it may be frozen or overloaded"
-        )
-        return TaskFailedError(
-            f"Task {health.job}:{health.index} at {health.address} is {health.status}"
-            + (f" ({health.detail})" if health.detail else "")
-            + f": {what}; {hint}",
-            task=f"{health.job}:{health.index}",
-            address=health.address,
-            status=health.status,
-            timeout_ms=timeout_ms,
-        )
+        return task_failed(health, health.status, health.detail, what=what, timeout_ms=timeout_ms)
 
     def session_for(
         self,
@@ -585,9 +636,13 @@ class Fleet(Generic[_TaskT]):
     def watch(self, callback: Callable[[_TaskT], None]) -> None:
         """Call ``callback(task)`` (from a watcher thread) each time a task of this running fleet
         is seen dead, once per death: a restarted task that dies again is reported again.
-        The watcher starts with the first callback and ends when the fleet closes."""
+        The watcher starts with the first callback or session and ends when the fleet closes."""
         with self._watch_lock:
             self._watchers.append(callback)
+        self._ensure_watcher()
+
+    def _ensure_watcher(self) -> None:
+        with self._watch_lock:
             if self._watch_thread is None:
                 self._watch_thread = threading.Thread(
                     target=self._watch_loop, name=f"graphdist-watch-{id(self):x}", daemon=True
@@ -601,9 +656,15 @@ class Fleet(Generic[_TaskT]):
 
     def _watch_loop(self) -> None:
         seen: dict[str, int | None] = {}  # task name -> pid reported dead
+        known: dict[str, tuple[int | None, int, bool]] = {}  # task name -> pid, restarts, alive
         while self.state in (FleetState.STARTING, FleetState.RUNNING):
             for task in list(self._tasks.values()):
-                if task.pid is None or seen.get(task.name) == task.pid or task.alive:
+                alive = task.alive
+                now = (task.pid, task.restarts, alive)
+                if known.setdefault(task.name, now) != now:
+                    known[task.name] = now
+                    self._changed()
+                if task.pid is None or seen.get(task.name) == task.pid or alive:
                     continue
                 if self.state is not FleetState.RUNNING:
                     break
@@ -620,6 +681,23 @@ class Fleet(Generic[_TaskT]):
                         log.exception("fleet watcher callback %r failed", callback)
             time.sleep(self.watch_interval_s)
 
+    def _repr_html_(self) -> str:
+        """Jupyter's view of a fleet: its state and one row per task."""
+        rows = []
+        for t in self._tasks.values():
+            alive = t.alive
+            state = "running" if alive else f"exited {t.exitcode}" if t.pid else "not started"
+            rows.append(
+                f'<tr style="background:{"#d9f2d9" if alive else "#f8d0d0"}">'
+                f"<td>{html.escape(t.job)}:{t.index}</td><td>{html.escape(t.address)}</td>"
+                f"<td>{t.pid}</td><td>{state}</td><td>{t.restarts}</td></tr>"
+            )
+        return (
+            f"<b>{html.escape(type(self).__name__)}</b> ({self.state.value})<table><thead><tr>"
+            "<th>task</th><th>address</th><th>pid</th><th>process</th><th>restarts</th>"
+            f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        )
+
     def _job_or_only(self, job: str | None) -> str:
         if job is not None:
             return job
@@ -634,7 +712,15 @@ class Fleet(Generic[_TaskT]):
             raise FleetClosedError(f"The fleet is {self.state.value}; start it first")
 
 
-@atexit.register
+def _exit_sweep_runs_first() -> None:
+    """Make :func:`_close_live_fleets` the next exit hook to run. ``atexit`` runs the last
+    registered first, and ``multiprocess`` registers a hook on its first import that joins every
+    child process: registered before it, the sweep would run after that join, which waits for
+    ever on servers that wait for their owner (TF_FACTS, "Long-lived processes")."""
+    atexit.unregister(_close_live_fleets)
+    atexit.register(_close_live_fleets)
+
+
 def _close_live_fleets() -> None:
     """Close every fleet this process still runs (a fleet's servers also exit by themselves
     when their owner dies, but a clean close stops them at once and removes their files)."""
@@ -642,3 +728,6 @@ def _close_live_fleets() -> None:
         if os.getpid() == fleet._owner_pid:
             with contextlib.suppress(Exception):
                 fleet.close()
+
+
+atexit.register(_close_live_fleets)

@@ -431,6 +431,7 @@ class DetachedFleet(Fleet[DetachedTask]):
         self, state_dir: str, record: FleetRecord, *, operation_timeout_ms: int | None = None
     ) -> None:
         self._init_watcher()
+        self._init_sessions()
         self.state_dir = state_dir
         self.supervisor = record.supervisor
         self.cluster = Cluster.parse(record.cluster)
@@ -519,6 +520,7 @@ class DetachedFleet(Fleet[DetachedTask]):
         except CorruptStateError:
             ours = self.supervisor.alive()  # stop_detached finds it by its marker
         if ours:
+            self._close_sessions()
             stop_detached(self.state_dir)
         self._stopped = True
 
@@ -551,8 +553,12 @@ class DetachedFleet(Fleet[DetachedTask]):
         return task
 
     def _control(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        reply = control.request(self.state_dir, message, timeout_s, alive=self.supervisor.alive)
-        self._refresh()
+        self._changed()
+        try:
+            reply = control.request(self.state_dir, message, timeout_s, alive=self.supervisor.alive)
+            self._refresh()
+        finally:
+            self._changed()
         return reply
 
     def __repr__(self) -> str:

@@ -1,42 +1,65 @@
 """Fast failure for a fleet's sessions: a run ends as soon as the fleet knows a task it needs is
-gone, not when TensorFlow's operation timeout runs out.
+gone, not when TensorFlow's operation timeout runs out; and Ctrl-C cancels the step it stops.
 
 TensorFlow alone learns of a dead or frozen peer late: a new session whose master must reach a
-dead task, a transfer from a task killed mid-run, a frozen (SIGSTOP) task or a killed master all
-wait out ``operation_timeout_in_ms``. The fleet knows better — it owns the processes — so every
-session a fleet opens carries a :class:`SessionGuard`:
+dead task, a transfer from a task killed mid-run, or a frozen (SIGSTOP) task wait out
+``operation_timeout_in_ms``. The fleet knows better — it owns the processes — so every session a
+fleet opens carries a :class:`SessionGuard`:
 
 - **Before a run**, the tasks the run needs (the master, and every task a device in the graph
   names; on a session's first run every task its ``device_filters`` allow, since the master
   contacts them all when it creates the session) are checked: one that is dead, or restarted
   since the session opened (its server lost this session's state), fails the run at once with
-  :class:`TaskFailedError` naming it.
-- **During a run**, TensorFlow's call runs in a helper thread while the caller watches those
-  tasks: a death or restart is seen within :data:`CHECK_INTERVAL_S`; a task that stops answering
-  gRPC (frozen, wedged) is declared ``not answering`` after :data:`MISSES_BEFORE_FROZEN` probes
-  in a row, :data:`PROBE_INTERVAL_S` apart. The caller gets the error at once; the session is
-  closed in the background, which cancels the step inside TensorFlow.
-- **A broken session** (one that saw such a failure, or whose tasks died or restarted) refuses
-  further runs with the same error, and :meth:`close` returns at once, finishing in the
-  background instead of waiting for a task that cannot answer.
+  :class:`TaskFailedError` naming it. A session of a closed fleet raises
+  :class:`FleetClosedError`, one whose step was interrupted :class:`SessionInterruptedError`.
+- **During a run**, TensorFlow's call runs in the caller's own thread (no hand-off: a step costs
+  what it costs in TensorFlow, plus a few microseconds) and is registered with the process's one
+  :class:`_Watchdog` thread. For a run older than :data:`CHECK_INTERVAL_S` the watchdog looks at
+  the tasks' processes every tick: a death or restart is seen within two ticks; a task that stops
+  answering gRPC (frozen, wedged) is declared ``not answering`` after
+  :data:`MISSES_BEFORE_FROZEN` probes in a row, :data:`PROBE_INTERVAL_S` apart. It then marks
+  the session broken and closes it from another thread, which cancels the step inside
+  TensorFlow (``run`` returns within milliseconds, TF_FACTS), and the caller gets the
+  :class:`TaskFailedError`.
+- **Ctrl-C** (SIGINT, also Jupyter's "interrupt kernel") during a run in the main thread: Python
+  only raises ``KeyboardInterrupt`` once TensorFlow's C++ call returns, so the run listens for
+  the signal through :func:`signal.set_wakeup_fd` (any previous wakeup fd still gets every
+  byte) and the watchdog cancels the step the same way. ``KeyboardInterrupt`` arrives at once,
+  the step consumed nothing after it, and the session is closed (the only way TensorFlow cancels
+  a step): its later runs raise :class:`SessionInterruptedError`; open a new one.
+- **A broken session** refuses further runs with the same error, and closing it returns at once:
+  it is abandoned (marked closed, no RPC to a task that cannot answer; TensorFlow would retry
+  it until the operation timeout), and its native session is freed when it is collected.
 
-The operation timeout stays as the last resort (a fleet's default is
-:data:`FLEET_OPERATION_TIMEOUT_MS`, ten minutes, so healthy long steps run).
+Limit: a frozen *master* cannot be cancelled that way (closing asks the master itself); its run
+ends at the operation timeout. The operation timeout stays as the last resort (a fleet's default
+is :data:`FLEET_OPERATION_TIMEOUT_MS`, ten minutes, so healthy long steps run).
 """
 
 from __future__ import annotations
 
 import _thread
 import contextlib
+import logging
+import os
 import queue
 import re
+import select
+import signal
 import threading
 import time
+import weakref
+from _thread import get_ident
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from graphdist._exceptions import TaskFailedError
-from graphdist._fleet.health import DEAD, NOT_ANSWERING, probe_all
+from graphdist._exceptions import (
+    FleetClosedError,
+    SessionInterruptedError,
+    TaskFailedError,
+)
+from graphdist._fleet.health import NOT_ANSWERING, probe_all, problem_of, task_failed
+from graphdist._graph.session import TASK_FAILURE_ERRORS
 
 if TYPE_CHECKING:
     from graphdist._fleet.base import Fleet, TaskHandle
@@ -46,29 +69,43 @@ __all__ = [
     "FLEET_OPERATION_TIMEOUT_MS",
     "MISSES_BEFORE_FROZEN",
     "PROBE_INTERVAL_S",
+    "RUN_PROBE_TIMEOUT_S",
     "SessionGuard",
 ]
+
+log = logging.getLogger("graphdist.session")
 
 FLEET_OPERATION_TIMEOUT_MS = 600_000
 """A fleet session's default operation timeout: the last resort, since the guard finds dead,
 restarted and frozen tasks within seconds; long enough for healthy long steps."""
-CHECK_INTERVAL_S = 0.05
-"""How often, at most, a waiting run looks at its tasks' processes (a fleet's
-``watch_interval_s`` if longer: 0.1 s for the fleets here)."""
+CHECK_INTERVAL_S = 0.1
+"""Seconds between two looks of the watchdog at the processes of the tasks of runs in flight
+(only runs at least this old are looked at: a short step is never touched)."""
 PROBE_INTERVAL_S = 2.0
-"""How often a waiting run asks its tasks over gRPC whether they still answer."""
-PROBE_TIMEOUT_S = 1.5
-"""How long a probe waits for an answer: a busy task on a loaded machine still gives one, a
-frozen task misses every probe (three probes, 2 s apart: reported in about 6.5 s here)."""
+"""How often, in seconds, the watchdog asks a long run's tasks over gRPC whether they answer."""
+RUN_PROBE_TIMEOUT_S = 1.5
+"""How long, in seconds, such a probe waits: a busy task on a loaded machine still answers, a
+frozen task misses every probe."""
 MISSES_BEFORE_FROZEN = 3
-"""Probes in a row a task may miss before a run gives up on it as ``not answering``."""
+"""Probes in a row a task may miss before a run gives up on it as ``not answering`` (three
+probes, 2 s apart: reported in about 6.5 s here)."""
+LONG_STEP_S = 0.1
+"""A session whose step took longer than this, in seconds, hands its next steps to a helper
+thread (costs ~0.1 ms a step, nothing beside such a step) until one is short again: a frozen
+task can keep TensorFlow from cancelling a step, and a handed-off step leaves its caller free
+anyway. Short steps run in the caller's thread. A session's first run is handed off."""
+INTERRUPT_WAIT_S = 5.0
+"""How long, in seconds, an interrupted handed-off step is waited for once it is cancelled."""
+IDLE_AFTER_S = 10.0
+"""Seconds without a run after which the watchdog stops ticking and sleeps until the next run
+(a loop of short steps never pays for waking it)."""
 _JOB = re.compile(r"/job:([^/]+)")
 _TASK = re.compile(r"/task:(\d+)")
 
 
 class _Outcome:
-    """What a run's call returned or raised; ``done`` is a bare lock, held until the call ends
-    (cheaper to hand over than an Event: this is paid on every step)."""
+    """What a handed-off call returned or raised; ``done`` is a bare lock, held until the call
+    ends (cheaper to hand over than an Event)."""
 
     __slots__ = ("done", "error", "value")
 
@@ -80,8 +117,8 @@ class _Outcome:
 
 
 class _Runner:
-    """Daemon threads that run TensorFlow calls for waiting callers, reused between runs (a
-    stuck call never keeps the interpreter from exiting)."""
+    """Daemon threads that run handed-off TensorFlow calls, reused between runs (a stuck call
+    never keeps the interpreter from exiting)."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], _Outcome]] = queue.SimpleQueue()
@@ -116,6 +153,266 @@ class _Runner:
 _runner = _Runner()
 
 
+class _Run:
+    """What the watchdog knows of one run it found in flight for a tick or more."""
+
+    __slots__ = ("cancelled", "epoch", "misses", "next_probe", "probing")
+
+    def __init__(self, started: float, epoch: int) -> None:
+        self.epoch = epoch
+        self.next_probe = started + PROBE_INTERVAL_S
+        self.misses: dict[tuple[str, int], int] = {}
+        self.probing = False
+        self.cancelled = False
+
+
+class _Watchdog:
+    """The one thread per process that watches every guarded run in flight (see the module
+    docstring). A run costs its caller two dict operations: the caller writes
+    ``guard._inflight[thread id] = start time`` and deletes it afterwards; the watchdog reads
+    those, ticking every :data:`CHECK_INTERVAL_S` while runs happen, and sleeps after
+    :data:`IDLE_AFTER_S` without one. A run younger than one tick is never touched."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.guards: weakref.WeakSet[SessionGuard] = weakref.WeakSet()
+        self._runs: dict[tuple[int, int, float], _Run] = {}  # (guard id, thread, start) -> run
+        self._wake = threading.Event()
+        self.idle = True
+        self._thread: threading.Thread | None = None
+        self._pipe: tuple[int, int] | None = None  # signal wakeup fd: (read end, write end)
+        self._forward = -1  # the wakeup fd ours replaced: it gets every byte too
+
+    def wake(self) -> None:
+        """Start ticking (a run began while the watchdog slept)."""
+        with self._lock:
+            if not self.idle:
+                return
+            self.idle = False
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="graphdist-watchdog", daemon=True
+                )
+                self._thread.start()
+            self._wake.set()
+
+    # -- the signal wakeup fd (main thread only) ------------------------------------------------
+
+    def install_wakeup_fd(self) -> None:
+        """Have Python write every signal's number to the watchdog's pipe (from now on, until
+        :meth:`release_wakeup_fd`); the wakeup fd that was set before gets every byte too."""
+        if self._pipe is None:
+            self._pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            previous = signal.set_wakeup_fd(self._pipe[1], warn_on_full_buffer=False)
+        except ValueError:  # not the main interpreter's main thread
+            return
+        if previous != self._pipe[1]:
+            self._forward = previous
+
+    def release_wakeup_fd(self) -> None:
+        """Put back the wakeup fd ours replaced (main thread only; no fleet runs any more)."""
+        if self._pipe is None or threading.current_thread() is not threading.main_thread():
+            return
+        with contextlib.suppress(ValueError):
+            current = signal.set_wakeup_fd(self._forward)
+            if current != self._pipe[1]:  # someone replaced ours since: leave theirs
+                signal.set_wakeup_fd(current)
+            else:
+                self._forward = -1
+        global _wakeup_installed
+        _wakeup_installed = False
+
+    def _after_fork(self) -> None:
+        # A forked child has the parent's memory but not its thread: start afresh.
+        self.__init__()  # type: ignore[misc]
+
+    # -- the watchdog's side --------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        last_active = time.monotonic()
+        while True:
+            if not self._wake.is_set():
+                self._wake.wait()
+                last_active = time.monotonic()
+            self._sleep(CHECK_INTERVAL_S)
+            now = time.monotonic()
+            if self._check_all(now):
+                last_active = now
+            elif now - last_active > IDLE_AFTER_S:
+                with self._lock:
+                    self.idle = True  # first: a run that starts now either is seen below
+                    self._wake.clear()  # or finds idle set and wakes us
+                if self._check_all(now):
+                    self.wake()
+
+    def _check_all(self, now: float) -> bool:
+        """Check every run in flight for a tick or more; whether any run was in flight."""
+        seen = False
+        live: set[tuple[int, int, float]] = set()
+        for guard in list(self.guards):
+            for ident, started in list(guard._inflight.items()):
+                seen = True
+                if now - started < CHECK_INTERVAL_S:
+                    continue
+                key = (id(guard), ident, started)
+                live.add(key)
+                run = self._runs.get(key)
+                if run is None:
+                    run = self._runs[key] = _Run(started, guard._epoch)
+                if not run.cancelled:
+                    self._check(guard, ident, started, run, now)
+        for key in [k for k in self._runs if k not in live]:
+            del self._runs[key]  # over
+        return seen
+
+    def _sleep(self, seconds: float) -> None:
+        pipe = self._pipe
+        if pipe is None:
+            time.sleep(seconds)
+            return
+        ready, _, _ = select.select([pipe[0]], [], [], seconds)
+        if not ready:
+            return
+        try:
+            data = os.read(pipe[0], 512)
+        except OSError:
+            return
+        forward = self._forward
+        if forward >= 0:
+            with contextlib.suppress(OSError):
+                os.write(forward, data)
+        if signal.SIGINT in data and callable(signal.getsignal(signal.SIGINT)):
+            # A Python handler (Python's own, graphdist's, Jupyter's) wants the main thread
+            # interrupted, which cannot happen while it is inside TensorFlow: end its step.
+            for guard in list(self.guards):
+                started = guard._inflight.get(_MAIN_THREAD)
+                if started is not None:
+                    self._cancel(guard, _MAIN_THREAD, started, None)
+
+    def _check(
+        self, guard: SessionGuard, ident: int, started: float, run: _Run, now: float
+    ) -> None:
+        if guard.fleet_closing():
+            return  # the fleet closes its sessions itself
+        needed = guard._checked or guard.allowed
+        epoch = guard.fleet._epoch
+        if epoch != run.epoch:  # a task may have died or restarted: look
+            run.epoch = epoch
+            problem = guard._gone(needed)
+            if problem is not None:
+                self._cancel(guard, ident, started, problem)
+                return
+        if now >= run.next_probe and not run.probing:
+            run.probing = True
+            run.next_probe += PROBE_INTERVAL_S  # on schedule: a probe may take its timeout
+            threading.Thread(
+                target=self._probe,
+                args=(guard, ident, started, run, needed),
+                name="graphdist-probe",
+                daemon=True,
+            ).start()
+
+    def _probe(
+        self,
+        guard: SessionGuard,
+        ident: int,
+        started: float,
+        run: _Run,
+        tasks: list[TaskHandle],
+    ) -> None:
+        try:
+            results = probe_all([t.address for t in tasks], RUN_PROBE_TIMEOUT_S)
+            for task, (answered, error) in zip(tasks, results, strict=True):
+                key = (task.job, task.index)
+                run.misses[key] = 0 if answered else run.misses.get(key, 0) + 1
+                if run.misses[key] >= MISSES_BEFORE_FROZEN and not run.cancelled:
+                    detail = f"{run.misses[key]} gRPC probes in a row unanswered, last: {error}"
+                    run.cancelled = True
+                    self._cancel(guard, ident, started, guard._failed(task, NOT_ANSWERING, detail))
+                    return
+        finally:
+            run.probing = False
+
+    def _cancel(
+        self, guard: SessionGuard, ident: int, started: float, problem: TaskFailedError | None
+    ) -> None:
+        """End the run of thread ``ident`` that began at ``started``: mark why (a task's
+        ``problem``, else an interrupt), then close its session from another thread, which
+        cancels the step inside TensorFlow. That thread holds the session until the close
+        returns; the caller learns it was cancelled from ``guard._cancelled``."""
+        sess = guard.sess()
+        with self._lock:
+            if sess is None or guard._inflight.get(ident) != started:
+                return  # the step is over
+            mark = guard._cancelled.get(ident)
+            if mark is not None and mark[0] == started:
+                return  # already cancelled
+            run = self._runs.get((id(guard), ident, started))
+            if run is not None:
+                run.cancelled = True
+            interrupt = problem is None and not guard.fleet_closing()
+            if problem is not None:
+                guard.broken = problem
+            elif interrupt:
+                guard.interrupted = time.time()
+            guard._cancelled[ident] = (started, interrupt)
+        threading.Thread(
+            target=_close_quietly, args=(sess,), name="graphdist-cancel", daemon=True
+        ).start()
+
+
+def _close_quietly(sess: Any) -> None:
+    """Close ``sess`` (cancels its running step inside TensorFlow); errors are moot now."""
+    with contextlib.suppress(Exception):  # the caller gets the error that matters
+        sess._close_quietly()
+
+
+_MAIN_THREAD: int = threading.main_thread().ident or 0
+_watchdog = _Watchdog()
+_wakeup_installed = False
+
+
+class _Interrupt:
+    in_run = False  # the main thread is inside a guarded run
+    pending = False  # SIGINT came during that run: raise KeyboardInterrupt after it
+
+
+_interrupt = _Interrupt()
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """SIGINT's handler once a fleet session ran in the main thread: Python's own
+    (``KeyboardInterrupt``) outside a run; during one, the interrupt is noted, the watchdog
+    cancels the step, and the run raises ``KeyboardInterrupt`` as soon as it returns."""
+    if _interrupt.in_run:
+        _interrupt.pending = True
+        return
+    signal.default_int_handler(signum, frame)
+
+
+def _reset_after_fork() -> None:
+    global _wakeup_installed, _MAIN_THREAD
+    _watchdog._after_fork()
+    _wakeup_installed = False
+    _interrupt.pending = _interrupt.in_run = False
+    _MAIN_THREAD = threading.main_thread().ident or 0
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def release_signals() -> None:
+    """Give back the signal wakeup fd and SIGINT's handler (a fleet's close calls it once no
+    fleet runs; only the main thread can)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if _wakeup_installed:
+        _watchdog.release_wakeup_fd()
+    if signal.getsignal(signal.SIGINT) is _on_sigint:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 class SessionGuard:
     """The guard of one session of ``fleet`` whose master is ``master`` (see the module
     docstring). ``device_filters`` are the session config's."""
@@ -130,8 +427,21 @@ class SessionGuard:
         self.restarts = {self._key(t): t.restarts for t in fleet.tasks}
         self.timeout_ms = 0
         self.broken: TaskFailedError | None = None
+        self.interrupted: float | None = None  # time.time() of the interrupt that closed it
         self._ran = False
         self._needs: dict[tuple[int, int], list[TaskHandle]] = {}
+        self._epoch = -1  # the fleet's _epoch when this session's tasks were last found fine
+        self._checked: list[TaskHandle] | None = None  # the tasks checked then
+        self.sess: Callable[[], Any] = lambda: None  # a weak reference, set by attach()
+        self._hand_off = True  # the first run (it creates the session) may be long
+        self._inflight: dict[int, float] = {}  # thread id -> start of its run in flight
+        # thread id -> (start of its run that the watchdog cancelled, whether for an interrupt)
+        self._cancelled: dict[int, tuple[float, bool]] = {}
+        _watchdog.guards.add(self)
+
+    def attach(self, sess: Any) -> None:
+        """Guard ``sess`` (held weakly: the guard never keeps its session alive)."""
+        self.sess = weakref.ref(sess)
 
     # -- which tasks a run needs -----------------------------------------------------------------
 
@@ -172,104 +482,198 @@ class SessionGuard:
     # -- what is wrong, if anything --------------------------------------------------------------
 
     def _failed(self, task: TaskHandle, status: str, detail: str) -> TaskFailedError:
-        if status == DEAD:
-            hint = (
-                f"restart it with fleet.restart({task.job!r}, {task.index}) and open a new session"
-            )
-        elif status == "restarted":
-            hint = "its server lost this session's state; open a new session"
-        else:
-            hint = "it may be frozen or overloaded"
-        return TaskFailedError(
-            f"Task {task.job}:{task.index} at {task.address} is {status} ({detail}); {hint}",
-            task=f"{task.job}:{task.index}",
-            address=task.address,
-            status=status,
-            timeout_ms=self.timeout_ms or None,
-        )
+        return task_failed(task, status, detail, timeout_ms=self.timeout_ms or None)
 
     def _gone(self, tasks: Iterable[TaskHandle]) -> TaskFailedError | None:
         """A needed task that died or was restarted since this session opened."""
         for task in tasks:
             key = self._key(task)
-            if not task.alive:
-                return self._failed(task, DEAD, f"exit code {task.exitcode}")
-            if task.restarts != self.restarts.get(key) or task.pid != self.pids.get(key):
-                return self._failed(task, "restarted", f"now pid {task.pid}")
+            found = problem_of(task, self.pids.get(key), self.restarts.get(key))
+            if found is not None:
+                return self._failed(task, *found)
+        return None
+
+    def fleet_closing(self) -> bool:
+        """Whether the fleet is closing or closed (a cheap flag, read on every watchdog tick)."""
+        return self.fleet._sessions_closed
+
+    def refusal(self) -> Exception | None:
+        """Why this session cannot run any more, as the error to raise (None: it can)."""
+        if self.fleet_closing():
+            return FleetClosedError(
+                f"The fleet of this session (master {self.master.job}:{self.master.index}) was "
+                "closed, which closed its sessions; start a new fleet and open a session on it"
+            )
+        if self.broken is not None:
+            error = self.broken  # a fresh copy to raise: no old traceback
+            return TaskFailedError(
+                str(error),
+                task=error.task,
+                address=error.address,
+                status=error.status,
+                timeout_ms=error.timeout_ms,
+            )
+        if self.interrupted is not None:
+            when = time.strftime("%H:%M:%S", time.localtime(self.interrupted))
+            master = self.master
+            return SessionInterruptedError(
+                f"This session was closed at {when} to cancel the step that KeyboardInterrupt "
+                "stopped (TensorFlow cancels a step only by closing its session; nothing of that "
+                "step ran on after it); open a new one: "
+                f"fleet.session({master.job!r}, {master.index})",
+                master=f"{master.job}:{master.index}",
+            )
         return None
 
     def diagnose(self, exc: BaseException, timeout_ms: int) -> Exception | None:
-        """Which task made TensorFlow's error ``exc`` happen, as a TaskFailedError."""
+        """Which task made TensorFlow's error ``exc`` happen, as a TaskFailedError (or why the
+        session was closed under the run: the fleet closed, an interrupt)."""
         self.timeout_ms = timeout_ms
-        found: Exception | None = self.broken or self._gone(self.fleet.tasks)
+        refused = self.refusal()
+        if refused is not None:
+            return refused
+        found: Exception | None = self._gone(self.fleet.tasks)
         if found is None:
             found = self.fleet._diagnose(exc, timeout_ms)  # asks every task over gRPC
         if isinstance(found, TaskFailedError):
             self.broken = found
         return found
 
-    def close_in_background(self, sess: Any) -> bool:
-        """Whether closing must not wait: the session is broken or a task it used is gone."""
+    def abandon_on_close(self, sess: Any) -> bool:
+        """Whether closing must skip its RPC (it would wait out the operation timeout): the
+        session is broken or a task it used is gone."""
         return self.broken is not None or self._gone(self.allowed) is not None
 
     # -- a run -----------------------------------------------------------------------------------
 
-    def _refuse(self, error: TaskFailedError) -> TaskFailedError:
-        """Mark the session broken by ``error``; a fresh copy to raise (no old traceback)."""
-        self.broken = error
-        return TaskFailedError(
-            str(error),
-            task=error.task,
-            address=error.address,
-            status=error.status,
-            timeout_ms=error.timeout_ms,
-        )
-
-    def run(self, sess: Any, call: Callable[[], Any]) -> Any:
-        """``call()`` (TensorFlow's run), failing fast as the module docstring says."""
-        self.timeout_ms = sess._config.operation_timeout_in_ms
-        if self.broken is not None:
-            raise self._refuse(self.broken)
+    def run(self, sess: Any, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)`` (TensorFlow's run, a callable, ``make_callable``) in this
+        thread, failing fast as the module docstring says. This is paid on every step: the
+        common path is a few attribute reads and two dict operations."""
+        global _wakeup_installed
+        if sess._closed or self.broken is not None or self.fleet._sessions_closed:
+            refused = self.refusal()
+            if refused is not None:
+                raise refused
         needed = self._needed(sess)
-        problem = self._gone(needed)
-        if problem is not None:
-            raise self._refuse(problem)
-        outcome = _Outcome()
-        _runner.submit(call, outcome)
-        next_probe = time.monotonic() + PROBE_INTERVAL_S
-        misses = dict.fromkeys(map(self._key, needed), 0)
-        wait = max(CHECK_INTERVAL_S, self.fleet.watch_interval_s)
-        while not outcome.done.acquire(True, wait):
+        epoch = self.fleet._epoch
+        if epoch != self._epoch or needed is not self._checked:
+            # A task may have died or restarted since the last look (the fleet's watcher, kill
+            # and restart change the epoch), or this run needs other tasks: look now.
             problem = self._gone(needed)
-            if problem is None and time.monotonic() >= next_probe:
-                problem = self._probe(needed, misses)
-                next_probe += PROBE_INTERVAL_S  # on schedule: a probe may take PROBE_TIMEOUT_S
-            if problem is not None and outcome.done.locked():
-                self.broken = problem
-                threading.Thread(target=self._cancel, args=(sess,), daemon=True).start()
-                raise self._refuse(problem)
-        if outcome.error is not None:
-            raise outcome.error
+            if problem is not None:
+                if not self.fleet_closing():
+                    self.broken = problem
+                raise self.refusal() or problem
+            self._epoch, self._checked = epoch, needed
+        ident = get_ident()
+        if self._hand_off:
+            return self._run_handed_off(sess, ident, call, args, kwargs)
+        deferring = False
+        if ident == _MAIN_THREAD:
+            if not _wakeup_installed:
+                _wakeup_installed = True
+                _watchdog.install_wakeup_fd()
+            # Python's own handler would raise KeyboardInterrupt wherever the main thread is
+            # when TensorFlow's call returns, even inside TensorFlow's building of the error
+            # (pybind11 then raises "MISMATCH of original and normalized active exception
+            # types"): during the call the interrupt is only noted, and raised right after it.
+            # The handler stays (setting one costs more than the rest of the guard together).
+            handler = signal.getsignal(signal.SIGINT)
+            if handler is signal.default_int_handler:
+                signal.signal(signal.SIGINT, _on_sigint)
+                handler = _on_sigint
+            if handler is _on_sigint and not _interrupt.in_run:
+                _interrupt.in_run = deferring = True
+        inflight = self._inflight
+        inflight[ident] = started = time.monotonic()
+        if _watchdog.idle:
+            _watchdog.wake()
+        try:
+            value = call(*args, **kwargs)
+        except Exception as exc:
+            mark = self._cancelled.pop(ident, None)
+            cancelled = mark is not None and mark[0] == started
+            if deferring and _interrupt.pending:
+                raise  # the finally clause raises KeyboardInterrupt
+            if cancelled and mark is not None and mark[1]:
+                # Interrupted under another SIGINT handler (a Jupyter kernel's): it was called
+                # once the step returned; the step itself ends as Ctrl-C ends one.
+                raise KeyboardInterrupt from None
+            error = self._translate(exc, cancelled)
+            if error is None:
+                raise
+            raise error from exc
+        finally:
+            inflight.pop(ident, None)
+            if time.monotonic() - started > LONG_STEP_S:
+                self._hand_off = True  # this session's steps are long: hand them off
+            if deferring:
+                _interrupt.in_run = False
+                if _interrupt.pending:
+                    _interrupt.pending = _interrupt.in_run = False
+                    self._cancelled.pop(ident, None)
+                    raise KeyboardInterrupt
+        if self._cancelled:
+            self._cancelled.pop(ident, None)
+        self._ran = True
+        return value
+
+    def _run_handed_off(
+        self,
+        sess: Any,
+        ident: int,
+        call: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """``call`` in a helper thread while this one waits: a failure the watchdog finds ends
+        the wait at once even when TensorFlow cannot cancel the step (a frozen task), and
+        ``KeyboardInterrupt`` (raised in the wait) cancels the step and waits, up to
+        :data:`INTERRUPT_WAIT_S`, until it is over."""
+        outcome = _Outcome()
+        inflight = self._inflight
+        inflight[ident] = started = time.monotonic()
+        if _watchdog.idle:
+            _watchdog.wake()
+        _runner.submit(lambda: call(*args, **kwargs), outcome)
+        try:
+            while not outcome.done.acquire(True, CHECK_INTERVAL_S):
+                mark = self._cancelled.get(ident)
+                if mark is None or mark[0] != started:
+                    continue
+                if mark[1]:  # interrupted under another SIGINT handler (a Jupyter kernel's)
+                    raise KeyboardInterrupt
+                refused = self.refusal()
+                if refused is not None:
+                    raise refused  # the step goes on until TensorFlow ends it
+        except KeyboardInterrupt:
+            _watchdog._cancel(self, ident, started, None)
+            outcome.done.acquire(True, INTERRUPT_WAIT_S)  # the step is cancelled: over soon
+            raise
+        finally:
+            inflight.pop(ident, None)
+            mark = self._cancelled.pop(ident, None)
+            cancelled = mark is not None and mark[0] == started
+        if time.monotonic() - started <= LONG_STEP_S:
+            self._hand_off = False  # short steps run in the caller's thread: no hand-off cost
+        error = outcome.error
+        if error is not None:
+            translated = self._translate(error, cancelled) if isinstance(error, Exception) else None
+            if translated is None:
+                raise error
+            raise translated from error
         self._ran = True
         return outcome.value
 
-    def _probe(
-        self, tasks: list[TaskHandle], misses: dict[tuple[str, int], int]
-    ) -> TaskFailedError | None:
-        results = probe_all([t.address for t in tasks], PROBE_TIMEOUT_S)
-        for task, (answered, error) in zip(tasks, results, strict=True):
-            key = self._key(task)
-            misses[key] = 0 if answered else misses[key] + 1
-            if misses[key] >= MISSES_BEFORE_FROZEN:
-                return self._failed(
-                    task,
-                    NOT_ANSWERING,
-                    f"{misses[key]} gRPC probes in a row unanswered, last: {error}",
-                )
-        return None
+    def _translate(self, exc: Exception, cancelled: bool) -> Exception | None:
+        """The graphdist error TensorFlow's ``exc`` stands for (None: ``exc`` as it is)."""
+        import tensorflow as tf
 
-    @staticmethod
-    def _cancel(sess: Any) -> None:
-        """Close ``sess`` (cancels its running step inside TensorFlow); errors are moot now."""
-        with contextlib.suppress(Exception):  # the caller already has the error that matters
-            sess._close_quietly()
+        if not isinstance(exc, tf.errors.OpError):
+            return None
+        if cancelled:  # the watchdog or the fleet closed the session under the step
+            return self.refusal()
+        if type(exc).__name__ not in TASK_FAILURE_ERRORS:
+            return None
+        return self.diagnose(exc, self.timeout_ms)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -62,23 +61,36 @@ Diagnose = Callable[[BaseException, int], Exception | None]
 
 class RunGuard(Protocol):
     """What a fleet adds to its sessions (see :mod:`graphdist._fleet.guard`): runs that fail as
-    soon as the fleet knows a task they need is gone, and closes that do not wait for it."""
+    soon as the fleet knows a task they need is gone, and closes that do not wait for it
+    (``abandon_on_close``: whether closing must skip the RPC that a gone task cannot answer)."""
 
-    def run(self, sess: Any, call: Callable[[], Any]) -> Any: ...
+    def run(self, sess: Any, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
 
     def diagnose(self, exc: BaseException, timeout_ms: int) -> Exception | None: ...
 
-    def close_in_background(self, sess: Any) -> bool: ...
+    def abandon_on_close(self, sess: Any) -> bool: ...
 
 
 _session_class: Any = None
 
 
 def _graphdist_session_class() -> Any:
-    """``tf.compat.v1.Session`` plus error diagnosis; built once, on first use (imports TF)."""
+    """``tf.compat.v1.Session`` plus error diagnosis; built once, on first use (imports TF).
+
+    It owns the native session's end. TensorFlow's ``BaseSession.__del__`` calls ``close()``
+    and then, unconditionally, ``TF_DeleteSession``; a close that went on in another thread
+    used the freed native session (SIGSEGV in gRPC, "Mutex corrupt": TF_FACTS, "Long-lived
+    processes"). So ``close()`` finishes in the caller's thread, always: a session whose fleet
+    knows a task is gone is abandoned without an RPC, any other is closed. The one close made
+    from another thread is the guard's cancel of a running step, and that thread holds the
+    session until the close returns (``__del__`` cannot run meanwhile).
+    """
     global _session_class
     if _session_class is None:
         import tensorflow as tf
+
+        base_run = tf.compat.v1.Session.run
+        base_make_callable = tf.compat.v1.Session.make_callable
 
         class GraphdistSession(tf.compat.v1.Session):  # type: ignore[misc]
             """A ``tf.compat.v1.Session`` whose failed runs name the task that caused them."""
@@ -90,18 +102,13 @@ def _graphdist_session_class() -> Any:
                 try:
                     return call(*args, **kwargs)
                 except tf.errors.OpError as exc:
-                    guard = self._graphdist_guard
-                    diagnose = guard.diagnose if guard is not None else self._graphdist_diagnose
+                    diagnose = self._graphdist_diagnose
                     if diagnose is None or type(exc).__name__ not in TASK_FAILURE_ERRORS:
                         raise
                     error = diagnose(exc, self._config.operation_timeout_in_ms)
                     if error is None:
                         raise
                     raise error from exc
-
-            def _guarded(self, call: Callable[[], Any]) -> Any:
-                guard = self._graphdist_guard
-                return call() if guard is None else guard.run(self, call)
 
             def run(
                 self,
@@ -110,42 +117,57 @@ def _graphdist_session_class() -> Any:
                 options: Any = None,
                 run_metadata: Any = None,
             ) -> Any:
-                parent = super().run
-                return self._guarded(
-                    lambda: self._diagnosed(parent, fetches, feed_dict, options, run_metadata)
-                )
+                guard = self._graphdist_guard
+                if guard is None:
+                    return self._diagnosed(
+                        base_run, self, fetches, feed_dict, options, run_metadata
+                    )
+                return guard.run(self, base_run, self, fetches, feed_dict, options, run_metadata)
 
             def make_callable(
                 self, fetches: Any, feed_list: Any = None, accept_options: bool = False
             ) -> Callable[..., Any]:
-                inner = super().make_callable(fetches, feed_list, accept_options)
+                guard = self._graphdist_guard
+                args = (self, fetches, feed_list, accept_options)
+                if guard is None:
+                    inner = self._diagnosed(base_make_callable, *args)
 
-                def call(*args: Any, **kwargs: Any) -> Any:
-                    return self._guarded(lambda: self._diagnosed(inner, *args, **kwargs))
+                    def diagnosed(*args: Any, **kwargs: Any) -> Any:
+                        return self._diagnosed(inner, *args, **kwargs)
 
-                return call
+                    return diagnosed
+                # Making one talks to the master (it extends the graph there): guarded too.
+                inner = guard.run(self, base_make_callable, *args)
+                if feed_list is not None:
+                    return inner  # type: ignore[no-any-return]  # calls self.run: guarded
+
+                def guarded(*args: Any, **kwargs: Any) -> Any:
+                    return guard.run(self, inner, *args, **kwargs)
+
+                return guarded
 
             def close(self) -> None:
-                # Closing asks every task to drop this session's state; a dead or frozen task
-                # cannot answer (TensorFlow then waits out the operation timeout), and that must
-                # neither mask the error that ended the session nor keep the caller waiting: a
-                # fleet that knows a task is gone closes in the background.
+                # Closing asks the master to drop this session's state, and the master asks
+                # every task; one that is dead or frozen cannot answer, and TensorFlow retries
+                # until the operation timeout (ten minutes for a fleet's session). So a session
+                # whose task is gone is abandoned instead: marked closed, no RPC; its native
+                # session is freed by __del__, which costs nothing without a close (TF_FACTS,
+                # "Long-lived processes"). Nothing goes on in another thread, so nothing can
+                # race with TensorFlow's __del__ (which deletes the native session right after
+                # close()) and crash the process.
                 if not getattr(self, "_session", None) or getattr(self, "_closed", True):
                     return  # never opened, or closed already (TensorFlow's __del__ closes again)
                 guard = self._graphdist_guard
-                if guard is not None and guard.close_in_background(self):
-                    if sys.is_finalizing():
-                        # The interpreter is exiting: a thread started now never runs (and on
-                        # Python 3.11 its start() waits for ever), and closing here could wait
-                        # out the operation timeout on a task that is gone or frozen: skip it.
-                        # A fleet's servers die with this process; a detached fleet's master
-                        # may keep this session's state (a broken session's only).
+                if guard is not None:
+                    try:
+                        abandon = guard.abandon_on_close(self)
+                    except Exception:  # a half-torn-down fleet: do not wait on it
+                        abandon = True
+                    if abandon or sys.is_finalizing():
+                        # At exit a close could wait out the operation timeout, and a fleet's
+                        # servers die with this process anyway.
                         self._closed = True
                         return
-                    threading.Thread(
-                        target=self._close_quietly, name="graphdist-close", daemon=True
-                    ).start()
-                    return
                 self._close_quietly()
 
             def _close_quietly(self) -> None:
