@@ -25,6 +25,7 @@ from graphdist._exceptions import (
     PlacementError,
     PortInUseError,
     StateError,
+    TaskExitError,
     UsageError,
 )
 from graphdist._fleet.signals import stop_on_signals
@@ -36,7 +37,7 @@ from graphdist._fleet.supervisor import (
 from graphdist._validate import count, is_ascii_digits, timeout_s
 from graphdist._version import __version__
 
-__all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UsageError", "build_parser", "main"]
+__all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UsageError", "build_parser", "main", "task_exit_status"]
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -502,6 +503,17 @@ _COMMANDS = {
 }
 
 
+def task_exit_status(exitcode: int | None) -> int:
+    """``graphdist run``'s status when a task failed: the task's own exit code (as torchrun
+    and TensorFlow's multi_process_runner give it), 128 + N for a task killed by signal N (as a
+    shell reports it), 1 when it is unknown."""
+    if exitcode is None or exitcode == 0:
+        return EXIT_FAILURE
+    if exitcode < 0:
+        return min(128 - exitcode, 255)
+    return min(exitcode, 255)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``graphdist`` command; returns the exit status."""
     try:
@@ -513,6 +525,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (*_USER_MISTAKES, UsageError) as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except TaskExitError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return task_exit_status(exc.failed.exitcode)
     except GraphdistError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return EXIT_FAILURE

@@ -197,8 +197,23 @@ def _stop(procs: Sequence[_TaskProcess], grace_s: float) -> None:
 
 def _describe(result: TaskResult) -> str:
     tail = "\n".join(f"    [{result.name}] {line}" for line in result.tail[-10:])
-    return f"{result.name} exited with code {result.exitcode}" + (
-        f"; its last lines:\n{tail}" if tail else ""
+    return (
+        f"{result.name} exited with code {result.exitcode}"
+        + (f"; its last lines:\n{tail}" if tail else "")
+        + _interpreter_hint(result.tail)
+    )
+
+
+def _interpreter_hint(tail: Sequence[str]) -> str:
+    """What to do when a task's Python lacks TensorFlow or graphdist: most often the command's
+    ``python`` is another interpreter than the one graphdist runs in."""
+    missing = [m for m in ("tensorflow", "graphdist") if f"No module named '{m}'" in "".join(tail)]
+    if not missing:
+        return ""
+    return (
+        f"\n  the task's Python has no {missing[0]}: is the command's `python` another "
+        f"interpreter than graphdist's ({sys.executable})? Run `graphdist run -- "
+        f"{sys.executable} ...` or activate the environment graphdist is installed in"
     )
 
 

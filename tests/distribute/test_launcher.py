@@ -116,6 +116,9 @@ def test_cli_usage_errors(argv, fragment):
     assert result.stderr.startswith("Error: ") and fragment in result.stderr
 
 
+IMPORT_TF = "import tensorflow"
+
+
 def test_cli_exit_status_follows_the_tasks():
     ok = run_python(["-m", "graphdist", "run", "--workers", "2", "--", PY, "-c", "print(1)"])
     assert ok.returncode == 0 and sorted(ok.stdout.split()) == [
@@ -127,4 +130,12 @@ def test_cli_exit_status_follows_the_tasks():
     code = "import os, sys; sys.exit(os.environ['GRAPHDIST_TASK'] == 'worker-0')"
     bad = run_python(["-m", "graphdist", "run", "--workers", "2", "--", PY, "-c", code])
     assert bad.returncode == 1 and "worker-0 exited with code 1" in bad.stderr
+    # a `python` that is not graphdist's (the venv's base interpreter, without TensorFlow):
+    # the error says so and what to run instead
+    bare = os.path.join(sys.base_prefix, "bin", "python3")
+    lost = run_python(["-m", "graphdist", "run", "--workers", "1", "--", bare, "-c", IMPORT_TF])
+    assert lost.returncode == 1 and "No module named 'tensorflow'" in lost.stderr, lost.stderr
+    assert f"graphdist run -- {sys.executable}" in lost.stderr, lost.stderr
+    three = run_python(["-m", "graphdist", "run", "--workers", "2", "--", PY, "-c", "exit(3)"])
+    assert three.returncode == 3, three.stderr  # the task's own code, as torchrun gives it
     assert "Traceback" not in bad.stderr
