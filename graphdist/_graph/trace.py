@@ -8,6 +8,7 @@ off when a demo's split must be real (TF_FACTS, "Placement evidence").
 
 from __future__ import annotations
 
+import html
 import os
 import shutil
 import subprocess
@@ -79,6 +80,82 @@ class Placement(Mapping[str, str]):
             "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
             for row in rows
         )
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: the table, each row in its task's colour, and the placed graph as an
+        inline SVG picture (drawn here: no Graphviz needed)."""
+        tasks = self.tasks()
+        colour = {t: _PALETTE[i % len(_PALETTE)] for i, t in enumerate(tasks)}
+        rows = "".join(
+            f'<tr style="background:{colour[self.task_of(n)]}"><td>{html.escape(n)}</td>'
+            f"<td>{html.escape(self.requested.get(n) or '-')}</td><td>{html.escape(d)}</td></tr>"
+            for n, d in sorted(self.executed.items())
+        )
+        return (
+            "<table><thead><tr><th>op</th><th>requested</th><th>ran on</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>{self.to_svg()}"
+        )
+
+    def to_svg(self) -> str:
+        """An SVG picture of the executed nodes: one box per node in its task's colour, laid
+        out left to right by data dependencies, with a legend of the tasks."""
+        tasks = self.tasks()
+        colour = {t: _PALETTE[i % len(_PALETTE)] for i, t in enumerate(tasks)}
+        inputs: dict[str, list[str]] = {name: [] for name in self.executed}
+        if self.graph is not None:
+            for name in self.executed:
+                op = self.graph.get_operation_by_name(name)
+                inputs[name] = [t.op.name for t in op.inputs if t.op.name in self.executed]
+        depth: dict[str, int] = {}
+
+        def depth_of(name: str, seen: frozenset[str] = frozenset()) -> int:
+            if name not in depth:
+                parents = [p for p in inputs[name] if p not in seen]
+                depth[name] = 1 + max((depth_of(p, seen | {name}) for p in parents), default=-1)
+            return depth[name]
+
+        layers: dict[int, list[str]] = {}
+        for name in sorted(self.executed):
+            layers.setdefault(depth_of(name), []).append(name)
+        box_w, box_h, gap_x, gap_y, top = 150, 44, 50, 16, 34
+        where: dict[str, tuple[int, int]] = {}
+        for level, names in sorted(layers.items()):
+            for row, name in enumerate(names):
+                where[name] = (10 + level * (box_w + gap_x), top + row * (box_h + gap_y))
+        width = 20 + (max(layers, default=0) + 1) * (box_w + gap_x)
+        height = top + max((len(v) for v in layers.values()), default=1) * (box_h + gap_y)
+        parts = [
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            'font-family="sans-serif" font-size="11">',
+            '<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="8" refY="4" '
+            'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#555"/></marker></defs>',
+        ]
+        for i, task in enumerate(tasks):
+            x = 10 + i * 110
+            parts.append(
+                f'<rect x="{x}" y="6" width="100" height="18" rx="4" fill="{colour[task]}"/>'
+                f'<text x="{x + 50}" y="19" text-anchor="middle">{html.escape(task)}</text>'
+            )
+        for name, parents in inputs.items():
+            x2, y2 = where[name]
+            for parent in parents:
+                x1, y1 = where[parent]
+                parts.append(
+                    f'<line x1="{x1 + box_w}" y1="{y1 + box_h // 2}" x2="{x2}" '
+                    f'y2="{y2 + box_h // 2}" stroke="#555" marker-end="url(#arrow)"/>'
+                )
+        for name, (x, y) in where.items():
+            task = self.task_of(name)
+            kind = self.graph.get_operation_by_name(name).type if self.graph is not None else ""
+            parts.append(
+                f'<rect x="{x}" y="{y}" width="{box_w}" height="{box_h}" rx="6" '
+                f'fill="{colour[task]}" stroke="#333"/>'
+                f'<text x="{x + 6}" y="{y + 16}">{html.escape(name[:22])}</text>'
+                f'<text x="{x + 6}" y="{y + 32}" fill="#333">{html.escape(kind)} @ '
+                f"{html.escape(task)}</text>"
+            )
+        parts.append("</svg>")
+        return "".join(parts)
 
     def tasks(self) -> list[str]:
         """The ``job:task`` names that executed at least one node, sorted."""
