@@ -22,11 +22,12 @@ fleet opens carries a :class:`SessionGuard`:
   TensorFlow (``run`` returns within milliseconds, TF_FACTS), and the caller gets the
   :class:`TaskFailedError`.
 - **Ctrl-C** (SIGINT, also Jupyter's "interrupt kernel") during a run in the main thread: Python
-  only raises ``KeyboardInterrupt`` once TensorFlow's C++ call returns, so the run listens for
-  the signal through :func:`signal.set_wakeup_fd` (any previous wakeup fd still gets every
-  byte) and the watchdog cancels the step the same way. ``KeyboardInterrupt`` arrives at once,
-  the step consumed nothing after it, and the session is closed (the only way TensorFlow cancels
-  a step): its later runs raise :class:`SessionInterruptedError`; open a new one.
+  only runs a signal handler once TensorFlow's C++ call returns, so from the first main-thread
+  run on the process's :func:`signal.set_wakeup_fd` is the watchdog's pipe (any previous wakeup
+  fd still gets every byte), and the watchdog cancels the step the same way when SIGINT has a
+  Python handler. ``KeyboardInterrupt`` arrives at once, the step consumed nothing after it, and
+  the session is closed (the only way TensorFlow cancels a step): its later runs raise
+  :class:`SessionInterruptedError`; open a new one.
 - **A broken session** refuses further runs with the same error, and closing it returns at once:
   it is abandoned (marked closed, no RPC to a task that cannot answer; TensorFlow would retry
   it until the operation timeout), and its native session is freed when it is collected.
@@ -373,29 +374,10 @@ _watchdog = _Watchdog()
 _wakeup_installed = False
 
 
-class _Interrupt:
-    in_run = False  # the main thread is inside a guarded run
-    pending = False  # SIGINT came during that run: raise KeyboardInterrupt after it
-
-
-_interrupt = _Interrupt()
-
-
-def _on_sigint(signum: int, frame: Any) -> None:
-    """SIGINT's handler once a fleet session ran in the main thread: Python's own
-    (``KeyboardInterrupt``) outside a run; during one, the interrupt is noted, the watchdog
-    cancels the step, and the run raises ``KeyboardInterrupt`` as soon as it returns."""
-    if _interrupt.in_run:
-        _interrupt.pending = True
-        return
-    signal.default_int_handler(signum, frame)
-
-
 def _reset_after_fork() -> None:
     global _wakeup_installed, _MAIN_THREAD
     _watchdog._after_fork()
     _wakeup_installed = False
-    _interrupt.pending = _interrupt.in_run = False
     _MAIN_THREAD = threading.main_thread().ident or 0
 
 
@@ -403,14 +385,12 @@ os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def release_signals() -> None:
-    """Give back the signal wakeup fd and SIGINT's handler (a fleet's close calls it once no
-    fleet runs; only the main thread can)."""
+    """Give back the signal wakeup fd (a fleet's close calls it once no fleet runs; only the
+    main thread can)."""
     if threading.current_thread() is not threading.main_thread():
         return
     if _wakeup_installed:
         _watchdog.release_wakeup_fd()
-    if signal.getsignal(signal.SIGINT) is _on_sigint:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class SessionGuard:
@@ -569,22 +549,9 @@ class SessionGuard:
         ident = get_ident()
         if self._hand_off:
             return self._run_handed_off(sess, ident, call, args, kwargs)
-        deferring = False
-        if ident == _MAIN_THREAD:
-            if not _wakeup_installed:
-                _wakeup_installed = True
-                _watchdog.install_wakeup_fd()
-            # Python's own handler would raise KeyboardInterrupt wherever the main thread is
-            # when TensorFlow's call returns, even inside TensorFlow's building of the error
-            # (pybind11 then raises "MISMATCH of original and normalized active exception
-            # types"): during the call the interrupt is only noted, and raised right after it.
-            # The handler stays (setting one costs more than the rest of the guard together).
-            handler = signal.getsignal(signal.SIGINT)
-            if handler is signal.default_int_handler:
-                signal.signal(signal.SIGINT, _on_sigint)
-                handler = _on_sigint
-            if handler is _on_sigint and not _interrupt.in_run:
-                _interrupt.in_run = deferring = True
+        if ident == _MAIN_THREAD and not _wakeup_installed:
+            _wakeup_installed = True
+            _watchdog.install_wakeup_fd()
         inflight = self._inflight
         inflight[ident] = started = time.monotonic()
         if _watchdog.idle:
@@ -594,11 +561,11 @@ class SessionGuard:
         except Exception as exc:
             mark = self._cancelled.pop(ident, None)
             cancelled = mark is not None and mark[0] == started
-            if deferring and _interrupt.pending:
-                raise  # the finally clause raises KeyboardInterrupt
             if cancelled and mark is not None and mark[1]:
-                # Interrupted under another SIGINT handler (a Jupyter kernel's): it was called
-                # once the step returned; the step itself ends as Ctrl-C ends one.
+                # Interrupted: the step is cancelled. Python's own SIGINT handler may have
+                # raised inside TensorFlow's building of the CancelledError, which pybind11
+                # turns into "MISMATCH of original and normalized active exception types"; a
+                # Jupyter kernel's handler raises nothing. Either way: KeyboardInterrupt.
                 raise KeyboardInterrupt from None
             error = self._translate(exc, cancelled)
             if error is None:
@@ -606,16 +573,10 @@ class SessionGuard:
             raise error from exc
         finally:
             inflight.pop(ident, None)
+            if self._cancelled:  # a KeyboardInterrupt that Python raised itself, or a step
+                self._cancelled.pop(ident, None)  # that ended before its cancel
             if time.monotonic() - started > LONG_STEP_S:
                 self._hand_off = True  # this session's steps are long: hand them off
-            if deferring:
-                _interrupt.in_run = False
-                if _interrupt.pending:
-                    _interrupt.pending = _interrupt.in_run = False
-                    self._cancelled.pop(ident, None)
-                    raise KeyboardInterrupt
-        if self._cancelled:
-            self._cancelled.pop(ident, None)
         self._ran = True
         return value
 

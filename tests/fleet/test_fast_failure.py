@@ -101,6 +101,27 @@ def test_a_task_killed_during_a_transfer_fails_the_run_and_close_does_not_wait(f
         sess.run(tf.constant(1.0))  # a broken session refuses further runs the same way
 
 
+def test_a_task_killed_during_a_step_in_the_callers_thread_fails_it(fleet):
+    # A session whose steps are short runs them in the caller's thread (no hand-off); the
+    # watchdog then ends a failed step by closing the session, which cancels it in TensorFlow.
+    graph, out, _ = blocking_step(fleet)
+    with graph.as_default():
+        quick = tf.constant(1.0) + 1.0
+    sess = fleet.session("local", 0, graph=graph)
+    for _ in range(3):
+        assert sess.run(quick) == 2.0
+    assert not sess._graphdist_guard._hand_off  # short steps: the next one runs inline
+    thread, box = run_in_thread(sess, out)
+    wait_blocked(fleet, thread)
+    fleet.kill("local", 1)
+    thread.join(FAST_S)
+    assert not thread.is_alive(), "the run still waits for a killed task"
+    err = box.get("error")
+    assert isinstance(err, graphdist.TaskFailedError), box
+    assert (err.task, err.status) == ("local:1", "dead")
+    assert closes_at_once(sess)
+
+
 def test_a_frozen_task_is_reported_not_answering(fleet):
     pid = fleet.task("local", 1).pid
     try:
