@@ -237,6 +237,14 @@ def _define_classes() -> None:
         _server: Any = None
         _server_pid: int | None = None  # the fork server that took the request
 
+        def __init__(self, process_obj: Any) -> None:
+            # The sentinel carries two numbers, the pid and then the exit code, each read
+            # once: a fleet's watcher thread asks for them while the owner's thread starts
+            # or restarts a task, and two readers of the pid left one blocked for ever on
+            # the exit code (a restart that never returned).
+            self._reading = threading.RLock()
+            super().__init__(process_obj)
+
         @property
         def pid(self) -> int | None:
             if self._pid is None and self._server is not None:
@@ -248,27 +256,31 @@ def _define_classes() -> None:
             self._pid = value
 
         def _read_pid(self) -> None:
-            server, self._server = self._server, None
-            try:
-                self._pid = forkserver.read_signed(self.sentinel)
-            except (OSError, EOFError) as exc:
-                self.returncode = 255
-                raise _died(server, exc, self._server_pid) from exc
+            with self._reading:
+                if self._pid is not None or self._server is None:
+                    return  # another thread read it meanwhile
+                server, self._server = self._server, None
+                try:
+                    self._pid = forkserver.read_signed(self.sentinel)
+                except (OSError, EOFError) as exc:
+                    self.returncode = 255
+                    raise _died(server, exc, self._server_pid) from exc
 
         def poll(self, flag: int = os.WNOHANG) -> int | None:
-            # A plain select() for the common "still running?" (a fleet session asks before
-            # every run): multiprocess's wait() builds a selector object each time.
+            # A plain select() for the common "still running?" (the fleet's watcher asks every
+            # 0.1 s): multiprocess's wait() builds a selector object each time.
             ready = self.returncode is not None or flag != os.WNOHANG
             if not ready and not select.select([self.sentinel], [], [], 0)[0]:
                 return None
-            # the first number on the sentinel is the pid, the second the exit code
-            if self._pid is None and self._server is not None:
-                try:
-                    self._read_pid()
-                except ForkServerDiedError:
-                    return self.returncode
-            result: int | None = super().poll(flag)
-            return result
+            with self._reading:  # one reader of the sentinel at a time (see __init__)
+                # the first number on the sentinel is the pid, the second the exit code
+                if self._pid is None and self._server is not None:
+                    try:
+                        self._read_pid()
+                    except ForkServerDiedError:
+                        return self.returncode
+                result: int | None = super().poll(flag)
+                return result
 
         def _launch(self, process_obj: Any) -> None:
             # popen_forkserver.Popen._launch, with our fork server, without __main__, and

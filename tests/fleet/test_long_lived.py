@@ -279,3 +279,23 @@ def test_ctrl_c_to_the_process_group_cancels_the_step_and_spares_the_servers():
     assert lines.count("QUEUE 2 1.0 5.0") == 2, lines
     assert lines.count("NEW 0") == 2, lines
     assert_servers_gone("\n".join(lines))
+
+
+def test_restarts_while_the_watcher_reads_the_same_processes_all_return():
+    # The fleet's watcher reads each task's pid and exit status every 0.1 s; a restart forks a
+    # new process and reads its pid from the same pipe. Two readers of one number left the
+    # restart blocked for ever on the second (the exit code): 1 of 3 runs of 40 restarts hung.
+    proc = run_script(
+        """
+        fleet = graphdist.LocalFleet('local=2').start(); pids(fleet)
+        sess = fleet.session('local', 0)  # a session starts the watcher
+        for attempt in range(40):
+            fleet.restart('local', 1)
+            pids(fleet)
+        print('RESTARTS', fleet.task('local', 1).restarts, flush=True)
+        """,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RESTARTS 40" in proc.stdout
+    assert_servers_gone(proc.stdout)
