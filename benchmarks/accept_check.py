@@ -1,7 +1,7 @@
 """The cost of the bind shim's same-user check at ``accept()``: connection set-up with and without
 the shim, measured in the same run.
 
-With the shim (``graphdist/_fleet/loopback.c``), every accepted TCP connection costs a few more
+With the shim (``graphdist/_net/loopback.c``), every accepted TCP connection costs a few more
 system calls and a read of the kernel's socket table (``/proc/net/tcp``, sometimes
 ``/proc/net/tcp6`` too), whose size grows with the sockets open on the machine. Each figure is
 the time of one loopback ``connect()`` + ``accept()`` + close, the median over ``--repeats`` runs
@@ -73,7 +73,7 @@ def one_run(connections: int, extra: int, preload: str | None) -> float:
 
 def measure(connections: int, repeats: int, extras: list[int]) -> list[dict[str, float]]:
     sys.path.insert(0, REPO)
-    from graphdist._fleet.loopback import loopback_library
+    from graphdist._net.loopback import loopback_library
 
     shim = loopback_library()
     rows = []

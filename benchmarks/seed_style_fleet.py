@@ -10,7 +10,7 @@ import sys
 import time
 
 from graphdist import Cluster
-from graphdist._fleet.probe import Prober
+from graphdist._net.probe import Prober
 
 DEADLINE_S = 120.0
 

@@ -11,7 +11,7 @@ The floor is measured at least ``FLOOR_REPEATS`` (3) times; a run whose floor va
 ``FLOOR_SPREAD_LIMIT`` between its repeats, or with a figure under its floor, prints a warning
 (``_common.floor_warnings``). Only the methods that import TensorFlow whole (``WHOLE_TF``) are
 bounded by the floor: a LocalFleet's servers import it without Keras and SciPy
-(``graphdist._fleet.lean``), so a cold LocalFleet can start in less than a bare import.
+(``graphdist._proc.lean``), so a cold LocalFleet can start in less than a bare import.
 
 ``side_by_side`` is the head-to-head the suite puts first, measured in interleaved rounds: a
 cold LocalFleet (a fresh process that starts the fleet, closes it and exits) against a cold
@@ -99,7 +99,7 @@ CHILDREN = {
         """
         import json, os, sys
         import tensorflow as tf
-        from graphdist._fleet.probe import Prober
+        from graphdist._net.probe import Prober
         workers, _ = tf.test.create_local_cluster(int(sys.argv[1]), 0)
         for w in workers:
             with Prober(w.target[len("grpc://"):]) as p:
@@ -113,7 +113,7 @@ CHILDREN = {
 METHODS = ("local_fleet", "seed_style", "create_local_cluster")
 # The methods whose processes import TensorFlow whole, as the floor does: none of their figures
 # can be under the floor. A LocalFleet's servers import it without Keras and SciPy
-# (graphdist._fleet.lean) and its owner not at all, so its cold figures may be.
+# (graphdist._proc.lean) and its owner not at all, so its cold figures may be.
 WHOLE_TF = ("seed_style", "create_local_cluster")
 LABELS = {
     "local_fleet": "graphdist LocalFleet",

@@ -65,8 +65,8 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "tf_config",
     ),
     "graphdist._fleet.base": ("Fleet", "FleetState", "ReopeningSession", "TaskExit", "TaskView"),
-    "graphdist._fleet.detached": ("DetachedFleet", "attach"),
-    "graphdist._fleet.gpus": ("available_gpus",),
+    "graphdist._detached.fleet": ("DetachedFleet", "attach"),
+    "graphdist._proc.gpus": ("available_gpus",),
     "graphdist._fleet.guard": ("FLEET_OPERATION_TIMEOUT_MS",),
     "graphdist._fleet.health": ("TaskHealth",),
     "graphdist._fleet.local": ("DEFAULT_START_TIMEOUT_S", "FleetTask", "LocalFleet"),
@@ -88,6 +88,7 @@ _WHERE = {name: module for module, names in _LAZY.items() for name in names}
 
 if _TYPE_CHECKING:
     from graphdist._cluster import Cluster, Task
+    from graphdist._detached.fleet import DetachedFleet, attach
     from graphdist._distribute.launcher import TaskResult, run_command, run_function
     from graphdist._distribute.strategy import (
         checkpoint_dir,
@@ -103,8 +104,6 @@ if _TYPE_CHECKING:
         tf_config,
     )
     from graphdist._fleet.base import Fleet, FleetState, ReopeningSession, TaskExit, TaskView
-    from graphdist._fleet.detached import DetachedFleet, attach
-    from graphdist._fleet.gpus import available_gpus
     from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS
     from graphdist._fleet.health import TaskHealth
     from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
@@ -121,6 +120,7 @@ if _TYPE_CHECKING:
     from graphdist._graph.split import AutoPlan, ByName, Plan, RoundRobin, SplitGraph, split
     from graphdist._graph.trace import Placement, no_folding_config, run_traced
     from graphdist._graph.variables import initialize_uninitialized, shared_variable
+    from graphdist._proc.gpus import available_gpus
 
 
 def __getattr__(name: str) -> _Any:

@@ -38,7 +38,7 @@ def is_gone(pid: int) -> bool:
 
 def listening(pid: int) -> list[tuple[str, int]]:
     """Where process ``pid`` listens, as psutil reads it: the tests' own oracle, independent of
-    graphdist's reading (``graphdist._fleet.exposure``)."""
+    graphdist's reading (``graphdist._net.exposure``)."""
     return sorted(
         (c.laddr.ip, c.laddr.port)
         for c in psutil.Process(pid).net_connections(kind="tcp")

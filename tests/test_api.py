@@ -88,7 +88,7 @@ def _drawn_tree() -> dict[str, str | None]:
 
 
 def _all_error_classes() -> set[type]:
-    skip = {"graphdist.__main__", "graphdist._fleet.forkserver_exit"}  # one runs, one exits
+    skip = {"graphdist.__main__", "graphdist._proc.forkserver_exit"}  # one runs, one exits
     for info in pkgutil.walk_packages(graphdist.__path__, "graphdist."):
         if info.name not in skip:
             importlib.import_module(info.name)

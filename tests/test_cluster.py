@@ -7,7 +7,7 @@ import json
 import pytest
 
 from graphdist import Cluster, ClusterSpecError, Task
-from graphdist._ports import release_ports
+from graphdist._net.ports import release_ports
 
 SEED = {"local": ["localhost:2020", "localhost:2021"]}
 

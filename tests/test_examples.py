@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from graphdist._ports import is_port_free
+from graphdist._net.ports import is_port_free
 from tests.conftest import REPO, run_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

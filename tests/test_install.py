@@ -76,7 +76,7 @@ def test_wheel_holds_every_tracked_file_of_the_package(dists):
     names = set(zipfile.ZipFile(dists["wheel"]).namelist())
     missing = [p for p in _tracked("graphdist") if p not in names]
     assert missing == [], f"tracked under graphdist/ but not in the wheel: {missing}"
-    assert "graphdist/_fleet/loopback.c" in names  # the file that was once forgotten
+    assert "graphdist/_net/loopback.c" in names  # the file that was once forgotten
 
 
 def test_sdist_holds_the_package_tests_examples_and_deploy_files(dists):

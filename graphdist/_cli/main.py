@@ -16,6 +16,11 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from graphdist._cluster import Cluster
+from graphdist._detached.supervisor import (
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_RESTART_WINDOW_S,
+    RESTART_POLICIES,
+)
 from graphdist._exceptions import (
     ArgumentError,
     ClusterSpecError,
@@ -28,12 +33,7 @@ from graphdist._exceptions import (
     TaskExitError,
     UsageError,
 )
-from graphdist._fleet.signals import stop_on_signals
-from graphdist._fleet.supervisor import (
-    DEFAULT_MAX_RESTARTS,
-    DEFAULT_RESTART_WINDOW_S,
-    RESTART_POLICIES,
-)
+from graphdist._proc.signals import stop_on_signals
 from graphdist._validate import count, is_ascii_digits, timeout_s
 from graphdist._version import __version__
 
@@ -275,7 +275,7 @@ def _print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
 
 
 def _state_dir(args: argparse.Namespace) -> str:
-    from graphdist._fleet.detached import resolve_state_dir
+    from graphdist._detached.fleet import resolve_state_dir
 
     return resolve_state_dir(args.state_dir)
 
@@ -343,7 +343,7 @@ def _up_ray(args: argparse.Namespace) -> int:
 
 
 def _up_detached(args: argparse.Namespace, cluster: Cluster) -> int:
-    from graphdist._fleet.detached import SupervisorSpec, start_detached, status_rows
+    from graphdist._detached.fleet import SupervisorSpec, start_detached, status_rows
 
     spec = SupervisorSpec(
         state_dir=_state_dir(args),
@@ -372,8 +372,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     """Exit 0: the fleet runs (a task may be waiting for its scheduled restart); 1: a task is
     dead for good (the restart policy gave up on it, or there is none); 2: no fleet, a stale
     one (cleaned up) or an unreadable state file."""
+    from graphdist._detached.fleet import fleet_problem, live_record, no_fleet, status_rows
     from graphdist._exceptions import FleetError
-    from graphdist._fleet.detached import fleet_problem, live_record, no_fleet, status_rows
 
     state_dir = _state_dir(args)
     record = live_record(state_dir, cleanup=False)
@@ -387,7 +387,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
-    from graphdist._fleet.detached import stop_detached
+    from graphdist._detached.fleet import stop_detached
 
     state_dir = _state_dir(args)
 
@@ -417,10 +417,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         option = "--picture" if args.picture and exc.path == args.picture else "--tensorboard"
         raise UsageError(f"{option}: {exc}") from None
 
-    from graphdist._fleet import lean
     from graphdist._fleet.local import LocalFleet
     from graphdist._graph.graphs import split_graph
     from graphdist._graph.trace import no_folding_config, run_traced
+    from graphdist._proc import lean
 
     lean.install()  # this client only builds and runs a graph: TensorFlow without Keras
     # The client's TensorFlow import (seconds) overlaps the fleet's start, which is mostly the
@@ -469,8 +469,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from graphdist._fleet import lean
-    from graphdist._fleet.serve import serve, slurm_task
+    from graphdist._proc import lean
+    from graphdist._proc.serve import serve, slurm_task
 
     lean.install()  # this process only serves: TensorFlow without Keras and SciPy
 

@@ -16,11 +16,11 @@
 
 Nothing a task started outlives the run, however the run ends: grandchildren in a wrapping shell
 (``sh -c 'python train.py; true'``) and daemons that left the task's session included. Each COMMAND
-runs under a guard (:func:`graphdist._fleet.process.guarded_argv`, in a session of its own): a
+runs under a guard (:func:`graphdist._proc.process.guarded_argv`, in a session of its own): a
 child subreaper, so every orphan of the task is re-parented to it and stays in its reach, with
 ``PR_SET_PDEATHSIG`` on the launcher, so even a SIGKILLed launcher sets it off. Stopped (or when
 COMMAND exits: its leftovers go too), the guard SIGTERMs every descendant, gives them
-``graphdist._fleet.process.STOP_GRACE_S`` (TensorFlow programs may catch or ignore SIGTERM),
+``graphdist._proc.process.STOP_GRACE_S`` (TensorFlow programs may catch or ignore SIGTERM),
 SIGKILLs the rest and exits once none is left, with COMMAND's exit status. Why a guard, not a
 process group or parent-death signals alone: a signal to a group misses whoever called ``setsid``,
 ``PR_SET_PDEATHSIG`` only reaches a direct child, and neither helps once the launcher is SIGKILLed
@@ -29,7 +29,7 @@ guard's pid: once it is gone, all of its task is.
 
 During the run, SIGINT, SIGTERM and SIGHUP (main thread only) stop every task and the ps servers
 first; then the launcher gets the signal as it would have without the run
-(:class:`graphdist._fleet.signals.SignalScope`): SIGINT raises KeyboardInterrupt (``graphdist run``
+(:class:`graphdist._proc.signals.SignalScope`): SIGINT raises KeyboardInterrupt (``graphdist run``
 exits 130), SIGTERM and SIGHUP kill it (a shell shows 143 and 129, 128 + the signal); a Python
 handler of the caller's runs instead, and :class:`LaunchError` follows if it returns. Ctrl-C in
 a terminal reaches only the launcher: each task has its own session.
@@ -64,10 +64,10 @@ from graphdist._exceptions import (
     LaunchTimeoutError,
     TaskExitError,
 )
-from graphdist._fleet import process as _process
-from graphdist._fleet.loopback import server_bind_address, shim_env
-from graphdist._fleet.process import descendants, guarded_argv, stop_all
-from graphdist._fleet.signals import Interrupted, SignalScope
+from graphdist._net.loopback import server_bind_address, shim_env
+from graphdist._proc import process as _process
+from graphdist._proc.process import descendants, guarded_argv, stop_all
+from graphdist._proc.signals import Interrupted, SignalScope
 from graphdist._validate import show
 from graphdist._validate import timeout_s as check_timeout_s
 

@@ -18,7 +18,7 @@ task), ``_wait_ready(tasks, timeout_s)`` (return once each answers over gRPC, el
 first that did not), ``_stop_tasks(tasks, grace_s)``, ``_kill_task(task, sig)``,
 ``_restart_task(task)`` and ``_teardown()`` (what is left after the tasks: log folders, placement
 groups), and may refine ``_allowed_addresses(task)`` / ``_check_listening(task, allowed)``: once
-tasks answer, the lifecycle checks where each really listens (:mod:`graphdist._fleet.exposure`) and
+tasks answer, the lifecycle checks where each really listens (:mod:`graphdist._net.exposure`) and
 refuses a server on a wildcard or foreign address unless the fleet was exposed. Its task handles
 satisfy :class:`TaskHandle`. Using a fleet — devices checked against the cluster, sessions whose
 failures name the task, health, reopening sessions, the master for some fetches — is all here,
@@ -53,7 +53,6 @@ from graphdist._exceptions import (
     TaskFailedError,
     TaskNotFoundError,
 )
-from graphdist._fleet.exposure import ListeningTable, check_listening
 from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS, SessionGuard, release_signals
 from graphdist._fleet.health import (
     ALIVE,
@@ -64,11 +63,12 @@ from graphdist._fleet.health import (
     probe_all,
     task_failed,
 )
-from graphdist._fleet.probe import PROBE_TIMEOUT_S, wait_answering
-from graphdist._fleet.process import STOP_GRACE_S
 from graphdist._graph.master import master_for
 from graphdist._graph.placement import DeviceSpec, check_device, device
 from graphdist._graph.session import session, session_config
+from graphdist._net.exposure import ListeningTable, check_listening
+from graphdist._net.probe import PROBE_TIMEOUT_S, wait_answering
+from graphdist._proc.process import STOP_GRACE_S
 from graphdist._validate import timeout_ms
 from graphdist._validate import timeout_s as check_timeout_s
 
@@ -368,7 +368,7 @@ class Fleet(Generic[_TaskT]):
 
     def _ready(self, tasks: list[_TaskT], timeout_s: float) -> None:
         """Wait until ``tasks`` answer, then check that each listens only where it may (see
-        :mod:`graphdist._fleet.exposure`): a server on a wildcard or foreign address, or one
+        :mod:`graphdist._net.exposure`): a server on a wildcard or foreign address, or one
         whose sockets cannot be read, raises :class:`ExposedServerError`."""
         self._wait_ready(list(tasks), timeout_s)  # a backend may consume its list
         table = ListeningTable()  # read after every task answered: their sockets are in it

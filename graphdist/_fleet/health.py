@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from graphdist._exceptions import TaskFailedError
-from graphdist._fleet.probe import probe_many, probers
+from graphdist._net.probe import probe_many, probers
 
 if TYPE_CHECKING:
     from graphdist._fleet.base import TaskHandle

@@ -27,17 +27,17 @@ from graphdist._exceptions import (
     PortInUseError,
 )
 from graphdist._fleet.base import Fleet, FleetState, TaskView
-from graphdist._fleet.forkserver import (
+from graphdist._net.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
+from graphdist._net.ports import is_port_free, port_holder, release_ports
+from graphdist._proc.forkserver import (
     ForkServerDiedError,
     owned_temp_dir,
     process_class,
     sweep_stale_temp_dirs,
 )
-from graphdist._fleet.gpus import GpuPlan, plan_gpus
-from graphdist._fleet.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
-from graphdist._fleet.process import STOP_GRACE_S, stop_all
-from graphdist._fleet.server import EXIT_PORT_IN_USE, fleet_child
-from graphdist._ports import is_port_free, port_holder, release_ports
+from graphdist._proc.gpus import GpuPlan, plan_gpus
+from graphdist._proc.process import STOP_GRACE_S, stop_all
+from graphdist._proc.server import EXIT_PORT_IN_USE, fleet_child
 from graphdist._validate import timeout_ms, timeout_s
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ How a fleet comes up on a Ray cluster (the pattern of TF_FACTS, "Scale-out on Ra
    work once it answers.
 
 Where the servers listen (TensorFlow's servers have no authentication; see
-:mod:`graphdist._fleet.loopback`). Every actor's process loads graphdist's bind shim (through
+:mod:`graphdist._net.loopback`). Every actor's process loads graphdist's bind shim (through
 Ray's ``runtime_env``), so no server ever listens on a wildcard address; which address it gets
 is decided by :func:`plan_hosts` once Ray has placed the bundles, before any actor starts:
 
@@ -28,7 +28,7 @@ is decided by :func:`plan_hosts` once Ray has placed the bundles, before any act
   ``127.0.0.1`` (see below): start Ray on a network address yourself to really expose it.
 
 After the servers answer, each actor reports its process's listening sockets and the server's
-port must be on loopback or on that node address (:mod:`graphdist._fleet.exposure`); the
+port must be on loopback or on that node address (:mod:`graphdist._net.exposure`); the
 sockets of Ray's own core worker in the same process are Ray's.
 
 The Ray instance graphdist starts itself (no ``address``, no ``RAY_ADDRESS``, no running local
@@ -57,8 +57,8 @@ from graphdist._exceptions import (
     StartTimeoutError,
 )
 from graphdist._fleet.base import Fleet, TaskView
-from graphdist._fleet.exposure import ListeningTable, check_listening, is_loopback_ip
-from graphdist._fleet.loopback import BIND_ADDR_ENV, shim_env
+from graphdist._net.exposure import ListeningTable, check_listening, is_loopback_ip
+from graphdist._net.loopback import BIND_ADDR_ENV, shim_env
 from graphdist._validate import show, timeout_ms, timeout_s
 
 __all__ = ["RayFleet", "RayTask", "plan_hosts"]
@@ -78,10 +78,10 @@ class _ServerActor:
     """
 
     def __init__(self, cluster: dict[str, Any], job: str, index: int, bind: str) -> None:
-        from graphdist._fleet import lean
+        from graphdist._proc import lean
 
         lean.install()  # an actor's process is its own and only serves (see lean.py)
-        from graphdist._fleet.server import start_server
+        from graphdist._proc.server import start_server
 
         node = os.environ.get(BIND_ADDR_ENV)
         os.environ[BIND_ADDR_ENV] = bind
@@ -96,7 +96,7 @@ class _ServerActor:
 
     def listening(self) -> list[tuple[str, int]]:
         """Every TCP socket this process listens on (the server's and Ray's own)."""
-        from graphdist._fleet.exposure import listening_sockets
+        from graphdist._net.exposure import listening_sockets
 
         return listening_sockets(os.getpid())
 
@@ -105,7 +105,7 @@ def _reserve_port() -> tuple[str, int, str]:
     """Runs in a Ray task on one bundle: (node IP, a free port there, node id)."""
     import ray
 
-    from graphdist._ports import pick_free_ports
+    from graphdist._net.ports import pick_free_ports
 
     (port,) = pick_free_ports(1)
     node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import graphdist
-from graphdist._fleet.probe import Prober
+from graphdist._net.probe import Prober
 from tests.conftest import EVENTUALLY_S, run_python, wait_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -79,7 +79,7 @@ def test_ps_tasks_are_servers_that_stop_when_the_run_ends():
 def test_ps_servers_answer_while_the_run_lasts():
     code = (
         "import os, json\n"
-        "from graphdist._fleet.probe import Prober\n"
+        "from graphdist._net.probe import Prober\n"
         "c = json.loads(os.environ['TF_CONFIG'])['cluster']\n"
         "print(all(Prober(a).probe(2.0) for a in c['ps'] + c['worker']))\n"
     )

@@ -1,1 +1,1 @@
-"""Tests of graphdist._fleet."""
+"""Tests of graphdist._fleet: the fleet client and lifecycle, backends, session guard, health."""

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import pytest
 
 import graphdist
-from graphdist._fleet.state import SUPERVISOR_LOG
-from graphdist._fleet.supervisor import MONITOR_INTERVAL_S
+from graphdist._detached.state import SUPERVISOR_LOG
+from graphdist._detached.supervisor import MONITOR_INTERVAL_S
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
 from tests.conftest import EVENTUALLY_S, read_json, run_python, wait_gone
 

@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 import graphdist
-from graphdist._fleet.probe import wait_answering
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
+from graphdist._net.probe import wait_answering
 from tests.conftest import (
     DOCUMENTED_FLEET_OPERATION_TIMEOUT_MS,
     EVENTUALLY_S,

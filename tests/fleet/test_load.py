@@ -19,11 +19,11 @@ CLIENTS, THREADS, ADDS = 8, 4, 250
 RUNS = 10_000
 
 # A client of this test only runs graphs: it imports TensorFlow without Keras, as servers do
-# (graphdist._fleet.lean), which halves the eight clients' imports.
+# (graphdist._proc.lean), which halves the eight clients' imports.
 CLIENT = textwrap.dedent(
     """
     import sys, threading
-    from graphdist._fleet import lean
+    from graphdist._proc import lean
     lean.install()
     import tensorflow.compat.v1 as tf
     import graphdist

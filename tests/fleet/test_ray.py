@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 import graphdist
-from graphdist._fleet.exposure import is_loopback_ip
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
+from graphdist._net.exposure import is_loopback_ip
 from tests.conftest import listening
 from tests.fleet.conftest import reload_ray_token
 

@@ -12,9 +12,9 @@ import psutil
 import pytest
 
 import graphdist
-from graphdist._fleet.exposure import is_loopback_ip
 from graphdist._fleet.ray import plan_hosts
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
+from graphdist._net.exposure import is_loopback_ip
 from tests.conftest import EVENTUALLY_S, listening, wait_gone
 from tests.fleet.conftest import processes_of as _processes_of
 

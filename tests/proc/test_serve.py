@@ -18,7 +18,7 @@ import pytest
 import graphdist
 from graphdist._cli.main import build_parser
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
-from graphdist._ports import pick_free_ports, release_ports
+from graphdist._net.ports import pick_free_ports, release_ports
 from tests.conftest import QUIET_TF, REPO
 
 SERVERS = os.path.join(REPO, "servers")
@@ -136,7 +136,7 @@ def test_slurm_script_builds_the_right_cluster_from_slurm_variables(monkeypatch)
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "3")
     monkeypatch.setenv("SLURM_STEP_NODELIST", "node[01-03]")
     monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "1(x3)")
-    from graphdist._fleet.serve import slurm_task
+    from graphdist._proc.serve import slurm_task
 
     # TensorFlow deals the Slurm tasks to jobs in the order of the job names: ps, then worker.
     expected = {"ps": ["node01:8888"], "worker": ["node02:8888", "node03:8888"]}

@@ -1,6 +1,6 @@
 """Servers serve their own user (and root) only: loopback is shared by every user of the machine.
 
-The bind shim (``graphdist/_fleet/loopback.c``) also checks, at ``accept()``, who owns the peer's
+The bind shim (``graphdist/_net/loopback.c``) also checks, at ``accept()``, who owns the peer's
 socket and closes connections from other users' processes. Here a client run as ``nobody`` tries
 to read a root-only file through a server (``tf.io.read_file`` runs in the server, with its
 user's rights) and must fail, while the same client run as root succeeds; the servers are a
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import pytest
 
 import graphdist
-from graphdist._fleet.loopback import loopback_library
-from graphdist._ports import pick_free_ports, release_ports
+from graphdist._net.loopback import loopback_library
+from graphdist._net.ports import pick_free_ports, release_ports
 from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, is_gone, processes_marked, wait_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

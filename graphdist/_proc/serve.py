@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 
 from graphdist._cluster import Cluster
 from graphdist._exceptions import ClusterSpecError, PortInUseError
-from graphdist._fleet.exposure import check_listening
-from graphdist._fleet.loopback import BIND_ADDR_ENV, server_bind_address, shim_env
-from graphdist._fleet.signals import stop_on_signals
-from graphdist._ports import is_port_free, port_holder
+from graphdist._net.exposure import check_listening
+from graphdist._net.loopback import BIND_ADDR_ENV, server_bind_address, shim_env
+from graphdist._net.ports import is_port_free, port_holder
+from graphdist._proc.signals import stop_on_signals
 from graphdist._validate import show
 
 __all__ = ["check_slurm_environment", "serve", "slurm_task"]
@@ -118,7 +118,7 @@ def serve(cluster: Cluster, job: str, index: int, *, bind_all: bool, argv: Seque
     shim loaded (it never returns then). Raises ClusterSpecError, PortInUseError,
     LoopbackUnavailableError.
     """
-    from graphdist._fleet.server import start_server
+    from graphdist._proc.server import start_server
 
     task = cluster.task(job, index)
     if not bind_all and os.environ.get(_SHIMMED_ENV) != "1":

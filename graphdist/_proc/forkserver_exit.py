@@ -12,7 +12,7 @@ make the fork server exit at once when its owner is gone.
 - multiprocess's fork server leaves its loop with ``SystemExit`` when every holder of the "alive"
   pipe is gone, then runs a normal interpreter shutdown, which with TensorFlow loaded takes 1-5 s.
   Nothing in the fork server needs that clean-up (its children exit through ``os._exit``), so
-  :func:`register_exit_hook` registers an ``os._exit`` handler; ``graphdist._fleet.server``, the
+  :func:`register_exit_hook` registers an ``os._exit`` handler; ``graphdist._proc.server``, the
   preload after TensorFlow, calls it again so that it runs before TensorFlow's own handlers.
 """
 

@@ -13,7 +13,7 @@ the header of ``loopback.c``: the kernel's socket diagnostics name the owner of 
 socket), and removes itself from ``LD_PRELOAD`` so programs a server starts do not inherit it
 (``GRAPHDIST_SHIM_INHERIT=1`` keeps it: ``graphdist run`` tasks and Ray workers, which reach
 their process through a shell). Each server's listening sockets are checked after it starts
-(:mod:`graphdist._fleet.exposure`): the shim's effect is verified, not assumed.
+(:mod:`graphdist._net.exposure`): the shim's effect is verified, not assumed.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def _build(source: bytes, path: str) -> None:
 def loopback_library() -> str:
     """Path of the compiled bind shim, built on first use and checked to work before it is
     used (rebuilt once if the cached copy does not); raises LoopbackUnavailableError."""
-    source = resources.files("graphdist._fleet").joinpath("loopback.c").read_bytes()
+    source = resources.files("graphdist._net").joinpath("loopback.c").read_bytes()
     tag = hashlib.sha256(source + sys.platform.encode() + os.uname().machine.encode()).hexdigest()
     folder = private_dir(_cache_dir(), "graphdist's cache folder")
     path = os.path.join(folder, f"loopback-bind-{tag[:16]}.so")

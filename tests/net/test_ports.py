@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from graphdist._ports import is_port_free, pick_free_ports, release_ports
+from graphdist._net.ports import is_port_free, pick_free_ports, release_ports
 from tests.conftest import start_python
 
 FLEETS = 8

@@ -1,4 +1,4 @@
-"""Server processes import TensorFlow without Keras and SciPy (graphdist._fleet.lean)."""
+"""Server processes import TensorFlow without Keras and SciPy (graphdist._proc.lean)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def test_refused_packages_fail_as_missing_and_tensorflow_still_imports():
     code = textwrap.dedent(
         """
         import sys
-        from graphdist._fleet import lean
+        from graphdist._proc import lean
         lean.install()
         lean.install()  # idempotent
         import tensorflow as tf

@@ -27,7 +27,7 @@ KILL_FORK_SERVER = textwrap.dedent(
     import os, signal, threading, time
     import psutil
     import graphdist
-    from graphdist._fleet import forkserver
+    from graphdist._proc import forkserver
 
     killed = []
 
@@ -143,7 +143,7 @@ def test_the_owner_keeps_its_own_exit_status():
     that imports the fork-server machinery and starts a fleet still exits with its own status."""
     code = (
         "import sys, graphdist\n"
-        "import graphdist._fleet.forkserver, graphdist._fleet.server\n"
+        "import graphdist._proc.forkserver, graphdist._proc.server\n"
         "with graphdist.LocalFleet('local=1'):\n"
         "    pass\n"
         "sys.exit(3)\n"

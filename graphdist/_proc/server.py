@@ -14,8 +14,8 @@ import sys
 import traceback
 from typing import Any
 
-from graphdist._fleet.forkserver_exit import exit_when_gone
-from graphdist._fleet.process import set_parent_death_signal
+from graphdist._proc.forkserver_exit import exit_when_gone
+from graphdist._proc.process import set_parent_death_signal
 
 __all__ = [
     "EXIT_PORT_IN_USE",
@@ -155,6 +155,6 @@ def fleet_child(spec: dict[str, Any]) -> None:
         os._exit(EXIT_PORT_IN_USE if in_use else EXIT_START_FAILED)
 
 
-_exit_module = sys.modules.get("graphdist._fleet.forkserver_exit")
+_exit_module = sys.modules.get("graphdist._proc.forkserver_exit")
 if _exit_module is not None and _exit_module.IN_FORK_SERVER:  # preloaded in a fork server
     _exit_module.register_exit_hook()  # again, after TensorFlow's handlers: it runs first

@@ -31,12 +31,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from graphdist._cluster import Cluster, Task
-from graphdist._exceptions import FleetError, FleetStartError, StateError
-from graphdist._fleet import control
-from graphdist._fleet.base import Fleet, FleetState, TaskView
-from graphdist._fleet.local import LOG_TAIL_LINES, read_log_tail
-from graphdist._fleet.process import STOP_GRACE_S
-from graphdist._fleet.state import (
+from graphdist._detached import control
+from graphdist._detached.state import (
     MARK_ENV,
     STATE_FILE,
     SUPERVISOR_LOG,
@@ -55,7 +51,11 @@ from graphdist._fleet.state import (
     remove_leftovers,
     stop_processes,
 )
-from graphdist._fleet.supervisor import SupervisorSpec
+from graphdist._detached.supervisor import SupervisorSpec
+from graphdist._exceptions import FleetError, FleetStartError, StateError
+from graphdist._fleet.base import Fleet, FleetState, TaskView
+from graphdist._fleet.local import LOG_TAIL_LINES, read_log_tail
+from graphdist._proc.process import STOP_GRACE_S
 from graphdist._validate import timeout_ms, timeout_s
 
 __all__ = [

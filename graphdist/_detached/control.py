@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from graphdist._detached.state import CONTROL_SOCKET
 from graphdist._exceptions import FleetError, FleetStartError, GraphdistError, TaskNotFoundError
-from graphdist._fleet.state import CONTROL_SOCKET
 
 __all__ = ["ControlServer", "request"]
 

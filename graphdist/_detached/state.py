@@ -2,7 +2,7 @@
 
 Layout of a state folder: ``fleet.json`` (written atomically once every server is ready, and again
 whenever a task dies, is restarted or given up on), ``error.json`` (written instead when the start
-failed), ``control.sock`` (the supervisor's control channel, see ``graphdist._fleet.control``),
+failed), ``control.sock`` (the supervisor's control channel, see ``graphdist._detached.control``),
 ``lock`` (see below), ``supervisor.log`` and ``logs/JOB-INDEX.log``.
 
 Pids are stored with their process start times, so a pid reused by an unrelated process is never
@@ -43,9 +43,9 @@ from typing import Any
 import psutil
 
 from graphdist._exceptions import CorruptStateError, StateError
-from graphdist._fleet.process import STOP_GRACE_S, stop_all
-from graphdist._fleet.server import PROCESS_TITLE_PREFIX
 from graphdist._private import private_dir
+from graphdist._proc.process import STOP_GRACE_S, stop_all
+from graphdist._proc.server import PROCESS_TITLE_PREFIX
 
 __all__ = [
     "MARK_ENV",
@@ -75,7 +75,7 @@ ERROR_FILE = "error.json"
 SUPERVISOR_LOG = "supervisor.log"
 CONTROL_SOCKET = "control.sock"
 LOCK_FILE = "lock"
-SUPERVISOR_MODULE = "graphdist._fleet.supervisor"
+SUPERVISOR_MODULE = "graphdist._detached.supervisor"
 MAX_STATE_BYTES = 16 << 20
 _LOCK_POLL_S = 0.05
 # What a fleet leaves in its folder that the next one must not mistake for its own.
@@ -123,7 +123,7 @@ class ProcessRef:
         except psutil.Error:
             return False
 
-    def running(self) -> bool:  # what graphdist._fleet.process.stop_all asks
+    def running(self) -> bool:  # what graphdist._proc.process.stop_all asks
         return self.alive()
 
     def signal(self, sig: int) -> None:
@@ -453,7 +453,8 @@ def _ancestors() -> set[int]:
 
 
 def _is_supervisor_of(cmdline: list[str], mark: str) -> bool:
-    """``cmdline`` runs ``python -m graphdist._fleet.supervisor SPEC`` for the folder ``mark``."""
+    """``cmdline`` runs ``python -m graphdist._detached.supervisor SPEC`` for the folder
+    ``mark``."""
     if SUPERVISOR_MODULE not in cmdline[:-1]:
         return False
     try:
@@ -467,9 +468,9 @@ def marked_processes(state_dir: str) -> list[MarkedProcess]:
     """The live processes of the fleet in ``state_dir``, whatever its ``fleet.json`` says: this
     user's processes that carry the folder's marker (:data:`MARK_ENV`, inherited by every
     process the supervisor starts) and run either the supervisor (a
-    ``graphdist._fleet.supervisor`` command line, whose spec may name the folder instead) or the
+    ``graphdist._detached.supervisor`` command line, whose spec may name the folder instead) or the
     ``multiprocess`` fork server that the servers are forked from, or a server (named
-    ``graphdist JOB:INDEX ...``, :data:`~graphdist._fleet.server.PROCESS_TITLE_PREFIX`). This
+    ``graphdist JOB:INDEX ...``, :data:`~graphdist._proc.server.PROCESS_TITLE_PREFIX`). This
     process and its ancestors are never listed."""
     mark = fleet_mark(state_dir)
     uid = os.getuid()
@@ -497,5 +498,5 @@ def marked_processes(state_dir: str) -> list[MarkedProcess]:
 
 def stop_processes(refs: Iterable[ProcessRef], grace_s: float = STOP_GRACE_S) -> list[ProcessRef]:
     """SIGTERM each live process, wait up to ``grace_s``, SIGKILL the rest; return survivors
-    (see :func:`graphdist._fleet.process.stop_all`)."""
+    (see :func:`graphdist._proc.process.stop_all`)."""
     return stop_all(refs, grace_s)

@@ -1,6 +1,6 @@
 """Checking where a server really listens: the fail-closed half of the loopback promise.
 
-The bind shim (:mod:`graphdist._fleet.loopback`) is how servers are kept on loopback; this module
+The bind shim (:mod:`graphdist._net.loopback`) is how servers are kept on loopback; this module
 is how graphdist knows that it worked. After a server answers, its process's listening sockets are
 read from the operating system (through ``psutil``) and every one of them must be on a loopback
 address (``127.0.0.0/8``, ``::1``, ``::ffff:127.x.y.z``) or on an address the fleet was told to

@@ -8,7 +8,8 @@ the fleet and removes ``fleet.json``. Because the servers watch their owner, kil
 supervisor outright still takes every server down.
 
 Everything it needs is one :class:`SupervisorSpec`, passed as its only argument, in JSON:
-``python -m graphdist._fleet.supervisor SPEC_JSON`` (build it with :meth:`SupervisorSpec.command`).
+``python -m graphdist._detached.supervisor SPEC_JSON`` (build it with
+:meth:`SupervisorSpec.command`).
 It is started with ``GRAPHDIST_FLEET_MARK`` set (see ``state``), which its fork server and every
 server inherit, so ``graphdist down`` finds them all even without a readable ``fleet.json``.
 
@@ -38,11 +39,8 @@ from typing import Any
 import psutil
 
 from graphdist._cluster import Cluster
-from graphdist._exceptions import ArgumentError, GraphdistError
-from graphdist._fleet.control import ControlServer
-from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
-from graphdist._fleet.signals import stop_on_signals
-from graphdist._fleet.state import (
+from graphdist._detached.control import ControlServer
+from graphdist._detached.state import (
     MARK_ENV,
     STATE_FILE,
     FleetRecord,
@@ -52,6 +50,9 @@ from graphdist._fleet.state import (
     write_error,
     write_state,
 )
+from graphdist._exceptions import ArgumentError, GraphdistError
+from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
+from graphdist._proc.signals import stop_on_signals
 from graphdist._validate import count, timeout_s
 
 __all__ = [
@@ -142,7 +143,7 @@ class SupervisorSpec:
 
     def command(self) -> list[str]:
         """The command line that starts a supervisor for this spec."""
-        return [sys.executable, "-m", "graphdist._fleet.supervisor", self.to_json()]
+        return [sys.executable, "-m", "graphdist._detached.supervisor", self.to_json()]
 
 
 def _label(task: FleetTask) -> str:
@@ -317,7 +318,7 @@ class _Supervisor:
         self._up_since[name] = time.monotonic()
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Answer one control request (see ``graphdist._fleet.control``)."""
+        """Answer one control request (see ``graphdist._detached.control``)."""
         op = req.get("op")
         if op == "ping":
             return {"ok": True, "pid": os.getpid()}
@@ -345,7 +346,7 @@ class _Supervisor:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m graphdist._fleet.supervisor SPEC_JSON", file=sys.stderr)
+        print("usage: python -m graphdist._detached.supervisor SPEC_JSON", file=sys.stderr)
         return 2
     try:
         spec = SupervisorSpec.from_json(args[0])

@@ -8,9 +8,9 @@ import os
 import pytest
 
 import graphdist
-from graphdist._fleet import control
-from graphdist._fleet.state import CONTROL_SOCKET
-from graphdist._fleet.supervisor import SupervisorSpec
+from graphdist._detached import control
+from graphdist._detached.state import CONTROL_SOCKET
+from graphdist._detached.supervisor import SupervisorSpec
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
 from tests.conftest import EVENTUALLY_S, read_json, run_python, wait_gone
 

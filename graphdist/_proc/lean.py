@@ -25,7 +25,7 @@ import sys
 import types
 from collections.abc import Sequence
 
-from graphdist._fleet.forkserver_exit import IN_FORK_SERVER
+from graphdist._proc.forkserver_exit import IN_FORK_SERVER
 
 __all__ = ["REFUSED", "install"]
 

@@ -22,9 +22,9 @@ import psutil
 import pytest
 
 from graphdist import Cluster, StateError
-from graphdist._fleet import supervisor as supervisor_module
-from graphdist._fleet.detached import fleet_problem
-from graphdist._fleet.state import (
+from graphdist._detached import supervisor as supervisor_module
+from graphdist._detached.fleet import fleet_problem
+from graphdist._detached.state import (
     LOCK_FILE,
     CorruptStateError,
     FleetRecord,
@@ -35,11 +35,11 @@ from graphdist._fleet.state import (
     read_state,
     write_state,
 )
-from graphdist._fleet.supervisor import SupervisorSpec, backoff_s
+from graphdist._detached.supervisor import SupervisorSpec, backoff_s
 from graphdist._private import private_dir
 from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, processes_marked, read_json, wait_gone
 
-SUPERVISOR = "graphdist._fleet.supervisor"
+SUPERVISOR = "graphdist._detached.supervisor"
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ without the ``LD_PRELOAD`` bind shim) gets its own fork server, started on first
 not re-run the owner's ``__main__`` either: a server needs nothing from it, and re-running a user's
 script (or failing to, for a notebook) in every server would be slow and surprising.
 
-A fork server exits at once when its owner is gone (:mod:`graphdist._fleet.forkserver_exit`, its
+A fork server exits at once when its owner is gone (:mod:`graphdist._proc.forkserver_exit`, its
 first preload). One that died under its owner is found at the next start: that start raises
 :class:`ForkServerDiedError` (LocalFleet turns it into a ``FleetStartError`` naming the task) and
 the next one gets a fresh fork server.
@@ -35,8 +35,8 @@ import threading
 import time
 from typing import Any
 
-from graphdist._fleet.forkserver_exit import IN_FORK_SERVER, OWNER_ENV
-from graphdist._fleet.loopback import with_preload
+from graphdist._net.loopback import with_preload
+from graphdist._proc.forkserver_exit import IN_FORK_SERVER, OWNER_ENV
 
 __all__ = [
     "PRELOAD",
@@ -50,11 +50,11 @@ __all__ = [
 # before TensorFlow: servers import it without Keras and SciPy; this module last, so that its
 # Process class is defined once there instead of in every child.
 PRELOAD = [
-    "graphdist._fleet.forkserver_exit",
-    "graphdist._fleet.lean",
+    "graphdist._proc.forkserver_exit",
+    "graphdist._proc.lean",
     "tensorflow",
-    "graphdist._fleet.server",
-    "graphdist._fleet.forkserver",
+    "graphdist._proc.server",
+    "graphdist._proc.forkserver",
 ]
 _STALE_DIR = re.compile(r"^graphdist-(?:fleet|forkserver)-(\d+)-")
 _DEATH_WAIT_S = 1.0

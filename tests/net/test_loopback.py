@@ -15,7 +15,7 @@ import pytest
 
 import graphdist
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
-from graphdist._ports import pick_free_ports, release_ports
+from graphdist._net.ports import pick_free_ports, release_ports
 from tests.conftest import EVENTUALLY_S, REPO, listening, run_python, wait_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -106,7 +106,7 @@ def test_no_mechanism_is_a_clear_error_not_a_silent_exposure(tmp_path):
 
 
 def test_check_listening_refuses_wildcards_and_foreign_addresses():
-    from graphdist._fleet.exposure import check_listening
+    from graphdist._net.exposure import check_listening
 
     ok = [("127.0.0.1", 1), ("::1", 2), ("::ffff:127.0.0.3", 3)]
     assert check_listening("w:0", "a", None, sockets=ok) == ok
@@ -120,7 +120,7 @@ def test_check_listening_refuses_wildcards_and_foreign_addresses():
 
 
 def test_sockets_that_cannot_be_read_are_a_refusal_not_a_pass():
-    from graphdist._fleet.exposure import check_listening
+    from graphdist._net.exposure import check_listening
 
     proc = psutil.Popen(["sleep", "0"])
     proc.wait()
@@ -175,7 +175,7 @@ def binds_loopback(path: str) -> bool:
 def test_a_broken_cached_shim_is_rebuilt_and_servers_stay_on_loopback(
     tmp_path, monkeypatch, caplog
 ):
-    from graphdist._fleet.loopback import loopback_library
+    from graphdist._net.loopback import loopback_library
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = loopback_library()
@@ -208,7 +208,7 @@ def test_a_broken_cached_shim_is_rebuilt_and_servers_stay_on_loopback(
 def test_eight_processes_building_the_shim_at_once_all_get_a_working_one(tmp_path):
     code = (
         "import sys; sys.path.insert(0, '.');"
-        "from graphdist._fleet.loopback import loopback_library; print(loopback_library())"
+        "from graphdist._net.loopback import loopback_library; print(loopback_library())"
     )
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     procs = [
@@ -232,7 +232,7 @@ def test_eight_processes_building_the_shim_at_once_all_get_a_working_one(tmp_pat
 
 
 def test_a_users_own_preload_is_kept_after_the_shim():
-    from graphdist._fleet.loopback import with_preload
+    from graphdist._net.loopback import with_preload
 
     assert with_preload("/c/shim.so", None) == "/c/shim.so"
     assert (

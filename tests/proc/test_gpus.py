@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import graphdist
-from graphdist._fleet.gpus import plan_gpus
+from graphdist._proc.gpus import plan_gpus
 
 CLUSTER = graphdist.Cluster({"worker": ["h:1", "h:2", "h:3"]})
 

@@ -1,0 +1,1 @@
+"""Tests of graphdist._detached: detached fleets, their state folder, supervisor and control."""
