@@ -64,7 +64,9 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "parse_tf_config",
         "tf_config",
     ),
-    "graphdist._fleet.base": ("Fleet", "FleetState", "ReopeningSession", "TaskExit", "TaskView"),
+    "graphdist._fleet.client": ("Fleet", "FleetState", "ReopeningSession"),
+    "graphdist._fleet.lifecycle": ("OwnedFleet",),
+    "graphdist._fleet.task": ("TaskExit", "TaskView"),
     "graphdist._detached.fleet": ("DetachedFleet", "attach"),
     "graphdist._proc.gpus": ("available_gpus",),
     "graphdist._fleet.guard": ("FLEET_OPERATION_TIMEOUT_MS",),
@@ -103,11 +105,13 @@ if _TYPE_CHECKING:
         parse_tf_config,
         tf_config,
     )
-    from graphdist._fleet.base import Fleet, FleetState, ReopeningSession, TaskExit, TaskView
+    from graphdist._fleet.client import Fleet, FleetState, ReopeningSession
     from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS
     from graphdist._fleet.health import TaskHealth
+    from graphdist._fleet.lifecycle import OwnedFleet
     from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
     from graphdist._fleet.ray import RayFleet, RayTask
+    from graphdist._fleet.task import TaskExit, TaskView
     from graphdist._graph.master import master_for
     from graphdist._graph.placement import (
         DeviceSpec,
@@ -163,6 +167,7 @@ __all__ = [
     "LocalFleet",
     "LoopbackUnavailableError",
     "NoFreePortsError",
+    "OwnedFleet",
     "PictureError",
     "Placement",
     "PlacementError",

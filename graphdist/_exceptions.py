@@ -36,15 +36,20 @@ Errors a caller causes with a bad value also derive from ``ValueError`` (``Argum
 ``ClusterSpecError``, ``PlacementError``, ``SplitError``, ``VariableError``), a missing task from
 ``KeyError`` and an unsupported version from ``ImportError``, as is conventional. A test walks
 the classes and checks that this drawing matches them.
+
+Errors cross process boundaries whole: :func:`to_wire` turns any of them into a JSON-able
+mapping (its class name, message and attributes) and :func:`from_wire` makes the same class with
+the same attributes again, in the process that reads it (a supervisor's ``error.json`` and its
+control replies use them). :func:`copy_error` is the pair in one process: a fresh exception to
+raise again, without the old one's traceback.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from graphdist._distribute.launcher import TaskResult
+from typing import Any, Protocol
 
 __all__ = [
     "ArgumentError",
@@ -74,6 +79,9 @@ __all__ = [
     "UnsupportedVersionError",
     "UsageError",
     "VariableError",
+    "copy_error",
+    "from_wire",
+    "to_wire",
 ]
 
 
@@ -311,10 +319,25 @@ class StateError(GraphdistError):
         self.state_dir = state_dir
 
 
+class TaskOutcome(Protocol):
+    """What a launch error tells of each task (a :class:`graphdist.TaskResult`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def exitcode(self) -> int | None: ...
+    @property
+    def tail(self) -> list[str]: ...
+    @property
+    def value(self) -> Any: ...
+
+
 class LaunchError(GraphdistError):
     """A launched run did not succeed; ``results`` holds every task's ``TaskResult``."""
 
-    def __init__(self, message: str, results: Sequence[TaskResult]) -> None:
+    def __init__(self, message: str, results: Sequence[TaskOutcome]) -> None:
         super().__init__(message)
         self.results = list(results)
 
@@ -323,7 +346,7 @@ class TaskExitError(LaunchError):
     """A task exited with a non-zero code; the other tasks were stopped. ``failed`` is its
     ``TaskResult``."""
 
-    def __init__(self, message: str, results: Sequence[TaskResult], failed: TaskResult) -> None:
+    def __init__(self, message: str, results: Sequence[TaskOutcome], failed: TaskOutcome) -> None:
         super().__init__(message, results)
         self.failed = failed
 
@@ -348,3 +371,85 @@ class CorruptStateError(StateError):
             state_dir,
         )
         self.reason = reason
+
+
+# -- errors across processes ------------------------------------------------------------------
+
+
+def _classes(root: type[GraphdistError] = GraphdistError) -> dict[str, type[GraphdistError]]:
+    found = {root.__name__: root}
+    for sub in root.__subclasses__():
+        found.update(_classes(sub))
+    return found
+
+
+def _to_json(value: Any) -> Any:
+    """``value`` as JSON, tagging what JSON would change: tuples, dataclasses (a task's result
+    and its :class:`Task`), and anything else as its ``repr``."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, tuple):
+        return {"__tuple__": [_to_json(v) for v in value]}
+    if isinstance(value, list):
+        return [_to_json(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {"__dict__": {k: _to_json(v) for k, v in value.items()}}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        cls = type(value)
+        fields = {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {"__dataclass__": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
+    return {"__repr__": repr(value)}
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "__tuple__" in value:
+        return tuple(_from_json(v) for v in value["__tuple__"])
+    if "__dict__" in value:
+        return {k: _from_json(v) for k, v in value["__dict__"].items()}
+    if "__dataclass__" in value:
+        module, _, name = str(value["__dataclass__"]).partition(":")
+        if module.startswith("graphdist."):  # only graphdist's own classes are rebuilt
+            cls = getattr(importlib.import_module(module), name, None)
+            if dataclasses.is_dataclass(cls) and isinstance(cls, type):
+                return cls(**{k: _from_json(v) for k, v in value["fields"].items()})
+        return value["fields"]
+    return value.get("__repr__", value)
+
+
+def to_wire(exc: BaseException) -> dict[str, Any]:
+    """``exc`` as a JSON-able mapping: ``kind`` (the class name), ``message`` and, for a
+    graphdist error, ``attrs`` (every attribute). Any other exception keeps its class name and
+    text only (:func:`from_wire` makes it a ``FleetError`` naming them)."""
+    message = str(exc.args[0]) if len(exc.args) == 1 else str(exc)
+    if not isinstance(exc, GraphdistError):
+        return {"kind": type(exc).__name__, "message": message, "attrs": {}}
+    attrs = {name: _to_json(value) for name, value in vars(exc).items()}
+    return {"kind": type(exc).__name__, "message": message, "attrs": attrs}
+
+
+def from_wire(data: Any) -> GraphdistError:
+    """The error :func:`to_wire` described, as the same class with the same attributes. A
+    class graphdist does not have (another library's error, a newer graphdist's) or a mapping
+    that is not one arrives as a :class:`FleetError` that names the class and keeps the text."""
+    if not isinstance(data, dict):
+        return FleetError(f"an unreadable error report: {data!r}")
+    kind, message = str(data.get("kind", "")), str(data.get("message", ""))
+    cls = _classes().get(kind)
+    if cls is None:
+        return FleetError(f"{kind}: {message}" if kind else message)
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    attrs = data.get("attrs")
+    if isinstance(attrs, dict):
+        error.__dict__.update({str(k): _from_json(v) for k, v in attrs.items()})
+    return error
+
+
+def copy_error(exc: GraphdistError) -> GraphdistError:
+    """A fresh ``exc`` (same class, message and attributes; no traceback, cause or context),
+    to raise again where the first one was raised already."""
+    return from_wire(to_wire(exc))

@@ -14,9 +14,11 @@ supervisor answers with one JSON object and a newline, then closes the connectio
 - ``{"op": "restart", "job": J, "index": I}`` -> it restarts that server on the same address,
   waits until it answers, rewrites ``fleet.json`` and answers ``{"ok": true}``
 
-A request that fails is answered ``{"ok": false, "kind": "FleetStartError", "error": "..."}``
-(``kind``: the exception's class name). Paths longer than a socket address allows are reached
-through ``/proc/self/fd/N/control.sock``, ``N`` being the state folder opened as a directory.
+A request that fails is answered ``{"ok": false, "error": E}``, ``E`` being the exception as
+:func:`graphdist._exceptions.to_wire` gives it: the client raises the same class, with the same
+attributes (:func:`~graphdist._exceptions.from_wire`). Paths longer than a socket address
+allows are reached through ``/proc/self/fd/N/control.sock``, ``N`` being the state folder opened
+as a directory.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from graphdist._detached.state import CONTROL_SOCKET
-from graphdist._exceptions import FleetError, FleetStartError, GraphdistError, TaskNotFoundError
+from graphdist._exceptions import FleetError, GraphdistError, from_wire, to_wire
 
 __all__ = ["ControlServer", "request"]
 
@@ -141,14 +143,14 @@ class ControlServer:
         except (OSError, ValueError) as exc:
             log.warning("control: unreadable request (%s)", exc)
             with contextlib.suppress(OSError):
-                conn.sendall(_encode({"ok": False, "kind": "ValueError", "error": str(exc)}))
+                conn.sendall(_encode({"ok": False, "error": to_wire(exc)}))
             return
         try:
             reply = self._handler(req)
         except Exception as exc:
             if not isinstance(exc, GraphdistError | ValueError):
                 log.exception("control: request %r failed", req)
-            reply = {"ok": False, "kind": type(exc).__name__, "error": str(exc)}
+            reply = {"ok": False, "error": to_wire(exc)}
         with contextlib.suppress(OSError):
             conn.sendall(_encode(reply))
 
@@ -161,9 +163,10 @@ def request(
 ) -> dict[str, Any]:
     """Send ``message`` to the supervisor of ``state_dir`` and return its ``ok`` reply.
 
-    A failed request raises the error the supervisor reported (:class:`TaskNotFoundError`,
-    :class:`FleetStartError`, else :class:`FleetError`). Waits at most ``timeout_s``, and stops
-    waiting as soon as ``alive()`` (the supervisor's liveness) turns false."""
+    A failed request raises the error the supervisor raised, as the same class with the same
+    attributes (a :class:`FleetError` naming it where it is not graphdist's: a bad request).
+    Waits at most ``timeout_s``, and stops waiting as soon as ``alive()`` (the supervisor's
+    liveness) turns false."""
     what = f"{message.get('op')!r} request"
     path = os.path.join(state_dir, CONTROL_SOCKET)
     deadline = time.monotonic() + timeout_s
@@ -204,10 +207,7 @@ def request(
         raise FleetError(f"The supervisor of {state_dir} gave no answer to a {what}") from None
     if reply.get("ok") is True:
         return reply
-    error = str(reply.get("error", "unknown error"))
-    kind = reply.get("kind")
-    if kind == "TaskNotFoundError":
-        raise TaskNotFoundError(error, message.get("job"), message.get("index"))
-    if kind in ("FleetStartError", "PortInUseError", "StartTimeoutError"):
-        raise FleetStartError(error, task=f"{message.get('job')}:{message.get('index')}")
-    raise FleetError(f"The supervisor of {state_dir} refused a {what}: {error}")
+    error = from_wire(reply.get("error"))
+    if type(error) is FleetError:  # not one of graphdist's own: say who refused what
+        raise FleetError(f"The supervisor of {state_dir} refused a {what}: {error}")
+    raise error

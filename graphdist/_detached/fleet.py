@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable
@@ -53,8 +52,9 @@ from graphdist._detached.state import (
 )
 from graphdist._detached.supervisor import SupervisorSpec
 from graphdist._exceptions import FleetError, FleetStartError, StateError
-from graphdist._fleet.base import Fleet, FleetState, TaskView
+from graphdist._fleet.client import Fleet, FleetState
 from graphdist._fleet.local import LOG_TAIL_LINES, read_log_tail
+from graphdist._fleet.task import TaskView
 from graphdist._proc.process import STOP_GRACE_S
 from graphdist._validate import timeout_ms, timeout_s
 
@@ -302,7 +302,7 @@ def _wait_ready(spec: SupervisorSpec, proc: subprocess.Popen[bytes], log_path: s
                 proc.wait(SUPERVISOR_GRACE_S)  # it exits right after writing error.json
             _stop_all(state_dir, None)
             clear_state(state_dir)
-            raise FleetStartError(error["message"])
+            raise error  # the class the supervisor raised, with its attributes
         code = proc.poll()
         if code is not None:
             raise FleetStartError(
@@ -430,8 +430,7 @@ class DetachedFleet(Fleet[DetachedTask]):
     def __init__(
         self, state_dir: str, record: FleetRecord, *, operation_timeout_ms: int | None = None
     ) -> None:
-        self._init_watcher()
-        self._init_sessions()
+        super().__init__()
         self.state_dir = state_dir
         self.supervisor = record.supervisor
         self.cluster = Cluster.parse(record.cluster)
@@ -459,10 +458,6 @@ class DetachedFleet(Fleet[DetachedTask]):
         if self._gone:
             return FleetState.CLOSED
         return FleetState.RUNNING if self.supervisor.alive() else FleetState.FAILED
-
-    @state.setter
-    def state(self, value: FleetState) -> None:
-        raise AttributeError("a detached fleet's state follows its supervisor; it is not set")
 
     @property
     def log_dir(self) -> str:
@@ -496,12 +491,6 @@ class DetachedFleet(Fleet[DetachedTask]):
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def start(self) -> DetachedFleet:
-        raise FleetError(
-            "A detached fleet is started by `graphdist up --detach`; this handle is attached to "
-            f"the one in {self.state_dir}"
-        )
-
     def detach(self) -> None:
         """Drop this handle and leave the fleet running (``graphdist attach`` it again later)."""
         self._detached = True
@@ -524,42 +513,30 @@ class DetachedFleet(Fleet[DetachedTask]):
             stop_detached(self.state_dir)
         self._stopped = True
 
+    def __enter__(self) -> DetachedFleet:
+        return self
+
     def __exit__(self, *exc: object) -> None:
         self.detach()
 
-    # -- faults, through the supervisor ---------------------------------------------------------
+    # -- the client's primitives, done by the supervisor, which owns the servers ----------------
 
-    def kill(self, job: str | None = None, index: int = 0, sig: int = signal.SIGKILL) -> None:
-        """Have the supervisor send ``sig`` (default SIGKILL) to the server of ``job:index``;
-        with SIGKILL or SIGTERM, returns once its process is gone. With ``--restart
-        on-failure`` the supervisor then restarts it by itself."""
-        self._require_running()
-        task = self.task(job, index)
-        self._control(
-            {"op": "kill", "job": task.job, "index": task.index, "sig": int(sig)}, KILL_TIMEOUT_S
-        )
+    def _kill_task(self, task: DetachedTask, sig: int) -> None:
+        """The supervisor sends ``sig``; with SIGKILL or SIGTERM it answers once the process is
+        gone (with ``--restart on-failure`` it then restarts the task by itself)."""
+        message = {"op": "kill", "job": task.job, "index": task.index, "sig": int(sig)}
+        self._control(message, KILL_TIMEOUT_S)
 
-    def restart(self, job: str | None = None, index: int = 0) -> DetachedTask:
-        """Have the supervisor start the server of ``job:index`` again on the same address
-        (killing it first if it runs) and wait until it answers; returns its task, with the new
-        pid. Old sessions that used it are broken; new ones work at once. Raises
-        :class:`FleetStartError` if it does not come back."""
-        self._require_running()
-        task: DetachedTask = self.task(job, index)
-        self._control(
-            {"op": "restart", "job": task.job, "index": task.index},
-            self.start_timeout_s + KILL_TIMEOUT_S,
-        )
-        return task
+    def _bring_back(self, task: DetachedTask) -> None:
+        """The supervisor restarts the server and answers once it answers over gRPC."""
+        message = {"op": "restart", "job": task.job, "index": task.index}
+        self._control(message, self.start_timeout_s + KILL_TIMEOUT_S)
 
     def _control(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        self._changed()
         try:
-            reply = control.request(self.state_dir, message, timeout_s, alive=self.supervisor.alive)
-            self._refresh()
+            return control.request(self.state_dir, message, timeout_s, alive=self.supervisor.alive)
         finally:
-            self._changed()
-        return reply
+            self._refresh()
 
     def __repr__(self) -> str:
         tasks = ", ".join(f"{t.name}={t.address}" for t in self.cluster)

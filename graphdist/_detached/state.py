@@ -42,7 +42,13 @@ from typing import Any
 
 import psutil
 
-from graphdist._exceptions import CorruptStateError, StateError
+from graphdist._exceptions import (
+    CorruptStateError,
+    GraphdistError,
+    StateError,
+    from_wire,
+    to_wire,
+)
 from graphdist._private import private_dir
 from graphdist._proc.process import STOP_GRACE_S, stop_all
 from graphdist._proc.server import PROCESS_TITLE_PREFIX
@@ -271,10 +277,10 @@ def write_state(state_dir: str, record: FleetRecord) -> None:
     _write_atomic(os.path.join(state_dir, STATE_FILE), record.to_json())
 
 
-def write_error(state_dir: str, kind: str, message: str) -> None:
-    _write_atomic(
-        os.path.join(state_dir, ERROR_FILE), json.dumps({"kind": kind, "message": message})
-    )
+def write_error(state_dir: str, error: BaseException) -> None:
+    """Record why the supervisor's start failed, whole (see
+    :func:`graphdist._exceptions.to_wire`)."""
+    _write_atomic(os.path.join(state_dir, ERROR_FILE), json.dumps(to_wire(error)))
 
 
 def _read_small(path: str) -> bytes:
@@ -290,19 +296,19 @@ def _read_small(path: str) -> bytes:
         return f.read(MAX_STATE_BYTES + 1)
 
 
-def read_error(state_dir: str) -> dict[str, str] | None:
-    """The failure the supervisor recorded in ``error.json`` (``kind``, ``message``), or
-    ``None``; an unreadable one reads as a failure with a message saying so."""
+def read_error(state_dir: str) -> GraphdistError | None:
+    """The error the supervisor recorded in ``error.json``, as the class it raised, or
+    ``None``; an unreadable one reads as a StateError saying so."""
     path = os.path.join(state_dir, ERROR_FILE)
     try:
         data = json.loads(_read_small(path).decode("utf-8"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        return {"kind": "StateError", "message": f"The supervisor's {path} is unreadable: {exc}"}
+        return StateError(f"The supervisor's {path} is unreadable: {exc}", state_dir)
     if not isinstance(data, dict) or not isinstance(data.get("message"), str):
-        return {"kind": "StateError", "message": f"The supervisor's {path} is not a failure"}
-    return {"kind": str(data.get("kind", "FleetStartError")), "message": data["message"]}
+        return StateError(f"The supervisor's {path} is not a failure", state_dir)
+    return from_wire(data)
 
 
 def read_state(state_dir: str) -> FleetRecord | None:

@@ -50,7 +50,7 @@ from graphdist._detached.state import (
     write_error,
     write_state,
 )
-from graphdist._exceptions import ArgumentError, GraphdistError
+from graphdist._exceptions import ArgumentError, GraphdistError, StateError
 from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
 from graphdist._proc.signals import stop_on_signals
 from graphdist._validate import count, timeout_s
@@ -368,10 +368,10 @@ def main(argv: list[str] | None = None) -> int:
             expose=spec.expose,
         ).start()
     except GraphdistError as exc:
-        write_error(state_dir, type(exc).__name__, str(exc))
+        write_error(state_dir, exc)
         return 1
     except Exception as exc:  # an unexpected failure must still reach the waiting CLI
-        write_error(state_dir, type(exc).__name__, f"{type(exc).__name__}: {exc}")
+        write_error(state_dir, exc)
         raise
     supervisor = _Supervisor(spec, fleet)
     control = ControlServer(state_dir, supervisor.handle)
@@ -379,9 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             control.start()
         except OSError as exc:
-            write_error(
-                state_dir, "StateError", f"Cannot serve {control.path}: {exc.strerror or exc}"
-            )
+            error = StateError(f"Cannot serve {control.path}: {exc.strerror or exc}", state_dir)
+            write_error(state_dir, error)
             return 1
         supervisor.save()
         log.info(

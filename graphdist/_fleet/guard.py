@@ -52,18 +52,18 @@ import time
 import weakref
 from _thread import get_ident
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from graphdist._exceptions import (
     FleetClosedError,
+    FleetError,
     SessionInterruptedError,
     TaskFailedError,
+    copy_error,
 )
 from graphdist._fleet.health import NOT_ANSWERING, probe_all, problem_of, task_failed
+from graphdist._fleet.task import TaskHandle
 from graphdist._graph.session import TASK_FAILURE_ERRORS
-
-if TYPE_CHECKING:
-    from graphdist._fleet.base import Fleet, TaskHandle
 
 __all__ = [
     "CHECK_INTERVAL_S",
@@ -75,6 +75,19 @@ __all__ = [
 ]
 
 log = logging.getLogger("graphdist.session")
+
+
+class GuardedFleet(Protocol):
+    """What a guard reads of its session's fleet (a :class:`graphdist.Fleet`)."""
+
+    @property
+    def tasks(self) -> tuple[TaskHandle, ...]: ...
+    @property
+    def _epoch(self) -> int: ...
+    @property
+    def _sessions_closed(self) -> bool: ...
+    def _diagnose(self, exc: BaseException, timeout_ms: int) -> FleetError | None: ...
+
 
 FLEET_OPERATION_TIMEOUT_MS = 600_000
 """A fleet session's default operation timeout: the last resort, since the guard finds dead,
@@ -398,7 +411,7 @@ class SessionGuard:
     docstring). ``device_filters`` are the session config's."""
 
     def __init__(
-        self, fleet: Fleet[Any], master: TaskHandle, device_filters: Iterable[str] = ()
+        self, fleet: GuardedFleet, master: TaskHandle, device_filters: Iterable[str] = ()
     ) -> None:
         self.fleet = fleet
         self.master = master
@@ -485,14 +498,7 @@ class SessionGuard:
                 "closed, which closed its sessions; start a new fleet and open a session on it"
             )
         if self.broken is not None:
-            error = self.broken  # a fresh copy to raise: no old traceback
-            return TaskFailedError(
-                str(error),
-                task=error.task,
-                address=error.address,
-                status=error.status,
-                timeout_ms=error.timeout_ms,
-            )
+            return copy_error(self.broken)  # a fresh copy to raise: no old traceback
         if self.interrupted is not None:
             when = time.strftime("%H:%M:%S", time.localtime(self.interrupted))
             master = self.master

@@ -16,7 +16,7 @@ from graphdist._exceptions import TaskFailedError
 from graphdist._net.probe import probe_many, probers
 
 if TYPE_CHECKING:
-    from graphdist._fleet.base import TaskHandle
+    from graphdist._fleet.task import TaskHandle
 
 __all__ = [
     "ALIVE",

@@ -26,7 +26,9 @@ from graphdist._exceptions import (
     FleetStartError,
     PortInUseError,
 )
-from graphdist._fleet.base import Fleet, FleetState, TaskView
+from graphdist._fleet.client import FleetState
+from graphdist._fleet.lifecycle import OwnedFleet
+from graphdist._fleet.task import TaskView
 from graphdist._net.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
 from graphdist._net.ports import is_port_free, port_holder, release_ports
 from graphdist._proc.forkserver import (
@@ -181,7 +183,7 @@ class FleetTask(TaskView):
         return f"<FleetTask {self.job}:{self.index} at {self.address} pid={self.pid} {state}>"
 
 
-class LocalFleet(Fleet[FleetTask]):
+class LocalFleet(OwnedFleet[FleetTask]):
     """A fleet of TensorFlow servers on this machine, one process per task of ``cluster``.
 
     ``cluster`` is anything :meth:`Cluster.parse` accepts; the default ``"local=2"`` is the seed's

@@ -56,7 +56,8 @@ from graphdist._exceptions import (
     LoopbackUnavailableError,
     StartTimeoutError,
 )
-from graphdist._fleet.base import Fleet, TaskView
+from graphdist._fleet.lifecycle import OwnedFleet
+from graphdist._fleet.task import TaskView
 from graphdist._net.exposure import ListeningTable, check_listening, is_loopback_ip
 from graphdist._net.loopback import BIND_ADDR_ENV, shim_env
 from graphdist._validate import show, timeout_ms, timeout_s
@@ -273,7 +274,7 @@ def _counts(spec: str | Mapping[str, int]) -> dict[str, int]:
     return Cluster.check_counts(spec)
 
 
-class RayFleet(Fleet[RayTask]):
+class RayFleet(OwnedFleet[RayTask]):
     """A fleet of TensorFlow servers in Ray actors, spread over the nodes of a Ray cluster.
 
     ``cluster`` gives task counts (``"worker=3"`` or ``{"worker": 3}``): Ray picks the nodes, and

@@ -1,59 +1,41 @@
-"""The fleet every backend shares: its lifecycle, and what using a fleet offers.
+"""What using a fleet offers, whoever owns its servers: the :class:`Fleet` client.
 
-Lifecycle (:class:`Fleet` owns it, as dask's ``SpecCluster`` does for its subclasses)::
+A client knows its cluster and its tasks' handles (:class:`TaskHandle`) and offers everything
+that uses them: devices checked against the cluster, sessions whose failures name the task (each
+carries a :class:`~graphdist._fleet.guard.SessionGuard`), health over gRPC, reopening sessions,
+the master for some fetches, the watcher (``watch(callback)`` hears of every task death within
+``watch_interval_s``, 0.1 s, and moves ``_epoch`` so that guards re-check), and ``kill()`` /
+``restart()`` through two primitives, ``_kill_task(task, sig)`` and ``_bring_back(task)``.
 
-    CREATED --start()--> STARTING --all answer--> RUNNING --close()--> CLOSING --> CLOSED
-                         STARTING --a task fails: stop what started--> FAILED --close()--> CLOSED
-
-``start()`` and ``close()`` are idempotent where that is meaningful (``close()`` any number of
-times; ``start()`` once), a failed start stops every task it started and re-raises, a fleet left
-running when it is garbage-collected warns with ``ResourceWarning`` and is closed, and an
-``atexit`` sweep closes every fleet this process still runs. ``kill()``, ``restart()`` and
-``health()`` work the same on every backend, and so does the watcher: ``watch(callback)`` hears of
-every task death within ``watch_interval_s`` (0.1 s), the seam that supervisors and fast failure
-build on.
-
-A backend supplies only its primitives: ``_launch()`` (create the task handles and start every
-task), ``_wait_ready(tasks, timeout_s)`` (return once each answers over gRPC, else raise naming the
-first that did not), ``_stop_tasks(tasks, grace_s)``, ``_kill_task(task, sig)``,
-``_restart_task(task)`` and ``_teardown()`` (what is left after the tasks: log folders, placement
-groups), and may refine ``_allowed_addresses(task)`` / ``_check_listening(task, allowed)``: once
-tasks answer, the lifecycle checks where each really listens (:mod:`graphdist._net.exposure`) and
-refuses a server on a wildcard or foreign address unless the fleet was exposed. Its task handles
-satisfy :class:`TaskHandle`. Using a fleet — devices checked against the cluster, sessions whose
-failures name the task, health, reopening sessions, the master for some fetches — is all here,
-whatever the backend.
+Who owns the processes is not its business: an :class:`~graphdist._fleet.lifecycle.OwnedFleet`
+(:class:`LocalFleet`, :class:`RayFleet`) starts and stops them itself; a
+:class:`~graphdist._detached.fleet.DetachedFleet` is a client of a fleet its supervisor owns,
+and its primitives are requests to that supervisor.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import enum
 import html
 import itertools
 import logging
-import os
 import signal
 import sys
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from graphdist._cluster import Cluster, Task
+from graphdist._cluster import Cluster
 from graphdist._exceptions import (
-    ExposedServerError,
     FleetClosedError,
     FleetError,
-    FleetStartError,
-    StartTimeoutError,
     TaskFailedError,
     TaskNotFoundError,
 )
-from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS, SessionGuard, release_signals
+from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS, SessionGuard
 from graphdist._fleet.health import (
     ALIVE,
     DEAD,
@@ -63,30 +45,28 @@ from graphdist._fleet.health import (
     probe_all,
     task_failed,
 )
+from graphdist._fleet.task import TaskExit, TaskHandle
 from graphdist._graph.master import master_for
 from graphdist._graph.placement import DeviceSpec, check_device, device
-from graphdist._graph.session import session, session_config
-from graphdist._net.exposure import ListeningTable, check_listening
-from graphdist._net.probe import PROBE_TIMEOUT_S, wait_answering
-from graphdist._proc.process import STOP_GRACE_S
+from graphdist._graph.session import TASK_FAILURE_ERRORS, session, session_config
+from graphdist._net.probe import PROBE_TIMEOUT_S
 from graphdist._validate import timeout_ms
 from graphdist._validate import timeout_s as check_timeout_s
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["Fleet", "FleetState", "ReopeningSession", "TaskExit", "TaskHandle", "TaskView"]
+__all__ = ["Fleet", "FleetState", "ReopeningSession"]
 
 log = logging.getLogger("graphdist.fleet")
-_FleetT = TypeVar("_FleetT", bound="Fleet[Any]")  # typing.Self needs Python 3.11
-_live_fleets: weakref.WeakSet[Fleet[Any]] = weakref.WeakSet()
 # Probes that find which task made a run fail: a short one for all tasks, then, where several
 # did not answer, a longer one for those (a busy task answers it, a frozen one does not).
 _DIAGNOSE_PROBE_S = 0.5
 _RECHECK_PROBE_S = 2.0
 SESSION_CLOSE_WAIT_S = 2.0
-"""How long, in seconds, ``close()`` waits for the fleet's open sessions to close before it
-stops the servers (they close side by side; one to a frozen master gives up then)."""
+"""How long, in seconds, closing a fleet waits for its open sessions to close before it stops
+the servers (they close side by side; one to a frozen master gives up then)."""
+_TaskT = TypeVar("_TaskT", bound=TaskHandle)
 
 
 class FleetState(enum.Enum):
@@ -136,91 +116,20 @@ class ReopeningSession:
 def _is_task_failure(exc: BaseException) -> bool:
     if isinstance(exc, TaskFailedError):
         return True
-    from graphdist._graph.session import TASK_FAILURE_ERRORS
-
     return type(exc).__name__ in TASK_FAILURE_ERRORS
 
 
-class TaskExit(NamedTuple):
-    """A task death the fleet's watcher saw: ``task`` (``"job:index"``), its ``pid``, its
-    ``exitcode`` (negative: killed by that signal; ``None`` if the backend cannot tell) and when
-    (``time.monotonic()``)."""
-
-    task: str
-    pid: int | None
-    exitcode: int | None
-    at: float
-
-
-class TaskHandle(Protocol):
-    """What a fleet's task handle tells, on every backend (a plain attribute or a property)."""
-
-    @property
-    def job(self) -> str: ...
-    @property
-    def index(self) -> int: ...
-    @property
-    def address(self) -> str: ...
-    @property
-    def target(self) -> str: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def pid(self) -> int | None: ...
-    @property
-    def alive(self) -> bool: ...
-    @property
-    def exitcode(self) -> int | None: ...
-    @property
-    def restarts(self) -> int: ...
-    @property
-    def log_path(self) -> str | None: ...
-    def log_tail(self, lines: int = ...) -> list[str]: ...
-
-
-_TaskT = TypeVar("_TaskT", bound=TaskHandle)
-
-
-class TaskView:
-    """What every backend's task handle derives from its :class:`Task`: the names. Subclasses add
-    the rest of :class:`TaskHandle` (``pid``, ``alive``, ``exitcode``, ``restarts``, ``log_path``,
-    ``log_tail``)."""
-
-    task: Task
-
-    @property
-    def job(self) -> str:
-        return self.task.job
-
-    @property
-    def index(self) -> int:
-        return self.task.index
-
-    @property
-    def address(self) -> str:
-        return self.task.address
-
-    @property
-    def target(self) -> str:
-        return self.task.target
-
-    @property
-    def name(self) -> str:
-        return self.task.name
-
-
 class Fleet(Generic[_TaskT]):
-    """The lifecycle and the interface shared by every fleet (see the module docstring); a
-    backend derives from it and supplies the primitives. Not used directly."""
+    """The interface shared by every fleet (see the module docstring). Not used directly: an
+    :class:`~graphdist._fleet.lifecycle.OwnedFleet` backend or a detached fleet's handle
+    derives from it and supplies ``state``, the task handles and the two primitives."""
 
     cluster: Cluster
-    state: FleetState = FleetState.CREATED
     start_timeout_s: float
     operation_timeout_ms: int | None = None
-    expose: bool = False
     gpus: dict[tuple[str, int], list[int]] | None = None
     _tasks: dict[tuple[str, int], _TaskT]
-    _owner_pid: int = -1
+    _state: FleetState = FleetState.CREATED
     _sessions_closed = False
     """Set once the fleet closes: its sessions were closed with it (their guards read it)."""
     _epoch = 0
@@ -230,61 +139,56 @@ class Fleet(Generic[_TaskT]):
     _epochs = itertools.count(1)  # next() on it is atomic: two threads never lose a change
 
     def __init__(self) -> None:
-        self.state = FleetState.CREATED
-        self._owner_pid = os.getpid()
         self._tasks = {}
-        self._init_watcher()
-        self._init_sessions()
-
-    def _init_sessions(self) -> None:
-        self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._sessions_closed = False
-
-    def _init_watcher(self) -> None:
         self._watch_lock = threading.Lock()
         self._watchers: list[Callable[[_TaskT], None]] = []
         self._watch_thread: threading.Thread | None = None
         self._exits: list[TaskExit] = []
+        self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._sessions_closed = False
 
-    # -- lifecycle ------------------------------------------------------------------------------
+    @property
+    def state(self) -> FleetState:
+        """Where the fleet is in its life (``RUNNING`` while it can be used)."""
+        return self._state
 
-    def start(self: _FleetT) -> _FleetT:
-        """Start every task and wait until each answers over gRPC; returns ``self``. A failed start
-        stops whatever did start and re-raises (``state`` is then ``FAILED``)."""
-        if self.state is not FleetState.CREATED:
-            raise FleetError(f"This fleet was already started (state {self.state.value})")
-        self.state = FleetState.STARTING
-        _live_fleets.add(self)
+    # -- the primitives a fleet supplies --------------------------------------------------------
+
+    def _kill_task(self, task: _TaskT, sig: int) -> None:
+        """Send ``sig`` to ``task``'s server; with SIGKILL or SIGTERM, return once it is gone."""
+        raise NotImplementedError
+
+    def _bring_back(self, task: _TaskT) -> None:
+        """Start ``task``'s server again on its address (killing it first if it runs), count
+        the restart and return once it answers; raise FleetStartError if it does not."""
+        raise NotImplementedError
+
+    # -- faults ---------------------------------------------------------------------------------
+
+    def kill(self, job: str | None = None, index: int = 0, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` (default SIGKILL) to the server of ``job:index``; with SIGKILL or
+        SIGTERM, return once it is gone (a backend that brings servers back by itself, like Ray,
+        may start it again at once). For fault drills; see :meth:`restart`."""
+        self._require_running()
         try:
-            self._launch()
-            _exit_sweep_runs_first()  # the backend's imports may have registered exit hooks
-            self._ready(list(self._tasks.values()), self.start_timeout_s)
-        except BaseException:
-            self.state = FleetState.FAILED
-            self._shutdown(STOP_GRACE_S)
-            raise
-        self.state = FleetState.RUNNING
-        self._on_running()
-        return self
+            self._kill_task(self.task(job, index), sig)
+        finally:
+            self._changed()
 
-    def close(self, grace_s: float = STOP_GRACE_S) -> None:
-        """Stop every task (SIGTERM, up to ``grace_s`` seconds, then SIGKILL, where the backend
-        has processes) and release what the fleet holds. Safe to call any number of times."""
-        grace_s = check_timeout_s(grace_s, "grace_s", STOP_GRACE_S)
-        if self.state in (FleetState.CLOSED, FleetState.CLOSING):
-            return
-        if self.state in (FleetState.CREATED, FleetState.FAILED):
-            self.state = FleetState.CLOSED  # nothing runs: a failed start cleaned up already
-            return
-        self.state = FleetState.CLOSING
+    def restart(self, job: str | None = None, index: int = 0) -> _TaskT:
+        """Start the server of ``job:index`` again on the same address (killing it first if it
+        still runs) and wait until it answers. Variables on other tasks keep their values; old
+        sessions that used this task are broken (TensorFlow never recovers them), new ones work
+        at once. Raises :class:`FleetStartError` if it does not come back in time."""
+        self._require_running()
+        task = self.task(job, index)
         self._changed()
         try:
-            self._close_sessions()
-            self._shutdown(grace_s)
+            self._bring_back(task)
         finally:
-            self.state = FleetState.CLOSED
-            if not _live_fleets:
-                release_signals()  # no fleet session runs any more (see guard.py)
+            self._changed()
+        log.info("restarted %r (restart %d)", task, task.restarts)
+        return task
 
     def _changed(self) -> None:
         """A task may have died or restarted: sessions re-check their tasks (see ``_epoch``)."""
@@ -308,152 +212,6 @@ class Fleet(Generic[_TaskT]):
         deadline = time.monotonic() + wait_s
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-
-    def _shutdown(self, grace_s: float) -> None:
-        try:
-            self._stop_tasks(list(self._tasks.values()), grace_s)
-        finally:
-            _live_fleets.discard(self)
-            self._teardown()
-
-    def __enter__(self: _FleetT) -> _FleetT:
-        if self.state is FleetState.CREATED:
-            self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            running = getattr(self, "state", None) in (FleetState.RUNNING, FleetState.STARTING)
-            owner = os.getpid() == getattr(self, "_owner_pid", -1)
-        except (AttributeError, TypeError):  # interpreter shutdown: module globals are None
-            return  # (the atexit sweep closed whatever still ran)
-        if running and owner:
-            warnings.warn(
-                f"{self!r} was never closed; closing it now", ResourceWarning, stacklevel=2
-            )
-            with contextlib.suppress(Exception):
-                self.close()
-
-    def kill(self, job: str | None = None, index: int = 0, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` (default SIGKILL) to the server of ``job:index``; with SIGKILL or
-        SIGTERM, return once it is gone (a backend that brings servers back by itself, like Ray,
-        may start it again at once). For fault drills; see :meth:`restart`."""
-        self._require_running()
-        try:
-            self._kill_task(self.task(job, index), sig)
-        finally:
-            self._changed()
-
-    def restart(self, job: str | None = None, index: int = 0) -> _TaskT:
-        """Start the server of ``job:index`` again on the same address (killing it first if it
-        still runs) and wait until it answers. Variables on other tasks keep their values; old
-        sessions that used this task are broken (TensorFlow never recovers them), new ones work
-        at once. Raises :class:`FleetStartError` if it does not come back in time."""
-        self._require_running()
-        task = self.task(job, index)
-        self._changed()
-        try:
-            self._restart_task(task)
-            self._ready([task], self.start_timeout_s)
-        except ExposedServerError:
-            self._kill_task(task, signal.SIGKILL)
-            raise
-        finally:
-            self._changed()
-        log.info("restarted %r (restart %d)", task, task.restarts)
-        return task
-
-    def _ready(self, tasks: list[_TaskT], timeout_s: float) -> None:
-        """Wait until ``tasks`` answer, then check that each listens only where it may (see
-        :mod:`graphdist._net.exposure`): a server on a wildcard or foreign address, or one
-        whose sockets cannot be read, raises :class:`ExposedServerError`."""
-        self._wait_ready(list(tasks), timeout_s)  # a backend may consume its list
-        table = ListeningTable()  # read after every task answered: their sockets are in it
-        for task in tasks:
-            self._check_listening(task, self._allowed_addresses(task), table)
-
-    def _wait_answering(
-        self,
-        tasks: list[_TaskT],
-        timeout_s: float,
-        *,
-        each_round: Callable[[list[int]], None] | None = None,
-        budget_s: float | None = None,
-    ) -> None:
-        """Return once every task in ``tasks`` answers over gRPC (:func:`probe.wait_answering`),
-        else raise StartTimeoutError naming the first still silent, with the count of those
-        that answered; ``budget_s`` is the whole start timeout the message names (default:
-        ``timeout_s``), where part of it was spent before."""
-        silent = wait_answering([t.address for t in tasks], timeout_s, each_round=each_round)
-        if silent is None:
-            return
-        task, budget_s = tasks[silent.index], timeout_s if budget_s is None else budget_s
-        raise StartTimeoutError(
-            f"{silent.answered} of {len(tasks)} servers answered within {budget_s:g} s; "
-            f"{task.job}:{task.index} at {task.address} did not (last gRPC error: "
-            f"{silent.last_error}); raise start_timeout_s if the machine is slow",
-            ready=silent.answered,
-            expected=len(tasks),
-            timeout_s=budget_s,
-            task=f"{task.job}:{task.index}",
-            address=task.address,
-            log_tail=task.log_tail(),
-        )
-
-    # -- the backend's primitives -----------------------------------------------------------------
-
-    def _launch(self) -> None:
-        """Create the task handles in ``self._tasks`` and start every task (not waiting)."""
-        raise NotImplementedError
-
-    def _wait_ready(self, tasks: list[_TaskT], timeout_s: float) -> None:
-        """Return once every task in ``tasks`` answers over gRPC; else raise a FleetStartError
-        naming the first that failed, with the true count of those that did answer."""
-        raise NotImplementedError
-
-    def _stop_tasks(self, tasks: list[_TaskT], grace_s: float) -> None:
-        raise NotImplementedError
-
-    def _kill_task(self, task: _TaskT, sig: int) -> None:
-        raise NotImplementedError
-
-    def _restart_task(self, task: _TaskT) -> None:
-        """Bring ``task`` back on its address (kill it first if it runs); count the restart."""
-        raise NotImplementedError
-
-    def _allowed_addresses(self, task: _TaskT) -> frozenset[str] | None:
-        """The non-loopback addresses ``task``'s server may listen on; ``None``: anywhere
-        (``expose=True``). Default: loopback only, unless exposed."""
-        return None if self.expose else frozenset()
-
-    def _check_listening(
-        self, task: _TaskT, allowed: frozenset[str] | None, table: ListeningTable | None = None
-    ) -> None:
-        """Raise ExposedServerError unless ``task``'s process listens only on loopback or
-        ``allowed`` (``None``: anywhere), and FleetStartError unless it is the process that
-        listens on the task's port: an answer from another process (a second name for an
-        address another task has) is no proof of this one (default: its sockets as the OS
-        lists them for its pid, in ``table``, one reading for the whole fleet)."""
-        name = f"{task.job}:{task.index}"
-        sockets = check_listening(name, task.address, task.pid, allowed, table=table)
-        port = int(task.address.rsplit(":", 1)[1])
-        if not any(p == port for _, p in sockets):
-            raise FleetStartError(
-                f"Server {name} is not the process listening on {task.address} (pid "
-                f"{task.pid} listens on {sorted({p for _, p in sockets}) or 'nothing'}): another "
-                "process answered for it. Is the address another task's under another name?",
-                task=name,
-                address=task.address,
-            )
-
-    def _teardown(self) -> None:
-        """Release what is left once the tasks are stopped (default: nothing)."""
-
-    def _on_running(self) -> None:
-        """Called once every task answered (default: nothing)."""
 
     # -- using a fleet ----------------------------------------------------------------------------
 
@@ -710,24 +468,3 @@ class Fleet(Generic[_TaskT]):
     def _require_running(self) -> None:
         if self.state is not FleetState.RUNNING:
             raise FleetClosedError(f"The fleet is {self.state.value}; start it first")
-
-
-def _exit_sweep_runs_first() -> None:
-    """Make :func:`_close_live_fleets` the next exit hook to run. ``atexit`` runs the last
-    registered first, and ``multiprocess`` registers a hook on its first import that joins every
-    child process: registered before it, the sweep would run after that join, which waits for
-    ever on servers that wait for their owner (TF_FACTS, "Long-lived processes")."""
-    atexit.unregister(_close_live_fleets)
-    atexit.register(_close_live_fleets)
-
-
-def _close_live_fleets() -> None:
-    """Close every fleet this process still runs (a fleet's servers also exit by themselves
-    when their owner dies, but a clean close stops them at once and removes their files)."""
-    for fleet in list(_live_fleets):
-        if os.getpid() == fleet._owner_pid:
-            with contextlib.suppress(Exception):
-                fleet.close()
-
-
-atexit.register(_close_live_fleets)

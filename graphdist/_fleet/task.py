@@ -1,0 +1,81 @@
+"""What a fleet's task handle tells, on every backend: the :class:`TaskHandle` contract, the
+names every handle derives from its :class:`Task` (:class:`TaskView`), and a death the fleet's
+watcher saw (:class:`TaskExit`). Imported by the client, the guard and health alike, so none of
+them imports another for its types."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+from graphdist._cluster import Task
+
+__all__ = ["TaskExit", "TaskHandle", "TaskView"]
+
+
+class TaskExit(NamedTuple):
+    """A task death the fleet's watcher saw: ``task`` (``"job:index"``), its ``pid``, its
+    ``exitcode`` (negative: killed by that signal; ``None`` if the backend cannot tell) and when
+    (``time.monotonic()``)."""
+
+    task: str
+    pid: int | None
+    exitcode: int | None
+    at: float
+
+
+class TaskHandle(Protocol):
+    """What a fleet's task handle tells, on every backend (a plain attribute or a property).
+
+    ``alive``, ``pid``, ``exitcode`` and ``restarts`` are read by the fleet's watcher every
+    ``watch_interval_s`` and by session guards: on every backend they are cheap and never
+    block (a backend whose processes are elsewhere answers from what it last heard)."""
+
+    @property
+    def job(self) -> str: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def alive(self) -> bool: ...
+    @property
+    def exitcode(self) -> int | None: ...
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def log_path(self) -> str | None: ...
+    def log_tail(self, lines: int = ...) -> list[str]: ...
+
+
+class TaskView:
+    """What every backend's task handle derives from its :class:`Task`: the names. Subclasses add
+    the rest of :class:`TaskHandle` (``pid``, ``alive``, ``exitcode``, ``restarts``, ``log_path``,
+    ``log_tail``)."""
+
+    task: Task
+
+    @property
+    def job(self) -> str:
+        return self.task.job
+
+    @property
+    def index(self) -> int:
+        return self.task.index
+
+    @property
+    def address(self) -> str:
+        return self.task.address
+
+    @property
+    def target(self) -> str:
+        return self.task.target
+
+    @property
+    def name(self) -> str:
+        return self.task.name

@@ -1,0 +1,116 @@
+"""The package's layout shows its architecture (ARCHITECTURE.md): no import circle between its
+modules, counting the imports made only for type checking, and no folder holding more than 40 %
+of its lines."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import graphdist
+
+PACKAGE = pathlib.Path(graphdist.__file__).parent
+MAX_FOLDER_SHARE = 0.40
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Imports run when the module is imported or type-checked: at module level, also inside
+    ``if``/``try`` blocks (``if TYPE_CHECKING:``), not inside functions or classes."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif isinstance(node, ast.If | ast.Try):
+            todo.extend(node.body + node.orelse)
+            todo.extend(getattr(node, "finalbody", []))
+            for handler in getattr(node, "handlers", []):
+                todo.extend(handler.body)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each graphdist module -> the graphdist modules it imports at import or type-check time."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        for node in _top_level_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:  # relative: resolve against this module's package
+                    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+                    for _ in range(node.level - 1):
+                        package = package.rpartition(".")[0]
+                    base = f"{package}.{base}".rstrip(".")
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                    for alias in node.names
+                ]
+            edges.update(t for t in targets if t in modules and t != name)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_cycles_finds_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_even_for_type_checking():
+    graph = import_graph()
+    assert "graphdist._fleet.local" in graph  # the walk found the package
+    assert cycles(graph) == []
+
+
+def test_no_folder_holds_more_than_40_percent_of_the_lines():
+    lines: dict[str, int] = {}
+    for path in PACKAGE.rglob("*.py"):
+        folder = str(path.parent.relative_to(PACKAGE.parent))
+        lines[folder] = lines.get(folder, 0) + len(path.read_text().splitlines())
+    total = sum(lines.values())
+    shares = {folder: n / total for folder, n in lines.items()}
+    assert max(shares.values()) <= MAX_FOLDER_SHARE, shares
