@@ -306,19 +306,22 @@ def _cmd_up(args: argparse.Namespace) -> int:
         ]
         _print_rows(rows, args.json)
         print("graphdist: fleet running; press Ctrl-C to stop it", file=sys.stderr, flush=True)
-        reported: set[str] = set()
-        while not stop.wait(1.0):
-            for t in fleet.dead_tasks():
-                if t.name not in reported:
-                    reported.add(t.name)
-                    print(
-                        f"graphdist: task {t.job}:{t.index} exited with code {t.exitcode} "
-                        f"(log: {t.log_path})",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+        fleet.watch(_report_death)
+        stop.wait()
         print("graphdist: stopping the fleet", file=sys.stderr, flush=True)
     return 0
+
+
+def _report_death(task: Any) -> None:
+    """A foreground fleet's watcher callback: one line per death of a task."""
+    from graphdist._fleet.health import exited
+
+    log = f" (log: {task.log_path})" if task.log_path else ""
+    print(
+        f"graphdist: task {exited(f'{task.job}:{task.index}', task.exitcode)}{log}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _up_ray(args: argparse.Namespace) -> int:

@@ -53,6 +53,7 @@ from graphdist._detached.state import (
 from graphdist._detached.supervisor import SupervisorSpec
 from graphdist._exceptions import FleetError, FleetStartError, StateError
 from graphdist._fleet.client import Fleet, FleetState
+from graphdist._fleet.health import exited
 from graphdist._fleet.local import LOG_TAIL_LINES, read_log_tail
 from graphdist._fleet.task import TaskView
 from graphdist._proc.process import STOP_GRACE_S
@@ -152,8 +153,7 @@ def fleet_problem(record: FleetRecord) -> str | None:
                 f"{record.max_restarts}; log: {t.log})"
             )
         elif record.restart_policy == "no":
-            code = "" if t.exitcode is None else f" with code {t.exitcode}"
-            lines.append(f"task {t.name} exited{code} and is not restarted (log: {t.log})")
+            lines.append(f"task {exited(t.name, t.exitcode)} and is not restarted (log: {t.log})")
     if not lines:
         return None
     more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""

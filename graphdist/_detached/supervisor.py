@@ -51,6 +51,7 @@ from graphdist._detached.state import (
     write_state,
 )
 from graphdist._exceptions import ArgumentError, GraphdistError, StateError
+from graphdist._fleet.health import dead_detail
 from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
 from graphdist._proc.signals import stop_on_signals
 from graphdist._validate import count, timeout_s
@@ -264,12 +265,12 @@ class _Supervisor:
             self._given_up.add(task.name)
             log.error(
                 "%s died %d times within %g s; not restarting it again (--max-restarts %d); "
-                "exit code %s, log %s",
+                "%s, log %s",
                 _label(task),
                 len(recent) + 1,
                 window,
                 cap,
-                task.exitcode,
+                dead_detail(task.exitcode),
                 task.log_path,
             )
             return
@@ -280,10 +281,9 @@ class _Supervisor:
         self._due[task.name] = now + delay
         self._restart_at[task.name] = time.time() + delay
         log.warning(
-            "%s died (exit code %s); restarting it in %.1f s (restart %d of at most %d within "
-            "%g s)",
+            "%s died (%s); restarting it in %.1f s (restart %d of at most %d within %g s)",
             _label(task),
-            task.exitcode,
+            dead_detail(task.exitcode),
             delay,
             len(recent) + 1,
             cap,

@@ -64,6 +64,7 @@ from graphdist._exceptions import (
     LaunchTimeoutError,
     TaskExitError,
 )
+from graphdist._fleet.health import exited
 from graphdist._net.loopback import server_bind_address, shim_env
 from graphdist._proc import process as _process
 from graphdist._proc.process import descendants, guarded_argv, stop_all
@@ -198,7 +199,7 @@ def _stop(procs: Sequence[_TaskProcess], grace_s: float) -> None:
 def _describe(result: TaskResult) -> str:
     tail = "\n".join(f"    [{result.name}] {line}" for line in result.tail[-10:])
     return (
-        f"{result.name} exited with code {result.exitcode}"
+        exited(result.name, result.exitcode)
         + (f"; its last lines:\n{tail}" if tail else "")
         + _interpreter_hint(result.tail)
     )

@@ -42,6 +42,7 @@ from graphdist._fleet.health import (
     NOT_ANSWERING,
     HealthReport,
     TaskHealth,
+    dead_detail,
     probe_all,
     task_failed,
 )
@@ -321,7 +322,7 @@ class Fleet(Generic[_TaskT]):
         out = []
         for ft, (answered, error) in zip(tasks, results, strict=True):
             if not ft.alive:
-                status, detail = DEAD, f"exit code {ft.exitcode}"
+                status, detail = DEAD, dead_detail(ft.exitcode)
             elif answered:
                 status, detail = ALIVE, ""
             else:

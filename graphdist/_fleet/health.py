@@ -1,13 +1,21 @@
-"""Task health, checked over gRPC: alive, dead (its process exited), or not answering.
+"""Task health, checked over gRPC: alive, dead (its process exited), or not answering; and the
+one home of "a task failed".
 
 A frozen task (SIGSTOP, a stuck machine) still has its port open, so only a real call with a
 deadline tells it apart from a live one. All tasks are probed at once, so a health check takes at
 most one probe timeout however many tasks are frozen.
+
+How a failed task is reported is decided here and nowhere else: the status constants and their
+hints, :func:`task_failed` (every :class:`TaskFailedError`), :func:`exited` and
+:func:`dead_detail` (how a process ended, in words: the CLI, the supervisor, ``graphdist
+status``, the launcher and a failed start all say it with them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,6 +33,8 @@ __all__ = [
     "RESTARTED",
     "HealthReport",
     "TaskHealth",
+    "dead_detail",
+    "exited",
     "probe_all",
     "problem_of",
     "task_failed",
@@ -83,6 +93,26 @@ class HealthReport(list[TaskHealth]):
         )
 
 
+def _code(exitcode: int | None) -> str:
+    """``code 3``, ``code -9 (SIGKILL)`` (killed by a signal), ``an unknown code``."""
+    if exitcode is None:
+        return "an unknown code"
+    if exitcode < 0:
+        with contextlib.suppress(ValueError):
+            return f"code {exitcode} ({signal.Signals(-exitcode).name})"
+    return f"code {exitcode}"
+
+
+def dead_detail(exitcode: int | None) -> str:
+    """A dead task's health detail: ``exit code 3``, ``exit code -9 (SIGKILL)``."""
+    return f"exit {_code(exitcode)}"
+
+
+def exited(name: str, exitcode: int | None) -> str:
+    """``NAME exited with code 3`` (``... with code -9 (SIGKILL)``): how a process ended."""
+    return f"{name} exited with {_code(exitcode)}"
+
+
 def probe_all(addresses: Sequence[str], timeout_s: float) -> list[tuple[bool, str | None]]:
     """Probe every address at once; ``(answered, last gRPC error)`` for each, in order."""
     with probers(addresses) as each:
@@ -98,7 +128,7 @@ def problem_of(task: TaskHandle, pid: int | None, restarts: int | None) -> tuple
         now = f"now pid {task.pid}" if alive else "its new server is starting"
         return RESTARTED, f"pid {pid} before, {now}"
     if not alive:
-        return DEAD, f"exit code {task.exitcode}"
+        return DEAD, dead_detail(task.exitcode)
     if task.pid != pid:
         return RESTARTED, f"pid {pid} before, now pid {task.pid}"
     return None

@@ -27,6 +27,7 @@ from graphdist._exceptions import (
     PortInUseError,
 )
 from graphdist._fleet.client import FleetState
+from graphdist._fleet.health import exited
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
 from graphdist._net.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
@@ -391,7 +392,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
                 log_tail=tail,
             )
         return FleetStartError(
-            f"Server {name} at {ft.address} exited with code {ft.exitcode} while starting "
+            f"Server {exited(f'{name} at {ft.address}', ft.exitcode)} while starting "
             f"(log: {ft.log_path})",
             task=name,
             address=ft.address,

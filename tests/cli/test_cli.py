@@ -154,12 +154,17 @@ def test_stale_state_is_detected_and_cleaned(state_dir):
     assert not os.path.exists(os.path.join(state_dir, "fleet.json"))
 
 
-def test_foreground_up_stops_everything_on_ctrl_c(state_dir):
+def test_foreground_up_reports_a_death_and_stops_everything_on_ctrl_c(state_dir):
     proc = start_graphdist("up", "--cluster", "local=2", "--json")
     try:
         rows = read_json_rows(proc)
         pids = [r["pid"] for r in rows]
         assert len(pids) == 2
+        os.kill(pids[1], signal.SIGKILL)  # the fleet's watcher reports it, worded by health
+        assert proc.stderr is not None
+        lines = iter(proc.stderr.readline, "")
+        death = next(line for line in lines if "exited" in line)
+        assert death.startswith("graphdist: task local:1 exited with code -9 (SIGKILL) (log: ")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
         assert wait_gone(pids, EVENTUALLY_S) == []
