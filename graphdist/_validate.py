@@ -98,6 +98,15 @@ def timeout_ms(value: int | None, name: str, default: int | None = None) -> int 
     return value
 
 
+def positive(value: float, name: str) -> float:
+    """``value`` as a float if it is a finite number > 0 (a CPU share, a rate)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ArgumentError(f"{name} must be a number, not {show(value)}", name=name, value=value)
+    if value <= 0:
+        raise ArgumentError(f"{name} must be > 0, not {show(value)}", name=name, value=value)
+    return float(value)
+
+
 def count(value: int, name: str, minimum: int = 1) -> int:
     """``value`` if it is a whole number >= ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

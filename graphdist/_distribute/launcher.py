@@ -66,10 +66,9 @@ from graphdist._exceptions import (
 )
 from graphdist._fleet.health import exited
 from graphdist._net.loopback import server_bind_address, shim_env
-from graphdist._proc import process as _process
-from graphdist._proc.process import descendants, guarded_argv, stop_all
+from graphdist._proc.process import TASK_STOP_GRACE_S, descendants, guarded_argv, stop_all
 from graphdist._proc.signals import Interrupted, SignalScope
-from graphdist._validate import show
+from graphdist._validate import count
 from graphdist._validate import timeout_s as check_timeout_s
 
 __all__ = [
@@ -82,9 +81,6 @@ __all__ = [
     "run_function",
 ]
 
-#: How long the launcher waits for a task's guard after SIGTERM before SIGKILLing its whole tree:
-#: the guard's own grace for the task's processes plus time to reap them.
-STOP_GRACE_S = _process.STOP_GRACE_S + 2.0
 TAIL_LINES = 20
 
 
@@ -107,11 +103,10 @@ class TaskResult:
 
 def launch_cluster(workers: int, ps: int = 0, chief: bool = False) -> Cluster:
     """A cluster of ``chief`` (0 or 1), ``worker`` x ``workers`` and ``ps`` x ``ps`` on free
-    loopback ports. Raises ClusterSpecError for bad counts or ps without a chief."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ClusterSpecError(f"A run needs at least one worker, not {show(workers)}", workers)
-    if isinstance(ps, bool) or not isinstance(ps, int) or ps < 0:
-        raise ClusterSpecError(f"The number of ps tasks must be >= 0, not {show(ps)}", ps)
+    loopback ports. Raises ArgumentError for bad counts, ClusterSpecError for ps without a
+    chief."""
+    count(workers, "workers")
+    count(ps, "ps", minimum=0)
     if ps and not chief:
         raise ClusterSpecError(
             "A parameter-server run needs a coordinator: add --chief (chief=True); the chief runs "
@@ -284,7 +279,7 @@ def run_command(
                     procs.append(_TaskProcess(task, command, task_env, out))
                 return _supervise(procs, timeout_s, signals)
             finally:  # no signal interrupts this: it is deferred to the end of the scope
-                _stop([p for p in procs if p.poll() is None], STOP_GRACE_S)
+                _stop([p for p in procs if p.poll() is None], TASK_STOP_GRACE_S)
                 if fleet is not None:
                     fleet.close()
     except Interrupted as exc:  # the caller's own handler took the signal and returned
@@ -303,7 +298,7 @@ def _supervise(
         codes = [p.poll() for p in procs]
         failed = next((p for p, c in zip(procs, codes, strict=True) if c not in (None, 0)), None)
         if failed is not None:
-            _stop([p for p in procs if p is not failed], STOP_GRACE_S)
+            _stop([p for p in procs if p is not failed], TASK_STOP_GRACE_S)
             results = [p.finish() for p in procs]
             raise TaskExitError(
                 f"Task {_describe(failed.result)}\n  the other tasks were stopped",
@@ -314,7 +309,7 @@ def _supervise(
             return [p.finish() for p in procs]
         if deadline is not None and time.monotonic() > deadline:
             running = [p.result.name for p, c in zip(procs, codes, strict=True) if c is None]
-            _stop(procs, STOP_GRACE_S)
+            _stop(procs, TASK_STOP_GRACE_S)
             raise LaunchTimeoutError(
                 f"The run did not finish within {timeout_s:g} s (still running: "
                 f"{', '.join(running)}); every task was stopped; raise --timeout if it needs "

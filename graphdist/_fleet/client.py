@@ -50,7 +50,7 @@ from graphdist._fleet.task import TaskExit, TaskHandle
 from graphdist._graph.master import master_for
 from graphdist._graph.placement import DeviceSpec, check_device, device
 from graphdist._graph.session import TASK_FAILURE_ERRORS, session, session_config
-from graphdist._net.probe import PROBE_TIMEOUT_S
+from graphdist._net.probe import DIAGNOSE_PROBE_S, PROBE_TIMEOUT_S, RECHECK_PROBE_S
 from graphdist._validate import timeout_ms
 from graphdist._validate import timeout_s as check_timeout_s
 
@@ -60,10 +60,6 @@ if TYPE_CHECKING:
 __all__ = ["Fleet", "FleetState", "ReopeningSession"]
 
 log = logging.getLogger("graphdist.fleet")
-# Probes that find which task made a run fail: a short one for all tasks, then, where several
-# did not answer, a longer one for those (a busy task answers it, a frozen one does not).
-_DIAGNOSE_PROBE_S = 0.5
-_RECHECK_PROBE_S = 2.0
 SESSION_CLOSE_WAIT_S = 2.0
 """How long, in seconds, closing a fleet waits for its open sessions to close before it stops
 the servers (they close side by side; one to a frozen master gives up then)."""
@@ -352,12 +348,12 @@ class Fleet(Generic[_TaskT]):
         """Which task made a run fail, as a TaskFailedError (None if every task is fine)."""
         if self.state is not FleetState.RUNNING:
             return None
-        bad = [h for h in self.health(timeout_s=_DIAGNOSE_PROBE_S) if not h.ok]
+        bad = [h for h in self.health(timeout_s=DIAGNOSE_PROBE_S) if not h.ok]
         if len(bad) > 1 and all(h.status == NOT_ANSWERING for h in bad):
             # A task busy on a loaded machine can miss a short probe, a frozen one misses a
             # long one too: ask the silent ones again before naming one of them.
             silent = [self.task(h.job, h.index) for h in bad]
-            bad = [h for h in self.health(_RECHECK_PROBE_S, tasks=silent) if not h.ok] or bad
+            bad = [h for h in self.health(RECHECK_PROBE_S, tasks=silent) if not h.ok] or bad
         bad.sort(key=lambda h: h.status != DEAD)  # a dead task is the cause before a silent one
         if not bad:
             return None

@@ -64,6 +64,7 @@ from graphdist._exceptions import (
 from graphdist._fleet.health import NOT_ANSWERING, probe_all, problem_of, task_failed
 from graphdist._fleet.task import TaskHandle
 from graphdist._graph.session import TASK_FAILURE_ERRORS
+from graphdist._net.probe import RUN_PROBE_TIMEOUT_S
 
 __all__ = [
     "CHECK_INTERVAL_S",
@@ -97,9 +98,6 @@ CHECK_INTERVAL_S = 0.1
 (only runs at least this old are looked at: a short step is never touched)."""
 PROBE_INTERVAL_S = 2.0
 """How often, in seconds, the watchdog asks a long run's tasks over gRPC whether they answer."""
-RUN_PROBE_TIMEOUT_S = 1.5
-"""How long, in seconds, such a probe waits: a busy task on a loaded machine still answers, a
-frozen task misses every probe."""
 MISSES_BEFORE_FROZEN = 3
 """Probes in a row a task may miss before a run gives up on it as ``not answering`` (three
 probes, 2 s apart: reported in about 6.5 s here)."""

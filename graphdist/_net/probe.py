@@ -13,9 +13,33 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["PROBE_TIMEOUT_S", "Prober", "Silent", "probe_many", "probers", "wait_answering"]
+__all__ = [
+    "DIAGNOSE_PROBE_S",
+    "PROBE_TIMEOUT_S",
+    "READY_PROBE_S",
+    "RECHECK_PROBE_S",
+    "RUN_PROBE_TIMEOUT_S",
+    "Prober",
+    "Silent",
+    "probe_many",
+    "probers",
+    "wait_answering",
+]
 
+# Every probe timeout graphdist uses, in seconds, here and nowhere else.
 PROBE_TIMEOUT_S = 1.0
+"""``fleet.health()``'s default: how long a task has to answer a health probe."""
+READY_PROBE_S = 0.5
+"""One round of a start's readiness probes (a server still starting misses it; the next round
+follows at once)."""
+DIAGNOSE_PROBE_S = 0.5
+"""The first probe of every task when a run failed, to name the task that made it fail."""
+RECHECK_PROBE_S = 2.0
+"""The second probe, of the tasks that missed the first when several did: a task busy on a
+loaded machine answers it, a frozen one does not."""
+RUN_PROBE_TIMEOUT_S = 1.5
+"""A session guard's probe of a long run's tasks (every ``guard.PROBE_INTERVAL_S``): a busy task
+on a loaded machine still answers, a frozen task misses every probe."""
 _GET_STATUS = "/tensorflow.WorkerService/GetStatus"
 # Short reconnect back-off, so a server that starts a moment after a failed probe is seen at once
 # instead of after gRPC's default 1 s back-off. Not grpc.min_reconnect_backoff_ms: gRPC also
@@ -102,7 +126,7 @@ def wait_answering(
     timeout_s: float,
     *,
     each_round: Callable[[list[int]], None] | None = None,
-    probe_s: float = 0.5,
+    probe_s: float = READY_PROBE_S,
     poll_s: float = 0.02,
 ) -> Silent | None:
     """Probe every server until all have answered (each round probes the silent ones at once,

@@ -48,6 +48,7 @@ from typing import Protocol, TypeVar
 __all__ = [
     "KILL_WAIT_S",
     "STOP_GRACE_S",
+    "TASK_STOP_GRACE_S",
     "Stoppable",
     "descendants",
     "guarded_argv",
@@ -56,8 +57,11 @@ __all__ = [
     "wait_gone",
 ]
 
-#: Seconds a process gets between SIGTERM and SIGKILL.
+#: Seconds a server process gets between SIGTERM and SIGKILL.
 STOP_GRACE_S = 3.0
+#: Seconds a launched task's guard gets between SIGTERM and SIGKILL of its whole tree: its own
+#: grace for the task's processes (STOP_GRACE_S) plus time to reap them.
+TASK_STOP_GRACE_S = STOP_GRACE_S + 2.0
 #: Seconds to wait for SIGKILLed processes to be gone before reporting them as survivors.
 KILL_WAIT_S = 5.0
 _POLL_S = 0.02

@@ -103,7 +103,7 @@ def test_run_function_returns_each_tasks_result():
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [
-        (["run", "--workers", "0", "--", "true"], "at least one worker"),
+        (["run", "--workers", "0", "--", "true"], "workers must be a whole number >= 1"),
         (["run", "--workers", "1", "--ps", "1", "--", "true"], "--chief"),
         (["run", "--workers", "1"], "No command"),
         (["run", "--workers", "1", "--timeout", "0", "--", "true"], "--timeout"),
