@@ -1,7 +1,9 @@
 """Milliseconds per step of the seeds' split graph, by session kind and master, in one run.
 
 Four sessions run the same graph (``x - 66`` on task 0, ``x + 300`` and the sum on task 1) on one
-two-task fleet: a raw ``tf.compat.v1.Session`` and graphdist's ``fleet.session`` on each master.
+two-task fleet (a ``LocalFleet``, or with ``--backend ray`` a ``RayFleet`` on the Ray that
+``RayFleet`` finds or starts): a raw ``tf.compat.v1.Session`` and graphdist's ``fleet.session``
+on each master.
 ``fleet.session_for(y)`` picks task 1, the owner of ``y``. Steps are timed one by one in
 interleaved rounds so that machine noise hits every kind alike (each round runs a few steps of
 every kind in turn, in a new order each round); figures are the median, p99 and mean over all
@@ -9,7 +11,7 @@ steps. The targets are checked: graphdist's session costs at most 1.05x a raw se
 step on either master, and graphdist's choice of master is at least 1.8x faster than the seed's.
 A missed target prints MISSED and the script exits 1.
 
-    python benchmarks/master_choice.py [--steps 2000] [--rounds 200]
+    python benchmarks/master_choice.py [--steps 2000] [--rounds 200] [--backend local|ray]
 """
 
 from __future__ import annotations
@@ -49,14 +51,30 @@ def summarize(samples: list[float]) -> Latency:
     }
 
 
-def measure(steps: int = 1000, rounds: int = 100) -> dict[str, Latency]:
-    """Per-step latency of the split graph for each session kind (see the module docstring)."""
+BACKENDS = ("local", "ray")
+"""The fleets measured: ``LocalFleet`` and ``RayFleet``, two tasks each."""
+
+
+def two_task_fleet(backend: str) -> Any:
+    """A two-task fleet of ``backend`` (one of :data:`BACKENDS`), not started."""
+    import graphdist
+
+    if backend == "ray":
+        return graphdist.RayFleet("local=2")
+    if backend == "local":
+        return graphdist.LocalFleet("local=2")
+    raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+
+
+def measure(steps: int = 1000, rounds: int = 100, backend: str = "local") -> dict[str, Latency]:
+    """Per-step latency of the split graph for each session kind on a fleet of ``backend``
+    (see the module docstring)."""
     import tensorflow as tf
 
     import graphdist
     from graphdist._graph.graphs import split_graph
 
-    with graphdist.LocalFleet("local=2") as fleet:
+    with two_task_fleet(backend) as fleet:
         graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
         chosen = graphdist.master_for(y, fleet.cluster).index
         sessions = {}
@@ -116,9 +134,13 @@ def main(argv: list[str] | None = None) -> dict[str, Latency]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="steps per session kind")
     parser.add_argument("--rounds", type=int, default=200, help="interleaved rounds (200)")
+    parser.add_argument(
+        "--backend", choices=BACKENDS, default="local", help="the fleet measured (local)"
+    )
     add_json_option(parser)
     args = parser.parse_args(argv)
-    figures = measure(args.steps, args.rounds)
+    figures = measure(args.steps, args.rounds, args.backend)
+    print(f"{args.backend} fleet")
     print(f"{'session':<42} {'median':>8} {'p99':>8} {'mean':>8}  (ms/step)")
     for name, f in figures.items():
         print(f"{name:<42} {f['median_ms']:>8.3f} {f['p99_ms']:>8.3f} {f['mean_ms']:>8.3f}")

@@ -83,6 +83,17 @@ def test_every_error_class_crosses_whole(exc):
     assert back.args == exc.args
 
 
+@pytest.mark.parametrize("exc", EXAMPLES, ids=lambda e: type(e).__name__)
+def test_the_cli_exit_status_is_the_same_on_both_sides_of_the_wire(exc):
+    from graphdist._cli.main import EXIT_FAILURE, EXIT_USAGE, exit_status
+
+    assert exit_status(_through_the_wire(exc)) == exit_status(exc)
+    if isinstance(exc, E.PortInUseError | E.StateError | E.ClusterSpecError | E.ArgumentError):
+        assert exit_status(exc) == EXIT_USAGE
+    elif type(exc) in (E.FleetStartError, E.StartTimeoutError, E.TaskFailedError):
+        assert exit_status(exc) == EXIT_FAILURE
+
+
 def test_nested_results_come_back_as_task_results():
     back = _through_the_wire(EXAMPLES[[type(e) for e in EXAMPLES].index(E.TaskExitError)])
     assert isinstance(back, E.TaskExitError)

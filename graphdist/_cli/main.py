@@ -33,17 +33,26 @@ from graphdist._exceptions import (
     TaskExitError,
     UsageError,
 )
+from graphdist._fleet.backends import backend, describe, start_timeouts
+from graphdist._fleet.backends import names as backend_names
 from graphdist._proc.signals import stop_on_signals
 from graphdist._validate import count, is_ascii_digits, timeout_s
 from graphdist._version import __version__
 
-__all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UsageError", "build_parser", "main", "task_exit_status"]
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_USAGE",
+    "UsageError",
+    "build_parser",
+    "exit_status",
+    "main",
+    "task_exit_status",
+]
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-DETACH_TIMEOUT_S = 90.0
 _USER_MISTAKES = (
-    ArgumentError,
+    ArgumentError,  # UsageError too
     ClusterSpecError,
     PlacementError,
     PortInUseError,
@@ -118,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--start-timeout",
         type=_float,
         metavar="S",
-        help="seconds to wait for every server (default: the backend's, 60 local, 180 ray)",
+        help=f"seconds to wait for every server (default: the backend's: {start_timeouts()})",
     )
     up.add_argument("--json", action="store_true", help="print the tasks as JSON")
     up.add_argument(
@@ -131,10 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument(
         "--backend",
-        choices=["local", "ray"],
+        choices=backend_names(),
         default="local",
-        help="local: one process per server on this machine (default); ray: Ray actors on the "
-        "Ray cluster at --address (needs `pip install graphdist[ray]`; foreground only)",
+        help="; ".join(describe(n) for n in backend_names()),
     )
     up.add_argument("--address", help="with --backend ray: the Ray cluster (default: RAY_ADDRESS)")
     up.add_argument(
@@ -280,26 +288,29 @@ def _state_dir(args: argparse.Namespace) -> str:
     return resolve_state_dir(args.state_dir)
 
 
+def _backend(name: str) -> Any:
+
+    try:
+        return backend(name)
+    except ArgumentError as exc:
+        raise UsageError(f"--backend {name}: {exc}") from None
+
+
 def _cmd_up(args: argparse.Namespace) -> int:
     timeout_s(args.start_timeout, "--start-timeout")
     count(args.max_restarts, "--max-restarts", minimum=0)
     timeout_s(args.restart_window, "--restart-window")
     if args.restart != "no" and not args.detach:
         raise UsageError("--restart needs --detach (a foreground fleet stops on any failure)")
-    if args.backend == "ray":
-        Cluster.parse_counts(args.cluster)  # Ray picks nodes and ports: counts only
-        return _up_ray(args)  # None: RayFleet's own default
-    if args.start_timeout is None:
-        from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S
-
-        args.start_timeout = DEFAULT_START_TIMEOUT_S
-    cluster = Cluster.parse(args.cluster)
+    kind = _backend(args.backend)
+    cluster = kind.parse_cluster(args.cluster)  # parsed once here; the fleet checks it
     if args.detach:
         return _up_detached(args, cluster)
-    from graphdist._fleet.local import LocalFleet
-
+    fleet = kind.for_command(
+        cluster, start_timeout_s=args.start_timeout, expose=args.expose, address=args.address
+    )
     stop = stop_on_signals()
-    with LocalFleet(cluster, start_timeout_s=args.start_timeout, expose=args.expose) as fleet:
+    with fleet:
         rows = [
             {"job": t.job, "task": t.index, "address": t.address, "pid": t.pid, "alive": t.alive}
             for t in fleet.tasks
@@ -317,45 +328,23 @@ def _report_death(task: Any) -> None:
     from graphdist._fleet.health import exited
 
     log = f" (log: {task.log_path})" if task.log_path else ""
-    print(
-        f"graphdist: task {exited(f'{task.job}:{task.index}', task.exitcode)}{log}",
-        file=sys.stderr,
-        flush=True,
-    )
+    name = f"{task.job}:{task.index}"
+    print(f"graphdist: task {exited(name, task.exitcode)}{log}", file=sys.stderr, flush=True)
 
 
-def _up_ray(args: argparse.Namespace) -> int:
-    if args.detach:
-        raise UsageError("--backend ray runs in the foreground (Ray keeps the actors alive)")
-    try:
-        from graphdist._fleet.ray import RayFleet
-    except ImportError:  # pragma: no cover - depends on the installed extras
-        raise UsageError("--backend ray needs Ray: pip install 'graphdist[ray]'") from None
-    stop = stop_on_signals()
-    with RayFleet(
-        args.cluster, address=args.address, start_timeout_s=args.start_timeout, expose=args.expose
-    ) as fleet:
-        rows = [
-            {"job": t.job, "task": t.index, "address": t.address, "pid": t.pid, "alive": True}
-            for t in fleet.tasks
-        ]
-        _print_rows(rows, args.json)
-        print("graphdist: Ray fleet running; press Ctrl-C to stop it", file=sys.stderr, flush=True)
-        stop.wait()
-    return 0
-
-
-def _up_detached(args: argparse.Namespace, cluster: Cluster) -> int:
+def _up_detached(args: argparse.Namespace, cluster: Any) -> int:
     from graphdist._detached.fleet import SupervisorSpec, start_detached, status_rows
 
     spec = SupervisorSpec(
         state_dir=_state_dir(args),
-        cluster=cluster.as_dict(),
+        cluster=cluster,
         start_timeout_s=args.start_timeout,
         restart=args.restart,
         max_restarts=args.max_restarts,
         expose=args.expose,
         restart_window_s=args.restart_window,
+        backend=args.backend,
+        address=args.address,
     )
 
     def note(text: str) -> None:
@@ -517,6 +506,18 @@ def task_exit_status(exitcode: int | None) -> int:
     return min(exitcode, 255)
 
 
+def exit_status(exc: GraphdistError) -> int:
+    """The command's exit status for ``exc``, decided by its class wherever it was raised (in
+    this process or, carried whole, in a supervisor): 2 for a user mistake (a bad value, a taken
+    port, a state folder in use), the task's own status for a :class:`TaskExitError` (see
+    :func:`task_exit_status`), 1 for any other failure."""
+    if isinstance(exc, TaskExitError):
+        return task_exit_status(exc.failed.exitcode)
+    if isinstance(exc, _USER_MISTAKES):
+        return EXIT_USAGE
+    return EXIT_FAILURE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``graphdist`` command; returns the exit status."""
     try:
@@ -525,15 +526,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return _cmd_serve(args, argv)
         return _COMMANDS[args.command](args)
-    except (*_USER_MISTAKES, UsageError) as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except TaskExitError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return task_exit_status(exc.failed.exitcode)
     except GraphdistError as exc:
         print(f"Error: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        return exit_status(exc)
     except KeyboardInterrupt:
         print("Error: interrupted", file=sys.stderr)
         return 130

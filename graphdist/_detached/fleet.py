@@ -52,6 +52,7 @@ from graphdist._detached.state import (
 )
 from graphdist._detached.supervisor import SupervisorSpec
 from graphdist._exceptions import FleetError, FleetStartError, StateError
+from graphdist._fleet.backends import backend
 from graphdist._fleet.client import Fleet, FleetState
 from graphdist._fleet.health import exited
 from graphdist._fleet.local import LOG_TAIL_LINES, read_log_tail
@@ -73,12 +74,17 @@ __all__ = [
     "stop_detached",
 ]
 
-READY_MARGIN_S = 30.0  # beyond the start timeout: the supervisor's own start (importing TF)
+READY_MARGIN_S = 30.0
+"""Seconds beyond the start timeout for the supervisor's own start (importing TensorFlow)."""
 KILL_TIMEOUT_S = 30.0
-SUPERVISOR_GRACE_S = 10.0  # a supervisor stops its servers (each with its own grace) on SIGTERM
-# How long `down` waits for another command that holds the state folder's lock (an `up` that is
-# still starting its fleet: its start timeout, 60 s by default, plus the supervisor's own start).
-DOWN_LOCK_WAIT_S = 120.0
+"""Seconds a kill asked of the supervisor may take (it waits until the process is gone)."""
+SUPERVISOR_GRACE_S = 10.0
+"""Seconds between SIGTERM and SIGKILL of a supervisor (it stops its servers, each with its own
+grace, on SIGTERM)."""
+DOWN_LOCK_WAIT_S = 240.0
+"""Seconds ``down`` waits for another command that holds the state folder's lock: an ``up``
+still starting its fleet takes up to the backend's start timeout (the slowest default, Ray's,
+is 180 s) plus READY_MARGIN_S."""
 
 Note = Callable[[str], None]
 
@@ -248,17 +254,12 @@ def start_detached(spec: SupervisorSpec, *, note: Note | None = None) -> FleetRe
     supervisor reports a failed start, exits, or is not ready within ``spec.start_timeout_s``
     (plus a margin for its own start); then nothing it started is left running. ``note`` gets a
     one-line message for each thing cleaned up on the way (what an earlier fleet left)."""
-    from graphdist._fleet.local import check_hosts_and_ports, check_loopback
-
     state_dir = spec.state_dir
     created = not os.path.lexists(state_dir)
     with lock_state(state_dir, create=True):
         try:
             _clean_before_start(state_dir, note or _quiet)
-            cluster = Cluster.parse(spec.cluster)
-            check_hosts_and_ports(cluster)
-            if not spec.expose:
-                check_loopback(cluster)
+            backend(spec.backend).check_cluster(spec.cluster, expose=spec.expose)
         except BaseException:
             if created:
                 clear_state(state_dir)
@@ -290,7 +291,7 @@ def start_detached(spec: SupervisorSpec, *, note: Note | None = None) -> FleetRe
 
 def _wait_ready(spec: SupervisorSpec, proc: subprocess.Popen[bytes], log_path: str) -> FleetRecord:
     state_dir = spec.state_dir
-    deadline = time.monotonic() + spec.start_timeout_s + READY_MARGIN_S
+    deadline = time.monotonic() + spec.start_timeout + READY_MARGIN_S
     while True:
         with contextlib.suppress(CorruptStateError):  # written atomically: never, but be sure
             record = read_state(state_dir)
@@ -310,7 +311,7 @@ def _wait_ready(spec: SupervisorSpec, proc: subprocess.Popen[bytes], log_path: s
             )
         if time.monotonic() > deadline:
             raise FleetStartError(
-                f"The detached fleet was not ready after {spec.start_timeout_s:g} s; raise "
+                f"The detached fleet was not ready after {spec.start_timeout:g} s; raise "
                 f"--start-timeout (supervisor log: {log_path})"
             )
         time.sleep(0.05)

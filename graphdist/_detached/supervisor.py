@@ -1,7 +1,8 @@
 """The small process that owns a detached fleet (``graphdist up --detach``, see ``detached``).
 
-It runs in its own session (so the terminal's Ctrl-C does not reach it), starts a
-:class:`LocalFleet` whose logs live in the state folder, serves its control channel
+It runs in its own session (so the terminal's Ctrl-C does not reach it), starts the fleet of its
+spec's backend, looked up by name (:mod:`graphdist._fleet.backends`: a :class:`LocalFleet` whose
+logs live in the state folder, or a :class:`RayFleet`), serves its control channel
 (``control.sock``, see ``control``: kill and restart a task), records the fleet in ``fleet.json``
 (again whenever a task dies or is restarted) and waits for SIGTERM/SIGINT/SIGHUP; then it stops
 the fleet and removes ``fleet.json``. Because the servers watch their owner, killing the
@@ -33,12 +34,11 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import psutil
 
-from graphdist._cluster import Cluster
 from graphdist._detached.control import ControlServer
 from graphdist._detached.state import (
     MARK_ENV,
@@ -51,8 +51,10 @@ from graphdist._detached.state import (
     write_state,
 )
 from graphdist._exceptions import ArgumentError, GraphdistError, StateError
+from graphdist._fleet.backends import backend
 from graphdist._fleet.health import dead_detail
-from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
+from graphdist._fleet.lifecycle import OwnedFleet
+from graphdist._fleet.task import TaskHandle
 from graphdist._proc.signals import stop_on_signals
 from graphdist._validate import count, timeout_s
 
@@ -88,8 +90,13 @@ class SupervisorSpec:
     it, the supervisor reads it back from its one argument (:meth:`to_json`/:meth:`from_json`).
 
     - ``state_dir``: the fleet's state folder (made absolute).
-    - ``cluster``: the cluster, as :meth:`Cluster.as_dict` gives it (ports already chosen).
-    - ``start_timeout_s``: how long to wait for every server, at start and at each restart.
+    - ``cluster``: the cluster as the backend takes it (parsed once, by the backend's
+      ``parse_cluster``, here: a :class:`Cluster` with its ports chosen for ``local``, task
+      counts for ``ray``); its JSON form (``cluster_data``) travels to the supervisor.
+    - ``backend``: the backend's registered name (default ``"local"``).
+    - ``address``: with ``backend="ray"``, the Ray cluster (``None``: Ray's own default).
+    - ``start_timeout_s``: how long to wait for every server, at start and at each restart
+      (``None``: the backend's default, in seconds).
     - ``restart``: ``"no"`` or ``"on-failure"`` (restart a server that dies).
     - ``max_restarts``: with ``"on-failure"``, restarts of a task within any
       ``restart_window_s`` seconds; one more death within the window and the supervisor gives
@@ -99,16 +106,20 @@ class SupervisorSpec:
     """
 
     state_dir: str
-    cluster: dict[str, Any]
-    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    cluster: Any
+    start_timeout_s: float | None = None
     restart: str = "no"
     max_restarts: int = DEFAULT_MAX_RESTARTS
     expose: bool = False
     restart_window_s: float = DEFAULT_RESTART_WINDOW_S
+    backend: str = "local"
+    address: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state_dir", os.path.abspath(self.state_dir))
-        timeout_s(self.start_timeout_s, "start_timeout_s")
+        kind = backend(self.backend)
+        start = timeout_s(self.start_timeout_s, "start_timeout_s", kind.DEFAULT_START_TIMEOUT_S)
+        object.__setattr__(self, "start_timeout_s", start)
         timeout_s(self.restart_window_s, "restart_window_s")
         count(self.max_restarts, "max_restarts", minimum=0)
         if self.restart not in RESTART_POLICIES:
@@ -123,9 +134,28 @@ class SupervisorSpec:
                 name="expose",
                 value=self.expose,
             )
+        object.__setattr__(self, "cluster", kind.parse_cluster(self.cluster))
+
+    @property
+    def start_timeout(self) -> float:
+        """``start_timeout_s``, never ``None`` once the spec is built (seconds)."""
+        assert self.start_timeout_s is not None
+        return self.start_timeout_s
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["cluster"] = backend(self.backend).cluster_data(self.cluster)
+        return json.dumps(data, sort_keys=True)
+
+    def fleet(self) -> OwnedFleet[Any]:
+        """The fleet this spec asks for (not started), from its backend."""
+        return backend(self.backend).for_command(
+            self.cluster,
+            start_timeout_s=self.start_timeout,
+            expose=self.expose,
+            log_dir=os.path.join(self.state_dir, "logs"),
+            address=self.address,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> SupervisorSpec:
@@ -147,7 +177,7 @@ class SupervisorSpec:
         return [sys.executable, "-m", "graphdist._detached.supervisor", self.to_json()]
 
 
-def _label(task: FleetTask) -> str:
+def _label(task: TaskHandle) -> str:
     return f"{task.job}:{task.index}"
 
 
@@ -155,7 +185,7 @@ class _Supervisor:
     """The running fleet, its record in ``fleet.json``, the restart policy and the handling of
     control requests. One lock serialises the monitor loop and control requests."""
 
-    def __init__(self, spec: SupervisorSpec, fleet: LocalFleet) -> None:
+    def __init__(self, spec: SupervisorSpec, fleet: OwnedFleet[Any]) -> None:
         self.spec = spec
         self.fleet = fleet
         self.started_at = time.time()
@@ -205,7 +235,7 @@ class _Supervisor:
                     t.address,
                     t.pid,
                     ref.create_time,
-                    t.log_path,
+                    t.log_path or "",
                     t.restarts,
                     exitcode,
                     gave_up=t.name in self._given_up,
@@ -218,7 +248,7 @@ class _Supervisor:
             tasks=tasks,
             started_at=self.started_at,
             restart_policy=self.spec.restart,
-            start_timeout_s=self.spec.start_timeout_s,
+            start_timeout_s=self.spec.start_timeout,
             max_restarts=self.spec.max_restarts,
             restart_window_s=self.spec.restart_window_s,
         )
@@ -254,7 +284,7 @@ class _Supervisor:
             elif now >= due:
                 self._restart(task)
 
-    def _schedule(self, task: FleetTask, now: float) -> None:
+    def _schedule(self, task: TaskHandle, now: float) -> None:
         """A death just seen: give up (too many restarts in the window) or schedule a restart
         after the backoff."""
         window, cap = self.spec.restart_window_s, self.spec.max_restarts
@@ -290,7 +320,7 @@ class _Supervisor:
             window,
         )
 
-    def _restart(self, task: FleetTask) -> None:
+    def _restart(self, task: TaskHandle) -> None:
         """Do a scheduled restart; a failed one is a death like any other (the next tick
         schedules the next attempt, with a longer backoff)."""
         self._due.pop(task.name, None)
@@ -361,12 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = stop_on_signals()
     state_dir = spec.state_dir
     try:
-        fleet = LocalFleet(
-            Cluster.parse(spec.cluster),
-            start_timeout_s=spec.start_timeout_s,
-            log_dir=os.path.join(state_dir, "logs"),
-            expose=spec.expose,
-        ).start()
+        fleet = spec.fleet().start()
     except GraphdistError as exc:
         write_error(state_dir, exc)
         return 1

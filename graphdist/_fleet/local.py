@@ -16,16 +16,18 @@ import shutil
 import signal
 import socket
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import psutil
 
 from graphdist._cluster import Cluster, ClusterLike, Task
 from graphdist._exceptions import (
+    ArgumentError,
     ClusterSpecError,
     FleetStartError,
     PortInUseError,
 )
+from graphdist._fleet.backends import register
 from graphdist._fleet.client import FleetState
 from graphdist._fleet.health import exited
 from graphdist._fleet.lifecycle import OwnedFleet
@@ -221,6 +223,43 @@ class LocalFleet(OwnedFleet[FleetTask]):
     in every case no process of the fleet is left running.
     """
 
+    backend_name: ClassVar[str] = "local"
+    DEFAULT_START_TIMEOUT_S: ClassVar[float] = DEFAULT_START_TIMEOUT_S
+    summary: ClassVar[str] = "one process per server on this machine (default)"
+    requires: ClassVar[tuple[str, str] | None] = None
+
+    @classmethod
+    def parse_cluster(cls, spec: Any) -> Cluster:
+        return Cluster.parse(spec)
+
+    @classmethod
+    def cluster_data(cls, cluster: Cluster) -> dict[str, Any]:
+        return cluster.as_dict()
+
+    @classmethod
+    def check_cluster(cls, cluster: Cluster, *, expose: bool) -> None:
+        check_hosts_and_ports(cluster)
+        if not expose:
+            check_loopback(cluster)
+
+    @classmethod
+    def for_command(
+        cls,
+        cluster: Cluster,
+        *,
+        start_timeout_s: float | None,
+        expose: bool,
+        log_dir: str | None = None,
+        address: str | None = None,
+    ) -> LocalFleet:
+        if address is not None:
+            raise ArgumentError(
+                f"--address {address} is for --backend ray; a local fleet runs on this machine",
+                name="address",
+                value=address,
+            )
+        return cls(cluster, start_timeout_s=start_timeout_s, log_dir=log_dir, expose=expose)
+
     def __init__(
         self,
         cluster: ClusterLike = "local=2",
@@ -404,3 +443,6 @@ class LocalFleet(OwnedFleet[FleetTask]):
     def _remove_own_logs(self) -> None:
         if self._own_log_dir and self.log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+register(LocalFleet)

@@ -229,11 +229,14 @@ class FakeTask:
         self.pid, self.alive, self.exitcode, self.restarts = os.getpid(), True, None, 0
 
 
+FAKE_CLUSTER = {"local": ["localhost:2020", "localhost:2021"]}
+
+
 class FakeFleet:
     """What the supervisor's policy uses of a LocalFleet; a restart can be made to fail."""
 
     def __init__(self) -> None:
-        self.cluster = Cluster.parse({"local": ["localhost:2020", "localhost:2021"]})
+        self.cluster = Cluster.parse(FAKE_CLUSTER)
         self.tasks = [FakeTask(0), FakeTask(1)]
         self.restart_fails = True
         self.restart_times: list[float] = []
@@ -281,7 +284,7 @@ def run_for(sup, seconds: float, step: float = 0.05) -> None:
 
 def test_policy_backs_off_exponentially_and_gives_up_within_the_window(tmp_path, fake_time):
     spec = SupervisorSpec(
-        str(tmp_path), {}, restart="on-failure", max_restarts=4, restart_window_s=60
+        str(tmp_path), FAKE_CLUSTER, restart="on-failure", max_restarts=4, restart_window_s=60
     )
     fleet = FakeFleet()
     sup = supervisor_module._Supervisor(spec, fleet)  # type: ignore[arg-type]
@@ -305,7 +308,7 @@ def test_policy_backs_off_exponentially_and_gives_up_within_the_window(tmp_path,
 
 def test_policy_counts_restarts_in_a_sliding_window_not_a_lifetime(tmp_path, fake_time):
     spec = SupervisorSpec(
-        str(tmp_path), {}, restart="on-failure", max_restarts=2, restart_window_s=10
+        str(tmp_path), FAKE_CLUSTER, restart="on-failure", max_restarts=2, restart_window_s=10
     )
     fleet = FakeFleet()
     fleet.restart_fails = False

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import queue
 import secrets
 import shutil
 import tempfile
+import time
 
 import psutil
 import pytest
@@ -18,7 +20,7 @@ import pytest
 import graphdist
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
 from graphdist._net.exposure import is_loopback_ip
-from tests.conftest import listening
+from tests.conftest import EVENTUALLY_S, listening
 from tests.fleet.conftest import reload_ray_token
 
 # Ray reads its auth settings when it is imported, so it is imported only once they are set.
@@ -96,6 +98,54 @@ def test_three_servers_on_three_nodes_run_the_split_graph_and_recover(ray_cluste
             assert sess.run(y) == SPLIT_GRAPH_RESULT
         assert [h.status for h in fleet.health()] == ["alive"] * 3
     assert fleet.state is graphdist.FleetState.CLOSED
+
+
+@pytest.mark.timeout(240)
+def test_alive_comes_from_ray_and_the_watcher_sees_each_kill(ray_cluster):
+    """``alive`` while the actor runs; a kill shows at once (the guard fails the session's next
+    run, the watcher reports the death with Ray's unknown exit code), and once Ray has brought
+    the actor back a new pid answers; a second kill is a second death."""
+    from graphdist._fleet.ray import RayFleet
+
+    with RayFleet("local=2", address=ray_cluster.address) as fleet:
+        task = fleet.task("local", 1)
+        first = task.pid
+        assert first is not None
+        assert all(t.alive for t in fleet.tasks for _ in range(50))  # from what Ray last said
+        graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
+        sess = fleet.session("local", 0, graph=graph)
+        assert sess.run(y) == SPLIT_GRAPH_RESULT
+        deaths: queue.Queue[str] = queue.Queue()
+        fleet.watch(lambda t: deaths.put(t.name))
+        fleet.kill("local", 1)
+        assert not (task.alive and task.pid == first)  # the killed process never counts again
+        assert deaths.get(timeout=EVENTUALLY_S) == task.name
+        with pytest.raises(graphdist.TaskFailedError) as info:
+            sess.run(y)
+        assert info.value.task == "local:1" and info.value.status in ("dead", "restarted")
+        sess.close()
+        second = back_with_a_new_pid(task, first)
+        assert fleet.task("local", 0).alive
+        with fleet.session("local", 0, graph=graph) as again:
+            assert again.run(y) == SPLIT_GRAPH_RESULT
+        fleet.kill("local", 1)
+        assert deaths.get(timeout=EVENTUALLY_S) == task.name
+        back_with_a_new_pid(task, second)
+        exits = fleet.task_exits()
+        assert [(e.task, e.pid, e.exitcode) for e in exits] == [
+            (task.name, first, None),  # Ray does not say how an actor's process ended
+            (task.name, second, None),
+        ]
+        assert [h.status for h in fleet.health()] == ["alive"] * 2
+
+
+def back_with_a_new_pid(task, old, within_s=120.0):
+    """Wait until Ray has brought ``task``'s actor back (alive, a pid other than ``old``)."""
+    deadline = time.monotonic() + within_s
+    while not (task.alive and task.pid != old) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert task.alive and task.pid not in (None, old), (task, task.pid, old)
+    return task.pid
 
 
 def test_unplaceable_fleet_fails_with_a_timeout_not_a_hang(ray_cluster):

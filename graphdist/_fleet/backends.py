@@ -1,0 +1,163 @@
+"""Backends by contract, looked up by name.
+
+A backend is an :class:`~graphdist._fleet.lifecycle.OwnedFleet` that supplies what
+:class:`Backend` declares: on the class, its ``name``, its ``DEFAULT_START_TIMEOUT_S`` (seconds),
+a one-line ``summary``, how it reads a cluster given on a command line (``parse_cluster``) and
+writes it back as JSON (``cluster_data``), what it checks in the caller before anything starts
+(``check_cluster``) and how it is built from command-line options (``for_command``); on each
+fleet, the lifecycle's primitives (start the tasks, stop them with a grace period, kill one,
+bring one back, tear down) and task handles that tell where a task is and whether it is alive,
+cheaply and without blocking (:class:`~graphdist._fleet.task.TaskHandle`).
+
+A backend's module registers it with :func:`register` when imported. :func:`backend` and
+:func:`names` import the built-in backends' modules (:data:`BUILTIN`: cheap, none imports its
+engine at module level) and every module named in the ``graphdist.backends`` entry-point group,
+so a third backend is one new module (plus its entry point, or a line in :data:`BUILTIN`) and
+its tests: ``graphdist up --backend NAME`` (foreground or ``--detach``) and a detached fleet's
+supervisor find it by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+from collections.abc import Mapping
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from graphdist._exceptions import ArgumentError
+
+if TYPE_CHECKING:
+    from graphdist._fleet.lifecycle import OwnedFleet
+
+__all__ = [
+    "BUILTIN",
+    "ENTRY_POINT_GROUP",
+    "Backend",
+    "backend",
+    "describe",
+    "names",
+    "register",
+    "start_timeouts",
+]
+
+log = logging.getLogger("graphdist.fleet")
+
+BUILTIN = ("graphdist._fleet.local", "graphdist._fleet.ray")
+"""The modules of the backends graphdist ships (each registers its backend when imported)."""
+ENTRY_POINT_GROUP = "graphdist.backends"
+"""Entry points of this group name the modules of other backends (``name = package.module``)."""
+
+_registry: dict[str, type[Backend]] = {}
+_loaded = False
+
+
+class Backend(Protocol):
+    """What a backend class declares (see the module docstring); its fleets are OwnedFleets;
+    ``backend_name`` is the name it is registered and looked up by."""
+
+    backend_name: ClassVar[str]
+    DEFAULT_START_TIMEOUT_S: ClassVar[float]
+    summary: ClassVar[str]
+    requires: ClassVar[tuple[str, str] | None]
+    """``(module, how to install it)`` when the backend needs a package graphdist does not
+    install by default (Ray), else None."""
+
+    @classmethod
+    def parse_cluster(cls, spec: Any) -> Any:
+        """The cluster as this backend takes it, from a command line's text or its JSON."""
+        ...
+
+    @classmethod
+    def cluster_data(cls, cluster: Any) -> Mapping[str, Any]:
+        """The parsed cluster as JSON, for a supervisor's spec (parse_cluster reads it back)."""
+        ...
+
+    @classmethod
+    def check_cluster(cls, cluster: Any, *, expose: bool) -> None:
+        """Raise before anything starts what the caller can see is wrong (ports taken, hosts
+        that are not this machine); the fleet's start checks again in its own process."""
+        ...
+
+    @classmethod
+    def for_command(
+        cls,
+        cluster: Any,
+        *,
+        start_timeout_s: float | None,
+        expose: bool,
+        log_dir: str | None = None,
+        address: str | None = None,
+    ) -> OwnedFleet[Any]:
+        """A fleet (not started) from command-line options; raises ArgumentError for an option
+        this backend does not take."""
+        ...
+
+
+def register(cls: type[Backend]) -> type[Backend]:
+    """Register backend ``cls`` under ``cls.backend_name`` (usable as a class decorator)."""
+    known = _registry.get(cls.backend_name)
+    if known is not None and known is not cls:
+        raise ArgumentError(
+            f"Two backends are named {cls.backend_name!r}: "
+            f"{known.__module__}.{known.__qualname__} and {cls.__module__}.{cls.__qualname__}",
+            name="backend_name",
+            value=cls.backend_name,
+        )
+    _registry[cls.backend_name] = cls
+    return cls
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    modules = list(BUILTIN)
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        modules.append(entry.value.partition(":")[0])
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:  # a third party's backend that cannot load: skip, say why
+            log.warning("backend module %s cannot be imported: %s", module, exc)
+    _loaded = True
+
+
+def names() -> tuple[str, ...]:
+    """Every registered backend's name, the built-in ones first."""
+    _load()
+    return tuple(_registry)
+
+
+def backend(name: str, *, check: bool = True) -> type[Backend]:
+    """The backend registered as ``name``; ArgumentError names the known ones, or (``check``)
+    says what to install when the backend's engine is missing."""
+    _load()
+    cls = _registry.get(name)
+    if cls is None:
+        raise ArgumentError(
+            f"No backend is named {name!r}; the backends are {', '.join(_registry)}",
+            name="backend",
+            value=name,
+        )
+    if check and cls.requires is not None and importlib.util.find_spec(cls.requires[0]) is None:
+        raise ArgumentError(
+            f"The {name} backend needs {cls.requires[0]}: {cls.requires[1]}",
+            name="backend",
+            value=name,
+        )
+    return cls
+
+
+def describe(name: str) -> str:
+    """``"ray: Ray actors ... (needs `pip install 'graphdist[ray]'`)"``, for help texts."""
+    cls = backend(name, check=False)
+    needs = f" (needs `{cls.requires[1]}`)" if cls.requires else ""
+    return f"{name}: {cls.summary}{needs}"
+
+
+def start_timeouts() -> str:
+    """``"local 60 s, ray 180 s"``: every backend's default start timeout, for help texts."""
+    _load()
+    return ", ".join(f"{n} {b.DEFAULT_START_TIMEOUT_S:g} s" for n, b in _registry.items())

@@ -1,0 +1,72 @@
+"""Backends are looked up by name: the CLI and the supervisor find the built-in ones and any
+other that registers itself; a bad name or a missing engine is a one-line user error."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphdist._cli.main import EXIT_USAGE, build_parser, main
+from graphdist._detached.supervisor import SupervisorSpec
+from graphdist._exceptions import ArgumentError
+from graphdist._fleet import backends
+from graphdist._fleet.local import LocalFleet
+from graphdist._fleet.ray import RayFleet
+
+
+def test_the_built_in_backends_are_registered_by_name():
+    assert backends.names()[:2] == ("local", "ray")
+    assert backends.backend("local") is LocalFleet
+    assert backends.backend("ray", check=False) is RayFleet
+    assert backends.start_timeouts().startswith("local 60 s, ray 180 s")
+    assert LocalFleet.DEFAULT_START_TIMEOUT_S == 60.0 and RayFleet.DEFAULT_START_TIMEOUT_S == 180.0
+
+
+def test_an_unknown_backend_names_the_known_ones():
+    with pytest.raises(
+        ArgumentError, match="No backend is named 'nope'; the backends are local, ray"
+    ):
+        backends.backend("nope")
+
+
+def test_a_third_backend_is_one_module_that_registers_itself(monkeypatch):
+    monkeypatch.setattr(backends, "_registry", dict(backends._registry))
+
+    class CopyFleet(LocalFleet):
+        backend_name = "copy"
+        summary = "a copy of the local backend"
+
+    backends.register(CopyFleet)
+    assert backends.backend("copy") is CopyFleet
+    assert (
+        "copy" in build_parser().parse_args(["up", "--cluster", "a=1", "--backend", "copy"]).backend
+    )
+    assert backends.describe("copy") == "copy: a copy of the local backend"
+
+    class Impostor(LocalFleet):
+        backend_name = "copy"
+
+    with pytest.raises(ArgumentError, match="Two backends are named 'copy'"):
+        backends.register(Impostor)
+
+
+def test_a_missing_engine_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(RayFleet, "requires", ("graphdist_no_such_module", "pip install x"))
+    with pytest.raises(ArgumentError, match="needs graphdist_no_such_module: pip install x"):
+        backends.backend("ray")
+
+
+def test_cli_refuses_options_a_backend_does_not_take(capsys):
+    assert main(["up", "--cluster", "local=1", "--address", "ray://h:1"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--address ray://h:1 is for --backend ray" in err
+    assert main(["up", "--cluster", "local=1", "--backend", "nope"]) == EXIT_USAGE
+
+
+def test_a_supervisor_spec_carries_its_backend_and_its_typed_cluster(tmp_path):
+    spec = SupervisorSpec(str(tmp_path), "worker=2,ps=1", backend="ray", address="auto")
+    assert spec.cluster == {"worker": 2, "ps": 1} and spec.start_timeout_s == 180.0
+    assert SupervisorSpec.from_json(spec.to_json()) == spec
+    local = SupervisorSpec(str(tmp_path), {"local": ["localhost:2020"]})
+    assert local.cluster.task("local", 0).port == 2020 and local.start_timeout_s == 60.0
+    with pytest.raises(ArgumentError, match="No backend is named 'nope'"):
+        SupervisorSpec(str(tmp_path), {}, backend="nope")
