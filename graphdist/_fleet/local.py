@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import socket
+import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,6 +25,7 @@ from graphdist._cluster import Cluster, ClusterLike, Task
 from graphdist._exceptions import (
     ArgumentError,
     ClusterSpecError,
+    ExposedServerError,
     FleetStartError,
     PortInUseError,
 )
@@ -32,8 +34,15 @@ from graphdist._fleet.client import FleetState
 from graphdist._fleet.health import exited
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
+from graphdist._net.exposure import ListeningTable
 from graphdist._net.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
-from graphdist._net.ports import is_port_free, port_holder, release_ports
+from graphdist._net.ports import (
+    claim_ports,
+    is_port_free,
+    port_holder,
+    release_claims,
+    release_ports,
+)
 from graphdist._proc.forkserver import (
     ForkServerDiedError,
     owned_temp_dir,
@@ -54,6 +63,9 @@ log = logging.getLogger("graphdist.fleet")
 
 DEFAULT_START_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 12
+LOST_PORT_WAIT_S = 10.0
+"""How long, at most, a start waits for a server that another process answered for to exit
+(it lost its port: it exits with EXIT_PORT_IN_USE) or to listen on its port after all."""
 
 
 def read_log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -83,13 +95,18 @@ def _is_local(host: str) -> bool:
     return bare.startswith("127.") or bare in _local_addresses()
 
 
-def check_hosts_and_ports(cluster: Cluster) -> None:
+def check_hosts_and_ports(cluster: Cluster, *, claim_for: object = None) -> None:
     """Raise before anything starts if a task's host is not this machine, two tasks share a
     port, or a port is taken.
 
     Addresses are compared by what they mean, not by their text: every task of a local fleet
     runs on this machine, so ``localhost:P``, ``127.0.0.1:P`` and ``[::1]:P`` are one port, and
     a second task there would be answered by the first task's server.
+
+    With ``claim_for`` (a fleet about to start), every port is also claimed for it
+    (:func:`graphdist._net.ports.claim_ports`): of two fleets starting on the same ports at the
+    same moment, one gets them all and the other :class:`PortInUseError` here, naming the port
+    and the process that holds it. The caller releases the claims.
     """
     by_port: dict[int, Task] = {}
     for task in cluster:
@@ -109,18 +126,32 @@ def check_hosts_and_ports(cluster: Cluster) -> None:
                 "`graphdist serve` on that host instead)",
                 task.address,
             )
+    if claim_for is not None:
+        taken = claim_ports(by_port, claim_for)
+        if taken is not None:
+            raise _port_in_use(by_port[taken.port], taken.holder_pid, starting=taken.starting)
+        return
+    for task in cluster:
         if not is_port_free(task.port):
-            holder = port_holder(task.port)
-            who = f" by pid {holder}" if holder else ""
-            raise PortInUseError(
-                f"Port {task.port} of task {task.job}:{task.index} ({task.address}) is "
-                f"already in use{who}; stop that process or choose another port "
-                "(a spec like 'local=2' picks free ports)",
-                port=task.port,
-                holder_pid=holder,
-                task=f"{task.job}:{task.index}",
-                address=task.address,
-            )
+            raise _port_in_use(task, port_holder(task.port))
+
+
+def _port_in_use(task: Task, holder: int | None, *, starting: bool = False) -> PortInUseError:
+    """The error for ``task``'s port, held by process ``holder`` (``None``: the system does not
+    tell); ``starting``: a fleet of this user is starting there (it holds the port's claim)."""
+    who = f" by pid {holder}" if holder else ""
+    if starting:
+        who += " (this process)" if holder == os.getpid() else ""
+        who = f"{who or ' by another process'}, which is starting a graphdist fleet on it"
+    return PortInUseError(
+        f"Port {task.port} of task {task.job}:{task.index} ({task.address}) is "
+        f"already in use{who}; stop that process or choose another port "
+        "(a spec like 'local=2' picks free ports)",
+        port=task.port,
+        holder_pid=holder,
+        task=f"{task.job}:{task.index}",
+        address=task.address,
+    )
 
 
 def check_loopback(cluster: Cluster) -> None:
@@ -294,7 +325,9 @@ class LocalFleet(OwnedFleet[FleetTask]):
     # -- the backend's primitives (the lifecycle is Fleet's) -----------------------------------
 
     def _launch(self) -> None:
-        check_hosts_and_ports(self.served)
+        # Claims the ports until every server listens (_on_running) or the start failed
+        # (_teardown): two fleets started at once on the same ports cannot both get some.
+        check_hosts_and_ports(self.served, claim_for=self)
         for path in sweep_stale_temp_dirs():  # left by owners killed with SIGKILL
             log.debug("removed %s: its owner process is gone", path)
         if self._own_log_dir:
@@ -313,7 +346,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
             self._confirm_started(ft)
 
     def _on_running(self) -> None:
-        release_ports(t.port for t in self.cluster.tasks)
+        release_ports((t.port for t in self.cluster.tasks), owner=self)
         log.info("fleet ready: %s", ", ".join(f"{t.name}={t.address}" for t in self.cluster))
 
     def _stop_tasks(self, tasks: list[FleetTask], grace_s: float) -> None:
@@ -321,6 +354,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
             log.error("%r survived SIGTERM and SIGKILL", ft)
 
     def _teardown(self) -> None:
+        release_claims(self)  # a failed start: its servers are stopped, the ports are free
         self._remove_own_logs()
 
     def _kill_task(self, task: FleetTask, sig: int) -> None:
@@ -413,6 +447,48 @@ class LocalFleet(OwnedFleet[FleetTask]):
                     raise self._start_failure(pending[i])
 
         self._wait_answering(pending, timeout_s, each_round=each_round)
+
+    def _check_listening(
+        self, task: FleetTask, allowed: frozenset[str] | None, table: ListeningTable | None = None
+    ) -> None:
+        """The lifecycle's check of where ``task`` listens, naming the real cause when it fails
+        because the server lost its port to another process (one this user's port claims do
+        not cover: another user's, say): that process answered for it, or its sockets could not
+        be read because it had already exited. Such a server exits (with EXIT_PORT_IN_USE)
+        within moments, and the start then fails with what :meth:`_start_failure` says (a
+        :class:`PortInUseError` naming the port and its holder); one that listens on its port
+        after all is accepted once it answers. A server seen listening where it must not is
+        refused at once, and one that still runs is never assumed to be on loopback."""
+        try:
+            super()._check_listening(task, allowed, table)
+            return
+        except ExposedServerError as exc:
+            # Sockets seen where they must not be, or unreadable for another reason than an
+            # exit (the process still runs): the refusal stands.
+            if exc.sockets or not isinstance(task, FleetTask) or not task._join(0.5):
+                raise
+            raise self._start_failure(task) from None
+        except FleetStartError as exc:
+            if not isinstance(task, FleetTask):
+                raise
+            refusal = exc
+        deadline = time.monotonic() + min(LOST_PORT_WAIT_S, self.start_timeout_s)
+        while True:
+            if task._join(0.05):  # it exited: that is the cause
+                raise self._start_failure(task) from None
+            if time.monotonic() >= deadline:
+                raise refusal
+            try:
+                super()._check_listening(task, allowed, ListeningTable())
+            except ExposedServerError as exc:
+                if exc.sockets:
+                    raise
+                continue
+            except FleetStartError:
+                continue
+            # It listens on its port now: the answer came from the process that held it then.
+            self._wait_answering([task], max(0.1, deadline - time.monotonic()))
+            return
 
     def _start_failure(self, ft: FleetTask) -> FleetStartError:
         ft._join(1.0)

@@ -7,6 +7,16 @@ with an exclusive ``flock`` on a per-user lock file until the process that chose
 (once its server is listening) or exits; the lock files live in a folder private to the user
 (``$XDG_RUNTIME_DIR/graphdist/ports`` or ``<temp>/graphdist-<uid>/ports``). Two processes picking
 ports at the same moment therefore never get the same one.
+
+A fleet that is about to start servers *claims* every port it serves (:func:`claim_ports`): the
+ports it picked itself, and the fixed ports a cluster spec names, whose lock it takes the same
+way, in increasing port order, until its servers listen. Of two fleets started at the same moment
+on the same ports, the first to lock the lowest one wins and the other is told at once who holds
+it, before it starts anything: the holder of a lock writes its pid and what it does (``picked``,
+``starting``) in the lock file, so it can be named even before its servers listen. A port another
+process only *picked* is not refused (the ``graphdist up --detach`` command picks the ports its
+supervisor process then serves). Claims, like reservations, are per user: another user's fleet is
+only seen once its servers listen.
 """
 
 from __future__ import annotations
@@ -17,18 +27,45 @@ import fcntl
 import os
 import random
 import socket
+import threading
+import time
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import psutil
 
 from graphdist._exceptions import NoFreePortsError
 from graphdist._private import private_dir, runtime_dir
 
-__all__ = ["is_port_free", "pick_free_ports", "port_holder", "release_ports"]
+__all__ = [
+    "PortTaken",
+    "claim_ports",
+    "is_port_free",
+    "pick_free_ports",
+    "port_holder",
+    "release_claims",
+    "release_ports",
+]
 
 _FALLBACK_RANGE = (20000, 32000)
 _MAX_TRIES = 2000
+_PID_READS = 20
 _held: dict[int, int] = {}  # port -> fd of the lock file that reserves it
+# port -> (the fleet that claimed it, how: the claim took its lock, or this process held it
+# before (picked), or another process holds it (it picked it, for us to serve))
+_claims: dict[int, tuple[object, str]] = {}
+_LOCKED, _HELD, _HANDED = "locked", "held", "handed"
+_mutex = threading.RLock()  # guards _held and _claims: fleets start from several threads
+
+
+class PortTaken(NamedTuple):
+    """Why :func:`claim_ports` could not claim ``port``: ``starting`` when another fleet of this
+    user holds its lock (it is starting there: ``holder_pid`` is its process), else something
+    listens on it (``holder_pid`` where the system tells)."""
+
+    port: int
+    holder_pid: int | None
+    starting: bool
 
 
 def _lock_dir() -> str:
@@ -74,27 +111,75 @@ def is_port_free(port: int) -> bool:
     return True
 
 
-def _reserve(port: int) -> bool:
-    if port in _held:
-        return False
+_PICKED, _STARTING = "picked", "starting"  # what a lock's holder does with the port
+
+
+def _lock_file(port: int, kind: str) -> tuple[int | None, tuple[int | None, str | None]]:
+    """Take ``port``'s lock: ``(fd, ...)``, the lock file open and locked with this process's pid
+    and ``kind`` written in it, or ``(None, (pid, kind))`` when another open file holds the lock
+    (what its holder wrote: ``None`` where it wrote nothing, or its pid is not a live process)."""
     path = os.path.join(_lock_dir(), f"{port}.lock")
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
+        holder = _written(fd)
+        for _ in range(_PID_READS):  # a holder that has just locked it writes its pid next
+            if holder[0] is not None:
+                break
+            time.sleep(0.001)
+            holder = _written(fd)
         os.close(fd)
-        return False
+        return None, holder
+    _mark(fd, kind)
+    return fd, (None, None)
+
+
+def _mark(fd: int, kind: str) -> None:
+    """Write this process's pid and ``kind`` in a lock file it holds (best effort: they only
+    name the holder)."""
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {kind}\n".encode(), 0)
+
+
+def _written(fd: int) -> tuple[int | None, str | None]:
+    """The pid and kind a lock's holder wrote in its lock file, if that pid is a live process."""
     try:
-        free = is_port_free(port)
-    except BaseException:
-        os.close(fd)  # closing drops the lock
-        raise
-    if not free:
+        fields = os.pread(fd, 64, 0).decode("ascii", "replace").split()
+        pid = int(fields[0])
+    except (OSError, ValueError, IndexError):  # not written yet, or being rewritten
+        return None, None
+    if pid <= 0 or not psutil.pid_exists(pid):
+        return None, None
+    return pid, fields[1] if len(fields) > 1 else None
+
+
+def _unlock(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)  # before unlocking: the next holder writes its own pid
+    with contextlib.suppress(OSError):
         fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-        return False
-    _held[port] = fd
-    return True
+    os.close(fd)
+
+
+def _reserve(port: int) -> bool:
+    with _mutex:
+        if port in _held or port in _claims:
+            return False
+        fd, _holder = _lock_file(port, _PICKED)
+        if fd is None:
+            return False
+        try:
+            free = is_port_free(port)
+        except BaseException:
+            _unlock(fd)
+            raise
+        if not free:
+            _unlock(fd)
+            return False
+        _held[port] = fd
+        return True
 
 
 def pick_free_ports(count: int) -> list[int]:
@@ -135,14 +220,86 @@ def pick_free_ports(count: int) -> list[int]:
     )
 
 
-def release_ports(ports: Iterable[int]) -> None:
-    """Drop this process's reservation of ``ports`` (no-op for ports it does not hold)."""
-    for port in ports:
-        fd = _held.pop(port, None)
+def release_ports(ports: Iterable[int], owner: object = None) -> None:
+    """Drop this process's reservation of ``ports`` (no-op for ports it does not hold); a port
+    that another fleet than ``owner`` claimed (:func:`claim_ports`) is left to that fleet."""
+    with _mutex:
+        for port in ports:
+            claim = _claims.get(port)
+            if claim is not None and claim[0] is not owner:
+                continue
+            _claims.pop(port, None)
+            fd = _held.pop(port, None)
+            if fd is not None:
+                _unlock(fd)
+
+
+def claim_ports(ports: Iterable[int], owner: object) -> PortTaken | None:
+    """Claim every port in ``ports`` for ``owner`` (a fleet about to serve them), in increasing
+    port order, and check that each is free. A port this process reserved
+    (:func:`pick_free_ports`) and no other fleet claimed is taken over; any other port's lock is
+    taken, marked as a start's. A lock that another process holds refuses the port if that
+    process is starting a fleet on it; one that it only picked the port with (a parent that
+    picked the ports of a cluster a child serves: ``graphdist up --detach``) is left to it, and
+    the port is this fleet's if it is free.
+
+    Returns ``None`` once all are claimed, else why the first that could not be was not (then
+    nothing of this call stays claimed). Release them with :func:`release_ports` (once the
+    servers listen) or :func:`release_claims` (a failed start)."""
+    taken: list[int] = []
+    with _mutex:
+        try:
+            for port in sorted(set(ports)):
+                problem = _claim(port, owner, taken)
+                if problem is not None:
+                    _unclaim(taken)
+                    return problem
+        except BaseException:
+            _unclaim(taken)
+            raise
+    return None
+
+
+def _claim(port: int, owner: object, taken: list[int]) -> PortTaken | None:
+    claim = _claims.get(port)
+    if claim is not None:
+        return None if claim[0] is owner else PortTaken(port, os.getpid(), starting=True)
+    if port in _held:  # picked by this process for a spec like 'local=2': this fleet's now
+        _mark(_held[port], _STARTING)
+        _claims[port] = (owner, _HELD)
+    else:
+        fd, (pid, kind) = _lock_file(port, _STARTING)
         if fd is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+            _held[port] = fd
+            _claims[port] = (owner, _LOCKED)
+        elif kind == _STARTING:
+            return PortTaken(port, pid or port_holder(port), starting=True)
+        else:  # another process picked it (or wrote nothing), for this one to serve most likely
+            _claims[port] = (owner, _HANDED)
+    taken.append(port)
+    if not is_port_free(port):
+        return PortTaken(port, port_holder(port), starting=False)
+    return None
+
+
+def _unclaim(ports: Iterable[int]) -> None:
+    for port in ports:
+        claim = _claims.pop(port, None)
+        if claim is None:
+            continue
+        if claim[1] == _LOCKED:  # the claim took the lock: give it back
+            fd = _held.pop(port, None)
+            if fd is not None:
+                _unlock(fd)
+        elif claim[1] == _HELD and port in _held:  # reserved before: it stays reserved
+            _mark(_held[port], _PICKED)
+
+
+def release_claims(owner: object) -> None:
+    """Drop every claim of ``owner`` (a start that failed): the locks it took are released, the
+    ports this process had reserved before stay reserved."""
+    with _mutex:
+        _unclaim([port for port, (who, _) in _claims.items() if who is owner])
 
 
 def port_holder(port: int) -> int | None:
