@@ -16,11 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from graphdist._cluster import Cluster
-from graphdist._detached.supervisor import (
-    DEFAULT_MAX_RESTARTS,
-    DEFAULT_RESTART_WINDOW_S,
-    RESTART_POLICIES,
-)
+from graphdist._detached.supervisor import RESTART_POLICIES
 from graphdist._exceptions import (
     ArgumentError,
     ClusterSpecError,
@@ -35,6 +31,7 @@ from graphdist._exceptions import (
 )
 from graphdist._fleet.backends import backend, describe, start_timeouts
 from graphdist._fleet.backends import names as backend_names
+from graphdist._proc.restarts import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW_S
 from graphdist._proc.signals import stop_on_signals
 from graphdist._validate import count, is_ascii_digits, timeout_s
 from graphdist._version import __version__
@@ -201,6 +198,28 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--chief", action="store_true", help="add a chief task (needed with --ps)")
     run.add_argument("--timeout", type=_float, metavar="S", help="stop everything after S seconds")
     run.add_argument("--expose", action="store_true", help="do not keep servers on loopback")
+    run.add_argument(
+        "--max-restarts",
+        type=_int,
+        default=0,
+        metavar="N",
+        help="when a task fails, stop every task and start the run again, at most N times "
+        "within any --restart-window (default 0: fail at once); each attempt's tasks get "
+        "GRAPHDIST_RESTART=K and should resume from their last backup. Restarts back off: "
+        "0.5 s, doubling, at most 30 s",
+    )
+    run.add_argument(
+        "--restart-window",
+        type=_float,
+        default=DEFAULT_RESTART_WINDOW_S,
+        metavar="S",
+        help=f"the sliding window --max-restarts counts in (default {DEFAULT_RESTART_WINDOW_S:g})",
+    )
+    run.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        help="also write each task's whole output to DIR/attempt-K/TASK.log",
+    )
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     srv = sub.add_parser(
@@ -448,6 +467,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not command:
         raise UsageError("No command to run; put it after `--`, e.g. -- python train.py")
     timeout_s(args.timeout, "--timeout")
+    count(args.max_restarts, "--max-restarts", minimum=0)
+    timeout_s(args.restart_window, "--restart-window")
     results = run_command(
         command,
         workers=args.workers,
@@ -455,6 +476,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         chief=args.chief,
         timeout_s=args.timeout,
         expose=args.expose,
+        max_restarts=args.max_restarts,
+        restart_window_s=args.restart_window,
+        log_dir=args.log_dir,
     )
     print(f"graphdist: all {len(results)} task(s) exited 0", file=sys.stderr)
     return 0

@@ -55,6 +55,13 @@ from graphdist._fleet.backends import backend
 from graphdist._fleet.health import dead_detail
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskHandle
+from graphdist._proc.restarts import (
+    BACKOFF_MAX_S,
+    BACKOFF_MIN_S,
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_RESTART_WINDOW_S,
+    backoff_s,
+)
 from graphdist._proc.signals import stop_on_signals
 from graphdist._validate import count, timeout_s
 
@@ -71,17 +78,7 @@ __all__ = [
 
 log = logging.getLogger("graphdist.supervisor")
 RESTART_POLICIES = ("no", "on-failure")
-DEFAULT_MAX_RESTARTS = 3
-DEFAULT_RESTART_WINDOW_S = 60.0
-BACKOFF_MIN_S = 0.5
-BACKOFF_MAX_S = 30.0
 MONITOR_INTERVAL_S = 0.5
-
-
-def backoff_s(failures: int) -> float:
-    """Seconds to wait before restarting a task that died ``failures`` times in a row (>= 1):
-    0.5, 1, 2, 4 ... capped at 30."""
-    return min(BACKOFF_MIN_S * 2.0 ** min(max(failures, 1) - 1, 32), BACKOFF_MAX_S)
 
 
 @dataclass(frozen=True)

@@ -63,10 +63,12 @@ from graphdist._exceptions import (
     LaunchError,
     LaunchTimeoutError,
     TaskExitError,
+    TaskOutcome,
 )
 from graphdist._fleet.health import exited
 from graphdist._net.loopback import server_bind_address, shim_env
 from graphdist._proc.process import TASK_STOP_GRACE_S, descendants, guarded_argv, stop_all
+from graphdist._proc.restarts import DEFAULT_RESTART_WINDOW_S, RestartBudget
 from graphdist._proc.signals import Interrupted, SignalScope
 from graphdist._validate import count
 from graphdist._validate import timeout_s as check_timeout_s
@@ -122,9 +124,18 @@ def launch_cluster(workers: int, ps: int = 0, chief: bool = False) -> Cluster:
 
 
 class _TaskProcess:
-    def __init__(self, task: Task, argv: Sequence[str], env: Mapping[str, str], out: Any) -> None:
+    def __init__(
+        self,
+        task: Task,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        out: Any,
+        log_path: str | None = None,
+    ) -> None:
         self.result = TaskResult(task)
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.resumed: str | None = None  # what it said it resumed from (RESUMED_PREFIX)
+        self._log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
         self.proc = subprocess.Popen(
             guarded_argv(argv),
             env=dict(env),
@@ -143,6 +154,11 @@ class _TaskProcess:
         for raw in self.proc.stdout:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             self._tail.append(line)
+            if self.resumed is None and line.startswith(RESUMED_PREFIX):
+                self.resumed = "resumed from " + line[len(RESUMED_PREFIX) :]
+            if self._log is not None:
+                self._log.write(line + "\n")
+                self._log.flush()
             out.write(prefix + line)
 
     def poll(self) -> int | None:
@@ -169,6 +185,8 @@ class _TaskProcess:
         self._reader.join(5.0)
         self.result.exitcode = self.proc.poll()
         self.result.tail = list(self._tail)
+        if self._log is not None and not self._reader.is_alive():
+            self._log.close()
         return self.result
 
 
@@ -191,10 +209,12 @@ def _stop(procs: Sequence[_TaskProcess], grace_s: float) -> None:
     stop_all(procs, grace_s)
 
 
-def _describe(result: TaskResult) -> str:
+def _describe(result: TaskOutcome, then: str = "") -> str:
+    """``NAME exited with code N`` (``then`` after it), its last lines and a hint."""
     tail = "\n".join(f"    [{result.name}] {line}" for line in result.tail[-10:])
     return (
         exited(result.name, result.exitcode)
+        + then
         + (f"; its last lines:\n{tail}" if tail else "")
         + _interpreter_hint(result.tail)
     )
@@ -213,6 +233,59 @@ def _interpreter_hint(tail: Sequence[str]) -> str:
     )
 
 
+@dataclass
+class _Failure:
+    """One failed attempt of a run: which task failed, how, and when (seconds into the run)."""
+
+    attempt: int
+    task: str
+    how: str
+    at_s: float
+
+
+@dataclass
+class _Run:
+    """What a run with restarts keeps across its attempts (for its summary)."""
+
+    started: float = field(default_factory=time.monotonic)
+    failures: list[_Failure] = field(default_factory=list)
+    resumed: dict[int, str] = field(default_factory=dict)  # attempt -> what it resumed from
+
+    def summary(self, attempts: int, outcome: str) -> str:
+        lines = [
+            f"graphdist: run summary: {attempts} attempt(s) in "
+            f"{time.monotonic() - self.started:.1f} s; {outcome}"
+        ]
+        for f in self.failures:
+            resumed = self.resumed.get(f.attempt + 1)  # attempts count from 0 here
+            after = f"; attempt {f.attempt + 2} {resumed}" if resumed else ""
+            lines.append(f"  attempt {f.attempt + 1}: {f.task} {f.how} at {f.at_s:.1f} s{after}")
+        return "\n".join(lines)
+
+
+RESUMED_PREFIX = "graphdist: resumed from "
+"""A task that prints a line starting with this (graphdist's resume helpers do) says what it
+resumed from; the run's summary repeats it."""
+
+
+def _log_folder(log_dir: str | os.PathLike[str] | None) -> str | None:
+    """``log_dir`` made, and checked writable, before anything starts (ArgumentError)."""
+    if log_dir is None:
+        return None
+    path = os.path.abspath(os.fspath(log_dir))
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ArgumentError(
+            f"Cannot write logs to {path}: {exc.strerror or exc}; pass a writable --log-dir",
+            name="log_dir",
+            value=os.fspath(log_dir),
+        ) from None
+    return path
+
+
 def run_command(
     command: Sequence[str],
     *,
@@ -223,6 +296,9 @@ def run_command(
     env: Mapping[str, str] | None = None,
     expose: bool = False,
     output: IO[str] | None = None,
+    max_restarts: int = 0,
+    restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
+    log_dir: str | os.PathLike[str] | None = None,
 ) -> list[TaskResult]:
     """Run ``command`` once per task of a fresh local cluster (see the module docstring).
 
@@ -231,15 +307,25 @@ def run_command(
     :class:`LaunchTimeoutError`, :class:`ClusterSpecError` for bad counts or
     :class:`ArgumentError` for an empty command, one that is not an executable, or a timeout that
     is not a finite number > 0. A stop signal during the run: see the module docstring.
-    """
-    from graphdist._distribute.tfconfig import tf_config
-    from graphdist._fleet.local import LocalFleet
 
+    ``max_restarts``: when a task fails, stop every task and start the whole run again (fresh
+    ports, a TF_CONFIG for each task, ``GRAPHDIST_RESTART=k`` in attempt k), at most this many
+    times within any ``restart_window_s`` seconds, after a back-off (0.5 s, doubling, at most
+    30 s: :mod:`graphdist._proc.restarts`); ``timeout_s`` bounds the whole run. The scripts
+    resume from their last backup (:func:`graphdist.backup_and_restore`). ``log_dir``: every
+    task's whole output also goes to ``log_dir/attempt-K/TASK.log``. A run that restarted, or
+    has a ``log_dir``, ends with a summary (attempts, which task failed how and when, what each
+    attempt resumed from, the time) on ``output``.
+    """
     if not command:
         raise ArgumentError(
             "No command to run; put it after `--`, e.g. -- python train.py", name="command"
         )
     timeout_s = check_timeout_s(timeout_s, "timeout_s")
+    count(max_restarts, "max_restarts", minimum=0)
+    restart_window_s = check_timeout_s(
+        restart_window_s, "restart_window_s", DEFAULT_RESTART_WINDOW_S
+    )
     base_env = {**os.environ, **(env or {}), "TF_USE_LEGACY_KERAS": "1"}
     if shutil.which(command[0], path=base_env.get("PATH", os.defpath)) is None:
         # here, not as each task's exit code 127: the guard, not the launcher, starts the command
@@ -249,39 +335,65 @@ def run_command(
             name="command",
             value=command[0],
         )
-    cluster = launch_cluster(workers, ps, chief)
-    runners = [t for t in cluster if t.job == "chief"] if ps else list(cluster)
-    runners = [t for t in runners if t.job in ("chief", "worker")]
-    served = [job for job in ("worker", "ps") if ps and job in cluster]
+    launch_cluster(workers, ps, chief)  # the counts, checked before anything starts
+    logs = _log_folder(log_dir)
     out = _Output(sys.stdout if output is None else output)
-
-    fleet = LocalFleet(cluster, jobs=served, expose=expose) if served else None
+    budget = RestartBudget(max_restarts, restart_window_s)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    run = _Run()
+    attempt = 0
     procs: list[_TaskProcess] = []
     try:
         with SignalScope() as signals:
-            try:
-                if fleet is not None:
+            while True:
+                procs = []
+                try:
+                    ctx = _Context(out, deadline, timeout_s, attempt, logs, budget, run)
+                    results = _attempt(
+                        command, workers, ps, chief, base_env, expose, procs, signals, ctx
+                    )
+                except TaskExitError as exc:
+                    run.failures.append(
+                        _Failure(
+                            attempt,
+                            exc.failed.name,
+                            _how(exc.failed),
+                            time.monotonic() - run.started,
+                        )
+                    )
+                    _note_resumed(run, procs, attempt)
+                    wait = budget.failed()
+                    if wait is None:
+                        if max_restarts or logs:
+                            out.write(run.summary(attempt + 1, "failed"))
+                        if not max_restarts:
+                            raise
+                        gave_up = (
+                            f" in attempt {attempt + 1}; gave up after {budget.restarts} "
+                            f"restart(s) (--max-restarts {max_restarts} within "
+                            f"{restart_window_s:g} s)"
+                        )
+                        raise TaskExitError(
+                            f"Task {_describe(exc.failed, gave_up)}\n  the other tasks were "
+                            "stopped",
+                            exc.results,
+                            exc.failed,
+                        ) from None
+                    out.write(
+                        f"graphdist: {exited(exc.failed.name, exc.failed.exitcode)}; every task "
+                        f"was stopped; restarting the run in {wait:g} s (restart "
+                        f"{budget.restarts + 1} of at most {max_restarts} within "
+                        f"{restart_window_s:g} s)"
+                    )
                     with signals.interruptible():
-                        fleet.start()
-                for task in runners:
-                    signals.check()
-                    address = server_bind_address(task, expose=expose)
-                    task_env = {
-                        **base_env,
-                        **(
-                            shim_env(address, base_env.get("LD_PRELOAD"), inherit=True)
-                            if address is not None
-                            else {}
-                        ),
-                        "TF_CONFIG": tf_config(cluster, task.job, task.index).to_json(),
-                        "GRAPHDIST_TASK": task.name,
-                    }
-                    procs.append(_TaskProcess(task, command, task_env, out))
-                return _supervise(procs, timeout_s, signals)
-            finally:  # no signal interrupts this: it is deferred to the end of the scope
-                _stop([p for p in procs if p.poll() is None], TASK_STOP_GRACE_S)
-                if fleet is not None:
-                    fleet.close()
+                        time.sleep(wait)
+                    budget.restarted()
+                    attempt += 1
+                    continue
+                _note_resumed(run, procs, attempt)
+                if run.failures or logs:
+                    out.write(run.summary(attempt + 1, "every task exited 0"))
+                return results
     except Interrupted as exc:  # the caller's own handler took the signal and returned
         raise LaunchError(
             f"The run was stopped by {exc.name}; every task was stopped",
@@ -289,12 +401,102 @@ def run_command(
         ) from None
 
 
-def _supervise(
-    procs: list[_TaskProcess], timeout_s: float | None, signals: SignalScope
+def _how(result: TaskOutcome) -> str:
+    """``exited with code 1``, ``exited with code -9 (SIGKILL)``: how a task ended."""
+    return exited("", result.exitcode).strip()
+
+
+def _note_resumed(run: _Run, procs: Sequence[_TaskProcess], attempt: int) -> None:
+    """Remember what attempt ``attempt`` said it resumed from (a chief's word first)."""
+    for proc in sorted(procs, key=lambda p: p.result.task.job != "chief"):
+        said = proc.resumed
+        if said is not None and attempt:
+            run.resumed.setdefault(attempt, said)
+            return
+
+
+@dataclass
+class _Context:
+    """What one attempt needs of its run."""
+
+    out: _Output
+    deadline: float | None
+    timeout_s: float | None
+    attempt: int
+    logs: str | None
+    budget: RestartBudget
+    run: _Run
+
+
+def _attempt(
+    command: Sequence[str],
+    workers: int,
+    ps: int,
+    chief: bool,
+    base_env: Mapping[str, str],
+    expose: bool,
+    procs: list[_TaskProcess],
+    signals: SignalScope,
+    ctx: _Context,
 ) -> list[TaskResult]:
-    """Wait for every task to exit 0; stop the others when one fails or the time is up."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    """One attempt of a run: a fresh cluster, its ps/worker servers (with ps tasks), one
+    process per command task (appended to ``procs``), supervised until every one exits."""
+    from graphdist._distribute.tfconfig import tf_config
+    from graphdist._fleet.local import LocalFleet
+
+    cluster = launch_cluster(workers, ps, chief)
+    runners = [t for t in cluster if t.job == "chief"] if ps else list(cluster)
+    runners = [t for t in runners if t.job in ("chief", "worker")]
+    served = [job for job in ("worker", "ps") if ps and job in cluster]
+    attempt, out = ctx.attempt, ctx.out
+    folder = None
+    if ctx.logs is not None:
+        folder = os.path.join(ctx.logs, f"attempt-{attempt}")
+        os.makedirs(folder, exist_ok=True)
+    fleet = LocalFleet(cluster, jobs=served, expose=expose, log_dir=folder) if served else None
+    try:
+        if fleet is not None:
+            with signals.interruptible():
+                fleet.start()
+        for task in runners:
+            signals.check()
+            address = server_bind_address(task, expose=expose)
+            task_env = {
+                **base_env,
+                **(
+                    shim_env(address, base_env.get("LD_PRELOAD"), inherit=True)
+                    if address is not None
+                    else {}
+                ),
+                "TF_CONFIG": tf_config(cluster, task.job, task.index).to_json(),
+                "GRAPHDIST_TASK": task.name,
+                "GRAPHDIST_RESTART": str(attempt),
+            }
+            log_path = None if folder is None else os.path.join(folder, f"{task.name}.log")
+            procs.append(_TaskProcess(task, command, task_env, out, log_path))
+        return _supervise(procs, signals, ctx, fleet)
+    finally:  # no signal interrupts this: it is deferred to the end of the scope
+        _stop([p for p in procs if p.poll() is None], TASK_STOP_GRACE_S)
+        for proc in procs:
+            proc.finish()
+        if fleet is not None:
+            fleet.close()
+
+
+def _supervise(
+    procs: list[_TaskProcess],
+    signals: SignalScope,
+    ctx: _Context,
+    fleet: Any = None,
+) -> list[TaskResult]:
+    """Wait for every task to exit 0; stop the others when one fails or the time is up. With a
+    fleet of ps/worker servers and restarts allowed: a dead worker is restarted on its address
+    (within the restart budget: the coordinator carries on), a dead ps task fails the attempt
+    (the next one starts the ps tasks and the coordinator again, which resumes)."""
+    deadline, timeout_s = ctx.deadline, ctx.timeout_s
     while True:
+        if fleet is not None and ctx.budget.max_restarts:  # else as TensorFlow has it: the
+            _check_servers(fleet, signals, ctx)  # coordinator carries on without a dead worker
         codes = [p.poll() for p in procs]
         failed = next((p for p, c in zip(procs, codes, strict=True) if c not in (None, 0)), None)
         if failed is not None:
@@ -320,6 +522,39 @@ def _supervise(
             time.sleep(0.05)
 
 
+def _check_servers(fleet: Any, signals: SignalScope, ctx: _Context) -> None:
+    """A parameter-server run's dead servers: restart a worker on its address (the coordinator
+    re-schedules its work and uses it again once back) while the budget allows; a dead ps task,
+    or a worker beyond the budget, fails the attempt (TaskExitError)."""
+    for server in fleet.dead_tasks():
+        result = TaskResult(server.task, pid=server.pid, exitcode=server.exitcode)
+        result.tail = server.log_tail()
+        wait = ctx.budget.failed() if server.job == "worker" else None
+        if wait is None:
+            why = (
+                " (its server)"
+                if server.job == "worker"
+                else " (its server: its variables are lost)"
+            )
+            raise TaskExitError(
+                f"Task {_describe(result, why)}\n  the other tasks were stopped",
+                [result],
+                result,
+            )
+        elapsed = time.monotonic() - ctx.run.started
+        ctx.run.failures.append(_Failure(ctx.attempt, server.task.name, _how(result), elapsed))
+        ctx.out.write(
+            f"graphdist: the server of {exited(server.task.name, server.exitcode)}; restarting it "
+            f"on {server.address} in {wait:g} s (restart {ctx.budget.restarts + 1} of at most "
+            f"{ctx.budget.max_restarts} within {ctx.budget.window_s:g} s); the coordinator "
+            "carries on"
+        )
+        with signals.interruptible():
+            time.sleep(wait)
+        fleet.restart(server.job, server.index)
+        ctx.budget.restarted()
+
+
 def run_function(
     fn: Callable[..., Any],
     *args: Any,
@@ -329,11 +564,15 @@ def run_function(
     timeout_s: float | None = None,
     env: Mapping[str, str] | None = None,
     output: IO[str] | None = None,
+    max_restarts: int = 0,
+    restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
+    log_dir: str | os.PathLike[str] | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Run ``fn(*args, **kwargs)`` in one fresh Python process per command task (as
-    :func:`run_command`; TF_CONFIG is set before anything imports TensorFlow) and return
-    ``{task name: return value}``. ``fn`` and its result must be picklable with ``dill``."""
+    :func:`run_command`, restarts and logs included; TF_CONFIG is set before anything imports
+    TensorFlow) and return ``{task name: return value}`` (of the attempt that succeeded).
+    ``fn`` and its result must be picklable with ``dill``."""
     import dill
 
     with tempfile.TemporaryDirectory(prefix="graphdist-run-") as tmp:
@@ -349,6 +588,9 @@ def run_function(
             timeout_s=timeout_s,
             env={**(env or {}), "PYTHONPATH": path_env},
             output=output,
+            max_restarts=max_restarts,
+            restart_window_s=restart_window_s,
+            log_dir=log_dir,
         )
         values = {}
         for result in results:

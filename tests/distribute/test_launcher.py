@@ -56,6 +56,101 @@ def test_a_failing_task_stops_the_others_and_shows_its_last_lines():
     assert len(pids) == 3 and all(pids) and wait_gone(pids, EVENTUALLY_S) == []
 
 
+# A task that fails (exit 3) on worker-1 in its first two attempts, records the pid of every
+# attempt's process and checks, when it starts, that every process of the attempt before is gone.
+FLAKY = """
+import os, sys, time, json, psutil
+k, task, folder = int(os.environ["GRAPHDIST_RESTART"]), os.environ["GRAPHDIST_TASK"], sys.argv[1]
+with open(os.path.join(folder, f"{task}.{k}.pid"), "w") as f:
+    json.dump([os.getpid(), json.loads(os.environ["TF_CONFIG"])["cluster"]], f)
+left = []
+for name in os.listdir(folder):
+    if name.endswith(f".{k - 1}.pid"):
+        with open(os.path.join(folder, name)) as f:
+            pid = json.load(f)[0]
+        if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            left.append(pid)
+print(f"{task} attempt {k} leftovers {left}", flush=True)
+if k:
+    print(f"graphdist: resumed from step {10 * k}", flush=True)
+time.sleep(0.3)
+if task == "worker-1" and k < FAILS:
+    print("failing", flush=True)
+    sys.exit(3)
+print("done", flush=True)
+"""
+
+
+def _flaky(tmp_path, fails: int) -> list[str]:
+    script = tmp_path / "flaky.py"
+    script.write_text(FLAKY.replace("FAILS", str(fails)))
+    folder = tmp_path / "pids"
+    folder.mkdir()
+    return [PY, str(script), str(folder)]
+
+
+def test_a_run_restarts_as_a_group_until_it_succeeds_and_says_so(tmp_path):
+    out = io.StringIO()
+    logs = tmp_path / "logs"
+    results = graphdist.run_command(
+        _flaky(tmp_path, fails=2), workers=2, max_restarts=2, output=out, log_dir=logs
+    )
+    assert sorted(r.name for r in results) == ["worker-0", "worker-1"]
+    assert all(r.exitcode == 0 for r in results)
+    text = out.getvalue()
+    for k in range(3):  # every attempt: both tasks, a fresh TF_CONFIG, nothing of the one before
+        for task in ("worker-0", "worker-1"):
+            assert f"[{task}] {task} attempt {k} leftovers []" in text
+    assert text.count("every task was stopped; restarting the run in") == 2
+    assert "restart 1 of at most 2 within 60 s" in text and "restart 2 of at most 2" in text
+    summary = text[text.index("graphdist: run summary: 3 attempt(s)") :].splitlines()
+    assert summary[0].endswith("every task exited 0")
+    assert summary[1].startswith("  attempt 1: worker-1 exited with code 3 at ")
+    assert summary[1].endswith("attempt 2 resumed from step 10")
+    assert summary[2].startswith("  attempt 2: worker-1 exited with code 3 at ")
+    clusters = set()
+    for k in range(3):
+        with open(tmp_path / "pids" / f"worker-0.{k}.pid") as f:
+            clusters.add(json.dumps(json.load(f)[1], sort_keys=True))
+        for task in ("worker-0", "worker-1"):  # each task's whole output, every attempt
+            log = (logs / f"attempt-{k}" / f"{task}.log").read_text()
+            assert log.startswith(f"{task} attempt {k} ")
+    assert len(clusters) == 3  # fresh ports each time
+    pids = [json.loads(p.read_text())[0] for p in (tmp_path / "pids").iterdir()]
+    assert len(pids) == 6 and wait_gone(pids, EVENTUALLY_S) == []
+
+
+def test_beyond_its_restarts_a_run_fails_naming_the_task_how_and_the_count(tmp_path):
+    out = io.StringIO()
+    with pytest.raises(graphdist.TaskExitError) as info:
+        graphdist.run_command(_flaky(tmp_path, fails=5), workers=2, max_restarts=1, output=out)
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("Task worker-1 exited with code 3 in attempt 2; gave up after 1 ")
+    assert "restart(s) (--max-restarts 1 within 60 s)" in first
+    assert info.value.failed.exitcode == 3
+    assert "graphdist: run summary: 2 attempt(s)" in out.getvalue()
+    pids = [json.loads(p.read_text())[0] for p in (tmp_path / "pids").iterdir()]
+    assert len(pids) == 4 and wait_gone(pids, EVENTUALLY_S) == []
+
+
+def test_without_restarts_a_failure_ends_the_run_as_before(tmp_path):
+    out = io.StringIO()
+    with pytest.raises(graphdist.TaskExitError) as info:
+        graphdist.run_command(_flaky(tmp_path, fails=1), workers=2, output=out)
+    assert "gave up" not in str(info.value) and "run summary" not in out.getvalue()
+
+
+def test_restart_arguments_are_checked_before_anything_starts(tmp_path):
+    with pytest.raises(graphdist.ArgumentError, match="max_restarts"):
+        graphdist.run_command([PY, "-c", "1"], max_restarts=-1)
+    with pytest.raises(graphdist.ArgumentError, match="restart_window_s"):
+        graphdist.run_command([PY, "-c", "1"], restart_window_s=0)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(graphdist.ArgumentError, match="pass a writable --log-dir"):
+        graphdist.run_command([PY, "-c", "1"], log_dir=blocker / "logs")
+
+
 def test_timeout_stops_everything():
     with pytest.raises(graphdist.LaunchTimeoutError, match="worker-0, worker-1") as info:
         graphdist.run_command([PY, "-c", "import time; time.sleep(60)"], workers=2, timeout_s=2)
@@ -108,6 +203,10 @@ def test_run_function_returns_each_tasks_result():
         (["run", "--workers", "1"], "No command"),
         (["run", "--workers", "1", "--timeout", "0", "--", "true"], "--timeout"),
         (["run", "--workers", "1", "--", "no-such-command-here"], "'no-such-command-here'"),
+        (["run", "--max-restarts", "-1", "--", "true"], "--max-restarts must be a whole number"),
+        (["run", "--max-restarts", "x", "--", "true"], "--max-restarts: invalid int value"),
+        (["run", "--restart-window", "0", "--", "true"], "--restart-window must be a finite"),
+        (["run", "--log-dir", "/proc/no/such", "--", "true"], "Cannot write logs to /proc/no"),
     ],
 )
 def test_cli_usage_errors(argv, fragment):
