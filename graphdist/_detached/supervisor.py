@@ -33,7 +33,6 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -60,6 +59,7 @@ from graphdist._proc.restarts import (
     BACKOFF_MIN_S,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_RESTART_WINDOW_S,
+    RestartBudget,
     backoff_s,
 )
 from graphdist._proc.signals import stop_on_signals
@@ -193,10 +193,12 @@ class _Supervisor:
         self._given_up: set[str] = set()
         self._due: dict[str, float] = {}  # monotonic time of a scheduled restart
         self._restart_at: dict[str, float] = {}  # ... the same as wall-clock time, for the record
-        self._recent: dict[str, deque[float]] = {}  # monotonic times of the policy's restarts
-        self._failures: dict[str, int] = {}  # deaths in a row (the backoff's exponent)
-        now = time.monotonic()
-        self._up_since: dict[str, float] = {t.name: now for t in fleet.tasks}
+        self._budgets = {  # the clock is read through this module's `time` (tests replace it)
+            t.name: RestartBudget(
+                spec.max_restarts, spec.restart_window_s, clock=lambda: time.monotonic()
+            )
+            for t in fleet.tasks
+        }
 
     def _snapshot(self) -> tuple[Any, ...]:
         return (
@@ -285,26 +287,21 @@ class _Supervisor:
         """A death just seen: give up (too many restarts in the window) or schedule a restart
         after the backoff."""
         window, cap = self.spec.restart_window_s, self.spec.max_restarts
-        recent = self._recent.setdefault(task.name, deque())
-        while recent and recent[0] <= now - window:
-            recent.popleft()
-        if len(recent) >= cap:
+        budget = self._budgets[task.name]
+        delay = budget.failed()
+        if delay is None:
             self._given_up.add(task.name)
             log.error(
                 "%s died %d times within %g s; not restarting it again (--max-restarts %d); "
                 "%s, log %s",
                 _label(task),
-                len(recent) + 1,
+                budget.recent + 1,
                 window,
                 cap,
                 dead_detail(task.exitcode),
                 task.log_path,
             )
             return
-        stable = now - self._up_since.get(task.name, now) >= window
-        failures = 1 if stable else self._failures.get(task.name, 0) + 1
-        self._failures[task.name] = failures
-        delay = backoff_s(failures)
         self._due[task.name] = now + delay
         self._restart_at[task.name] = time.time() + delay
         log.warning(
@@ -312,7 +309,7 @@ class _Supervisor:
             _label(task),
             dead_detail(task.exitcode),
             delay,
-            len(recent) + 1,
+            budget.recent + 1,
             cap,
             window,
         )
@@ -322,9 +319,7 @@ class _Supervisor:
         schedules the next attempt, with a longer backoff)."""
         self._due.pop(task.name, None)
         self._restart_at.pop(task.name, None)
-        now = time.monotonic()
-        self._recent.setdefault(task.name, deque()).append(now)
-        self._up_since[task.name] = now
+        self._budgets[task.name].restarted()
         log.warning("%s: restart attempt %d", _label(task), task.restarts + 1)
         try:
             self.fleet.restart(task.job, task.index)
@@ -341,8 +336,7 @@ class _Supervisor:
         self._given_up.discard(name)
         self._due.pop(name, None)
         self._restart_at.pop(name, None)
-        self._failures.pop(name, None)
-        self._up_since[name] = time.monotonic()
+        self._budgets[name].reset()
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         """Answer one control request (see ``graphdist._detached.control``)."""

@@ -68,6 +68,16 @@ class RestartBudget:
         self._failures = 1 if stable else self._failures + 1
         return backoff_s(self._failures)
 
+    @property
+    def recent(self) -> int:
+        """Restarts within the window, as :meth:`failed` last counted them."""
+        return len(self._recent)
+
+    def reset(self) -> None:
+        """A restart by hand: the back-off starts over (the window keeps its restarts)."""
+        self._failures = 0
+        self._up_since = self._clock()
+
     def restarted(self) -> None:
         """A restart (allowed by :meth:`failed`) happened now."""
         now = self._clock()

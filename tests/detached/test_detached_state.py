@@ -320,7 +320,7 @@ def test_policy_counts_restarts_in_a_sliding_window_not_a_lifetime(tmp_path, fak
         assert task.alive
     assert len(fleet.restart_times) == 6
     # Each death came after a run longer than the window: the backoff started over each time.
-    assert sup._failures[task.name] == 1
+    assert sup._budgets[task.name]._failures == 1
     # Three quick deaths within the window: the third is not restarted.
     for _ in range(3):
         die(task, 1)
