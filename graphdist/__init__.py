@@ -51,6 +51,7 @@ from graphdist._exceptions import (
 _LAZY: dict[str, tuple[str, ...]] = {
     "graphdist._cluster": ("Cluster", "Task"),
     "graphdist._distribute.launcher": ("TaskResult", "run_command", "run_function"),
+    "graphdist._distribute.resume": ("backup_and_restore", "resume_checkpoint"),
     "graphdist._distribute.strategy": (
         "checkpoint_dir",
         "global_batch_size",
@@ -92,6 +93,7 @@ if _TYPE_CHECKING:
     from graphdist._cluster import Cluster, Task
     from graphdist._detached.fleet import DetachedFleet, attach
     from graphdist._distribute.launcher import TaskResult, run_command, run_function
+    from graphdist._distribute.resume import backup_and_restore, resume_checkpoint
     from graphdist._distribute.strategy import (
         checkpoint_dir,
         global_batch_size,
@@ -199,6 +201,7 @@ __all__ = [
     "__version__",
     "attach",
     "available_gpus",
+    "backup_and_restore",
     "check_device",
     "checkpoint_dir",
     "cluster_resolver",
@@ -211,6 +214,7 @@ __all__ = [
     "normalize_device",
     "parse_device",
     "parse_tf_config",
+    "resume_checkpoint",
     "run_command",
     "run_function",
     "run_traced",

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from graphdist._cluster import Cluster, Task
+from graphdist._distribute.resume import RESUMED_PREFIX
 from graphdist._exceptions import (
     ArgumentError,
     ClusterSpecError,
@@ -261,11 +262,6 @@ class _Run:
             after = f"; attempt {f.attempt + 2} {resumed}" if resumed else ""
             lines.append(f"  attempt {f.attempt + 1}: {f.task} {f.how} at {f.at_s:.1f} s{after}")
         return "\n".join(lines)
-
-
-RESUMED_PREFIX = "graphdist: resumed from "
-"""A task that prints a line starting with this (graphdist's resume helpers do) says what it
-resumed from; the run's summary repeats it."""
 
 
 def _log_folder(log_dir: str | os.PathLike[str] | None) -> str | None:
