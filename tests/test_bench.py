@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 # benchmarks does not import TensorFlow.
 import _common
 import master_choice
+import restart
 import startup
 import suite
 
@@ -262,7 +263,7 @@ def test_importing_every_benchmark_does_not_import_tensorflow():
     code = (
         "import sys; sys.path.insert(0, 'benchmarks')\n"
         "import _common, master_choice, mwms_throughput, seed_style_fleet, startup, suite\n"
-        "import accept_check, fast_failure, transfer\n"
+        "import accept_check, fast_failure, restart, transfer\n"
         "assert 'tensorflow' not in sys.modules, 'a benchmark imports TensorFlow at import time'\n"
     )
     proc = run_python(["-c", code])
@@ -362,3 +363,22 @@ def test_master_choice_runs_on_a_ray_fleet(tmp_path, capsys):
     text = capsys.readouterr().out
     assert text.startswith("ray fleet\n")
     assert "graphdist / raw TF, master 1:" in text and "(target <= 1.05)" in text
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_restart_benchmark_runs_at_its_smallest_size(tmp_path, capsys):
+    """A smoke run of benchmarks/restart.py: one run, one kill, every figure measured (a run
+    this small on a loaded machine may miss a target: it exits 1 then, which is fine here)."""
+    out = tmp_path / "restart.json"
+    argv = ["--steps", "40", "--save-every", "10", "--kill-at", "15", "--repeats", "1"]
+    try:
+        restart.main([*argv, "--json", str(out)])
+    except SystemExit as exc:
+        assert exc.code == 1
+    figures = json.loads(out.read_text())
+    [run] = figures["runs"]
+    assert run["cold_s"] > 0 and run["recovery_s"] > run["stop_s"] > 0
+    assert run["last_step"] >= 15 and 0 <= run["resumed_after"] <= run["last_step"]
+    text = capsys.readouterr().out
+    assert "recovery / cold start:" in text and "steps redone per failure, worst:" in text

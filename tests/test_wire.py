@@ -137,7 +137,7 @@ def test_a_port_taken_under_the_supervisor_arrives_as_port_in_use(state_dir, mon
     its PortInUseError reaches the caller with its port and holder, not as a plain start error."""
     import socket
 
-    from graphdist._detached.fleet import SupervisorSpec, start_detached
+    from graphdist._detached.fleet import SupervisorSpec, start_detached, stop_detached
     from graphdist._fleet import local
 
     monkeypatch.setattr(local, "check_hosts_and_ports", lambda cluster: None)
@@ -147,8 +147,12 @@ def test_a_port_taken_under_the_supervisor_arrives_as_port_in_use(state_dir, mon
         holder.bind(("127.0.0.1", port))
         holder.listen()
         spec = SupervisorSpec(state_dir=state_dir, cluster=cluster.as_dict())
-        with pytest.raises(E.PortInUseError) as info:
-            start_detached(spec)
+        try:
+            with pytest.raises(E.PortInUseError) as info:
+                start_detached(spec)
+        finally:  # had it started after all, it must not outlive the test
+            if os.path.exists(os.path.join(state_dir, "fleet.json")):
+                stop_detached(state_dir)
     assert info.value.port == port and info.value.task == "local:1"
     assert info.value.holder_pid in (os.getpid(), None)
     assert f"Port {port}" in str(info.value)
