@@ -70,7 +70,7 @@ def _steps(outcome: Any, attempt: int) -> list[tuple[float, int]]:
 
 def measure_once(steps: int, save_every: int, kill_at: int) -> Restart:
     """One run with one kill (see the module docstring)."""
-    from graphdist._distribute.faults import FaultInjector
+    from graphdist._distribute.injector import FaultInjector
 
     injector = FaultInjector()
     try:

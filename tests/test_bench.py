@@ -3,13 +3,12 @@ README section it rewrites only on request.
 
 The figures themselves are measured by ``make bench``; this checks how they are reported, on
 small made-up results (the measuring functions are replaced), without timing anything. The one
-exception is a smoke run of ``master_choice.py --backend ray``, which must run its real code
-path on a real RayFleet (a few steps; its figures are not checked).
+exception is a smoke run of ``restart.py``, which must run its real code path (one small run,
+one kill; its figures are not checked).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -18,13 +17,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, run_python
-from tests.fleet.conftest import ray_env  # noqa: F401 (the fixture of the Ray smoke run)
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 # A real import: a benchmark that no longer imports must fail here, not skip. Importing the
 # benchmarks does not import TensorFlow.
 import _common
-import master_choice
 import restart
 import startup
 import suite
@@ -336,33 +333,6 @@ def test_benchmarks_run_as_modules_of_the_package():
     proc = run_python(["-m", "benchmarks.startup", "--help"])
     assert proc.returncode == 0, proc.stderr
     assert "--side-by-side" in proc.stdout
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(300)
-@pytest.mark.usefixtures("ray_env")
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed")
-def test_master_choice_runs_on_a_ray_fleet(tmp_path, capsys):
-    """A smoke run: every session kind measured on a RayFleet and the targets checked (a run
-    this short may miss them: it exits 1 then, which is fine here)."""
-    out = tmp_path / "ray.json"
-    try:
-        master_choice.main(
-            ["--backend", "ray", "--steps", "40", "--rounds", "2", "--json", str(out)]
-        )
-    except SystemExit as exc:
-        assert exc.code == 1  # a target missed, on a run far too short to meet them
-    figures = json.loads(out.read_text())
-    assert [name.split(" (")[0] for name in figures] == [
-        "raw TF, master 0",
-        "graphdist, master 0",
-        "raw TF, master 1",
-        "graphdist, master 1",
-    ]
-    assert all(f["steps"] == 40 and f["median_ms"] > 0 for f in figures.values())
-    text = capsys.readouterr().out
-    assert text.startswith("ray fleet\n")
-    assert "graphdist / raw TF, master 1:" in text and "(target <= 1.05)" in text
 
 
 @pytest.mark.integration

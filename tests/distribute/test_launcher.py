@@ -238,3 +238,15 @@ def test_cli_exit_status_follows_the_tasks():
     three = run_python(["-m", "graphdist", "run", "--workers", "2", "--", PY, "-c", "exit(3)"])
     assert three.returncode == 3, three.stderr  # the task's own code, as torchrun gives it
     assert "Traceback" not in bad.stderr
+
+
+def test_a_task_killed_by_a_signal_makes_the_run_exit_128_plus_n():
+    code = (
+        "import os, signal, time\n"
+        "if os.environ['GRAPHDIST_TASK'] == 'worker-1':\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(30)\n"
+    )
+    result = run_python(["-m", "graphdist", "run", "--workers", "2", "--", PY, "-c", code])
+    assert result.returncode == 128 + 9  # as a shell reports it
+    assert "Error: Task worker-1 exited with code -9 (SIGKILL)" in result.stderr

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 
+import numpy as np
 import pytest
 
 from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, wait_gone
@@ -39,10 +40,27 @@ def run(injector, out, **kwargs):
     return injector.run(train(out), workers=2, cwd=EXAMPLES, env=QUIET_TF, **kwargs)
 
 
+def weights(folder: os.PathLike[str], task: str) -> list[np.ndarray]:
+    with np.load(os.path.join(folder, f"weights-{task}.npz")) as data:
+        return [data[k] for k in data.files]
+
+
 def test_a_killed_worker_is_restarted_and_the_run_resumes_where_it_was(graphdist_faults, tmp_path):
+    # The uninterrupted run: the seed's CNN on 2 workers, its real accuracy, identical weights on
+    # both workers, and nothing left of the backup after success.
     whole = run(graphdist_faults, tmp_path / "whole")
     assert whole.returncode == 0, whole.describe()
-    assert epochs_done(whole.lines_of("worker-0")) == [1, 2, 3]
+    first = whole.lines_of("worker-0")
+    assert epochs_done(first) == [1, 2, 3]
+    assert "Number of devices: 2" in first and "starting from scratch" in first
+    assert not [ln for ln in whole.lines if "graphdist: resumed from" in ln]
+    a, b = weights(tmp_path / "whole", "worker-0"), weights(tmp_path / "whole", "worker-1")
+    assert len(a) == 4 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert accuracy(first) > 0.85  # chance is 0.1; README says 0.90
+    assert sorted(os.listdir(tmp_path / "whole")) == [
+        "weights-worker-0.npz",
+        "weights-worker-1.npz",
+    ]
 
     # worker-1 dies once the chief has reported (and so backed up) epoch 2
     kill = graphdist_faults.kill("worker-1", after=rf"^epoch 2/{EPOCHS} done", of="worker-0")
@@ -65,6 +83,9 @@ def test_a_killed_worker_is_restarted_and_the_run_resumes_where_it_was(graphdist
         abs(accuracy(out.lines_of("worker-0", attempt=1)) - accuracy(whole.lines_of("worker-0")))
         <= 0.01
     )
+    # On CPU, with the example's seed-and-epoch data order, the weights are the same bit for bit.
+    resumed_weights = weights(tmp_path / "killed", "worker-0")
+    assert all(np.array_equal(x, y) for x, y in zip(a, resumed_weights, strict=True))
     assert out.leftovers == [] and whole.leftovers == []
     assert wait_gone([*out.pids, *whole.pids], EVENTUALLY_S) == []
 
@@ -108,17 +129,5 @@ def test_with_ps_tasks_a_killed_worker_server_is_restarted_under_the_coordinator
     [line] = [ln for ln in out.launcher_lines() if "restarting it" in ln]
     assert "the server of worker-1 exited with code -9 (SIGKILL)" in line, line
     assert any(ln.startswith("held-out accuracy") for ln in out.lines_of("chief-0"))
-    assert out.leftovers == []
-    assert wait_gone(out.pids, EVENTUALLY_S) == []
-
-
-def test_beyond_the_restart_budget_the_run_fails_naming_the_task(graphdist_faults, tmp_path):
-    kill = graphdist_faults.kill("worker-1", after=rf"^epoch 1/{EPOCHS} done", of="worker-0")
-    out = run(graphdist_faults, tmp_path, max_restarts=0, faults=[kill])
-    assert out.returncode == 128 + 9, out.describe()  # the killed task's status, as a shell has it
-    assert out.attempts == 1 and len(out.injected) == 1
-    first = out.stderr.splitlines()[0]
-    assert first.startswith("Error: Task worker-1 exited with code -9 (SIGKILL)"), out.stderr
-    assert not [ln for ln in out.launcher_lines() if "restarting the run" in ln]
     assert out.leftovers == []
     assert wait_gone(out.pids, EVENTUALLY_S) == []
