@@ -1,24 +1,46 @@
-"""What a dead worker costs a ``graphdist run --max-restarts`` training run: the seconds from
-the kill to the first training step after the restart, against a cold start of the same run,
-and the training steps done again.
+"""What a failed task costs a ``graphdist run --max-restarts 1`` training run: the seconds from
+the fault to the first training step after it, against a cold start of the same run, and the
+training steps done again. Four cases (``--case``, repeatable; default ``all``):
 
-Each repeat runs ``graphdist run --workers 2 --max-restarts 1 -- python _restart_task.py``
-(MultiWorkerMirroredStrategy; a small model backed up every ``--save-every`` steps by
-``graphdist.backup_and_restore``; one ``step G`` line per step) under graphdist's fault injector
-(the ``graphdist_faults`` machinery), which SIGKILLs worker-1 once the chief has printed step
-``--kill-at`` of the first attempt. From the output lines' arrival times:
+- ``mwms-kill``: ``graphdist run --workers 2 -- python _restart_task.py``
+  (MultiWorkerMirroredStrategy; a small model backed up every ``--save-every`` steps by
+  ``graphdist.backup_and_restore``; one ``step G`` line per step); worker-1 SIGKILLed once the
+  chief (worker-0) has printed step ``--kill-at`` of the first attempt. The launcher sees the
+  death, stops worker-0 and restarts the run, which resumes from the backup.
+- ``mwms-freeze``: the same, worker-1 SIGSTOPped instead (a hung worker). Nothing exits:
+  TensorFlow's coordination service fails worker-0 once worker-1's heartbeats stop (its
+  heartbeat timeout, several seconds), the launcher then restarts the run (its stop SIGKILLs the
+  frozen process). Its recovery target is not 1.5x the cold start but ``FREEZE_NOTICE_S`` (15 s)
+  + 1.5x the cold start (printed as a ratio: 1.5 + 15 s / cold start): TensorFlow's 10 s
+  heartbeat timeout and its checks alone take some 13 s, about 3x a cold start of this small
+  run, and no launcher change can shorten them.
+- ``ps-worker-kill``: ``graphdist run --chief --ps 1 --workers 2 -- python _restart_ps_task.py``
+  (ParameterServerStrategy; a custom loop of ``ClusterCoordinator.schedule`` steps checkpointed
+  every ``--save-every`` steps by ``graphdist.resume_checkpoint``; the chief prints ``step G``
+  per finished step); the worker-1 *server* SIGKILLed after step ``--kill-at``. The launcher
+  restarts that server in place and the run goes on in the same attempt: reported are the
+  seconds from the kill to the launcher's ``restarting it on ...`` line and to the chief's next
+  step line, and the steps the coordinator ran again (the closures lost on the dead worker,
+  rescheduled on another: ``executions`` counted by a variable on the ps task, less the steps;
+  expected about 0-2). No recovery ratio: nothing restarts.
+- ``ps-kill``: the same PS run, the ps-0 server SIGKILLed (its variables are lost): the attempt
+  fails and the next one resumes from the last checkpoint.
+
+For the restarting cases (all but ``ps-worker-kill``), from the output lines' arrival times:
 
 - cold start: the launcher's start to the chief's first step line of attempt 0;
-- recovery: the kill to the chief's first step line of attempt 1 (noticing the death,
-  stopping the survivor, the back-off, starting every task again, restoring the backup);
-  ``stop``, the kill to the launcher's restart line, is the first part of it;
+- recovery: the fault to the chief's first step line of attempt 1 (noticing the failure,
+  stopping the others, the back-off, starting every task again, restoring the backup);
+  ``stop``, the fault to the launcher's restart line, is the first part of it;
 - steps redone: the last step of attempt 0 less the step attempt 1 resumed after.
 
-Figures are medians over ``--repeats``. Targets: recovery at most ``RECOVERY_TARGET`` x the cold
-start, and at most ``--save-every`` steps redone per failure (a backup every N steps loses at
+Figures are medians over ``--repeats``, one block per case. Targets: recovery at most
+``RECOVERY_TARGET`` (1.5) x the cold start (plus ``FREEZE_NOTICE_S`` for ``mwms-freeze``), and at
+most ``--save-every`` steps redone per failure in every case (a backup every N steps loses at
 most N). A missed target prints MISSED and the script exits 1.
 
-    python benchmarks/restart.py [--steps 300] [--save-every 25] [--kill-at 110] [--repeats 3]
+    python benchmarks/restart.py [--case CASE ...] [--steps 300] [--save-every 25]
+        [--kill-at 110] [--repeats 3] [--json FILE]
 """
 
 from __future__ import annotations
@@ -40,12 +62,21 @@ sys.path.insert(0, REPO)
 quiet_tensorflow()
 
 TASK = os.path.join(HERE, "_restart_task.py")
+PS_TASK = os.path.join(HERE, "_restart_ps_task.py")
 RECOVERY_TARGET = 1.5
-"""Recovery (kill to the first step after the restart) / cold start: at most this."""
+"""Recovery (the fault to the first step after the restart) / cold start: at most this."""
+FREEZE_NOTICE_S = 15.0
+"""``mwms-freeze`` only: the seconds allowed on top of ``RECOVERY_TARGET`` x the cold start for
+noticing a frozen worker: TensorFlow's coordination service (which MWMS uses, with its default
+10 s heartbeat timeout; graphdist does not change it) fails the other worker only once the
+frozen one's heartbeats have been missing that long, and checks them periodically, so some 13 s
+pass before anything fails; the launcher cannot see a frozen process any sooner."""
+CASES = ("mwms-kill", "mwms-freeze", "ps-worker-kill", "ps-kill")
 _STEP = re.compile(r"step (\d+)")
+_EXECUTIONS = re.compile(r"executions (\d+)")
 
 
-class Restart(TypedDict):
+class Restart(TypedDict, total=False):
     """One repeat's figures (seconds, and steps)."""
 
     cold_s: float
@@ -55,42 +86,85 @@ class Restart(TypedDict):
     last_step: int
     resumed_after: int
     redone: int
+    restart_line_s: float
+    next_step_s: float
 
 
-def _steps(outcome: Any, attempt: int) -> list[tuple[float, int]]:
-    """(seconds into the run, step) of the chief's step lines in ``attempt``."""
+def _steps(outcome: Any, attempt: int, task: str) -> list[tuple[float, int]]:
+    """(seconds into the run, step) of ``task``'s step lines in ``attempt``."""
     found = []
     for line in outcome.output:
-        if line.task == "worker-0" and line.attempt == attempt:
+        if line.task == task and line.attempt == attempt:
             step = _STEP.fullmatch(line.text)
             if step is not None:
                 found.append((line.at_s, int(step.group(1))))
     return found
 
 
-def measure_once(steps: int, save_every: int, kill_at: int) -> Restart:
-    """One run with one kill (see the module docstring)."""
+def _run(case: str, steps: int, save_every: int, kill_at: int) -> Any:
+    """Run ``case`` once under the fault injector; its :class:`RunOutcome`."""
     from graphdist._distribute.injector import FaultInjector
 
+    ps = case.startswith("ps-")
+    runner = "chief-0" if ps else "worker-0"
+    after = rf"^step {kill_at}$"
+    if case == "mwms-freeze":
+        fault = FaultInjector.freeze("worker-1", after=after, of=runner)
+    else:
+        fault = FaultInjector.kill(
+            "ps-0" if case == "ps-kill" else "worker-1", after=after, of=runner
+        )
     injector = FaultInjector()
     try:
         with tempfile.TemporaryDirectory(prefix="graphdist-bench-restart-") as out:
-            argv = [sys.executable, TASK, "--out", out, "--steps", str(steps)]
+            argv = [sys.executable, PS_TASK if ps else TASK, "--out", out, "--steps", str(steps)]
             outcome = injector.run(
                 [*argv, "--save-every", str(save_every)],
                 workers=2,
+                ps=1 if ps else 0,
+                chief=ps,
                 max_restarts=1,
                 cwd=HERE,
                 env={"TF_CPP_MIN_LOG_LEVEL": "2"},
-                faults=[injector.kill("worker-1", after=rf"^step {kill_at}$", of="worker-0")],
+                faults=[fault],
             )
     finally:
         left = injector.close()
-    if outcome.returncode != 0 or outcome.attempts != 2 or len(outcome.injected) != 1 or left:
-        raise RuntimeError(f"the run did not go as planned (survivors: {left}):\n{outcome}")
-    first, again = _steps(outcome, 0), _steps(outcome, 1)
-    restart_at = next(o.at_s for o in outcome.output if "restarting the run" in o.text)
+    attempts = 1 if case == "ps-worker-kill" else 2
+    if (
+        outcome.returncode != 0
+        or outcome.attempts != attempts
+        or len(outcome.injected) != 1
+        or left
+    ):
+        raise RuntimeError(f"{case}: the run did not go as planned (survivors: {left}):\n{outcome}")
+    return outcome
+
+
+def measure_once(case: str, steps: int, save_every: int, kill_at: int) -> Restart:
+    """One run of ``case`` with one fault (see the module docstring)."""
+    outcome = _run(case, steps, save_every, kill_at)
+    runner = "chief-0" if case.startswith("ps-") else "worker-0"
+    first = _steps(outcome, 0, runner)
     killed_at = outcome.injected[0].at_s
+    if case == "ps-worker-kill":
+        restart_at = next(o.at_s for o in outcome.output if "restarting it on" in o.text)
+        executions = [
+            int(m.group(1))
+            for o in outcome.output
+            if o.task == runner
+            for m in [_EXECUTIONS.fullmatch(o.text)]
+            if m
+        ]
+        return {
+            "cold_s": first[0][0],
+            "restart_line_s": restart_at - killed_at,
+            "next_step_s": next(at for at, _ in first if at > killed_at) - killed_at,
+            "last_step": max(s for _, s in first),
+            "redone": executions[-1] - steps,
+        }
+    again = _steps(outcome, 1, runner)
+    restart_at = next(o.at_s for o in outcome.output if "restarting the run" in o.text)
     cold, recovery = first[0][0], again[0][0] - killed_at
     last, resumed_after = max(s for _, s in first), again[0][1] - 1
     return {
@@ -104,13 +178,24 @@ def measure_once(steps: int, save_every: int, kill_at: int) -> Restart:
     }
 
 
-def measure(steps: int, save_every: int, kill_at: int, repeats: int) -> dict[str, Any]:
-    runs = [measure_once(steps, save_every, kill_at) for _ in range(repeats)]
-    median = {
-        key: statistics.median(float(r[key]) for r in runs)  # type: ignore[literal-required]
-        for key in ("cold_s", "recovery_s", "stop_s", "ratio", "redone")
-    }
+def measure(case: str, steps: int, save_every: int, kill_at: int, repeats: int) -> dict[str, Any]:
+    runs = [measure_once(case, steps, save_every, kill_at) for _ in range(repeats)]
+    keys = [
+        k
+        for k in (
+            "cold_s",
+            "recovery_s",
+            "stop_s",
+            "ratio",
+            "restart_line_s",
+            "next_step_s",
+            "redone",
+        )
+        if k in runs[0]
+    ]
+    median = {key: statistics.median(float(r[key]) for r in runs) for key in keys}  # type: ignore[literal-required]
     return {
+        "case": case,
         "steps": steps,
         "save_every": save_every,
         "kill_at": kill_at,
@@ -120,23 +205,66 @@ def measure(steps: int, save_every: int, kill_at: int, repeats: int) -> dict[str
     }
 
 
+def target(case: str, cold_s: float) -> float | None:
+    """The recovery / cold start target of ``case`` (None: it does not restart the run)."""
+    if case == "ps-worker-kill":
+        return None
+    if case == "mwms-freeze":
+        return RECOVERY_TARGET + FREEZE_NOTICE_S / cold_s
+    return RECOVERY_TARGET
+
+
 def check(figures: dict[str, Any]) -> list[str]:
     """Print the figures against their targets; the lines of the targets missed."""
-    m = figures["median"]
-    lines = [
+    m, case = figures["median"], figures.get("case", "mwms-kill")
+    lines = []
+    goal = target(case, m["cold_s"])
+    if goal is not None:
+        lines.append(
+            (
+                f"{case}: recovery / cold start: {m['ratio']:.2f}x (target <= {goal:.2f})",
+                m["ratio"] <= goal,
+            )
+        )
+    lines.append(
         (
-            f"recovery / cold start: {m['ratio']:.2f}x (target <= {RECOVERY_TARGET})",
-            m["ratio"] <= RECOVERY_TARGET,
-        ),
-        (
-            f"steps redone per failure, worst: {figures['worst_redone']} (target <= "
+            f"{case}: steps redone per failure, worst: {figures['worst_redone']} (target <= "
             f"{figures['save_every']}, the backup interval)",
             figures["worst_redone"] <= figures["save_every"],
-        ),
-    ]
+        )
+    )
     for text, met in lines:
         print(("met     " if met else "MISSED  ") + text)
     return [text for text, met in lines if not met]
+
+
+_WHAT = {
+    "mwms-kill": "MWMS, 2 workers, worker-1 SIGKILLed",
+    "mwms-freeze": "MWMS, 2 workers, worker-1 SIGSTOPped (frozen)",
+    "ps-worker-kill": "PS (chief, 1 ps, 2 workers), the worker-1 server SIGKILLed",
+    "ps-kill": "PS (chief, 1 ps, 2 workers), the ps-0 server SIGKILLed",
+}
+
+
+def report(figures: dict[str, Any], repeats: int) -> list[str]:
+    """Print one case's block; the lines of its targets missed."""
+    m, case = figures["median"], figures["case"]
+    print(
+        f"[{case}] {_WHAT[case]} after step {figures['kill_at']}; {figures['steps']} steps, a "
+        f"checkpoint every {figures['save_every']}; medians of {repeats} run(s)"
+    )
+    print(f"cold start (launch to first step):        {m['cold_s']:6.2f} s")
+    if case == "ps-worker-kill":
+        print(f"kill to the launcher's restart line:      {m['restart_line_s']:6.2f} s")
+        print(f"kill to the next step line:               {m['next_step_s']:6.2f} s")
+        print(f"steps run again by the coordinator:       {m['redone']:6.0f}")
+    else:
+        print(f"recovery (fault to first step after it):  {m['recovery_s']:6.2f} s")
+        print(f"  of which stop (fault to restart line):  {m['stop_s']:6.2f} s")
+        print(f"steps redone per failure:                 {m['redone']:6.0f}")
+    missed = check(figures)
+    print()
+    return missed
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -145,21 +273,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--save-every", type=int, default=25, help="steps between backups (25)")
     parser.add_argument("--kill-at", type=int, default=110, help="kill after this step (110)")
     parser.add_argument("--repeats", type=int, default=3, help="runs, one kill each (3)")
+    parser.add_argument(
+        "--case",
+        action="append",
+        choices=[*CASES, "all"],
+        help="a case to run (repeatable; default: all)",
+    )
     add_json_option(parser)
     args = parser.parse_args(argv)
     if not 0 < args.kill_at < args.steps:
         parser.error("--kill-at must be between 0 and --steps")
-    figures = measure(args.steps, args.save_every, args.kill_at, args.repeats)
-    m = figures["median"]
-    print(
-        f"MWMS, 2 workers, {args.steps} steps, a backup every {args.save_every}, worker-1 "
-        f"SIGKILLed after step {args.kill_at}; medians of {args.repeats} run(s)"
-    )
-    print(f"cold start (launch to first step):        {m['cold_s']:6.2f} s")
-    print(f"recovery (kill to first step after it):   {m['recovery_s']:6.2f} s")
-    print(f"  of which stop (kill to restart line):   {m['stop_s']:6.2f} s")
-    print(f"steps redone per failure:                 {m['redone']:6.0f}")
-    missed = check(figures)
+    chosen = args.case or ["all"]
+    cases = [c for c in CASES if c in chosen or "all" in chosen]
+    results, missed = {}, []
+    for case in cases:
+        results[case] = measure(case, args.steps, args.save_every, args.kill_at, args.repeats)
+        missed += report(results[case], args.repeats)
+    figures = {"cases": results}
     write_json(args.json, figures)
     if missed:
         sys.exit(1)
