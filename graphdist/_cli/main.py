@@ -104,6 +104,16 @@ def _add_state_dir(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_restart_window(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--restart-window",
+        type=_float,
+        default=DEFAULT_RESTART_WINDOW_S,
+        metavar="S",
+        help=f"the sliding window --max-restarts counts in (default {DEFAULT_RESTART_WINDOW_S:g})",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="graphdist", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=version_line())
@@ -157,13 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
         "more death within it and the supervisor gives up on the task (default "
         f"{DEFAULT_MAX_RESTARTS}). Restarts back off: 0.5 s, doubling, at most 30 s",
     )
-    up.add_argument(
-        "--restart-window",
-        type=_float,
-        default=DEFAULT_RESTART_WINDOW_S,
-        metavar="S",
-        help=f"the sliding window --max-restarts counts in (default {DEFAULT_RESTART_WINDOW_S:g})",
-    )
+    _add_restart_window(up)
     _add_state_dir(up)
 
     status = sub.add_parser(
@@ -208,13 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         "GRAPHDIST_RESTART=K and should resume from their last backup. Restarts back off: "
         "0.5 s, doubling, at most 30 s",
     )
-    run.add_argument(
-        "--restart-window",
-        type=_float,
-        default=DEFAULT_RESTART_WINDOW_S,
-        metavar="S",
-        help=f"the sliding window --max-restarts counts in (default {DEFAULT_RESTART_WINDOW_S:g})",
-    )
+    _add_restart_window(run)
     run.add_argument(
         "--log-dir",
         metavar="DIR",
