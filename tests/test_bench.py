@@ -2,9 +2,7 @@
 README section it rewrites only on request.
 
 The figures themselves are measured by ``make bench``; this checks how they are reported, on
-small made-up results (the measuring functions are replaced), without timing anything. The one
-exception is a smoke run of ``restart.py``, which must run its real code path (one small run,
-one kill; its figures are not checked).
+small made-up results (the measuring functions are replaced), without timing anything.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 # A real import: a benchmark that no longer imports must fail here, not skip. Importing the
 # benchmarks does not import TensorFlow.
 import _common
-import restart
 import startup
 import suite
 
@@ -333,29 +330,3 @@ def test_benchmarks_run_as_modules_of_the_package():
     proc = run_python(["-m", "benchmarks.startup", "--help"])
     assert proc.returncode == 0, proc.stderr
     assert "--side-by-side" in proc.stdout
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(300)
-def test_restart_benchmark_runs_at_its_smallest_size(tmp_path, capsys):
-    """A smoke run of benchmarks/restart.py: one case (the cheapest, ``mwms-kill``), one run, one
-    kill, every figure measured (a run this small on a loaded machine may miss a target: it exits
-    1 then, which is fine here). The other cases share its code but cost more than the suite's
-    time budget allows; the full benchmark runs them."""
-    out = tmp_path / "restart.json"
-    argv = ["--steps", "40", "--save-every", "10", "--kill-at", "15", "--repeats", "1"]
-    try:
-        restart.main([*argv, "--case", "mwms-kill", "--json", str(out)])
-    except SystemExit as exc:
-        assert exc.code == 1
-    figures = json.loads(out.read_text())
-    assert list(figures["cases"]) == ["mwms-kill"]
-    case = figures["cases"]["mwms-kill"]
-    assert case["case"] == "mwms-kill" and case["save_every"] == 10
-    [run] = case["runs"]
-    assert run["cold_s"] > 0 and run["recovery_s"] > run["stop_s"] > 0
-    assert run["last_step"] >= 15 and 0 <= run["resumed_after"] <= run["last_step"]
-    assert set(case["median"]) >= {"cold_s", "recovery_s", "stop_s", "ratio", "redone"}
-    text = capsys.readouterr().out
-    assert "[mwms-kill]" in text and "recovery / cold start:" in text
-    assert "steps redone per failure, worst:" in text

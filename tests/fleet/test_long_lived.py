@@ -97,13 +97,14 @@ def test_the_tutorial_cells_rerun_three_times_in_one_process():
 )
 def test_dropping_a_session_in_any_state_never_crashes(drop):
     # TensorFlow's Session.__del__ deletes the native session right after close(); a close
-    # handed to another thread then used freed memory (9 of 10 runs crashed). Ten times each.
+    # handed to another thread then used freed memory (9 of 10 runs crashed). Five times each:
+    # a crash that frequent slips through five rounds once in 100 000.
     proc = run_script(
         f"""
         x = tf.constant(2)
         with tf.device('/job:local/task:0'): y2 = x - 66
         with tf.device('/job:local/task:1'): y = (x + 300) + y2
-        for attempt in range(10):
+        for attempt in range(5):
             fleet = graphdist.LocalFleet('local=2').start(); pids(fleet)
             sess = fleet.session('local', 0)
             assert sess.run(y) == 238
