@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypedDict
 
@@ -76,6 +77,20 @@ def write_json(path: str | None, data: Any) -> None:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2)
             f.write("\n")
+
+
+def report_targets(lines: Sequence[tuple[str, bool]]) -> list[str]:
+    """Print each ``(target text, met)`` as ``met`` or ``MISSED``; the texts of those missed."""
+    for text, met in lines:
+        print(("met     " if met else "MISSED  ") + text)
+    return [text for text, met in lines if not met]
+
+
+def finish(path: str | None, figures: Any, missed: Sequence[str]) -> None:
+    """Write ``figures`` to ``--json`` ``path`` (if any); exit 1 if a target was missed."""
+    write_json(path, figures)
+    if missed:
+        sys.exit(1)
 
 
 def spread(values: list[float]) -> float:

@@ -19,14 +19,25 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
 from typing import Any
 
 try:
-    from ._common import Latency, add_json_option, quiet_tensorflow, write_json
+    from ._common import (
+        Latency,
+        add_json_option,
+        finish,
+        quiet_tensorflow,
+        report_targets,
+    )
 except ImportError:  # run as a script, or imported with benchmarks/ on sys.path
-    from _common import Latency, add_json_option, quiet_tensorflow, write_json
+    from _common import (
+        Latency,
+        add_json_option,
+        finish,
+        quiet_tensorflow,
+        report_targets,
+    )
 
 quiet_tensorflow()
 
@@ -125,9 +136,7 @@ def check(figures: dict[str, Latency]) -> list[str]:
             choice >= MASTER_TARGET,
         )
     )
-    for text, met in lines:
-        print(("met     " if met else "MISSED  ") + text)
-    return [text for text, met in lines if not met]
+    return report_targets(lines)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Latency]:
@@ -145,9 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Latency]:
     for name, f in figures.items():
         print(f"{name:<42} {f['median_ms']:>8.3f} {f['p99_ms']:>8.3f} {f['mean_ms']:>8.3f}")
     missed = check(figures)
-    write_json(args.json, figures)
-    if missed:
-        sys.exit(1)
+    finish(args.json, figures, missed)
     return figures
 
 

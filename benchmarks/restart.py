@@ -54,9 +54,23 @@ import tempfile
 from typing import Any, TypedDict
 
 try:
-    from ._common import HERE, REPO, add_json_option, quiet_tensorflow, write_json
+    from ._common import (
+        HERE,
+        REPO,
+        add_json_option,
+        finish,
+        quiet_tensorflow,
+        report_targets,
+    )
 except ImportError:  # run as a script, or imported with benchmarks/ on sys.path
-    from _common import HERE, REPO, add_json_option, quiet_tensorflow, write_json
+    from _common import (
+        HERE,
+        REPO,
+        add_json_option,
+        finish,
+        quiet_tensorflow,
+        report_targets,
+    )
 
 sys.path.insert(0, REPO)
 quiet_tensorflow()
@@ -233,9 +247,7 @@ def check(figures: dict[str, Any]) -> list[str]:
             figures["worst_redone"] <= figures["save_every"],
         )
     )
-    for text, met in lines:
-        print(("met     " if met else "MISSED  ") + text)
-    return [text for text, met in lines if not met]
+    return report_targets(lines)
 
 
 _WHAT = {
@@ -290,9 +302,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results[case] = measure(case, args.steps, args.save_every, args.kill_at, args.repeats)
         missed += report(results[case], args.repeats)
     figures = {"cases": results}
-    write_json(args.json, figures)
-    if missed:
-        sys.exit(1)
+    finish(args.json, figures, missed)
     return figures
 
 
