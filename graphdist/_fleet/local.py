@@ -465,10 +465,12 @@ class LocalFleet(OwnedFleet[FleetTask]):
         except ExposedServerError as exc:
             # Sockets seen where they must not be, or unreadable for another reason than an
             # exit (the process still runs): the refusal stands.
-            if exc.sockets or not task._join(0.5):
+            if exc.sockets or not isinstance(task, FleetTask) or not task._join(0.5):
                 raise
             raise self._start_failure(task) from None
         except FleetStartError as exc:
+            if not isinstance(task, FleetTask):
+                raise
             refusal = exc
         deadline = time.monotonic() + min(LOST_PORT_WAIT_S, self.start_timeout_s)
         while True:
