@@ -79,6 +79,42 @@ def write_json(path: str | None, data: Any) -> None:
             f.write("\n")
 
 
+def section_markers(name: str) -> tuple[str, str]:
+    """The two comment lines that enclose the README section benchmark ``name`` writes."""
+    return f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+
+
+def add_readme_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--readme",
+        metavar="PATH",
+        help="also rewrite this README's section of this benchmark (between its "
+        "<!-- bench:NAME:start --> and <!-- bench:NAME:end --> lines) with this run's output",
+    )
+
+
+def update_readme_section(readme: str | None, name: str, markdown: str, command: str) -> None:
+    """Replace the section ``name`` of ``readme`` (see :func:`section_markers`) by ``markdown``
+    and a line naming the ``command`` that printed it and today's date; nothing when ``readme``
+    is None. Raises SystemExit naming the markers when the README has no such section: a figure
+    is never appended where nobody reads it."""
+    if not readme:
+        return
+    import datetime
+
+    start, end = section_markers(name)
+    with open(readme, encoding="utf-8") as f:
+        text = f.read()
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise SystemExit(f"{readme} has no single {start} ... {end} section to replace")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    stamp = f"<sub>Printed by `{command}` on {datetime.date.today().isoformat()}.</sub>"
+    body = f"{start}\n{markdown.rstrip()}\n\n{stamp}\n{end}"
+    with open(readme, "w", encoding="utf-8") as f:
+        f.write(head + body + tail)
+
+
 def report_targets(lines: Sequence[tuple[str, bool]]) -> list[str]:
     """Print each ``(target text, met)`` as ``met`` or ``MISSED``; the texts of those missed."""
     for text, met in lines:
