@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
+import tensorflow as tf
 
 import graphdist
 
-tf = pytest.importorskip("tensorflow")
 CLUSTER = {"worker": ["localhost:1", "localhost:2"]}
 
 

@@ -33,7 +33,6 @@ def test_environment_variable_is_read(monkeypatch):
 
 
 def test_cluster_resolver_matches_tensorflow():
-    pytest.importorskip("tensorflow")
     resolver = graphdist.cluster_resolver(graphdist.tf_config(CLUSTER, "worker:1"))
     assert (resolver.task_type, resolver.task_id) == ("worker", 1)
     assert resolver.cluster_spec().as_dict() == CLUSTER

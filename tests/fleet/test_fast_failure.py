@@ -12,13 +12,13 @@ import time
 import weakref
 
 import pytest
+import tensorflow as tf
 
 import graphdist
 from graphdist._graph import graphs
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
 from tests.conftest import DOCUMENTED_FLEET_OPERATION_TIMEOUT_MS, run_python
 
-tf = pytest.importorskip("tensorflow")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 FAST_S = 20.0  # generous: the figures are 0.1-1 s (dead) and 6-8 s (frozen) here
 

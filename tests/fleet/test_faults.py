@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+import tensorflow as tf
 
 import graphdist
 from graphdist._detached.state import SUPERVISOR_LOG
@@ -17,7 +18,6 @@ from graphdist._detached.supervisor import MONITOR_INTERVAL_S
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
 from tests.conftest import EVENTUALLY_S, read_json, run_python, wait_gone
 
-tf = pytest.importorskip("tensorflow")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 TIMEOUT_MS = 1500
 REPEATS = 5

@@ -69,7 +69,8 @@ def test_split_is_real_when_folding_is_off(graphdist_fleet):
 
 
 def test_session_config_carries_the_timeout(graphdist_fleet):
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     with graphdist_fleet.session("local", 0, graph=tf.Graph(), operation_timeout_ms=4321) as s:
         assert s._config.operation_timeout_in_ms == 4321
     with graphdist_fleet.session("local", 1, graph=tf.Graph()) as s:
@@ -145,7 +146,8 @@ def test_explicit_port_in_use_raises_before_any_server_starts():
 
 def test_failed_start_names_the_task_shows_its_log_and_cleans_up(tmp_path):
     # A server whose cluster names a device filter that cannot parse fails inside TensorFlow.
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     bad = tf.compat.v1.ConfigProto(device_filters=["/job:local/tsk:9"])
     fleet = graphdist.LocalFleet("local=2", server_config=bad, log_dir=tmp_path)
     with pytest.raises(graphdist.FleetStartError) as info:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import tensorflow as tf
 
 import graphdist
 from tests.conftest import DOCUMENTED_OPERATION_TIMEOUT_MS, DOCUMENTED_START_TIMEOUT_S
-
-tf = pytest.importorskip("tensorflow")
 
 
 def test_default_timeout_fills_an_unset_field_with_the_documented_bound():

@@ -7,11 +7,11 @@ import shutil
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import graphdist
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT
 
-tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.timeout(120)
 CLUSTER = graphdist.Cluster({"local": ["h:1", "h:2"]})
 FOUR = graphdist.Cluster({"worker": ["h:1", "h:2", "h:3", "h:4"], "ps": ["h:5"]})

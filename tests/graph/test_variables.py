@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import tensorflow as tf
 
 import graphdist
 
-tf = pytest.importorskip("tensorflow")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 

@@ -125,7 +125,6 @@ def test_kubernetes_manifest_parses_and_matches_its_cluster():
 
 
 def test_slurm_script_builds_the_right_cluster_from_slurm_variables(monkeypatch):
-    pytest.importorskip("tensorflow")
     with open(os.path.join(SERVERS, "slurm.sbatch")) as f:
         srun = next(line for line in f if line.startswith("srun "))
     argv = shlex.split(srun)
