@@ -121,13 +121,22 @@ def test_master_for_picks_the_owner_of_the_fetches():
     assert graphdist.master_for([], CLUSTER).index == 0
 
 
+def test_the_split_graph_result_is_the_seeds_238():
+    """The seeds printed 238 ((2 + 300) + (2 - 66)); every test compares with that literal, so
+    the constant and the graph are checked against the seeds, not against each other."""
+    assert SPLIT_GRAPH_RESULT == 238
+    graph, y = graphdist._graph.graphs.split_graph(None, None)
+    with graphdist.session(graph=graph) as sess:  # in this process: no server
+        assert sess.run(y) == 238
+
+
 @pytest.mark.integration
 def test_split_seed_graph_runs_238_on_the_chosen_master(graphdist_fleet):
     plan = graphdist.ByName({"y2": "local:0"}, default="local:1")
     placed = graphdist.split(seed_build, plan, graphdist_fleet.cluster)
     with graphdist_fleet.session_for(placed.outputs, graph=placed.graph) as sess:
         assert sess._target == graphdist_fleet.target("local", 1).encode()
-        assert sess.run(placed.outputs) == SPLIT_GRAPH_RESULT
+        assert sess.run(placed.outputs) == 238
 
 
 def traced_seed_placement(fleet):
