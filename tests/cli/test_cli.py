@@ -45,10 +45,10 @@ def test_parser_is_separate_from_running():
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [
-        (["up", "--cluster", "local=-1"], "-1"),
+        (["up", "--cluster", "local=-1"], "Job 'local' asks for -1 tasks"),
         (["up", "--cluster", "{bad"], "not valid JSON"),
         (["up", "--cluster", "/nope/cluster.json"], "/nope/cluster.json"),
-        (["up", "--cluster", '{"local": ["localhost:70000"]}'], "70000"),
+        (["up", "--cluster", '{"local": ["localhost:70000"]}'], "has port 70000, outside 1-65535"),
         (["up"], "--cluster"),
         (["frobnicate"], "frobnicate"),
         (["up", "--cluster", "local=1", "--start-timeout", "0"], "--start-timeout"),
@@ -65,7 +65,10 @@ def test_parser_is_separate_from_running():
         (["demo", "--picture", "/nonexistent/dir/x.svg"], "'/nonexistent/dir' does not exist"),
         (["demo", "--picture", "x.jpg"], "'x.jpg'"),
         (["demo", "--master", "7"], "--master 7"),
-        (["up", "--cluster", '{"local": ["localhost:1"], "local": ["localhost:2"]}'], "twice"),
+        (
+            ["up", "--cluster", '{"local": ["localhost:1"], "local": ["localhost:2"]}'],
+            "names key 'local' twice",
+        ),
         (["up", "--cluster", '{"local": {"0": "localhost:1", "00": "localhost:2"}}'], "'00'"),
         (["up", "--cluster", '{"local": ["[zz]:2020"]}'], "'[zz]'"),
         (["up", "--cluster", "local=1", "--start-timeout", "nan"], "not nan"),
