@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -54,10 +56,39 @@ def test_runtime_dir_prefers_the_users_own_xdg_runtime_dir(tmp_path, monkeypatch
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     assert runtime_dir() == str(tmp_path / "graphdist")
     assert mode(runtime_dir()) == 0o700
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "does-not-exist"))
-    assert runtime_dir().startswith(os.path.join(os.path.realpath("/tmp"), "graphdist-")) or (
-        "graphdist-" in runtime_dir()
-    )
+    assert os.lstat(runtime_dir()).st_uid == os.getuid()
+
+
+@pytest.mark.parametrize("xdg", ["missing", "unset", "a file"])
+def test_without_a_usable_xdg_runtime_dir_it_is_the_users_own_temp_folder(
+    xdg, tmp_path, monkeypatch
+):
+    """The fallback is exactly ``<temp>/graphdist-<uid>``: one per user, 0700, the user's own."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    if xdg == "unset":
+        monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    else:
+        (tmp_path / "a file").write_text("")
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / xdg))
+    path = runtime_dir()
+    assert path == str(temp / f"graphdist-{os.getuid()}")
+    assert mode(path) == 0o700 and os.lstat(path).st_uid == os.getuid()
+
+
+def test_a_fleets_own_temp_folder_carries_its_owners_pid(tmp_path, monkeypatch):
+    """``graphdist-fleet-<owner pid>-*``: what the next start's sweep reads to find the owner."""
+    from graphdist._proc.forkserver import owned_temp_dir
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    path = owned_temp_dir("fleet")
+    name = os.path.basename(path)
+    assert os.path.dirname(path) == str(tmp_path)
+    assert re.fullmatch(rf"graphdist-fleet-{os.getpid()}-[A-Za-z0-9_]+", name), name
+    assert mode(path) == 0o700 and os.lstat(path).st_uid == os.getuid()
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to plant a folder as another user")
