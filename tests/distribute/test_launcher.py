@@ -157,18 +157,31 @@ def test_timeout_stops_everything():
     assert all(r.exitcode is not None for r in info.value.results)
 
 
+# The chief finds the process listening on each ps/worker server's port while the run is on.
+SERVER_PIDS = (
+    "import os, json, psutil\n"
+    "cluster = json.loads(os.environ['TF_CONFIG'])['cluster']\n"
+    "ports = {int(a.rsplit(':', 1)[1]) for a in cluster['ps'] + cluster['worker']}\n"
+    "pids = {c.laddr.port: c.pid for c in psutil.net_connections('tcp')\n"
+    "        if c.status == psutil.CONN_LISTEN and c.laddr.port in ports}\n"
+    "print(json.dumps({'cluster': cluster, 'pids': sorted(pids.values())}))\n"
+)
+
+
 def test_ps_tasks_are_servers_that_stop_when_the_run_ends():
-    code = (
-        "import os, json; c = json.loads(os.environ['TF_CONFIG']); print(json.dumps(c['cluster']))"
-    )
     out = io.StringIO()
-    results = graphdist.run_command([PY, "-c", code], workers=2, ps=1, chief=True, output=out)
+    results = graphdist.run_command(
+        [PY, "-c", SERVER_PIDS], workers=2, ps=1, chief=True, output=out
+    )
     assert [r.name for r in results] == ["chief-0"]
-    cluster = json.loads(out.getvalue().split("] ", 1)[1])
-    assert sorted(cluster) == ["chief", "ps", "worker"]
-    for address in cluster["ps"] + cluster["worker"]:
+    seen = json.loads(out.getvalue().split("] ", 1)[1])
+    assert sorted(seen["cluster"]) == ["chief", "ps", "worker"]
+    pids = seen["pids"]
+    assert len(set(pids)) == 3 and os.getpid() not in pids  # one server process per task
+    assert wait_gone(pids, EVENTUALLY_S) == []  # the servers were stopped with the run
+    for address in seen["cluster"]["ps"] + seen["cluster"]["worker"]:
         with Prober(address) as prober:
-            assert not prober.probe(0.5)  # the servers were stopped with the run
+            assert not prober.probe(0.5)  # ... and nothing else answers at their addresses
 
 
 def test_ps_servers_answer_while_the_run_lasts():
