@@ -8,11 +8,14 @@ user's rights) and must fail, while the same client run as root succeeds; the se
 accept() loop itself, the IPv6 bind rewrite and the shim's removal from ``LD_PRELOAD`` are tested
 on the shim directly, with plain sockets.
 
-These tests need root (to run a process as another user) and ``setpriv``. ``nobody`` must also be
-able to run a Python that imports TensorFlow: ``sys.executable`` if every folder on its path is
-readable by others (see ``namei -l``), else another interpreter of the same Python version given
-this environment's ``site-packages`` (the packages' folders are usually readable when the
-interpreter's home is not). Otherwise they skip, saying why.
+These tests need root (to run a process as another user) and ``setpriv``. A checkout, an
+interpreter or a virtual environment under a folder others cannot enter (CI's clean clone in a
+``mktemp -d`` folder, pyenv under ``/root``) is no obstacle: the clients start as ``nobody``
+holding CAP_DAC_READ_SEARCH only (to read the interpreter and its packages) and drop every
+capability right after their imports, before they connect; each prints its credentials then,
+and the tests check it was uid ``nobody`` with no capability. The shim's refusal is by the
+socket owner's uid, which no capability changes. Without root or ``setpriv`` they skip, and as
+``promise`` tests that skip fails unless GRAPHDIST_ALLOW_PROMISE_SKIPS=1.
 """
 
 from __future__ import annotations
@@ -40,17 +43,42 @@ from graphdist._net.loopback import loopback_library
 from graphdist._net.ports import pick_free_ports, release_ports
 from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, is_gone, processes_marked, wait_gone
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.promise, pytest.mark.timeout(180)]
 
 NOBODY = 65534
+# nobody, allowed to read and traverse every folder until DROP_CAPABILITIES runs
 AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+AS_NOBODY += ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+# What a client prints once it holds nothing but nobody's own rights: its uids and capabilities
+AS_PLAIN_NOBODY = f"AS uid={NOBODY} euid={NOBODY} CapEff=0 CapPrm=0 CapAmb=0"
 CLIENT_TIMEOUT_S = 90.0  # a TensorFlow import alone takes ~10 s on a loaded 2-core machine
 OPERATION_TIMEOUT_MS = 5000
 SECRET = "graphdist-same-user-secret-" + uuid.uuid4().hex
 REFUSED = 3  # the client's exit status when the session failed with a TensorFlow error
 
+# Run by every client after its imports: drops all capabilities (capset(2) with empty sets also
+# empties the ambient set) and prints the credentials it is left with (AS_PLAIN_NOBODY).
+DROP_CAPABILITIES = textwrap.dedent(
+    """
+    import ctypes as _ct, os as _os
+    _header = (_ct.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    if _ct.CDLL(None, use_errno=True).capset(_header, (_ct.c_uint32 * 6)()) != 0:
+        raise OSError(_ct.get_errno(), "capset")
+    _status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines())
+    _caps = " ".join(f"{k}={int(_status[k], 16):x}" for k in ("CapEff", "CapPrm", "CapAmb"))
+    print(f"AS uid={_os.getuid()} euid={_os.geteuid()} {_caps}", flush=True)
+    """
+)
+
+
+def _client(imports: str, body: str) -> str:
+    """A client's code: its imports (run with the capability), then DROP_CAPABILITIES, then
+    what it does as a plain nobody."""
+    return textwrap.dedent(imports) + DROP_CAPABILITIES + textwrap.dedent(body)
+
+
 # Reads PATH through the server's op on DEVICE; prints the contents or the error's class.
-CLIENT = textwrap.dedent(
+CLIENT = _client(
     """
     import sys
     import tensorflow as tf
@@ -61,13 +89,16 @@ CLIENT = textwrap.dedent(
     with graph.as_default(), tf.device(device):
         data = tf.io.read_file(path)
     config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=int(timeout_ms))
+    Session, OpError = tf.compat.v1.Session, tf.errors.OpError  # loaded before the drop
+    """,
+    """
     try:
-        with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
+        with Session(target, graph=graph, config=config) as sess:
             print("READ", sess.run(data).decode(), flush=True)
-    except tf.errors.OpError as exc:
+    except OpError as exc:
         print("REFUSED", type(exc).__name__, exc.message[:500], flush=True)
         sys.exit(3)
-    """
+    """,
 )
 
 
@@ -141,8 +172,8 @@ def nobody_python() -> Python:
         if _as_nobody_works(python, env, "print('ok')"):
             return Python(python, env)
     pytest.skip(
-        f"user nobody cannot run any Python here ({sys.executable} sits under a folder others "
-        f"cannot read: see `namei -l {sys.executable}`)"
+        f"user nobody cannot run any Python here, even with CAP_DAC_READ_SEARCH (tried "
+        f"{sys.executable}: see `namei -l {sys.executable}`; does setpriv know --ambient-caps?)"
     )
 
 
@@ -160,9 +191,8 @@ def nobody_tf_python() -> Python:
             return Python(python, env)
     pytest.skip(
         f"user nobody cannot run a Python {sys.version_info.major}.{sys.version_info.minor} that "
-        f"imports tensorflow: {sys.executable} sits under a folder others cannot read (see "
-        f"`namei -l {sys.executable}`) and no other interpreter of that version can import this "
-        "environment's site-packages as nobody"
+        f"imports tensorflow, even with CAP_DAC_READ_SEARCH (tried {sys.executable}: see "
+        f"`namei -l {sys.executable}`; does setpriv know --ambient-caps?)"
     )
 
 
@@ -212,6 +242,7 @@ def _read_through(python: Python, target: str, device: str, path: str) -> dict[s
     assert procs["root"].returncode == 0, outputs["root"]
     assert f"READ {SECRET}" in outputs["root"]
     assert procs["nobody"].returncode == REFUSED, outputs["nobody"]
+    assert AS_PLAIN_NOBODY in outputs["nobody"]  # refused as a plain nobody, capabilities gone
     assert SECRET not in outputs["nobody"]
     # Refused at connection time: the channel never works (Unavailable), or the operation times
     # out waiting for one that does (DeadlineExceeded), never a server-side error.
@@ -251,6 +282,7 @@ def test_without_the_shim_nobody_reads_roots_file(nobody_tf_python, secret_file)
             timeout=CLIENT_TIMEOUT_S,
         )
         assert result.returncode == 0, result.stdout + result.stderr
+        assert AS_PLAIN_NOBODY in result.stdout
         assert f"READ {SECRET}" in result.stdout
         pids = fleet.pids
     assert wait_gone(pids, EVENTUALLY_S) == []
@@ -445,15 +477,17 @@ ACCEPTOR = textwrap.dedent(
     """
 )
 
-# A client: connects to HOST PORT from socket family FAMILY, sends NAME, then keeps the connection
-# ("open": until the server closes it), closes it ("fin") or resets it ("rst"). "lo" is "open"
-# from a socket bound to the loopback device, which the shim's sock_diag lookup does not find:
-# it then reads /proc/net/tcp*, so that path is checked too (where unprivileged users may bind a
-# device, Linux 5.7+; elsewhere the client says "connected-unbound" and is a plain "open").
-CONNECTOR = textwrap.dedent(
+# A client: drops its capabilities, connects to HOST PORT from socket family FAMILY, sends NAME,
+# then keeps the connection ("open": until the server closes it), closes it ("fin") or resets it
+# ("rst"). "lo" is "open" from a socket bound to the loopback device, which the shim's sock_diag
+# lookup does not find: it then reads /proc/net/tcp*, so that path is checked too (where
+# unprivileged users may bind a device, Linux 5.7+; elsewhere the client says
+# "connected-unbound" and is a plain "open").
+CONNECTOR = _client(
     """
     import socket, struct, sys
-
+    """,
+    """
     family, host, port, name, end = sys.argv[1:6]
     s = socket.socket(getattr(socket, family))
     bound = ""
@@ -474,7 +508,7 @@ CONNECTOR = textwrap.dedent(
         except OSError:
             pass
     s.close()
-    """
+    """,
 )
 
 
@@ -545,6 +579,9 @@ def test_accept_skips_other_users_connections(
                 )
                 clients.append(client)
                 assert client.stdout is not None
+                credentials = client.stdout.readline().strip()
+                if who == "nobody":
+                    assert credentials == AS_PLAIN_NOBODY, client.communicate(10)
                 said = client.stdout.readline().strip()
                 assert said.startswith("connected"), client.communicate(10)
             time.sleep(0.2)  # the closing clients' FIN/RST reach the server
