@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import socket
 import subprocess
 import sys
 import textwrap
+import uuid
 
 import psutil
 import pytest
@@ -16,53 +16,64 @@ import pytest
 import graphdist
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
 from graphdist._net.ports import pick_free_ports, release_ports
-from tests.conftest import EVENTUALLY_S, REPO, listening, run_python, wait_gone
+from tests.conftest import (
+    EVENTUALLY_S,
+    REPO,
+    listening,
+    processes_marked,
+    run_python,
+    wait_gone,
+)
+from tests.net.netns import OUTSIDE_IP, run_python_in_netns
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-def non_loopback_addresses() -> list[str]:
-    found = []
-    for addrs in psutil.net_if_addrs().values():
-        for a in addrs:
-            if a.family != socket.AF_INET:
-                continue
-            if not ipaddress.ip_address(a.address).is_loopback:
-                found.append(a.address)
-    return found
+# Run in a network namespace with OUTSIDE_IP: a loopback-only fleet and an exposed one; prints
+# as JSON who could connect where (each port from 127.0.0.1, localhost and every non-loopback
+# address of the namespace) and every pid it started. The exposure warning goes to stderr.
+FLEETS_IN_NETNS = textwrap.dedent(
+    """
+    import json, logging, os
+    import graphdist
+    from tests.net.netns import connects, non_loopback_addresses
+
+    logging.basicConfig(level=logging.WARNING)
+    outside = non_loopback_addresses()
+    facts = {"outside": outside, "pids": [os.getpid()], "loopback": [], "exposed": []}
+
+    def reach(fleet, key):
+        facts["pids"] += fleet.pids
+        for task in fleet.tasks:
+            port = task.task.port
+            hosts = ["127.0.0.1", "localhost", *outside]
+            facts[key].append({h: connects(h, port) for h in hosts})
+
+    with graphdist.LocalFleet("local=2") as fleet:
+        reach(fleet, "loopback")
+    with graphdist.LocalFleet("local=1", expose=True) as fleet:
+        reach(fleet, "exposed")
+    print(json.dumps(facts))
+    """
+)
 
 
-def connects(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(2.0)
-        try:
-            s.connect((host, port))
-        except OSError:
-            return False
-    return True
-
-
-@pytest.fixture(scope="module")
-def outside():
-    addresses = non_loopback_addresses()
-    if not addresses:
-        pytest.skip("this machine has no non-loopback IPv4 address to connect from")
-    return addresses
-
-
-def test_fleet_servers_refuse_the_machines_own_network_addresses(graphdist_fleet, outside):
-    for task in graphdist_fleet.tasks:
-        assert connects("127.0.0.1", task.task.port)
-        assert connects("localhost", task.task.port)
-        for address in outside:
-            assert not connects(address, task.task.port), (address, task)
-
-
-def test_expose_is_explicit_and_really_exposes(graphdist_fleet_factory, outside, caplog):
-    fleet = graphdist_fleet_factory("local=1", expose=True)
-    assert "no authentication" in caplog.text
-    port = fleet.tasks[0].task.port
-    assert all(connects(address, port) for address in outside)
+@pytest.mark.promise
+def test_servers_refuse_network_addresses_unless_exposed_which_really_exposes():
+    """In a namespace whose only network address is the test's own: a fleet's servers answer
+    on loopback and not on that address; ``expose=True`` (which warns) answers on it."""
+    mark = f"netns-fleets-{uuid.uuid4().hex}"
+    result = run_python_in_netns(FLEETS_IN_NETNS, env={"GRAPHDIST_TEST_MARK": mark}, timeout_s=150)
+    assert result.returncode == 0, result.stderr[-3000:]
+    facts = json.loads(result.stdout.splitlines()[-1])
+    assert facts["outside"] == [OUTSIDE_IP]
+    assert len(facts["loopback"]) == 2
+    for reached in facts["loopback"]:
+        assert reached == {"127.0.0.1": True, "localhost": True, OUTSIDE_IP: False}, facts
+    assert [r[OUTSIDE_IP] for r in facts["exposed"]] == [True], facts
+    assert "no authentication" in result.stderr
+    assert wait_gone(facts["pids"], EVENTUALLY_S) == []
+    assert wait_gone(processes_marked(mark), EVENTUALLY_S) == []
 
 
 def test_non_loopback_host_needs_expose():
@@ -70,18 +81,48 @@ def test_non_loopback_host_needs_expose():
         graphdist.LocalFleet({"local": [f"{socket.gethostname()}:23456"]}).start()
 
 
-def test_detached_cli_fleet_is_loopback_only(state_dir, outside):
-    env = {"GRAPHDIST_STATE_DIR": state_dir}
-    up = run_python(["-m", "graphdist", "up", "--cluster", "local=2", "--detach"], env=env)
-    assert up.returncode == 0, up.stderr
+# Run in a network namespace with OUTSIDE_IP: `graphdist up --detach`, then who can connect to
+# each task's port, then `graphdist down`; prints the facts as JSON.
+DETACHED_IN_NETNS = textwrap.dedent(
+    """
+    import json, subprocess, sys
+    from tests.net.netns import connects, non_loopback_addresses
+
+    def graphdist(*args):
+        return subprocess.run([sys.executable, "-m", "graphdist", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    outside = non_loopback_addresses()
+    facts = {"outside": outside, "reached": []}
+    up = graphdist("up", "--cluster", "local=2", "--detach")
+    facts["up"] = [up.returncode, up.stderr[-2000:]]
     try:
-        rows = json.loads(run_python(["-m", "graphdist", "status", "--json"], env=env).stdout)
-        for row in rows:
-            port = int(row["address"].rsplit(":", 1)[1])
-            assert connects("127.0.0.1", port)
-            assert not any(connects(address, port) for address in outside)
+        if up.returncode == 0:
+            rows = json.loads(graphdist("status", "--json").stdout)
+            for row in rows:
+                port = int(row["address"].rsplit(":", 1)[1])
+                facts["reached"].append({h: connects(h, port) for h in ["127.0.0.1", *outside]})
     finally:
-        assert run_python(["-m", "graphdist", "down"], env=env).returncode == 0
+        down = graphdist("down")
+        facts["down"] = [down.returncode, down.stderr[-2000:]]
+    print(json.dumps(facts))
+    """
+)
+
+
+@pytest.mark.promise
+def test_detached_cli_fleet_is_loopback_only(state_dir):
+    """`graphdist up --detach` in a namespace whose only network address is the test's own:
+    every task answers on loopback, none on that address."""
+    mark = f"netns-detached-{uuid.uuid4().hex}"
+    env = {"GRAPHDIST_STATE_DIR": state_dir, "GRAPHDIST_TEST_MARK": mark}
+    result = run_python_in_netns(DETACHED_IN_NETNS, env=env, timeout_s=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    facts = json.loads(result.stdout.splitlines()[-1])
+    assert facts["up"][0] == 0 and facts["down"][0] == 0, facts
+    assert facts["outside"] == [OUTSIDE_IP]
+    assert facts["reached"] == [{"127.0.0.1": True, OUTSIDE_IP: False}] * 2, facts
+    assert wait_gone(processes_marked(mark), EVENTUALLY_S) == []
 
 
 def test_no_mechanism_is_a_clear_error_not_a_silent_exposure(tmp_path):
