@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import ipaddress
-import socket
+import json
+import textwrap
+import uuid
 
 import psutil
 import pytest
@@ -15,13 +16,17 @@ import graphdist
 from graphdist._fleet.ray import plan_hosts
 from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
 from graphdist._net.exposure import is_loopback_ip
-from tests.conftest import EVENTUALLY_S, listening, wait_gone
+from tests.conftest import EVENTUALLY_S, listening, processes_marked, wait_gone
 from tests.fleet.conftest import processes_of as _processes_of
+from tests.net.netns import OUTSIDE_IP, connects, non_loopback_addresses, run_python_in_netns
 
+HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(
-    importlib.util.find_spec("ray") is None,
-    reason="Ray is not installed (pip install 'graphdist[ray]')",
+    not HAVE_RAY, reason="Ray is not installed (pip install 'graphdist[ray]')"
 )
+# The Ray backend's promises hold where Ray is installed: without it the backend does not exist
+# (an optional extra) and these tests skip; with it, one that cannot run fails (tests/conftest.py).
+ray_promise = pytest.mark.promise if HAVE_RAY else needs_ray
 DRIVER = ("driver-node", "10.0.0.1")
 
 
@@ -88,25 +93,6 @@ def test_no_bundles_no_hosts():
 # -- real Ray instances on this machine ---------------------------------------------------------
 
 
-def _outside_addresses() -> list[str]:
-    found = []
-    for addrs in psutil.net_if_addrs().values():
-        for a in addrs:
-            if a.family == socket.AF_INET and not ipaddress.ip_address(a.address).is_loopback:
-                found.append(a.address)
-    return found
-
-
-def _connects(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(2.0)
-        try:
-            s.connect((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def _listening(procs: dict[int, psutil.Process]) -> dict[int, tuple[str, list[tuple[str, int]]]]:
     """``pid`` → (name, listening TCP sockets) of each process that is still there."""
     out = {}
@@ -117,6 +103,7 @@ def _listening(procs: dict[int, psutil.Process]) -> dict[int, tuple[str, list[tu
 
 
 @needs_ray
+@ray_promise
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_the_ray_graphdist_starts_and_its_servers_listen_on_loopback_only(ray_env):
@@ -153,48 +140,76 @@ def test_the_ray_graphdist_starts_and_its_servers_listen_on_loopback_only(ray_en
         }
         assert exposed == {}
         assert all(is_loopback_ip(ip) for ip, _ in listening(driver.pid))
-        for address in _outside_addresses():
-            reachable = [p for _, p in ray_sockets if _connects(address, p)]
+        for address in non_loopback_addresses():
+            reachable = [p for _, p in ray_sockets if connects(address, p)]
             assert reachable == [], (address, reachable)
     assert fleet.state is graphdist.FleetState.CLOSED
     assert not ray.is_initialized()  # close() shut down the Ray it started
     assert wait_gone(procs, EVENTUALLY_S) == []
 
 
+# Run in a network namespace with OUTSIDE_IP: the user's own Ray on that node address, then a
+# loopback RayFleet and an exposed one on it; prints as JSON where each server listens and who
+# could connect to it.
+RAY_IN_NETNS = textwrap.dedent(
+    """
+    import json
+    import ray
+    from graphdist._fleet.ray import RayFleet
+    from graphdist._graph.graphs import SPLIT_GRAPH_RESULT, split_graph
+    from tests.conftest import listening
+    from tests.net.netns import connects, non_loopback_addresses
+
+    outside = non_loopback_addresses()
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    node_ip = ray.util.get_node_ip_address()
+    facts = {"outside": outside, "node_ip": node_ip, "loopback": []}
+
+    def where(task):
+        port = task.task.port
+        return {
+            "host": task.task.host,
+            "server": [ip for ip, p in listening(task.pid) if p == port],
+            "reached": {h: connects(h, port) for h in ["127.0.0.1", *outside]},
+        }
+
+    with RayFleet("local=2") as fleet:
+        graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
+        with fleet.session("local", 0, graph=graph) as sess:
+            facts["computed"] = bool(sess.run(y) == SPLIT_GRAPH_RESULT)
+        facts["loopback"] = [where(task) for task in fleet.tasks]
+        # Ray's own core worker in the actor's process still answers (it keeps the node address)
+        task = fleet.tasks[0]
+        facts["actor_answers"] = ray.get(task.actor.pid.remote(), timeout=30) == task.pid
+    with RayFleet("local=1", expose=True) as fleet:
+        facts["exposed"] = [where(task) for task in fleet.tasks]
+    facts["ray_kept"] = ray.is_initialized()  # not the fleets' to shut down
+    ray.shutdown()
+    print(json.dumps(facts))
+    """
+)
+
+
 @needs_ray
+@ray_promise
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_a_ray_node_on_a_network_address_still_gets_loopback_servers(ray_env):
-    import ray
-
-    from graphdist._fleet.ray import RayFleet
-
-    outside = _outside_addresses()
-    if not outside:
-        pytest.skip("this machine has no non-loopback IPv4 address for a Ray node")
-    ray.init(address="local", include_dashboard=False, log_to_driver=False)  # the user's own Ray
-    node_ip = ray.util.get_node_ip_address()
-    assert not is_loopback_ip(node_ip)
-
-    with RayFleet("local=2") as fleet:
-        assert {t.task.host for t in fleet.tasks} == {"127.0.0.1"}
-        graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
-        with fleet.session("local", 0, graph=graph) as sess:
-            assert sess.run(y) == SPLIT_GRAPH_RESULT
-        for task in fleet.tasks:
-            port = task.task.port
-            server = [ip for ip, p in listening(task.pid) if p == port]
-            assert server and all(is_loopback_ip(ip) for ip in server), server
-            assert _connects("127.0.0.1", port)
-            assert not any(_connects(address, port) for address in outside)
-        # Ray's own core worker in the actor's process still answers (it keeps the node address).
-        assert ray.get(fleet.tasks[0].actor.pid.remote(), timeout=30) == fleet.tasks[0].pid
-
-    with RayFleet("local=1", expose=True) as fleet:
-        (task,) = fleet.tasks
-        assert task.task.host == node_ip
-        server = [ip for ip, p in listening(task.pid) if p == task.task.port]
-        assert server == [f"::ffff:{node_ip}"] or server == [node_ip], server
-        assert _connects(node_ip, task.task.port)
-        assert not _connects("127.0.0.1", task.task.port)  # the node's address only
-    assert ray.is_initialized()  # not the fleet's to shut down
+    """On a Ray node whose address is the test's own (a network namespace), a fleet's servers
+    still listen on loopback only; an exposed one listens on the node's address only."""
+    mark = f"netns-ray-{uuid.uuid4().hex}"
+    result = run_python_in_netns(RAY_IN_NETNS, env={"GRAPHDIST_TEST_MARK": mark}, timeout_s=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    facts = json.loads(result.stdout.splitlines()[-1])
+    assert facts["outside"] == [OUTSIDE_IP] and facts["node_ip"] == OUTSIDE_IP, facts
+    assert facts["computed"] and facts["actor_answers"] and facts["ray_kept"], facts
+    assert len(facts["loopback"]) == 2
+    for where in facts["loopback"]:
+        assert where["host"] == "127.0.0.1", facts
+        assert where["server"] and all(is_loopback_ip(ip) for ip in where["server"]), facts
+        assert where["reached"] == {"127.0.0.1": True, OUTSIDE_IP: False}, facts
+    (exposed,) = facts["exposed"]
+    assert exposed["host"] == OUTSIDE_IP
+    assert exposed["server"] in ([f"::ffff:{OUTSIDE_IP}"], [OUTSIDE_IP]), facts
+    assert exposed["reached"] == {"127.0.0.1": False, OUTSIDE_IP: True}, facts  # node's only
+    assert wait_gone(processes_marked(mark), EVENTUALLY_S) == []
