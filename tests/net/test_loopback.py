@@ -1,4 +1,8 @@
-"""Servers accept connections from loopback only, unless exposure is asked for explicitly."""
+"""Servers accept connections from loopback only, unless exposure is asked for explicitly.
+
+What a connection from a network address finds is checked in a network namespace the test makes,
+whose one non-loopback address is the test's own (tests/net/netns.py): the same on every
+machine, with a network or none, and never the machine's real interfaces."""
 
 from __future__ import annotations
 
