@@ -56,7 +56,7 @@ def test_a_killed_worker_is_restarted_and_the_run_resumes_where_it_was(graphdist
     assert not [ln for ln in whole.lines if "graphdist: resumed from" in ln]
     a, b = weights(tmp_path / "whole", "worker-0"), weights(tmp_path / "whole", "worker-1")
     assert len(a) == 4 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
-    assert accuracy(first) > 0.85  # chance is 0.1; README says 0.90
+    assert accuracy(first) >= 0.90  # README: "The seed's CNN reaches 0.90" (measured 0.911)
     assert sorted(os.listdir(tmp_path / "whole")) == [
         "weights-worker-0.npz",
         "weights-worker-1.npz",
