@@ -1,13 +1,18 @@
 """Plumbing shared by the benchmark scripts: paths, quiet TensorFlow logs, the ``--json`` option,
 and the checks that tell a run's reader when its figures cannot be trusted.
 
-Every start-up figure is a ratio against the floor, a bare ``import tensorflow`` measured in the
-same run. Two things make such a run unreliable, and both are reported, never hidden:
+Every start-up figure is a ratio against a floor measured in the same run: a bare ``import
+tensorflow``, or for graphdist's LocalFleet, whose servers import TensorFlow without Keras and
+SciPy, the same lean import (:data:`FLOORS`). Two things make such a run unreliable, and both are
+reported, never hidden:
 
 * the floor varied too much between its repeats: its spread, ``(max - min) / median`` of the
   repeats' seconds, is over ``FLOOR_SPREAD_LIMIT``;
-* a start-up figure beat its own floor: every fleet start imports TensorFlow at least once, so
-  a figure under the floor means the machine's load changed during the run.
+* a start-up figure beat its own floor: every fleet start imports TensorFlow at least as its
+  floor does, so a figure under the floor means the machine's load changed during the run.
+
+Measurements of several methods are taken in interleaved rounds (:func:`interleaved`), so that
+the machine's load moves every method's figures alike and no method always runs first.
 
 This module imports nothing heavy: importing it (or any benchmark script) never imports
 TensorFlow.
@@ -20,8 +25,10 @@ import json
 import os
 import statistics
 import sys
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypedDict
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, TypedDict, TypeVar
+
+Key = TypeVar("Key", bound=Hashable)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -34,15 +41,37 @@ FLOOR_SPREAD_LIMIT = 0.25
 WARNING = "Warning: "
 
 
+class Floor(TypedDict):
+    """What a floor is, in a warning's words: its ``name`` and what a start does that it bounds."""
+
+    name: str
+    bounds: str
+
+
+FLOORS: dict[str, Floor] = {
+    "bare_import": {
+        "name": "bare `import tensorflow`",
+        "bounds": "imports TensorFlow whole",
+    },
+    "lean_import": {
+        "name": "lean `import tensorflow` (without Keras and SciPy, as a LocalFleet server)",
+        "bounds": "imports TensorFlow as a LocalFleet server does",
+    },
+}
+"""The start-up floors, by key: a bare import, and the import a LocalFleet's servers make
+(``graphdist._proc.lean``)."""
+
+
 class Figures(TypedDict, total=False):
     """One start-up figure (``startup.summarize``): the median ``seconds`` over its repeats,
     ``runs_s`` (every repeat, in the order measured) and, where measured, the median memory of
-    the server processes."""
+    every process the method ran (:func:`tree_memory`) and how many they were."""
 
     seconds: float
     runs_s: list[float]
     pss_mib: float
     rss_mib: float
+    processes: int
 
 
 class Latency(TypedDict):
@@ -115,6 +144,50 @@ def update_readme_section(readme: str | None, name: str, markdown: str, command:
         f.write(head + body + tail)
 
 
+def tree_memory(pid: int | None = None) -> dict[str, float]:
+    """PSS and RSS (MiB) of process ``pid`` (default: this one) and of every process under it,
+    and how many they are: a fleet's owner, its fork server and helpers, and its servers all
+    count, as every process a method uses does. A process that exits while being read is left
+    out. Imports psutil when called."""
+    import psutil
+
+    root = psutil.Process(pid)
+    pss = rss = 0.0
+    count = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            info = proc.memory_full_info()
+        except psutil.NoSuchProcess:
+            continue
+        pss, rss, count = pss + info.pss, rss + info.rss, count + 1
+    return {"pss_mib": pss / 2**20, "rss_mib": rss / 2**20, "processes": count}
+
+
+def interleaved(
+    plan: Sequence[Key], rounds: int, measure: Callable[[Key], Any]
+) -> dict[Key, list[Any]]:
+    """``measure(key)`` for every key of ``plan`` in each of ``rounds`` rounds, round ``r``
+    starting ``r`` places later in the plan (so no key always runs first); every key's results
+    in the order measured."""
+    out: dict[Key, list[Any]] = {key: [] for key in plan}
+    for r in range(rounds):
+        k = r % len(plan)
+        for key in [*plan[k:], *plan[:k]]:
+            out[key].append(measure(key))
+    return out
+
+
+def parse_targets(printed: str) -> list[tuple[str, bool]]:
+    """The ``(target text, met)`` pairs in what :func:`report_targets` printed: a benchmark's
+    own check can be reused (and shown again) without restating it."""
+    out = []
+    for line in printed.splitlines():
+        for prefix, met in (("met     ", True), ("MISSED  ", False)):
+            if line.startswith(prefix):
+                out.append((line[len(prefix) :], met))
+    return out
+
+
 def report_targets(lines: Sequence[tuple[str, bool]]) -> list[str]:
     """Print each ``(target text, met)`` as ``met`` or ``MISSED``; the texts of those missed."""
     for text, met in lines:
@@ -149,24 +222,27 @@ def floor_warnings(
     floor: Mapping[str, Any],
     figures: Iterable[tuple[str, float]],
     limit: float = FLOOR_SPREAD_LIMIT,
+    kind: str = "bare_import",
 ) -> list[str]:
-    """The warnings of a run whose floor is ``floor`` (``seconds``: the median, ``runs_s``: every
-    repeat) and whose start-up figures are ``figures`` (label, seconds); empty for a clean run."""
+    """The warnings of a run whose floor of ``kind`` (a key of :data:`FLOORS`) is ``floor``
+    (``seconds``: the median, ``runs_s``: every repeat) and whose start-up figures bounded by it
+    are ``figures`` (label, seconds); empty for a clean run."""
     out = []
+    what = FLOORS[kind]
     runs = list(floor.get("runs_s", []))
     if spread(runs) > limit:
         out.append(
-            f"{WARNING}noisy run: the floor (bare `import tensorflow`) varied {spread(runs):.0%} "
+            f"{WARNING}noisy run: the floor ({what['name']}) varied {spread(runs):.0%} "
             f"between its {len(runs)} repeats ({min(runs):.2f} s to {max(runs):.2f} s; limit "
             f"{limit:.0%} of their median); the ratios against it are unreliable."
         )
-    bare = floor["seconds"]
+    low = floor["seconds"]
     for label, seconds in figures:
-        if seconds < bare:
+        if seconds < low:
             out.append(
-                f"{WARNING}{label}: {seconds:.2f} s beat its own floor (bare `import tensorflow`, "
-                f"{bare:.2f} s), which no start that imports TensorFlow whole can do: the "
-                "machine's load changed during "
-                "the run; the ratios against the floor are unreliable."
+                f"{WARNING}{label}: {seconds:.2f} s beat its own floor ({what['name']}, "
+                f"{low:.2f} s), which no start that {what['bounds']} can do: the machine's load "
+                "changed during the run; the ratios against the floor are unreliable."
             )
     return out
+

@@ -1,6 +1,7 @@
 """The seed's way of starting a fleet: one ``spawn``ed ``multiprocessing.Process`` per server, each
-importing TensorFlow and building its server. Prints READY and the servers' memory (JSON) once
-every server answers over gRPC.
+importing TensorFlow and building its server. Prints READY once every server answers over gRPC,
+then (JSON, on the next line) the memory of every process it ran: itself, its spawned servers and
+multiprocessing's resource tracker (``_common.tree_memory``).
 
     python benchmarks/seed_style_fleet.py N
 """
@@ -36,16 +37,12 @@ def main(n):
                     if time.monotonic() > deadline or not all(p.is_alive() for p in procs):
                         sys.exit(f"seed-style fleet of {n} did not come up")
                     time.sleep(0.02)
+        print("READY", flush=True)  # the memory is read after it, never counted in the time
         import json
 
-        import psutil
+        from _common import tree_memory
 
-        infos = [psutil.Process(p.pid).memory_full_info() for p in procs]
-        memory = {
-            "pss_mib": sum(i.pss for i in infos) / 2**20,
-            "rss_mib": sum(i.rss for i in infos) / 2**20,
-        }
-        print("READY", json.dumps(memory), flush=True)
+        print(json.dumps(tree_memory()), flush=True)
     finally:
         for p in procs:
             p.kill()

@@ -1,42 +1,50 @@
 """The benchmark suite: every speed and memory figure, beside what a user would otherwise do, in
-one run on this machine.
+one run on this machine, and every target checked.
 
-    python benchmarks/suite.py [--full] [--out DIR] [--readme README.md]
+    python benchmarks/suite.py [--full | --smoke] [--out DIR] [--readme README.md]
     python -m benchmarks.suite [...]
 
 It reuses ``startup.py`` (fleet start-up and memory vs size: LocalFleet, the seed's spawned
-processes, ``tf.test.create_local_cluster``, floor: a bare TensorFlow import; and the side by side
-of a cold LocalFleet against a cold ``create_local_cluster`` at 8 and 16 servers and a warm
-LocalFleet, in interleaved rounds that each measure the floor too), ``master_choice.py``
-(step latency of the seeds' split graph, raw TF vs graphdist sessions, each master) and
-``transfer.py`` (task-to-task bandwidth vs an in-process copy), adds how step latency grows with
-the number of tasks, and fits a slope to every curve. It writes ``results.json`` (raw figures),
-``results.md`` (the tables) and PNG plots to ``--out``, and prints the tables.
+processes, ``tf.test.create_local_cluster``, against two floors: a bare TensorFlow import and the
+lean one a LocalFleet server makes; and the side by side of a cold LocalFleet against a cold
+``create_local_cluster`` at 8 and 16 servers and a warm LocalFleet beside TensorFlow's warm
+floor), ``master_choice.py`` (step latency of the seeds' split graph, raw TF vs graphdist
+sessions, each master) and ``transfer.py`` (task-to-task bandwidth vs an in-process copy), adds
+how step latency grows with the number of tasks, and fits a slope to every curve. It writes
+``results.json`` (raw figures), ``results.md`` (the tables) and PNG plots to ``--out``, prints
+the tables, then each target as ``met`` or ``MISSED`` (:func:`targets`: a warm start within 1.25x
+of TensorFlow's warm floor at 8 and 16 servers, master_choice's step-latency targets), and exits
+1 if one was missed.
 
 The record is never overwritten by accident. A plain run writes ``bench-results/`` at the
 repository root, which git ignores, and touches no README: a quick run on a busy laptop cannot
-replace the full-mode figures that are committed. Updating the record is explicit:
-``--readme README.md`` replaces that README's benchmark section (between ``<!-- bench:start -->``
-and ``<!-- bench:end -->``) and, unless ``--out`` says otherwise, writes the tracked
-``benchmarks/results/`` whose start-up plot the section shows, so the two always agree;
-``--out benchmarks/results`` alone updates the files without the README.
+replace the figures that are committed. Updating the record is explicit: ``--readme README.md``
+replaces that README's section ``suite`` (between ``<!-- bench:suite:start -->`` and ``<!--
+bench:suite:end -->``, ``_common.update_readme_section``, which names the command and the date)
+and, unless ``--out`` says otherwise, writes the tracked ``benchmarks/results/`` whose start-up
+plot the section shows, so the two always agree; ``--out benchmarks/results`` alone updates the
+files without the README.
 
-Every start-up figure is a ratio against the floor, a bare ``import tensorflow`` measured in the
-same run ``FLOOR_REPEATS`` (3) times in every mode: after a warm-up import, once before the
-start-up figures, at even points between them and once after, so its spread shows how the
-machine's load moved while they were measured. A run whose floor varied by more than
-``FLOOR_SPREAD_LIMIT`` (25 % of its median) between its repeats, or whose start-up figures beat
-their own floor, says so in a warning at the top of its output and of ``results.md`` (so of the
-README section too); the warnings are also listed in ``results.json``. See ``_common.py``.
+Every start-up figure is measured in interleaved rounds (each round runs every method at every
+size and both floors, in a rotated order: ``_common.interleaved``) and is a ratio against the
+floor of the import its processes make, measured in the same rounds. Memory counts every process
+a method runs, read after its READY. A run whose floor varied by more than
+``FLOOR_SPREAD_LIMIT`` (25 % of its median) between its rounds, whose start-up figures beat their
+own floor, or whose floors were measured fewer than ``FLOOR_REPEATS`` (3) times, says so in a
+warning at the top of its output and of ``results.md`` (so of the README section too); the
+warnings are also listed in ``results.json``. See ``_common.py``.
 
-The quick mode (default) takes about five minutes here, three of them for the side by side's three
-rounds; ``--full`` adds 16 servers, 256 MB tensors and repeats (five side-by-side rounds).
+The quick mode (default) runs three rounds of 1, 4 and 8 servers and three side-by-side rounds;
+``--full`` adds 2 and 16 servers, 256 MB tensors, more steps and five side-by-side rounds;
+``--smoke`` runs everything once at its smallest size, for the test suite.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import io
 import os
 import platform
 import sys
@@ -46,13 +54,16 @@ from typing import Any
 try:
     from . import master_choice, startup, transfer
     from ._common import (
-        FLOOR_REPEATS,
         FLOOR_SPREAD_LIMIT,
         HERE,
         REPO,
         WARNING,
-        floor_warnings,
+        finish,
+        parse_targets,
+        report_targets,
+        section_markers,
         slope,
+        update_readme_section,
         write_json,
     )
 except ImportError:  # run as a script, or imported with benchmarks/ on sys.path
@@ -61,23 +72,27 @@ except ImportError:  # run as a script, or imported with benchmarks/ on sys.path
     import startup
     import transfer
     from _common import (
-        FLOOR_REPEATS,
         FLOOR_SPREAD_LIMIT,
         HERE,
         REPO,
         WARNING,
-        floor_warnings,
+        finish,
+        parse_targets,
+        report_targets,
+        section_markers,
         slope,
+        update_readme_section,
         write_json,
     )
 
 MODES: dict[str, dict[str, Any]] = {
     "quick": {
-        "sizes": [1, 2, 4, 8],
-        "repeats": 1,
+        "sizes": [1, 4, 8],
+        "repeats": 3,
         "steps": 1000,
         "scale_tasks": [2, 4, 8],
         "transfer_mb": [1, 16, 64],
+        "transfer_repeats": 5,
         "side_by_side": {"sizes": [8, 16], "warm_sizes": [8, 16], "repeats": 3},
     },
     "full": {
@@ -86,7 +101,19 @@ MODES: dict[str, dict[str, Any]] = {
         "steps": 5000,
         "scale_tasks": [2, 4, 8, 16],
         "transfer_mb": [1, 4, 16, 64, 256],
+        "transfer_repeats": 5,
         "side_by_side": {"sizes": [8, 16], "warm_sizes": [8, 16], "repeats": 5},
+    },
+    # Every measuring function at its smallest size, for the test suite: its figures say nothing,
+    # the shape of its output is what is checked (tests/test_bench.py).
+    "smoke": {
+        "sizes": [1],
+        "repeats": 1,
+        "steps": 20,
+        "scale_tasks": [2],
+        "transfer_mb": [1],
+        "transfer_repeats": 1,
+        "side_by_side": {"sizes": [1], "warm_sizes": [1], "repeats": 1},
     },
 }
 LABELS = startup.LABELS
@@ -94,7 +121,8 @@ RECORD = os.path.join(HERE, "results")
 """The tracked record, written only on request (``--out`` or ``--readme``)."""
 SCRATCH = os.path.join(REPO, "bench-results")
 """Where a plain run writes; ignored by git."""
-START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+SECTION = "suite"
+"""The README section this suite rewrites (``_common.section_markers``)."""
 
 
 def scale_latency(task_counts: list[int], steps: int) -> list[dict[str, float]]:
@@ -137,43 +165,50 @@ def tensorflow_version() -> str:
     return str(tf.__version__)
 
 
-def floor_points(floor_repeats: int, rows: int) -> list[int]:
-    """Before which start-up row (``rows`` = after the last) each repeat of the floor is measured:
-    the first before every row, the last after every row, the others evenly between."""
-    if floor_repeats < 2:
-        return [0] * floor_repeats
-    return [round(i * rows / (floor_repeats - 1)) for i in range(floor_repeats)]
-
-
-def measure_startup(
-    sizes: list[int], repeats: int, floor_repeats: int
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The floor (a bare TensorFlow import, ``floor_repeats`` times spread over the
-    measurement) and one start-up row per size, each method ``repeats`` times."""
-    startup.once("bare_import", 0)  # warm-up: a cold disk cache would count as noise
-    points = floor_points(floor_repeats, len(sizes))
-    floor_runs = []
-    rows = []
-    for i, n in enumerate([*sizes, None]):
-        floor_runs += [startup.once("bare_import", 0) for p in points if p == i]
-        if n is not None:
-            rows.append({"servers": n, **{m: startup.measure(m, n, repeats) for m in LABELS}})
-    return startup.summarize(floor_runs), rows
+def measure_startup(sizes: list[int], repeats: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Both floors and one start-up row per size, every method and floor in each of ``repeats``
+    interleaved rounds (``startup.startup_rounds``), after a warm-up import that is not counted
+    (a cold disk cache would count as noise)."""
+    startup.once("bare_import", 0)
+    return startup.startup_rounds(startup.METHODS, sizes, repeats)
 
 
 def run_warnings(r: dict[str, Any]) -> list[str]:
-    """Why the run's figures cannot be trusted (``_common.floor_warnings``); empty if clean."""
-    out = floor_warnings(r["bare_import"], startup.startup_figures(r["startup"], LABELS))
+    """Why the run's figures cannot be trusted (``startup.startup_warnings``); empty if clean."""
+    floors = {k: r[k] for k in startup.FLOOR_KEYS}
+    out = startup.startup_warnings(floors, r["startup"], startup.METHODS)
     side = r.get("side_by_side")
     if side:
         out += [w.replace(WARNING, f"{WARNING}side by side: ", 1) for w in side["warnings"]]
     return out
 
 
+def step_targets(latency: dict[str, Any]) -> list[tuple[str, bool]]:
+    """``master_choice``'s own targets on the suite's step latencies: its check, run here with
+    its printing kept, read back (``_common.parse_targets``), so that the targets are stated
+    once, in master_choice.py."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        master_choice.check(latency)
+    return [
+        (f"{text} (benchmarks/master_choice.py)", met)
+        for text, met in parse_targets(printed.getvalue())
+    ]
+
+
+def targets(r: dict[str, Any]) -> list[tuple[str, bool]]:
+    """Every target the suite checks, (text, met): a warm start within
+    ``startup.WARM_TARGET`` of TensorFlow's warm floor at each warm size, and master_choice's
+    step-latency targets (graphdist's session within 1.05x of a raw one on each master, its
+    choice of master 1.8x faster than the seed's)."""
+    side = r.get("side_by_side")
+    return [*(side["targets"] if side else []), *step_targets(r["step_latency"])]
+
+
 def run(mode: str) -> dict[str, Any]:
     cfg = MODES[mode]
     t0 = time.monotonic()
-    floor, rows = measure_startup(cfg["sizes"], cfg["repeats"], max(FLOOR_REPEATS, cfg["repeats"]))
+    floors, rows = measure_startup(cfg["sizes"], cfg["repeats"])
     side = cfg["side_by_side"]
     side_by_side = startup.side_by_side(side["sizes"], side["warm_sizes"], side["repeats"])
     results: dict[str, Any] = {
@@ -183,12 +218,13 @@ def run(mode: str) -> dict[str, Any]:
         "tensorflow": tensorflow_version(),
         "python": platform.python_version(),
         "floor_spread_limit": FLOOR_SPREAD_LIMIT,
-        "bare_import": floor,
+        "repeats": cfg["repeats"],
+        **floors,
         "startup": rows,
         "side_by_side": side_by_side,
         "step_latency": master_choice.measure(cfg["steps"], rounds=5),
         "scale_latency": scale_latency(cfg["scale_tasks"], cfg["steps"] // 2),
-        "transfer": transfer.measure(cfg["transfer_mb"], repeats=5),
+        "transfer": transfer.measure(cfg["transfer_mb"], repeats=cfg["transfer_repeats"]),
     }
     sizes = [r["servers"] for r in rows]
     results["slopes"] = {
@@ -198,7 +234,7 @@ def run(mode: str) -> dict[str, Any]:
         },
         **{
             f"pss_mib_per_server[{m}]": slope(sizes, [r[m]["pss_mib"] for r in rows])
-            for m in ("local_fleet", "seed_style")
+            for m in startup.METHODS
         },
         "latency_ms_per_task": slope(
             [r["tasks"] for r in results["scale_latency"]],
@@ -207,51 +243,100 @@ def run(mode: str) -> dict[str, Any]:
     }
     results["elapsed_s"] = time.monotonic() - t0
     results["warnings"] = run_warnings(results)
+    results["targets"] = targets(results)
     return results
 
 
+def _cell(figures: dict[str, Any], floor: dict[str, Any]) -> str:
+    return f"{figures['seconds']:.2f} s ({figures['seconds'] / floor['seconds']:.2f}x)"
+
+
+def _floor_line(r: dict[str, Any], kind: str) -> str:
+    floor = r[kind]
+    runs = floor.get("runs_s", [])
+    return f"{startup.FLOOR_LABELS[kind]} = {floor['seconds']:.2f} s (median of {len(runs)})"
+
+
 def markdown(r: dict[str, Any]) -> str:
-    bare = r["bare_import"]["seconds"]
+    """The run as Markdown: warnings first, then each benchmark's figures under its name, and
+    every target as met or MISSED."""
     out = [f"> **Warning:** {w.removeprefix(WARNING)}\n" for w in run_warnings(r)]
-    runs = r["bare_import"].get("runs_s", [])
-    of = f", median of {len(runs)}" if len(runs) > 1 else ""
+    floor_of = {m: r[startup.FLOOR_OF[m]] for m in startup.METHODS}
     out += [
         f"Measured on {r['date']}, {r['machine']}, Python {r['python']}, TensorFlow "
         f"{r['tensorflow']} ({r['mode']} mode, {r['elapsed_s']:.0f} s). Written by "
         "`benchmarks/suite.py`.",
         "",
-        f"**Start-up** (launch to every server answering gRPC; floor: bare `import tensorflow` = "
-        f"{bare:.2f} s{of})",
+        "**Targets**",
         "",
-        "| servers | " + " | ".join(LABELS[m] for m in startup.METHODS) + " |",
+        *(f"- {'met' if met else '**MISSED**'}: {text}" for text, met in r.get("targets", [])),
+        "",
+        f"**Start-up** (`benchmarks/startup.py`: launch to every server answering gRPC, median of "
+        f"{r.get('repeats', 1)} interleaved rounds; floors: {_floor_line(r, 'bare_import')}, "
+        f"{_floor_line(r, 'lean_import')}; each method against the floor of the import its "
+        "servers make)",
+        "",
+        "| servers | "
+        + " | ".join(
+            f"{LABELS[m]} (x {'lean' if startup.FLOOR_OF[m] == 'lean_import' else 'bare'} floor)"
+            for m in startup.METHODS
+        )
+        + " |",
         "|---:|" + "---:|" * len(startup.METHODS),
     ]
     for row in r["startup"]:
-        cells = [f"{row[m]['seconds']:.2f} s ({row[m]['seconds'] / bare:.2f}x)" for m in LABELS]
+        cells = [_cell(row[m], floor_of[m]) for m in startup.METHODS]
         out.append(f"| {row['servers']} | " + " | ".join(cells) + " |")
     if r.get("side_by_side"):
         out += ["", *startup.side_by_side_lines(r["side_by_side"])]
+
+    def memory(f: dict[str, Any]) -> str:
+        return f"{f['pss_mib']:.0f} / {f['rss_mib']:.0f} ({f.get('processes', '?')})"
+
     out += [
         "",
-        "**Memory of the server processes** (MiB, PSS / RSS)",
+        "**Memory of every process each method runs** (`benchmarks/startup.py`, read after "
+        "READY; MiB, PSS / RSS (processes): a LocalFleet's owner, fork server, helper and "
+        "servers; the seed's parent, servers and resource tracker; create_local_cluster's one "
+        "process)",
         "",
         "| servers | " + " | ".join(LABELS[m] for m in startup.METHODS) + " |",
         "|---:|" + "---:|" * len(startup.METHODS),
     ]
     for row in r["startup"]:
-        cells = [f"{row[m]['pss_mib']:.0f} / {row[m]['rss_mib']:.0f}" for m in LABELS]
+        cells = [memory(row[m]) for m in startup.METHODS]
         out.append(f"| {row['servers']} | " + " | ".join(cells) + " |")
-    out += ["", "**Step latency**, the seeds' split graph (ms)", "", "| session | median | p99 |"]
-    out.append("|---|---:|---:|")
+    for kind in startup.FLOOR_KEYS:
+        if "pss_mib" in r[kind]:
+            out.append(f"| {startup.FLOOR_LABELS[kind]} | {memory(r[kind])} | | |")
+    out += [
+        "",
+        "**Step latency**, the seeds' split graph (`benchmarks/master_choice.py`, ms)",
+        "",
+        "| session | median | p99 |",
+        "|---|---:|---:|",
+    ]
     for name, f in r["step_latency"].items():
         out.append(f"| {name} | {f['median_ms']:.3f} | {f['p99_ms']:.3f} |")
-    out += ["", "**Transfer** between two tasks", "", "| MB | task → task | in-process copy |"]
-    out.append("|---:|---:|---:|")
+    out += [
+        "",
+        "**Transfer** between two tasks (`benchmarks/transfer.py`)",
+        "",
+        "| MB | task → task | in-process copy |",
+        "|---:|---:|---:|",
+    ]
     for t in r["transfer"]:
         out.append(
             f"| {t['mb']} | {t['gb_per_s']:.2f} GB/s | {t['in_process_gb_per_s']:.2f} GB/s |"
         )
-    out += ["", "**Scale** (least-squares slopes)", "", "| curve | slope |", "|---|---:|"]
+    out += [
+        "",
+        "**Scale** (`benchmarks/suite.py`: least-squares slopes of the curves above, and of the "
+        "step latency of a graph that gathers a value from every task, by number of tasks)",
+        "",
+        "| curve | slope |",
+        "|---|---:|",
+    ]
     for name, value in r["slopes"].items():
         unit = "ms/task" if "latency" in name else ("MiB/server" if "pss" in name else "s/server")
         out.append(f"| {name} | {value:.3f} {unit} |")
@@ -278,6 +363,8 @@ def plots(r: dict[str, Any], out_dir: str) -> list[str]:
     for m, label in LABELS.items():
         ax.plot(sizes, [row[m]["seconds"] for row in r["startup"]], marker="o", label=label)
     ax.axhline(r["bare_import"]["seconds"], color="grey", ls="--", label="bare import (floor)")
+    if "lean_import" in r:
+        ax.axhline(r["lean_import"]["seconds"], color="grey", ls=":", label="lean import (floor)")
     ax.set(xlabel="servers", ylabel="seconds to ready", title=f"Fleet start-up ({r['date']})")
     ax.legend(fontsize=8)
     save(fig, "startup.png")
@@ -285,7 +372,7 @@ def plots(r: dict[str, Any], out_dir: str) -> list[str]:
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for m, label in LABELS.items():
         ax.plot(sizes, [row[m]["pss_mib"] for row in r["startup"]], marker="o", label=f"{label}")
-    ax.set(xlabel="servers", ylabel="PSS of server processes (MiB)", title="Fleet memory")
+    ax.set(xlabel="servers", ylabel="PSS of every process (MiB)", title="Fleet memory")
     ax.legend(fontsize=8)
     save(fig, "memory.png")
 
@@ -307,26 +394,36 @@ def plots(r: dict[str, Any], out_dir: str) -> list[str]:
     return paths
 
 
-def update_readme(readme: str, block: str, plot: str) -> None:
-    with open(readme, encoding="utf-8") as f:
-        text = f.read()
-    if START not in text or END not in text:
-        raise SystemExit(f"{readme} has no {START} ... {END} section to replace")
-    rel = os.path.relpath(plot, os.path.dirname(os.path.abspath(readme)))
-    body = f"{START}\n{block}\n![fleet start-up]({rel})\n{END}"
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    with open(readme, "w", encoding="utf-8") as f:
-        f.write(head + body + tail)
+def command(args: argparse.Namespace) -> str:
+    """The command that printed a README section: named beside it (``update_readme_section``)."""
+    mode = " --full" if args.mode == "full" else " --smoke" if args.mode == "smoke" else ""
+    return f"python benchmarks/suite.py{mode} --readme {args.readme}"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    start, end = section_markers(SECTION)
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0].replace("\n", " "),
         epilog="Without --readme no README is read or written; --readme is the only way this "
         "suite rewrites a README's benchmark section.",
     )
-    parser.add_argument("--full", action="store_true", help="the full mode (about 10 minutes)")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument(
+        "--full",
+        dest="mode",
+        action="store_const",
+        const="full",
+        help="the full mode (about 15 minutes)",
+    )
+    modes.add_argument(
+        "--smoke",
+        dest="mode",
+        action="store_const",
+        const="smoke",
+        help="every measurement at its smallest size, to check that the suite runs (its "
+        "figures mean nothing)",
+    )
+    parser.set_defaults(mode="quick")
     parser.add_argument(
         "--out",
         metavar="DIR",
@@ -338,7 +435,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--readme",
         metavar="PATH",
         help="explicitly rewrite this README's benchmark section (between "
-        f"'{START}' and '{END}') with the results; nothing else touches a README",
+        f"'{start}' and '{end}') with the results; nothing else touches a README",
     )
     args = parser.parse_args(argv)
     if args.out is None:
@@ -347,8 +444,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the suite, print and write its figures (and the README section, with ``--readme``),
+    report its targets; return the results, with the texts of the targets missed under
+    ``missed`` (the script then exits 1)."""
     args = parse_args(argv)
-    results = run("full" if args.full else "quick")
+    results = run(args.mode)
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "results.json"), results)
     block = markdown(results)
@@ -358,13 +458,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(block)
     written = [os.path.join(args.out, "results.json"), os.path.join(args.out, "results.md")]
     if args.readme:
-        update_readme(args.readme, block, paths[0])
+        rel = os.path.relpath(paths[0], os.path.dirname(os.path.abspath(args.readme)))
+        section = f"{block}\n![fleet start-up]({rel})"
+        update_readme_section(args.readme, SECTION, section, command(args))
         written.append(f"{args.readme} (benchmark section)")
     print("wrote", ", ".join([*written, *paths]))
     for line in results["warnings"]:
         print(line, file=sys.stderr)
-    return results
+    return {**results, "missed": report_targets(results["targets"])}
 
 
 if __name__ == "__main__":
-    main()
+    finish(None, None, main()["missed"])

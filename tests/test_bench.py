@@ -1,8 +1,10 @@
-"""The benchmark suite's report: tables, plots, the warnings of an untrustworthy run and the
-README section it rewrites only on request.
+"""The benchmark suite's report: tables, plots, targets, the warnings of an untrustworthy run
+and the README section it rewrites only on request; and smoke runs of the real measuring code.
 
-The figures themselves are measured by ``make bench``; this checks how they are reported, on
-small made-up results (the measuring functions are replaced), without timing anything.
+The report tests use small made-up results (the measuring functions are replaced). The smoke
+tests run ``startup.py`` and ``suite.py`` for real at their smallest sizes (one server, one
+round) and check the shape of what they print and write, never their figures: those are
+``make bench``'s.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_python
+from tests.conftest import REPO, processes_marked, run_python, wait_gone
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 # A real import: a benchmark that no longer imports must fail here, not skip. Importing the
@@ -44,8 +47,11 @@ def fake_results():
         "machine": "2 CPU cores",
         "tensorflow": "2.21.0",
         "python": "3.11",
+        "repeats": 3,
         "bare_import": {"seconds": 2.5, "pss_mib": 300, "rss_mib": 500, "runs_s": [2.4, 2.5, 2.6]},
+        "lean_import": {"seconds": 2.0, "pss_mib": 250, "rss_mib": 400, "runs_s": [2.0, 2.0, 2.1]},
         "startup": rows,
+        "targets": [("a target met", True), ("a target missed", False)],
         "step_latency": {"raw TF, master 0": latency, "graphdist, master 1": latency},
         "scale_latency": [{"tasks": 2, **latency}, {"tasks": 4, **latency}],
         "transfer": [{"mb": 1, "gb_per_s": 0.7, "in_process_gb_per_s": 10.0}],
@@ -62,11 +68,27 @@ def test_slope_is_least_squares():
 def test_markdown_names_the_machine_date_and_ratios_against_the_floor():
     text = suite.markdown(fake_results())
     assert "Measured on 2026-11-29, 2 CPU cores" in text
-    assert "| 4 | 2.70 s (1.08x) | 10.00 s (4.00x) | 3.00 s (1.20x) |" in text
+    # LocalFleet against the lean floor (2.0 s), the others against the bare one (2.5 s)
+    assert "| 4 | 2.70 s (1.35x) | 10.00 s (4.00x) | 3.00 s (1.20x) |" in text
     assert "| latency_ms_per_task | 0.100 ms/task |" in text
 
 
-def test_plots_and_readme_section(tmp_path):
+def test_markdown_names_each_benchmark_beside_its_figures_and_every_target():
+    text = suite.markdown(fake_results())
+    for heading, benchmark in [
+        ("**Start-up**", "benchmarks/startup.py"),
+        ("**Memory of every process", "benchmarks/startup.py"),
+        ("**Step latency**", "benchmarks/master_choice.py"),
+        ("**Transfer**", "benchmarks/transfer.py"),
+        ("**Scale**", "benchmarks/suite.py"),
+    ]:
+        (line,) = [line for line in text.splitlines() if line.startswith(heading)]
+        assert f"(`{benchmark}`" in line, line
+    assert "- met: a target met\n- **MISSED**: a target missed\n" in text
+    assert "| lean `import tensorflow` (as a LocalFleet server) | 250 / 400 (?) | | |" in text
+
+
+def test_plots(tmp_path):
     pytest.importorskip("matplotlib", reason="the plots need matplotlib (the 'bench' extra)")
     paths = suite.plots(fake_results(), str(tmp_path))
     assert [os.path.basename(p) for p in paths] == [
@@ -76,12 +98,6 @@ def test_plots_and_readme_section(tmp_path):
         "bandwidth.png",
     ]
     assert all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{suite.START}\nold\n{suite.END}\noutro\n")
-    suite.update_readme(str(readme), "new table\n", paths[0])
-    text = readme.read_text()
-    assert text.startswith("intro\n") and text.endswith("outro\n")
-    assert "new table" in text and "old" not in text and "![fleet start-up](startup.png)" in text
 
 
 def noisy(results, runs_s):
@@ -109,7 +125,14 @@ def test_a_noisy_floor_is_a_warning_in_the_markdown():
 def test_a_spread_at_the_limit_is_not_noisy():
     limit = _common.FLOOR_SPREAD_LIMIT
     assert suite.run_warnings(noisy(fake_results(), [2.0, 2.0 + 2.0 * limit / 2, 2.0])) == []
-    assert suite.run_warnings(noisy(fake_results(), [2.0])) == []  # one repeat: no spread
+
+
+def test_a_floor_measured_fewer_than_three_times_is_a_warning():
+    (warning,) = suite.run_warnings(noisy(fake_results(), [2.0]))
+    assert warning == (
+        "Warning: the floors were measured 1 time, fewer than 3: how much the machine's load "
+        "moved during the run is unknown."
+    )
 
 
 def test_a_figure_under_its_floor_is_a_warning():
@@ -126,25 +149,40 @@ def test_a_figure_under_its_floor_is_a_warning():
     )
 
 
-def test_a_local_fleet_under_the_bare_import_is_no_warning():
-    # its servers import TensorFlow without Keras and SciPy: the bare import does not bound it
+def test_a_local_fleet_is_held_to_the_lean_floor_not_the_bare_one():
     results = fake_results()
-    results["startup"][2]["local_fleet"]["seconds"] = 2.1
+    results["startup"][2]["local_fleet"]["seconds"] = 2.1  # under the bare floor, over the lean
     assert suite.run_warnings(results) == []
+    results["startup"][2]["local_fleet"]["seconds"] = 1.9  # under the lean floor (2.0 s)
+    (warning,) = suite.run_warnings(results)
+    assert warning == (
+        "Warning: graphdist LocalFleet, 4 servers: 1.90 s beat its own floor (lean `import "
+        "tensorflow` (without Keras and SciPy, as a LocalFleet server), 2.00 s), which no start "
+        "that imports TensorFlow as a LocalFleet server does can do: the machine's load changed "
+        "during the run; the ratios against the floor are unreliable."
+    )
 
 
-def test_floor_points_spread_the_floor_over_the_startup_rows():
-    assert suite.floor_points(3, 4) == [0, 2, 4]
-    assert suite.floor_points(3, 5) == [0, 2, 5]
-    assert suite.floor_points(1, 4) == [0]
+def test_interleaved_rounds_rotate_the_plan():
+    log = []
+    out = _common.interleaved(["a", "b", "c"], 4, lambda key: log.append(key) or len(log))
+    assert log == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
+    assert out == {"a": [1, 6, 8, 10], "b": [2, 4, 9, 11], "c": [3, 5, 7, 12]}
+
+
+def test_parse_targets_reads_back_what_report_targets_printed(capsys):
+    lines = [("one within 1.05x", True), ("two within 1.25x", False)]
+    assert _common.report_targets(lines) == ["two within 1.25x"]
+    assert _common.parse_targets(capsys.readouterr().out) == lines
 
 
 def fake_side(key, servers, warm_sizes):
-    """A made-up measurement of the side-by-side: floor 2.5 s; cold LocalFleet ready at 2.6 s +
-    0.01 s/server and gone 0.1 s later; cold create_local_cluster 3.0 s + 0.02 s/server; a warm
-    start 0.1 s + 0.005 s/server, its close 0.05 s; TensorFlow's warm floor 0.01 s/server."""
-    if key == "floor":
-        return {"ready_s": 2.5}
+    """A made-up measurement of the side-by-side: floors 2.5 s (bare) and 2.0 s (lean); cold
+    LocalFleet ready at 2.6 s + 0.01 s/server and gone 0.1 s later; cold create_local_cluster
+    3.0 s + 0.02 s/server; a warm start 0.1 s + 0.005 s/server, its close 0.05 s; TensorFlow's
+    warm floor 0.01 s/server."""
+    if key in ("bare_import", "lean_import"):
+        return {"ready_s": 2.5 if key == "bare_import" else 2.0}
     if key == "warm_tf":
         return {f"start_s[{n}]": 0.01 * n for n in warm_sizes}
     if key == "warm":
@@ -157,22 +195,30 @@ def fake_side(key, servers, warm_sizes):
 
 
 def fake_measurements(monkeypatch, floor_s):
-    """Replace every measuring function of the suite: the floor's repeats take ``floor_s`` in
-    turn, every fleet start 3.0 s, the side-by-side ``fake_side``. Returns the log of start-ups
-    in the order measured."""
+    """Replace every measuring function of the suite: the bare floor's rounds take ``floor_s``
+    in turn (after a warm-up of 2.5 s), the lean floor 2.0 s, every fleet start 3.0 s, the
+    side-by-side ``fake_side``. Returns the log of start-ups in the order measured."""
     log = []
-    floors = iter([2.5, *floor_s])  # the first is the warm-up
+    floors = iter([2.5, *floor_s])
 
     def once(method, servers):
         log.append((method, servers))
-        seconds = next(floors) if method == "bare_import" else 3.0
-        return seconds, {"pss_mib": 100.0, "rss_mib": 200.0}
+        seconds = {"bare_import": None, "lean_import": 2.0}.get(method, 3.0) or next(floors)
+        return seconds, {"pss_mib": 100.0, "rss_mib": 200.0, "processes": servers + 1}
 
     monkeypatch.setattr(startup, "measure_side", fake_side)
 
     latency = {"median_ms": 1.0, "p99_ms": 2.0, "mean_ms": 1.1, "steps": 10}
+    sessions = [
+        "raw TF, master 0",
+        "graphdist, master 0",
+        "raw TF, master 1",
+        "graphdist, master 1",
+    ]
     monkeypatch.setattr(startup, "once", once)
-    monkeypatch.setattr(suite.master_choice, "measure", lambda steps, rounds: {"raw": latency})
+    monkeypatch.setattr(
+        suite.master_choice, "measure", lambda steps, rounds: {s: latency for s in sessions}
+    )
     monkeypatch.setattr(
         suite, "scale_latency", lambda ns, steps: [{"tasks": n, **latency} for n in ns]
     )
@@ -189,15 +235,54 @@ def fake_measurements(monkeypatch, floor_s):
     return log
 
 
-def test_the_floor_is_measured_three_times_around_the_startup_figures(monkeypatch):
+def test_the_startup_figures_are_interleaved_rounds_with_both_floors(monkeypatch):
     log = fake_measurements(monkeypatch, [2.0, 2.5, 3.1])
     results = suite.run("quick")
-    floor = [i for i, (method, _) in enumerate(log) if method == "bare_import"]
-    methods = len(suite.LABELS)
-    assert floor == [0, 1, 1 + 2 * methods + 1, len(log) - 1]  # warm-up, before, between, after
+    sizes = suite.MODES["quick"]["sizes"]
+    plan = [("bare_import", 0), ("lean_import", 0)]
+    plan += [(m, n) for n in sizes for m in startup.METHODS]
+    assert log[0] == ("bare_import", 0)  # the warm-up, not counted
+    rounds = [log[1 + i * len(plan) : 1 + (i + 1) * len(plan)] for i in range(3)]
+    assert len(log) == 1 + 3 * len(plan)
+    assert [r[0] for r in rounds] == plan[:3]  # each round starts one later in the plan
+    assert all(sorted(r) == sorted(plan) for r in rounds)
     assert results["bare_import"]["runs_s"] == [2.0, 2.5, 3.1]
     assert results["bare_import"]["seconds"] == 2.5
+    assert results["lean_import"]["seconds"] == 2.0
+    assert results["startup"][0]["local_fleet"]["processes"] == 2
     assert [w.split(":")[1] for w in results["warnings"]] == [" noisy run"]
+
+
+def test_the_suite_checks_every_target(monkeypatch):
+    fake_measurements(monkeypatch, [2.5, 2.5, 2.5])
+    results = suite.run("quick")
+    texts = [text for text, _ in results["targets"]]
+    # the side by side's warm start: 0.14 s vs 0.08 s at 8 servers, 0.18 s vs 0.16 s at 16
+    assert texts[0].startswith("warm LocalFleet start(), 8 servers: 1.75x TensorFlow's warm")
+    assert texts[1].startswith("warm LocalFleet start(), 16 servers: 1.12x TensorFlow's warm")
+    assert [met for _, met in results["targets"][:2]] == [False, True]
+    # master_choice's own targets, read back from its check: equal medians meet the 1.05x ones
+    assert texts[2:] == [
+        "graphdist / raw TF, master 0: 1.000x (target <= 1.05) (benchmarks/master_choice.py)",
+        "graphdist / raw TF, master 1: 1.000x (target <= 1.05) (benchmarks/master_choice.py)",
+        "seed's master / chosen master: 1.00x faster (target >= 1.8) (benchmarks/master_choice.py)",
+    ]
+    assert [met for _, met in results["targets"][2:]] == [True, True, False]
+
+
+def test_a_missed_target_is_printed_and_the_script_exits_1(monkeypatch, tmp_path, capsys):
+    fake_measurements(monkeypatch, [2.5, 2.5, 2.5])
+    results = suite.main(["--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "MISSED  warm LocalFleet start(), 8 servers: 1.75x" in out
+    assert "met     warm LocalFleet start(), 16 servers: 1.12x" in out
+    assert len(results["missed"]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        _common.finish(None, None, results["missed"])
+    assert exit_.value.code == 1
+
+
+START, END = _common.section_markers("suite")
 
 
 def test_without_readme_the_suite_writes_the_scratch_folder_and_no_readme(
@@ -208,16 +293,16 @@ def test_without_readme_the_suite_writes_the_scratch_folder_and_no_readme(
     monkeypatch.setattr(suite, "RECORD", str(tmp_path / "record"))
     monkeypatch.chdir(tmp_path)
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{suite.START}\nold\n{suite.END}\n")
+    readme.write_text(f"intro\n{START}\nold\n{END}\n")
 
-    def update_readme(*args):
+    def update_readme_section(*args):
         raise AssertionError("README rewritten without --readme")
 
-    monkeypatch.setattr(suite, "update_readme", update_readme)
+    monkeypatch.setattr(suite, "update_readme_section", update_readme_section)
     args = suite.parse_args([])
-    assert args.readme is None and args.out == suite.SCRATCH
+    assert args.readme is None and args.out == suite.SCRATCH and args.mode == "quick"
     suite.main([])
-    assert readme.read_text() == f"intro\n{suite.START}\nold\n{suite.END}\n"
+    assert readme.read_text() == f"intro\n{START}\nold\n{END}\n"
     assert not (tmp_path / "record").exists()
     written = json.loads((tmp_path / "scratch" / "results.json").read_text())
     assert written["bare_import"]["runs_s"] == [2.5, 2.5, 2.5] and written["warnings"] == []
@@ -232,13 +317,15 @@ def test_readme_is_rewritten_only_with_the_flag_and_shows_the_warnings(
     monkeypatch.setattr(suite, "SCRATCH", str(tmp_path / "scratch"))
     monkeypatch.setattr(suite, "RECORD", str(tmp_path / "record"))
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{suite.START}\nthe previous section\n{suite.END}\n")
+    readme.write_text(f"intro\n{START}\nthe previous section\n{END}\noutro\n")
     assert suite.parse_args(["--readme", str(readme)]).out == suite.RECORD
     assert suite.parse_args(["--readme", str(readme), "--out", "x"]).out == "x"
     suite.main(["--readme", str(readme)])
     text = readme.read_text()
+    assert text.startswith(f"intro\n{START}\n") and text.endswith(f"{END}\noutro\n")
     assert "the previous section" not in text and "> **Warning:** noisy run: the floor" in text
     assert "![fleet start-up](record/startup.png)" in text
+    assert f"Printed by `python benchmarks/suite.py --readme {readme}` on " in text
     assert not (tmp_path / "scratch").exists()
     record = tmp_path / "record"
     assert "> **Warning:** noisy run" in (record / "results.md").read_text()
@@ -264,7 +351,7 @@ def test_importing_every_benchmark_does_not_import_tensorflow():
     assert proc.returncode == 0, proc.stderr
 
 
-def test_side_by_side_interleaves_its_rounds_with_the_floor(monkeypatch):
+def test_side_by_side_interleaves_its_rounds_with_both_floors(monkeypatch):
     log = []
 
     def measure_side(key, servers, warm_sizes):
@@ -273,19 +360,24 @@ def test_side_by_side_interleaves_its_rounds_with_the_floor(monkeypatch):
 
     monkeypatch.setattr(startup, "measure_side", measure_side)
     result = startup.side_by_side([8, 16], [8, 16], repeats=3)
-    plan = [("floor", 0), ("local_fleet", 8), ("create_local_cluster", 8)]
-    plan += [("local_fleet", 16), ("create_local_cluster", 16), ("warm", 0), ("warm_tf", 0)]
+    plan = [("bare_import", 0), ("lean_import", 0), ("local_fleet", 8)]
+    plan += [("create_local_cluster", 8), ("local_fleet", 16), ("create_local_cluster", 16)]
+    plan += [("warm", 0), ("warm_tf", 0)]
     rounds = [log[i : i + len(plan)] for i in range(0, len(log), len(plan))]
     assert len(rounds) == 3 and all(sorted(r) == sorted(plan) for r in rounds)
     assert [r[0] for r in rounds] == plan[:3]  # each round starts one later in the plan
     assert result["floor"]["runs_s"] == [2.5, 2.5, 2.5]
+    assert result["lean_floor"]["runs_s"] == [2.0, 2.0, 2.0]
     (cold8, cold16) = result["cold"]
     assert cold8["local_fleet"]["seconds"] == pytest.approx(2.78)
-    assert cold8["local_fleet"]["ratio"] == pytest.approx(2.78 / 2.5)
+    assert cold8["local_fleet"]["ratio"] == pytest.approx(2.78 / 2.0)  # the lean floor
     assert cold8["local_fleet_ready"]["seconds"] == pytest.approx(2.68)
     assert cold16["create_local_cluster"]["seconds"] == pytest.approx(3.42)
+    assert cold16["create_local_cluster"]["ratio"] == pytest.approx(3.42 / 2.5)  # the bare one
     assert [w["start"]["seconds"] for w in result["warm"]] == pytest.approx([0.14, 0.18])
     assert [w["tf_in_process"]["seconds"] for w in result["warm"]] == pytest.approx([0.08, 0.16])
+    assert [w["start"]["ratio"] for w in result["warm"]] == pytest.approx([1.75, 1.125])
+    assert [met for _, met in result["targets"]] == [False, True]  # 1.75x and 1.12x vs 1.25x
     assert result["slopes"] == pytest.approx(
         {
             "cold_s_per_server[local_fleet]": 0.01,
@@ -302,31 +394,153 @@ def test_side_by_side_is_one_table_in_the_markdown(monkeypatch):
     results = fake_results()
     results["side_by_side"] = startup.side_by_side([8, 16], [8, 16], repeats=3)
     text = suite.markdown(results)
-    assert "**Start-up side by side** (3 interleaved rounds, medians; floor: bare" in text
     assert (
-        "| cold LocalFleet (launch, start, close, exit) | 2.78 s (1.11x) | 2.86 s (1.14x) | 0.010 |"
-        in text
+        "**Start-up side by side** (`benchmarks/startup.py --side-by-side`, 3 interleaved" in text
+    )
+    assert (
+        "| cold LocalFleet (launch, start, close, exit), x the lean floor | 2.78 s (1.39x) | "
+        "2.86 s (1.43x) | 0.010 |" in text
     )
     assert "| cold LocalFleet / create_local_cluster | 0.85x | 0.84x | |" in text
-    assert "| warm LocalFleet `start()` (fork server up) | 0.14 s (0.06x) | 0.18 s (0.07x)" in text
-    assert "in one process that imported it | 0.08 s (0.03x) | 0.16 s (0.06x) | |" in text
+    assert (
+        "| warm LocalFleet `start()` (fork server up), x TensorFlow's warm floor | 0.14 s (1.75x) "
+        "| 0.18 s (1.12x) | 0.005 |" in text
+    )
+    assert "already (serving on return, no probe) | 0.08 s | 0.16 s | |" in text
     assert suite.run_warnings(results) == []
+
+
+def test_a_cold_local_fleet_under_the_lean_floor_is_a_side_by_side_warning(monkeypatch):
+    def measure_side(key, servers, warm_sizes):
+        if key == "lean_import":
+            return {"ready_s": 2.9}  # over the cold LocalFleet's 2.78 s at 8 servers
+        return fake_side(key, servers, warm_sizes)
+
+    monkeypatch.setattr(startup, "measure_side", measure_side)
+    results = fake_results()
+    results["side_by_side"] = startup.side_by_side([8], [8], repeats=3)
+    (warning,) = suite.run_warnings(results)
+    assert warning.startswith(
+        "Warning: side by side: cold LocalFleet (launch, start, close, exit), 8 servers: 2.78 s "
+        "beat its own floor (lean `import tensorflow`"
+    )
 
 
 def test_side_by_side_warnings_join_the_run_warnings(monkeypatch):
     floors = iter([2.0, 2.5, 3.1])
 
     def measure_side(key, servers, warm_sizes):
-        return {"ready_s": next(floors)} if key == "floor" else fake_side(key, servers, warm_sizes)
+        if key == "bare_import":
+            return {"ready_s": next(floors)}
+        return fake_side(key, servers, warm_sizes)
 
     monkeypatch.setattr(startup, "measure_side", measure_side)
     results = fake_results()
     results["side_by_side"] = startup.side_by_side([8, 16], [16], repeats=3)
     (warning,) = suite.run_warnings(results)
-    assert warning.startswith("Warning: side by side: noisy run: the floor")
+    assert warning.startswith("Warning: side by side: noisy run: the floor (bare")
 
 
 def test_benchmarks_run_as_modules_of_the_package():
     proc = run_python(["-m", "benchmarks.startup", "--help"])
     assert proc.returncode == 0, proc.stderr
     assert "--side-by-side" in proc.stdout
+
+
+# -- smoke runs: the real measuring code at its smallest size; shapes, never figures -------------
+
+
+def run_marked(args, timeout_s):
+    """Run ``python ARGS`` with a mark in its environment; after it exits, check that nothing it
+    started (a fork server, a spawned server, however deep) is left. The finished process."""
+    mark = f"bench-smoke-{uuid.uuid4().hex}"
+    proc = run_python(args, timeout=timeout_s, env={"GRAPHDIST_TEST_MARK": mark})
+    assert wait_gone(processes_marked(mark), 30) == [], "a benchmark left processes behind"
+    return proc
+
+
+def assert_timing(figures, runs):
+    """A start-up figure: positive seconds, one per round."""
+    assert figures["seconds"] > 0 and len(figures["runs_s"]) == runs
+    assert all(isinstance(t, float) and t > 0 for t in figures["runs_s"])
+
+
+def assert_memory(figures, processes):
+    """Memory of every process a method ran, read after its READY: positive, and counted over
+    at least ``processes`` processes."""
+    assert figures["pss_mib"] > 0 and figures["rss_mib"] >= figures["pss_mib"] * 0.5
+    assert figures["processes"] >= processes
+
+
+@pytest.mark.timeout(240)
+def test_startup_smoke_run_at_one_server(tmp_path):
+    pytest.importorskip("portpicker", reason="create_local_cluster needs portpicker (bench extra)")
+    out = tmp_path / "startup.json"
+    methods = ["local_fleet", "seed_style", "create_local_cluster"]
+    args = ["benchmarks/startup.py", "--sizes", "1", "--repeats", "1", "--methods", *methods]
+    proc = run_marked([*args, "--json", str(out)], timeout_s=220)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    for kind in ("bare_import", "lean_import"):
+        assert_timing(result[kind], 1)
+        assert_memory(result[kind], 1)
+        assert result[kind]["processes"] == 1
+    (row,) = result["rows"]
+    assert row["servers"] == 1 and set(row) == {"servers", *methods}
+    for method in methods:
+        assert_timing(row[method], 1)
+    assert_memory(row["local_fleet"], 3)  # the owner, its fork server and the server
+    assert_memory(row["seed_style"], 2)  # the parent and its spawned server
+    assert_memory(row["create_local_cluster"], 1)
+    assert "the floors were measured 1 time, fewer than 3" in result["warnings"][-1]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("bare `import tensorflow`: ") and "(median of 1;" in lines[0]
+    assert lines[1].startswith("lean `import tensorflow` (as a LocalFleet server): ")
+    assert "memory of every process each method ran" in proc.stdout
+
+
+@pytest.mark.timeout(360)
+def test_suite_smoke_run(tmp_path):
+    pytest.importorskip("portpicker", reason="create_local_cluster needs portpicker (bench extra)")
+    pytest.importorskip("matplotlib", reason="the plots need matplotlib (the 'bench' extra)")
+    proc = run_marked(["benchmarks/suite.py", "--smoke", "--out", str(tmp_path)], timeout_s=340)
+    r = json.loads((tmp_path / "results.json").read_text())
+    # a missed target exits 1 and says MISSED: figures of a smoke run may miss, nothing else may
+    missed = [text for text, met in r["targets"] if not met]
+    assert proc.returncode == (1 if missed else 0), proc.stderr
+    assert all(f"MISSED  {text}" in proc.stdout for text in missed)
+    assert r["mode"] == "smoke" and r["elapsed_s"] > 0
+    for kind in ("bare_import", "lean_import"):
+        assert_timing(r[kind], 1)
+    (row,) = r["startup"]
+    for method in startup.METHODS:
+        assert_timing(row[method], 1)
+    assert_memory(row["local_fleet"], 3)
+    side = r["side_by_side"]
+    for key in ("floor", "lean_floor"):
+        assert_timing(side[key], 1)
+    (cold,) = side["cold"]
+    for key in ("local_fleet", "local_fleet_ready", "create_local_cluster"):
+        assert_timing(cold[key], 1)
+        assert cold[key]["ratio"] > 0
+    (warm,) = side["warm"]
+    for key in ("start", "close", "tf_in_process"):
+        assert_timing(warm[key], 1)
+    # the warm target, then master_choice's three, each a text and whether it was met
+    assert len(r["targets"]) == 4 and all(isinstance(met, bool) for _, met in r["targets"])
+    assert r["targets"][0][0].startswith("warm LocalFleet start(), 1 servers: ")
+    assert set(r["step_latency"]) == {
+        "raw TF, master 0",
+        "graphdist, master 0 (the seed's)",
+        "raw TF, master 1",
+        "graphdist, master 1 (graphdist's choice)",
+    }
+    assert all(f["median_ms"] > 0 and f["steps"] > 0 for f in r["step_latency"].values())
+    (scale,) = r["scale_latency"]
+    assert scale["tasks"] == 2 and scale["median_ms"] > 0
+    (moved,) = r["transfer"]
+    assert moved["mb"] == 1 and moved["gb_per_s"] > 0
+    md = (tmp_path / "results.md").read_text()
+    assert "**Targets**" in md and "(`benchmarks/startup.py --side-by-side`, 1 interleaved" in md
+    for name in ("startup.png", "memory.png", "latency.png", "bandwidth.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
