@@ -246,3 +246,53 @@ def floor_warnings(
             )
     return out
 
+
+def report_targets_kept(lines: Sequence[tuple[str, bool]]) -> tuple[list[str], list[str]]:
+    """:func:`report_targets`, also returning the lines it printed (for a README section that
+    shows them as printed) before the texts of the targets missed."""
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        missed = report_targets(lines)
+    sys.stdout.write(printed.getvalue())
+    return printed.getvalue().splitlines(), missed
+
+
+def update_readme_inline(readme: str | None, name: str, text: str, command: str) -> None:
+    """Replace what lies between the markers of ``name`` (:func:`section_markers`) inside one
+    line of ``readme`` (a figure in a sentence) by ``text`` and, after it, the ``command`` that
+    printed it and today's date in parentheses; nothing when ``readme`` is None. Raises
+    SystemExit naming the markers when they are not there once each, on one line."""
+    if not readme:
+        return
+    import datetime
+    import re
+
+    start, end = section_markers(name)
+    with open(readme, encoding="utf-8") as f:
+        old = f.read()
+    found = re.compile(re.escape(start) + "[^\n]*?" + re.escape(end))
+    if len(found.findall(old)) != 1 or old.count(start) != 1:
+        raise SystemExit(f"{readme} has no single line with {start} ... {end} to replace")
+    stamp = f"(`{command}`, {datetime.date.today().isoformat()})"
+    new = found.sub(lambda _: f"{start}{text} {stamp}{end}", old)
+    with open(readme, "w", encoding="utf-8") as f:
+        f.write(new)
+
+
+def add_report_options(parser: argparse.ArgumentParser) -> None:
+    """``--no-check`` (targets printed, but no exit 1 for a miss: a smoke run's option),
+    ``--json`` and ``--readme``: the options of a benchmark that checks targets."""
+    parser.add_argument(
+        "--no-check", action="store_true", help="print the targets but exit 0 when one is missed"
+    )
+    add_json_option(parser)
+    add_readme_option(parser)
+
+
+def command_line(script: str, argv: Sequence[str] | None) -> str:
+    """How ``benchmarks/SCRIPT`` was run with ``argv`` (None: this process's arguments), as a
+    README stamp names it."""
+    return " ".join([f"python benchmarks/{script}", *(sys.argv[1:] if argv is None else argv)])

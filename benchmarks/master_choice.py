@@ -9,9 +9,12 @@ interleaved rounds so that machine noise hits every kind alike (each round runs 
 every kind in turn, in a new order each round); figures are the median, p99 and mean over all
 steps. The targets are checked: graphdist's session costs at most 1.05x a raw session's median
 step on either master, and graphdist's choice of master is at least 1.8x faster than the seed's.
-A missed target prints MISSED and the script exits 1.
+A missed target prints MISSED and the script exits 1 (``--no-check``: exit 0 all the same).
+With ``--readme``, the table and the target lines become README's section ``master_choice`` (or
+``master_choice_ray``), and the two masters' medians its line ``master_choice_line``.
 
-    python benchmarks/master_choice.py [--steps 2000] [--rounds 200] [--backend local|ray]
+    python benchmarks/master_choice.py [--steps 2000] [--rounds 200] [--warmup 200]
+        [--backend local|ray] [--json FILE] [--readme README.md] [--no-check]
 """
 
 from __future__ import annotations
@@ -25,18 +28,24 @@ from typing import Any
 try:
     from ._common import (
         Latency,
-        add_json_option,
+        add_report_options,
+        command_line,
         finish,
         quiet_tensorflow,
-        report_targets,
+        report_targets_kept,
+        update_readme_inline,
+        update_readme_section,
     )
 except ImportError:  # run as a script, or imported with benchmarks/ on sys.path
     from _common import (
         Latency,
-        add_json_option,
+        add_report_options,
+        command_line,
         finish,
         quiet_tensorflow,
-        report_targets,
+        report_targets_kept,
+        update_readme_inline,
+        update_readme_section,
     )
 
 quiet_tensorflow()
@@ -77,9 +86,11 @@ def two_task_fleet(backend: str) -> Any:
     raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
 
 
-def measure(steps: int = 1000, rounds: int = 100, backend: str = "local") -> dict[str, Latency]:
+def measure(
+    steps: int = 1000, rounds: int = 100, backend: str = "local", warmup: int = 200
+) -> dict[str, Latency]:
     """Per-step latency of the split graph for each session kind on a fleet of ``backend``
-    (see the module docstring)."""
+    (see the module docstring), after ``warmup`` untimed steps of each."""
     import tensorflow as tf
 
     import graphdist
@@ -96,7 +107,7 @@ def measure(steps: int = 1000, rounds: int = 100, backend: str = "local") -> dic
             sessions[f"graphdist, master {master}{label}"] = fleet.session("local", master, graph)
         for sess in sessions.values():
             assert sess.run(y) == 238  # the seeds' result
-            timed_steps(sess, y, 200)  # warm-up
+            timed_steps(sess, y, warmup)
         per_round = max(1, steps // rounds)
         samples: dict[str, list[float]] = {name: [] for name in sessions}
         order = list(sessions)
@@ -116,8 +127,9 @@ MASTER_TARGET = 1.8
 """The seed's master / graphdist's choice, median step: at least this."""
 
 
-def check(figures: dict[str, Latency]) -> list[str]:
-    """Print the ratios against their targets; the lines of the targets missed."""
+def check(figures: dict[str, Latency]) -> tuple[list[str], list[str]]:
+    """Print the ratios against their targets; the lines printed and the texts of the targets
+    missed."""
     median = {name.split(" (")[0]: f["median_ms"] for name, f in figures.items()}
     # the guard's cost is about the same per step on either master, so the faster master shows
     # it as the larger ratio: both are printed and both are held to the target
@@ -136,25 +148,51 @@ def check(figures: dict[str, Latency]) -> list[str]:
             choice >= MASTER_TARGET,
         )
     )
-    return report_targets(lines)
+    return report_targets_kept(lines)
+
+
+def table(figures: dict[str, Latency], backend: str) -> list[str]:
+    """The figures as printed: the fleet, then one line per session kind."""
+    lines = [f"{backend} fleet", f"{'session':<42} {'median':>8} {'p99':>8} {'mean':>8}  (ms/step)"]
+    for name, f in figures.items():
+        lines.append(f"{name:<42} {f['median_ms']:>8.3f} {f['p99_ms']:>8.3f} {f['mean_ms']:>8.3f}")
+    return lines
+
+
+def write_readme(
+    readme: str | None, command: str, printed: list[str], figures: dict[str, Latency]
+) -> None:
+    """README's section of the fleet measured (``printed``, in a code block) and, for a
+    LocalFleet, its line comparing the two masters; nothing when ``readme`` is None.
+    ``command`` is the command line that printed them."""
+    backend = printed[0].split()[0]
+    body = "\n".join(["  ```", *("  " + line for line in printed), "  ```"])
+    name = "master_choice" if backend == "local" else f"master_choice_{backend}"
+    update_readme_section(readme, name, body, command)
+    if backend == "local":
+        median = {name.split(" (")[0]: f["median_ms"] for name, f in figures.items()}
+        chosen, seed = median["graphdist, master 1"], median["graphdist, master 0"]
+        text = f"{chosen:.2f} ms a step instead of {seed:.2f} ms on task 0"
+        update_readme_inline(readme, "master_choice_line", text, command)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Latency]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="steps per session kind")
     parser.add_argument("--rounds", type=int, default=200, help="interleaved rounds (200)")
+    parser.add_argument("--warmup", type=int, default=200, help="untimed steps per kind (200)")
     parser.add_argument(
         "--backend", choices=BACKENDS, default="local", help="the fleet measured (local)"
     )
-    add_json_option(parser)
+    add_report_options(parser)
     args = parser.parse_args(argv)
-    figures = measure(args.steps, args.rounds, args.backend)
-    print(f"{args.backend} fleet")
-    print(f"{'session':<42} {'median':>8} {'p99':>8} {'mean':>8}  (ms/step)")
-    for name, f in figures.items():
-        print(f"{name:<42} {f['median_ms']:>8.3f} {f['p99_ms']:>8.3f} {f['mean_ms']:>8.3f}")
-    missed = check(figures)
-    finish(args.json, figures, missed)
+    figures = measure(args.steps, args.rounds, args.backend, args.warmup)
+    printed = table(figures, args.backend)
+    print("\n".join(printed))
+    targets, missed = check(figures)
+    command = command_line("master_choice.py", argv)
+    write_readme(args.readme, command, printed + targets, figures)
+    finish(args.json, figures, [] if args.no_check else missed)
     return figures
 
 

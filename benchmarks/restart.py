@@ -37,10 +37,11 @@ For the restarting cases (all but ``ps-worker-kill``), from the output lines' ar
 Figures are medians over ``--repeats``, one block per case. Targets: recovery at most
 ``RECOVERY_TARGET`` (1.5) x the cold start (plus ``FREEZE_NOTICE_S`` for ``mwms-freeze``), and at
 most ``--save-every`` steps redone per failure in every case (a backup every N steps loses at
-most N). A missed target prints MISSED and the script exits 1.
+most N). A missed target prints MISSED and the script exits 1 (``--no-check``: exit 0 all the
+same). With ``--readme``, every block printed becomes README's section ``restart``.
 
     python benchmarks/restart.py [--case CASE ...] [--steps 300] [--save-every 25]
-        [--kill-at 110] [--repeats 3] [--json FILE]
+        [--kill-at 110] [--repeats 3] [--json FILE] [--readme README.md] [--no-check]
 """
 
 from __future__ import annotations
@@ -57,19 +58,23 @@ try:
     from ._common import (
         HERE,
         REPO,
-        add_json_option,
+        add_report_options,
+        command_line,
         finish,
         quiet_tensorflow,
-        report_targets,
+        report_targets_kept,
+        update_readme_section,
     )
 except ImportError:  # run as a script, or imported with benchmarks/ on sys.path
     from _common import (
         HERE,
         REPO,
-        add_json_option,
+        add_report_options,
+        command_line,
         finish,
         quiet_tensorflow,
-        report_targets,
+        report_targets_kept,
+        update_readme_section,
     )
 
 sys.path.insert(0, REPO)
@@ -228,8 +233,9 @@ def target(case: str, cold_s: float) -> float | None:
     return RECOVERY_TARGET
 
 
-def check(figures: dict[str, Any]) -> list[str]:
-    """Print the figures against their targets; the lines of the targets missed."""
+def check(figures: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Print the figures against their targets; the lines printed and the texts of the targets
+    missed."""
     m, case = figures["median"], figures.get("case", "mwms-kill")
     lines = []
     goal = target(case, m["cold_s"])
@@ -247,7 +253,7 @@ def check(figures: dict[str, Any]) -> list[str]:
             figures["worst_redone"] <= figures["save_every"],
         )
     )
-    return report_targets(lines)
+    return report_targets_kept(lines)
 
 
 _WHAT = {
@@ -258,25 +264,30 @@ _WHAT = {
 }
 
 
-def report(figures: dict[str, Any], repeats: int) -> list[str]:
-    """Print one case's block; the lines of its targets missed."""
+def report(figures: dict[str, Any], repeats: int) -> tuple[list[str], list[str]]:
+    """Print one case's block; its lines and the texts of its targets missed."""
     m, case = figures["median"], figures["case"]
-    print(
+    lines = [
         f"[{case}] {_WHAT[case]} after step {figures['kill_at']}; {figures['steps']} steps, a "
-        f"checkpoint every {figures['save_every']}; medians of {repeats} run(s)"
-    )
-    print(f"cold start (launch to first step):        {m['cold_s']:6.2f} s")
+        f"checkpoint every {figures['save_every']}; medians of {repeats} run(s)",
+        f"cold start (launch to first step):        {m['cold_s']:6.2f} s",
+    ]
     if case == "ps-worker-kill":
-        print(f"kill to the launcher's restart line:      {m['restart_line_s']:6.2f} s")
-        print(f"kill to the next step line:               {m['next_step_s']:6.2f} s")
-        print(f"steps run again by the coordinator:       {m['redone']:6.0f}")
+        lines += [
+            f"kill to the launcher's restart line:      {m['restart_line_s']:6.2f} s",
+            f"kill to the next step line:               {m['next_step_s']:6.2f} s",
+            f"steps run again by the coordinator:       {m['redone']:6.0f}",
+        ]
     else:
-        print(f"recovery (fault to first step after it):  {m['recovery_s']:6.2f} s")
-        print(f"  of which stop (fault to restart line):  {m['stop_s']:6.2f} s")
-        print(f"steps redone per failure:                 {m['redone']:6.0f}")
-    missed = check(figures)
+        lines += [
+            f"recovery (fault to first step after it):  {m['recovery_s']:6.2f} s",
+            f"  of which stop (fault to restart line):  {m['stop_s']:6.2f} s",
+            f"steps redone per failure:                 {m['redone']:6.0f}",
+        ]
+    print("\n".join(lines))
+    targets, missed = check(figures)
     print()
-    return missed
+    return [*lines, *targets, ""], missed
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -291,18 +302,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         choices=[*CASES, "all"],
         help="a case to run (repeatable; default: all)",
     )
-    add_json_option(parser)
+    add_report_options(parser)
     args = parser.parse_args(argv)
     if not 0 < args.kill_at < args.steps:
         parser.error("--kill-at must be between 0 and --steps")
     chosen = args.case or ["all"]
     cases = [c for c in CASES if c in chosen or "all" in chosen]
-    results, missed = {}, []
+    results, printed, missed = {}, [], []
     for case in cases:
         results[case] = measure(case, args.steps, args.save_every, args.kill_at, args.repeats)
-        missed += report(results[case], args.repeats)
+        lines, case_missed = report(results[case], args.repeats)
+        printed, missed = printed + lines, missed + case_missed
     figures = {"cases": results}
-    finish(args.json, figures, missed)
+    command = command_line("restart.py", argv)
+    body = "\n".join(["  ```", *(f"  {line}".rstrip() for line in printed[:-1]), "  ```"])
+    update_readme_section(args.readme, "restart", body, command)
+    finish(args.json, figures, [] if args.no_check else missed)
     return figures
 
 
