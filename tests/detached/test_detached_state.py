@@ -182,6 +182,37 @@ def test_status_of_a_corrupt_record_is_one_line_exit_2(tmp_path):
     assert one_error_line(result, "is corrupt") == 2
 
 
+def dead_process_ref() -> ProcessRef:
+    """The pid and start time of a process this test started and reaped: gone for good."""
+    proc = subprocess.Popen(["sleep", "60"])
+    ref = ProcessRef.of(proc.pid)
+    proc.kill()
+    proc.wait()
+    return ref
+
+
+@pytest.mark.timeout(60)
+def test_down_on_stale_state_says_so_in_one_line_and_removes_it(tmp_path, mark):
+    """A record whose supervisor and server are both gone (a reboot, a SIGKILL of the group):
+    `down` exits 0, says it cleaned up a stale fleet, and leaves no state folder."""
+    state_dir = private_dir(str(tmp_path / "state"))
+    supervisor, server = dead_process_ref(), dead_process_ref()
+    record = FleetRecord(
+        supervisor=supervisor,
+        cluster={"local": ["localhost:2020"]},
+        tasks=[TaskRecord("local", 0, "localhost:2020", server.pid, server.create_time, "/x.log")],
+    )
+    write_state(state_dir, record)
+    result = gd(mark, "down", "--state-dir", state_dir, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"graphdist: cleaned up a stale fleet; removed {state_dir}"
+    ], result.stdout
+    assert "Traceback" not in result.stderr and "Error" not in result.stderr, result.stderr
+    assert not os.path.exists(state_dir)
+    assert processes_marked(mark) == []
+
+
 def test_the_lock_refuses_at_once_or_waits_and_survives_the_folder_being_removed(tmp_path):
     state_dir = str(tmp_path / "state")
     with lock_state(state_dir, create=True) as locked:
