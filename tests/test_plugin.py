@@ -49,6 +49,31 @@ def test_user_tests_get_a_running_fleet_and_a_factory(pytester):
     assert wait_gone(pids, EVENTUALLY_S) == []
 
 
+def test_graphdist_cluster_chooses_the_session_fleets_cluster(pytester, tmp_path):
+    """`pytest --graphdist-cluster worker=1,ps=1`: the user's test sees a running fleet of those
+    jobs, which answers, and is stopped when the session ends."""
+    pidfile = tmp_path / "pids"
+    pytester.makepyfile(
+        f"""
+        def test_the_fleet_has_the_cluster_asked_for(graphdist_fleet):
+            assert graphdist_fleet.cluster.jobs == ("ps", "worker")
+            assert [(t.job, t.index) for t in graphdist_fleet.tasks] == [("ps", 0), ("worker", 0)]
+            assert all(report.ok for report in graphdist_fleet.health())
+            with open({str(pidfile)!r}, "w") as f:
+                f.write(" ".join(map(str, graphdist_fleet.pids)))
+        """
+    )
+    from tests.conftest import EVENTUALLY_S, wait_gone
+
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--graphdist-cluster", "worker=1,ps=1"
+    )
+    result.assert_outcomes(passed=1)
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert len(pids) == 2
+    assert wait_gone(pids, EVENTUALLY_S) == []
+
+
 # A user's "training" script: STEPS lines `step k` (a pause after each), then `done`; a restarted
 # attempt (GRAPHDIST_RESTART > 0) says `resumed` first. No TensorFlow: this is about the fixture.
 FAKE_TRAINING = """
