@@ -154,13 +154,17 @@ class OwnedFleet(Fleet[_TaskT]):
         timeout_s: float,
         *,
         each_round: Callable[[list[int]], None] | None = None,
+        may_answer: Callable[[int], bool] | None = None,
         budget_s: float | None = None,
     ) -> None:
-        """Return once every task in ``tasks`` answers over gRPC (:func:`probe.wait_answering`),
-        else raise StartTimeoutError naming the first still silent, with the count of those
-        that answered; ``budget_s`` is the whole start timeout the message names (default:
-        ``timeout_s``), where part of it was spent before."""
-        silent = wait_answering([t.address for t in tasks], timeout_s, each_round=each_round)
+        """Return once every task in ``tasks`` answers over gRPC (:func:`probe.wait_answering`,
+        which takes ``each_round`` and ``may_answer``), else raise StartTimeoutError naming the
+        first still silent, with the count of those that answered; ``budget_s`` is the whole
+        start timeout the message names (default: ``timeout_s``), where part of it was spent
+        before."""
+        silent = wait_answering(
+            [t.address for t in tasks], timeout_s, each_round=each_round, may_answer=may_answer
+        )
         if silent is None:
             return
         task, budget_s = tasks[silent.index], timeout_s if budget_s is None else budget_s

@@ -184,6 +184,12 @@ class FleetTask(TaskView):
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
         return read_log_tail(self.log_path, lines)
 
+    def forked(self) -> bool:
+        """Whether reading :attr:`pid` returns at once (the fork server's answer is in, or it
+        died: reading it then raises ForkServerDiedError); True where nothing was started."""
+        popen = None if self._process is None else self._process._popen
+        return popen is None or bool(popen.pid_arrived())
+
     def _start(self, process_class: Any, spec: dict[str, Any]) -> None:
         self._process = None  # set once started: a process that never started cannot be joined
         process = process_class(target=fleet_child, args=(spec,), name=f"graphdist-{self.name}")
@@ -339,11 +345,11 @@ class LocalFleet(OwnedFleet[FleetTask]):
             self._tasks[(task.job, task.index)] = ft
             self._start_task(ft)
         # Every request is queued; a fresh fork server is still importing TensorFlow (seconds):
-        # meanwhile import what the readiness probes need, then read the fork server's answers.
+        # meanwhile import what the readiness probes need. The fork server's answers (the pids)
+        # are read by the readiness rounds as they come (_wait_ready): the fork server forks
+        # one child after another, and a server forked early is probed while later ones are
+        # still being forked, instead of after the last pid.
         import grpc  # noqa: F401
-
-        for ft in self._tasks.values():
-            self._confirm_started(ft)
 
     def _on_running(self) -> None:
         release_ports((t.port for t in self.cluster.tasks), owner=self)
@@ -441,12 +447,25 @@ class LocalFleet(OwnedFleet[FleetTask]):
         )
 
     def _wait_ready(self, pending: list[FleetTask], timeout_s: float) -> None:
+        """Probe every task until it answers; each round first reads the pids the fork server
+        has sent meanwhile (never waiting for one) and reports a task whose process exited, or
+        whose fork server died, at once. Once all answer, every pid is read (the listening
+        check needs it; a server that answered has been forked, so its pid is there or comes)."""
+
         def each_round(silent: list[int]) -> None:
             for i in silent:
-                if not pending[i].alive:
-                    raise self._start_failure(pending[i])
+                ft = pending[i]
+                if ft.forked():
+                    self._confirm_started(ft)
+                if not ft.alive:
+                    raise self._start_failure(ft)
 
-        self._wait_answering(pending, timeout_s, each_round=each_round)
+        def may_answer(i: int) -> bool:  # forked: each_round read its pid (not None) this round
+            return pending[i].forked()
+
+        self._wait_answering(pending, timeout_s, each_round=each_round, may_answer=may_answer)
+        for ft in pending:
+            self._confirm_started(ft)
 
     def _check_listening(
         self, task: FleetTask, allowed: frozenset[str] | None, table: ListeningTable | None = None

@@ -42,13 +42,17 @@ RUN_PROBE_TIMEOUT_S = 1.5
 on a loaded machine still answers, a frozen task misses every probe."""
 _GET_STATUS = "/tensorflow.WorkerService/GetStatus"
 # Short reconnect back-off, so a server that starts a moment after a failed probe is seen at once
-# instead of after gRPC's default 1 s back-off. Not grpc.min_reconnect_backoff_ms: gRPC also
-# takes it as the time a connection attempt may last, so at 50 ms any server that took longer to
-# answer the HTTP/2 handshake (a busy one on a loaded machine) failed the probe in ~0.1 s
-# whatever its timeout; without it a probe waits its full timeout for a slow server.
+# instead of after gRPC's default 1 s back-off: a channel whose server was not listening yet
+# fails every call at once until its next connection attempt, so the longest back-off is how
+# late a start can see its last server (measured with /tmp/warm/backoff.py, a server listening
+# 1 s into the wait: seen a median 83-128 ms after it listened at 200 ms, 43-57 ms at 50 ms).
+# A refused attempt on loopback costs microseconds. Not grpc.min_reconnect_backoff_ms: gRPC
+# also takes it as the time a connection attempt may last, so at 50 ms any server that took
+# longer to answer the HTTP/2 handshake (a busy one on a loaded machine) failed the probe in
+# ~0.1 s whatever its timeout; without it a probe waits its full timeout for a slow server.
 _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 50),
-    ("grpc.max_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 50),
     ("grpc.enable_retries", 0),
 ]
 
@@ -126,6 +130,7 @@ def wait_answering(
     timeout_s: float,
     *,
     each_round: Callable[[list[int]], None] | None = None,
+    may_answer: Callable[[int], bool] | None = None,
     probe_s: float = READY_PROBE_S,
     poll_s: float = 0.02,
 ) -> Silent | None:
@@ -133,18 +138,33 @@ def wait_answering(
     so one slow server holds up none of the others); ``None`` once they have, else the first
     one still silent after ``timeout_s`` seconds. ``each_round(silent)`` runs before every
     round with the places of the servers not yet answering, and may raise (a server process
-    that died while starting is a failure to report, not a wait to sit out)."""
+    that died while starting is a failure to report, not a wait to sit out).
+
+    ``may_answer(i)`` (default: always) says whether server ``i`` can answer yet (its process
+    exists): one that cannot is not probed that round, and its channel is opened only when it
+    first can. A fleet's servers are forked one after another; probing the ones not forked yet
+    would only take CPU from the forks. Where the deadline passes first, the first server never
+    probed is reported with ``last_error`` None."""
     deadline = time.monotonic() + timeout_s
-    with probers(addresses) as each:
-        pending = list(range(len(each)))
+    each: dict[int, Prober] = {}
+    try:
+        pending = list(range(len(addresses)))
         while True:
             if each_round is not None:
                 each_round(pending)
-            answered = probe_many([each[i] for i in pending], probe_s)
-            pending = [i for i, ok in zip(pending, answered, strict=True) if not ok]
+            now = [i for i in pending if may_answer is None or may_answer(i)]
+            for i in now:
+                if i not in each:
+                    each[i] = Prober(addresses[i])
+            answered = dict(zip(now, probe_many([each[i] for i in now], probe_s), strict=True))
+            pending = [i for i in pending if not answered.get(i, False)]
             if not pending:
                 return None
             if time.monotonic() > deadline:
                 first = pending[0]
-                return Silent(first, len(each) - len(pending), each[first].last_error)
+                error = each[first].last_error if first in each else None
+                return Silent(first, len(addresses) - len(pending), error)
             time.sleep(poll_s)
+    finally:
+        for prober in each.values():
+            prober.close()

@@ -207,7 +207,8 @@ def process_class(preload_library: str = "") -> Any:
 
     ``start()`` returns as soon as the request is sent: the fork server's answer (the pid) is read
     on first use of ``pid``, so that a fleet's requests are all queued before the first fork is
-    awaited. A fork server that died under a start raises :class:`ForkServerDiedError` there."""
+    awaited (``process._popen.pid_arrived()`` says whether that read would wait). A fork server
+    that died under a start raises :class:`ForkServerDiedError` there."""
     _fork_server(preload_library)  # one per library, spawned on first start
     cls = __getattr__("GraphdistProcess")
 
@@ -254,6 +255,13 @@ def _define_classes() -> None:
         @pid.setter
         def pid(self, value: int | None) -> None:
             self._pid = value
+
+        def pid_arrived(self) -> bool:
+            """Whether reading :attr:`pid` returns at once: read already, or the fork server's
+            answer (or its end, a death to report) waits on the sentinel."""
+            if self._pid is not None or self._server is None:
+                return True
+            return bool(select.select([self.sentinel], [], [], 0)[0])
 
         def _read_pid(self) -> None:
             with self._reading:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -21,6 +23,8 @@ from tests.conftest import (
     QUIET_TF,
     REPO,
     is_gone,
+    processes_marked,
+    run_python,
     wait_gone,
 )
 
@@ -203,6 +207,55 @@ def test_servers_exit_when_the_owner_is_killed(attempt):
             owner.wait()
 
 
+# A fleet that cannot answer in time: a fresh process's fork server still imports TensorFlow
+# (seconds) when a 10 ms start timeout runs out, so no server can have answered.
+START_TIMEOUT_SCRIPT = """
+import json, graphdist
+fleet = graphdist.LocalFleet("local=2", start_timeout_s=0.01)
+try:
+    fleet.start()
+except graphdist.StartTimeoutError as exc:
+    print(json.dumps({
+        "ready": exc.ready, "expected": exc.expected, "task": exc.task, "address": exc.address,
+        "timeout_s": exc.timeout_s, "message": str(exc), "state": fleet.state.value,
+        "local:0": fleet.cluster.address("local", 0),
+    }))
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_start_timeout_is_a_start_timeout_error_with_the_true_counts(tmp_path):
+    mark = f"start-timeout-{os.getpid()}-{tmp_path.name}"
+    result = run_python(["-c", START_TIMEOUT_SCRIPT], env={"GRAPHDIST_TEST_MARK": mark})
+    assert result.returncode == 0, result.stderr
+    error = json.loads(result.stdout)
+    assert (error["ready"], error["expected"], error["timeout_s"]) == (0, 2, 0.01)
+    assert (error["task"], error["address"]) == ("local:0", error["local:0"])
+    assert error["message"].startswith(
+        f"0 of 2 servers answered within 0.01 s; local:0 at {error['local:0']} did not"
+    )
+    assert error["message"].endswith("raise start_timeout_s if the machine is slow")
+    assert error["state"] == "failed"
+    # the failed start stopped its servers, and its fork server left with its owner
+    assert wait_gone(processes_marked(mark), EVENTUALLY_S) == []
+
+
+@pytest.mark.timeout(90)
+def test_close_sigkills_a_server_that_sigterm_does_not_stop(graphdist_fleet_factory):
+    """A stopped (SIGSTOP) server keeps SIGTERM pending and never acts on it, as one that
+    ignores SIGTERM: close() SIGKILLs it once grace_s has passed; the other dies of SIGTERM."""
+    fleet = graphdist_fleet_factory("local=2")
+    stuck, other = fleet.task("local", 0), fleet.task("local", 1)
+    fleet.kill("local", 0, signal.SIGSTOP)
+    deadline = time.monotonic() + EVENTUALLY_S
+    while psutil.Process(stuck.pid).status() != psutil.STATUS_STOPPED:
+        assert time.monotonic() < deadline, "the server did not stop on SIGSTOP"
+        time.sleep(0.01)
+    fleet.close(grace_s=0.5)
+    assert wait_gone([stuck.pid, other.pid], EVENTUALLY_S) == []
+    assert (stuck.exitcode, other.exitcode) == (-signal.SIGKILL, -signal.SIGTERM)
+
+
 @pytest.mark.parametrize("tensorflow_first", [True, False], ids=["tensorflow-first", "graphdist"])
 def test_a_closed_fleet_and_its_sessions_still_referenced_at_exit_end_cleanly(tensorflow_first):
     # A script's module-level fleet and sessions are collected while the interpreter tears its
@@ -235,3 +288,20 @@ def test_a_closed_fleet_and_its_sessions_still_referenced_at_exit_end_cleanly(te
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["238", "238", "closed", "closed"]
     assert "Exception ignored" not in result.stderr, result.stderr
+
+
+def test_readiness_wait_probes_a_server_only_once_it_may_answer(graphdist_fleet):
+    # A fleet's servers are forked one after another and probed as each is forked: a server
+    # whose process does not exist yet is not probed (nor counted), however its address answers.
+    live = [t.address for t in graphdist_fleet.tasks]
+    outcome = wait_answering(live, 0.3, may_answer=lambda i: i == 0)
+    assert outcome is not None
+    assert (outcome.index, outcome.answered, outcome.last_error) == (1, 1, None)
+    asked: list[int] = []
+
+    def may_answer(i):
+        asked.append(i)
+        return i == 0 or asked.count(1) > 2  # server 1 "is forked" at its third look
+
+    assert wait_answering(live, 5.0, may_answer=may_answer) is None
+    assert asked == [0, 1, 1, 1]  # 0 answered in the first round; 1 was probed once allowed
