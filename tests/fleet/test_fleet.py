@@ -141,7 +141,9 @@ def test_explicit_port_in_use_raises_before_any_server_starts():
             fleet.start()
         assert info.value.port == port
         assert info.value.holder_pid == os.getpid()
-        assert str(port) in str(info.value)
+        assert (
+            f"Port {port} of task local:1 (localhost:{port}) is already in use by pid {os.getpid()}"
+        ) in str(info.value)
         assert fleet.pids == []
     finally:
         holder.close()

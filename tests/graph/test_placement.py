@@ -107,7 +107,7 @@ def test_check_gpu_counts_when_known():
 def test_builder_rejects_two_device_kinds():
     with pytest.raises(PlacementError, match="at most one"):
         device("local", 0, gpu=0, cpu=0)
-    with pytest.raises(PlacementError, match=">= 0"):
+    with pytest.raises(PlacementError, match=r"The task must be a whole number >= 0 .*, not -1$"):
         device("local", -1)
 
 
