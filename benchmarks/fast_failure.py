@@ -237,7 +237,7 @@ def markdown(rows: list[dict[str, Any]], raw_timeout_s: float, report: list[str]
         f"  Raw TF: a `tf.compat.v1.Session` with `operation_timeout_in_ms` = {raw_timeout_s:g} s "
         "(`timeout`: it waited all of it; without a timeout it waits for ever)."
     )
-    body = "\n".join("  " + line for line in [table(rows), *report])
+    body = "\n".join("  " + line for line in [*table(rows).splitlines(), *report])
     return f"{head}\n\n  ```\n{body}\n  ```"
 
 

@@ -116,6 +116,8 @@ def test_fast_failure_measures_graphdist_and_raw_tensorflow(tmp_path, capsys, no
     assert "target <= 1.0 s" in targets[0] and "close" in targets[1]
     text = section(readme.read_text(), "fast_failure")
     assert "graphdist   raw TF" in text and targets[0] in text
+    block = text.split("  ```\n")[1]  # inside README's bullet: every line indented
+    assert len(block.splitlines()) == 4 and all(x.startswith("  ") for x in block.splitlines())
     assert STAMP + "fast_failure.py --repeats 1" in text
 
 
