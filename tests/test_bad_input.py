@@ -7,6 +7,10 @@ import json
 import math
 import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import uuid
 
 import pytest
@@ -17,7 +21,8 @@ import graphdist
 from graphdist._cli.main import EXIT_USAGE
 from graphdist._cluster import MAX_JSON_DEPTH, MAX_SPEC_BYTES, MAX_TASKS
 from graphdist._validate import show
-from tests.conftest import processes_marked, run_python
+from tests.conftest import QUIET_TF, REPO, processes_marked, run_python
+from tests.nobody import AS_NOBODY, AS_PLAIN_NOBODY, nobody_code
 
 GOOD = {"worker": ["h:1", "h:2"], "chief": ["h:3"]}
 
@@ -452,8 +457,6 @@ def _cluster_file(tmp_path, kind):
     elif kind == "unreadable":
         path.write_text('{"local": ["h:1"]}')
         path.chmod(0)
-        if os.access(path, os.R_OK):
-            pytest.skip("running as root: every file is readable")
     elif kind in ("/dev/zero", "/dev/urandom"):
         return kind  # endless: read without bound, it never ends
     elif kind == "NUL in the name":
@@ -480,11 +483,66 @@ def _cluster_file(tmp_path, kind):
 )
 def test_bad_cluster_files(kind, tmp_path):
     path = _cluster_file(tmp_path, kind)
+    if kind == "unreadable" and os.access(path, os.R_OK):  # root reads every file:
+        _assert_unreadable_refused_as_nobody(tmp_path)  # nobody cannot
+        return
     with pytest.raises(graphdist.ClusterSpecError) as info:
         graphdist.Cluster.parse(path)
     _assert_one_line(str(info.value))
     if "\0" not in path:
         assert repr(path) in str(info.value)  # the message names the file
+
+
+UNREADABLE_AS_NOBODY = nobody_code(
+    """
+    import sys
+    from graphdist import Cluster, ClusterSpecError  # loaded while the folders are readable
+    """,
+    """
+    try:
+        Cluster.parse(sys.argv[1])
+    except ClusterSpecError as exc:
+        print("REFUSED", str(exc), flush=True)
+    """,
+)
+
+
+def _assert_unreadable_refused_as_nobody(tmp_path):
+    """As root, parse the mode-0 cluster file in a child run as a plain ``nobody`` (see
+    tests/nobody.py) from a folder nobody may enter: the typed refusal naming the file."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed: root cannot test an unreadable file")
+    folder = tempfile.mkdtemp(prefix="unreadable-as-nobody-")  # under the world's /tmp
+    try:
+        os.chmod(folder, 0o711)  # nobody may enter it, not list it
+        path = shutil.move(str(tmp_path / "cluster.json"), folder)
+        assert all(os.stat(d).st_mode & 0o001 for d in _folders_above(path)), path
+        _refused_as_nobody(path)
+    finally:
+        shutil.rmtree(folder)
+
+
+def _folders_above(path):
+    while (parent := os.path.dirname(path)) != path:
+        yield parent
+        path = parent
+
+
+def _refused_as_nobody(path):
+    env = {"PYTHONPATH": os.pathsep.join([REPO, *dict.fromkeys(sys.path[1:])]), **QUIET_TF}
+    result = subprocess.run(
+        [*AS_NOBODY, sys.executable, "-c", UNREADABLE_AS_NOBODY, path],
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    credentials, refusal = result.stdout.splitlines()
+    assert credentials == AS_PLAIN_NOBODY
+    assert refusal.startswith("REFUSED ") and repr(path) in refusal, refusal
+    _assert_one_line(refusal)
 
 
 def test_too_many_tasks_are_refused_before_any_port_is_picked(monkeypatch):

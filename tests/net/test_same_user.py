@@ -42,43 +42,17 @@ import graphdist
 from graphdist._net.loopback import loopback_library
 from graphdist._net.ports import pick_free_ports, release_ports
 from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, is_gone, processes_marked, wait_gone
+from tests.nobody import AS_NOBODY, AS_PLAIN_NOBODY, nobody_code
 
 pytestmark = [pytest.mark.integration, pytest.mark.promise, pytest.mark.timeout(180)]
 
-NOBODY = 65534
-# nobody, allowed to read and traverse every folder until DROP_CAPABILITIES runs
-AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-AS_NOBODY += ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
-# What a client prints once it holds nothing but nobody's own rights: its uids and capabilities
-AS_PLAIN_NOBODY = f"AS uid={NOBODY} euid={NOBODY} CapEff=0 CapPrm=0 CapAmb=0"
 CLIENT_TIMEOUT_S = 90.0  # a TensorFlow import alone takes ~10 s on a loaded 2-core machine
 OPERATION_TIMEOUT_MS = 5000
 SECRET = "graphdist-same-user-secret-" + uuid.uuid4().hex
 REFUSED = 3  # the client's exit status when the session failed with a TensorFlow error
 
-# Run by every client after its imports: drops all capabilities (capset(2) with empty sets also
-# empties the ambient set) and prints the credentials it is left with (AS_PLAIN_NOBODY).
-DROP_CAPABILITIES = textwrap.dedent(
-    """
-    import ctypes as _ct, os as _os
-    _header = (_ct.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
-    if _ct.CDLL(None, use_errno=True).capset(_header, (_ct.c_uint32 * 6)()) != 0:
-        raise OSError(_ct.get_errno(), "capset")
-    _status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines())
-    _caps = " ".join(f"{k}={int(_status[k], 16):x}" for k in ("CapEff", "CapPrm", "CapAmb"))
-    print(f"AS uid={_os.getuid()} euid={_os.geteuid()} {_caps}", flush=True)
-    """
-)
-
-
-def _client(imports: str, body: str) -> str:
-    """A client's code: its imports (run with the capability), then DROP_CAPABILITIES, then
-    what it does as a plain nobody."""
-    return textwrap.dedent(imports) + DROP_CAPABILITIES + textwrap.dedent(body)
-
-
 # Reads PATH through the server's op on DEVICE; prints the contents or the error's class.
-CLIENT = _client(
+CLIENT = nobody_code(
     """
     import sys
     import tensorflow as tf
@@ -483,7 +457,7 @@ ACCEPTOR = textwrap.dedent(
 # lookup does not find: it then reads /proc/net/tcp*, so that path is checked too (where
 # unprivileged users may bind a device, Linux 5.7+; elsewhere the client says
 # "connected-unbound" and is a plain "open").
-CONNECTOR = _client(
+CONNECTOR = nobody_code(
     """
     import socket, struct, sys
     """,
