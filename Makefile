@@ -39,8 +39,8 @@ $(VENV)/.bench-installed: $(VENV)/.test-installed
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	touch $@
 
-# The benchmark suite, quick mode (three interleaved rounds; about 8 minutes on an idle 2-core
-# machine): prints its tables and writes them to bench-results/ (ignored by git), then each
+# The benchmark suite, quick mode (three interleaved rounds; 675 s on this 2-core machine on
+# 2026-12-01, with other jobs running): prints its tables and writes them to bench-results/ (ignored by git), then each
 # target as met or MISSED, and fails on a miss. README=1 updates the record instead: README's
 # section `suite` and benchmarks/results/. bench-smoke runs every measurement once at its
 # smallest size (what tests/test_bench.py runs; its figures mean nothing).
