@@ -168,10 +168,15 @@ class OwnedFleet(Fleet[_TaskT]):
         if silent is None:
             return
         task, budget_s = tasks[silent.index], timeout_s if budget_s is None else budget_s
+        why = (
+            f"last gRPC error: {silent.last_error}"
+            if silent.last_error
+            else "never probed: its process had not started yet"
+        )
         raise StartTimeoutError(
             f"{silent.answered} of {len(tasks)} servers answered within {budget_s:g} s; "
-            f"{task.job}:{task.index} at {task.address} did not (last gRPC error: "
-            f"{silent.last_error}); raise start_timeout_s if the machine is slow",
+            f"{task.job}:{task.index} at {task.address} did not ({why}); raise "
+            "start_timeout_s if the machine is slow",
             ready=silent.answered,
             expected=len(tasks),
             timeout_s=budget_s,
