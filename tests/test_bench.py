@@ -472,33 +472,6 @@ def assert_memory(figures, processes):
     assert figures["processes"] >= processes
 
 
-@pytest.mark.timeout(240)
-def test_startup_smoke_run_at_one_server(tmp_path):
-    pytest.importorskip("portpicker", reason="create_local_cluster needs portpicker (bench extra)")
-    out = tmp_path / "startup.json"
-    methods = ["local_fleet", "seed_style", "create_local_cluster"]
-    args = ["benchmarks/startup.py", "--sizes", "1", "--repeats", "1", "--methods", *methods]
-    proc = run_marked([*args, "--json", str(out)], timeout_s=220)
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(out.read_text())
-    for kind in ("bare_import", "lean_import"):
-        assert_timing(result[kind], 1)
-        assert_memory(result[kind], 1)
-        assert result[kind]["processes"] == 1
-    (row,) = result["rows"]
-    assert row["servers"] == 1 and set(row) == {"servers", *methods}
-    for method in methods:
-        assert_timing(row[method], 1)
-    assert_memory(row["local_fleet"], 3)  # the owner, its fork server and the server
-    assert_memory(row["seed_style"], 2)  # the parent and its spawned server
-    assert_memory(row["create_local_cluster"], 1)
-    assert "the floors were measured 1 time, fewer than 3" in result["warnings"][-1]
-    lines = proc.stdout.splitlines()
-    assert lines[0].startswith("bare `import tensorflow`: ") and "(median of 1;" in lines[0]
-    assert lines[1].startswith("lean `import tensorflow` (as a LocalFleet server): ")
-    assert "memory of every process each method ran" in proc.stdout
-
-
 @pytest.mark.timeout(360)
 def test_suite_smoke_run(tmp_path):
     pytest.importorskip("portpicker", reason="create_local_cluster needs portpicker (bench extra)")
@@ -510,12 +483,19 @@ def test_suite_smoke_run(tmp_path):
     assert proc.returncode == (1 if missed else 0), proc.stderr
     assert all(f"MISSED  {text}" in proc.stdout for text in missed)
     assert r["mode"] == "smoke" and r["elapsed_s"] > 0
+    # the suite runs startup.py's own measuring code (its children, floors, memory of every
+    # process): this is startup.py's smoke run too
     for kind in ("bare_import", "lean_import"):
         assert_timing(r[kind], 1)
+        assert_memory(r[kind], 1)
+        assert r[kind]["processes"] == 1
     (row,) = r["startup"]
     for method in startup.METHODS:
         assert_timing(row[method], 1)
-    assert_memory(row["local_fleet"], 3)
+    assert_memory(row["local_fleet"], 3)  # the owner, its fork server and the server
+    assert_memory(row["seed_style"], 2)  # the parent and its spawned server
+    assert_memory(row["create_local_cluster"], 1)
+    assert row["create_local_cluster"]["processes"] == 1
     side = r["side_by_side"]
     for key in ("floor", "lean_floor"):
         assert_timing(side[key], 1)

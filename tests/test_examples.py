@@ -60,6 +60,7 @@ def test_split_graph_prints_238_locally_and_split():
     assert table["add"].startswith("/job:local/replica:0/task:1")
 
 
+@pytest.mark.xdist_group("seed_ports")  # one at a time: they all listen on 2020
 def test_seed_ports_work_when_free_and_fail_clearly_when_taken():
     if not (is_port_free(2020) and is_port_free(2021)):
         pytest.skip("ports 2020/2021 are taken on this machine")

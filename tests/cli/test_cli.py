@@ -231,6 +231,7 @@ def _demo_pids(stderr: str) -> list[int]:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.xdist_group("seed_ports")  # one at a time: they all listen on 2020
 def test_demo_on_the_seed_ports_through_task_1_prints_238():
     if not all(map(_free_on_loopback, SEED_PORTS)):
         pytest.skip("ports 2020 and 2021 are taken on this machine: the seed ports cannot be used")
@@ -246,6 +247,7 @@ def test_demo_on_the_seed_ports_through_task_1_prints_238():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.xdist_group("seed_ports")  # one at a time: they all listen on 2020
 def test_demo_on_a_taken_seed_port_fails_at_once_naming_the_port_and_its_holder():
     if not _free_on_loopback(SEED_PORTS[0]):
         pytest.skip("port 2020 is taken by another process: this test holds it itself")
