@@ -89,7 +89,6 @@ def test_markdown_names_each_benchmark_beside_its_figures_and_every_target():
 
 
 def test_plots(tmp_path):
-    pytest.importorskip("matplotlib", reason="the plots need matplotlib (the 'bench' extra)")
     paths = suite.plots(fake_results(), str(tmp_path))
     assert [os.path.basename(p) for p in paths] == [
         "startup.png",
@@ -474,8 +473,6 @@ def assert_memory(figures, processes):
 
 @pytest.mark.timeout(360)
 def test_suite_smoke_run(tmp_path):
-    pytest.importorskip("portpicker", reason="create_local_cluster needs portpicker (bench extra)")
-    pytest.importorskip("matplotlib", reason="the plots need matplotlib (the 'bench' extra)")
     proc = run_marked(["benchmarks/suite.py", "--smoke", "--out", str(tmp_path)], timeout_s=340)
     r = json.loads((tmp_path / "results.json").read_text())
     # a missed target exits 1 and says MISSED: figures of a smoke run may miss, nothing else may
