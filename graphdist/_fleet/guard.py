@@ -341,7 +341,10 @@ class _Watchdog:
                 if run.misses[key] >= MISSES_BEFORE_FROZEN and not run.cancelled:
                     detail = f"{run.misses[key]} gRPC probes in a row unanswered, last: {error}"
                     run.cancelled = True
-                    self._cancel(guard, ident, started, guard._failed(task, NOT_ANSWERING, detail))
+                    # a task whose process is gone misses its probes too: dead, not frozen (its
+                    # death may not have reached the fleet's epoch yet on a loaded machine)
+                    problem = guard._gone([task]) or guard._failed(task, NOT_ANSWERING, detail)
+                    self._cancel(guard, ident, started, problem)
                     return
         finally:
             run.probing = False
