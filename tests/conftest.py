@@ -170,3 +170,17 @@ def pytest_runtest_makereport(
             "tests skip here (CI never sets it)."
         )
     return report
+
+
+def seed_ports_free(ports: tuple[int, ...] = (2020, 2021), timeout_s: float = EVENTUALLY_S) -> bool:
+    """Whether the seed ports can be listened on, waiting up to ``timeout_s`` for them: the
+    servers of the previous seed-port test (xdist_group "seed_ports") exit with their owner,
+    a moment after it."""
+    from graphdist._net.ports import is_port_free
+
+    deadline = time.monotonic() + timeout_s
+    while not all(map(is_port_free, ports)):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True

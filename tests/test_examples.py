@@ -7,8 +7,7 @@ import socket
 
 import pytest
 
-from graphdist._net.ports import is_port_free
-from tests.conftest import REPO, run_python
+from tests.conftest import REPO, run_python, seed_ports_free
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 EXAMPLES = os.path.join(REPO, "examples")
@@ -62,7 +61,7 @@ def test_split_graph_prints_238_locally_and_split():
 
 @pytest.mark.xdist_group("seed_ports")  # one at a time: they all listen on 2020
 def test_seed_ports_work_when_free_and_fail_clearly_when_taken():
-    if not (is_port_free(2020) and is_port_free(2021)):
+    if not seed_ports_free():
         pytest.skip("ports 2020/2021 are taken on this machine")
     lines = run_example("seed_split_graph.py", "--seed-ports")
     assert lines[:2] == ["238", "238"]

@@ -16,6 +16,7 @@ from tests.conftest import (
     read_json,
     read_json_rows,
     run_python,
+    seed_ports_free,
     start_graphdist,
     wait_gone,
 )
@@ -215,15 +216,6 @@ def test_tf_config_prints_the_tasks_tf_config_as_json(index):
 SEED_PORTS = (2020, 2021)
 
 
-def _free_on_loopback(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _demo_pids(stderr: str) -> list[int]:
     """The server pids the demo names on its first line: 'local:0 at ADDRESS (pid N), ...'."""
     [line] = [ln for ln in stderr.splitlines() if ln.startswith("graphdist demo: ")]
@@ -233,7 +225,7 @@ def _demo_pids(stderr: str) -> list[int]:
 @pytest.mark.timeout(180)
 @pytest.mark.xdist_group("seed_ports")  # one at a time: they all listen on 2020
 def test_demo_on_the_seed_ports_through_task_1_prints_238():
-    if not all(map(_free_on_loopback, SEED_PORTS)):
+    if not seed_ports_free(SEED_PORTS):
         pytest.skip("ports 2020 and 2021 are taken on this machine: the seed ports cannot be used")
     result = gd("demo", "--seed-ports", "--master", "1")
     assert result.returncode == 0, result.stderr
@@ -249,9 +241,10 @@ def test_demo_on_the_seed_ports_through_task_1_prints_238():
 @pytest.mark.timeout(120)
 @pytest.mark.xdist_group("seed_ports")  # one at a time: they all listen on 2020
 def test_demo_on_a_taken_seed_port_fails_at_once_naming_the_port_and_its_holder():
-    if not _free_on_loopback(SEED_PORTS[0]):
+    if not seed_ports_free(SEED_PORTS[:1]):
         pytest.skip("port 2020 is taken by another process: this test holds it itself")
     with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("127.0.0.1", SEED_PORTS[0]))
         holder.listen()
         result = gd("demo", "--seed-ports", timeout=60)  # a hang fails here, not at the mark
