@@ -21,6 +21,7 @@ __all__ = [
     "MAX_TIMEOUT_MS",
     "MAX_TIMEOUT_S",
     "count",
+    "flag",
     "is_ascii_digits",
     "show",
     "timeout_ms",
@@ -112,5 +113,15 @@ def count(value: int, name: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ArgumentError(
             f"{name} must be a whole number >= {minimum}, not {show(value)}", name=name, value=value
+        )
+    return value
+
+
+def flag(value: bool, name: str) -> bool:
+    """``value`` if it is ``True`` or ``False``. A switch, security switches above all
+    (``expose``), is never read by truthiness: ``"no"`` and ``"false"`` are true strings."""
+    if not isinstance(value, bool):
+        raise ArgumentError(
+            f"{name} must be True or False, not {show(value)}", name=name, value=value
         )
     return value
