@@ -48,3 +48,18 @@ def test_initialize_once_never_resets_a_shared_value(graphdist_fleet):
         with graph2.as_default():
             s2.run(tf.compat.v1.global_variables_initializer())
         assert s2.run(v2) == 10.0
+
+
+def test_initialize_uninitialized_leaves_an_initialized_variable_alone(graphdist_fleet):
+    # Two variables, one already initialized and changed since: only the other is initialized.
+    fleet = graphdist_fleet
+    graph = tf.Graph()
+    with graph.as_default():
+        kept = graphdist.shared_variable("init_kept", 1.0, fleet.device("local", 0))
+        fresh = graphdist.shared_variable("init_fresh", 2.0, fleet.device("local", 1))
+    with fleet.session("local", 0, graph=graph) as sess:
+        sess.run(kept.initializer)
+        sess.run(kept.assign(42.0))
+        assert graphdist.initialize_uninitialized(sess) == ["init_fresh"]
+        assert sess.run([kept, fresh]) == [42.0, 2.0]
+        assert graphdist.initialize_uninitialized(sess) == []
