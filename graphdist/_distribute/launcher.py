@@ -45,6 +45,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -58,6 +59,7 @@ from typing import IO, Any
 
 from graphdist._cluster import Cluster, Task
 from graphdist._distribute.resume import RESUMED_PREFIX
+from graphdist._distribute.runlogs import RunLogs
 from graphdist._exceptions import (
     ArgumentError,
     ClusterSpecError,
@@ -68,10 +70,19 @@ from graphdist._exceptions import (
 )
 from graphdist._fleet.health import exited
 from graphdist._net.loopback import server_bind_address, shim_env
-from graphdist._proc.process import TASK_STOP_GRACE_S, descendants, guarded_argv, stop_all
+from graphdist._net.ports import release_ports
+from graphdist._proc.process import (
+    MARK_ENV,
+    STOP_GRACE_S,
+    TASK_STOP_GRACE_S,
+    descendants,
+    end_marked,
+    guarded_argv,
+    stop_all,
+)
 from graphdist._proc.restarts import DEFAULT_RESTART_WINDOW_S, RestartBudget
 from graphdist._proc.signals import Interrupted, SignalScope
-from graphdist._validate import count
+from graphdist._validate import count, flag, show
 from graphdist._validate import timeout_s as check_timeout_s
 
 __all__ = [
@@ -85,6 +96,14 @@ __all__ = [
 ]
 
 TAIL_LINES = 20
+#: The longest output line, in bytes, the launcher holds: a longer one (a progress bar drawn with
+#: ``\r``, a dumped array) is shown and kept to this length, with a note of how much more it had;
+#: the task's log file gets it whole.
+LINE_LIMIT = 64 * 1024
+#: The most characters of one output line an error message quotes.
+MESSAGE_LINE_CHARS = 300
+#: Seconds to wait for a task's output to be drained once its process tree is gone.
+READER_JOIN_S = 5.0
 
 
 @dataclass
@@ -106,10 +125,16 @@ class TaskResult:
 
 def launch_cluster(workers: int, ps: int = 0, chief: bool = False) -> Cluster:
     """A cluster of ``chief`` (0 or 1), ``worker`` x ``workers`` and ``ps`` x ``ps`` on free
-    loopback ports. Raises ArgumentError for bad counts, ClusterSpecError for ps without a
-    chief."""
+    loopback ports (reserved for this process until :func:`graphdist._net.ports.release_ports`).
+    Raises ArgumentError for bad counts, ClusterSpecError for ps without a chief."""
+    return Cluster.from_counts(_counts(workers, ps, chief))
+
+
+def _counts(workers: int, ps: int, chief: bool) -> dict[str, int]:
+    """The jobs of a run, checked (the counts, and a coordinator for ps tasks); picks nothing."""
     count(workers, "workers")
     count(ps, "ps", minimum=0)
+    flag(chief, "chief")
     if ps and not chief:
         raise ClusterSpecError(
             "A parameter-server run needs a coordinator: add --chief (chief=True); the chief runs "
@@ -121,46 +146,107 @@ def launch_cluster(workers: int, ps: int = 0, chief: bool = False) -> Cluster:
         counts["ps"] = ps
     if chief:
         counts["chief"] = 1
-    return Cluster.from_counts(counts)
+    return counts
 
 
 class _TaskProcess:
+    """One command task of an attempt: its guard, the thread that drains its output, its log."""
+
     def __init__(
         self,
         task: Task,
         argv: Sequence[str],
         env: Mapping[str, str],
-        out: Any,
+        out: _Output,
         log_path: str | None = None,
     ) -> None:
         self.result = TaskResult(task)
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.resumed: str | None = None  # what it said it resumed from (RESUMED_PREFIX)
-        self._log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
+        self._log = RunLogs.open(log_path) if log_path else None
+        self._log_path = log_path
+        self._finished = False
+        self.mark = secrets.token_hex(12)  # every process of the task carries it (MARK_ENV)
         self.proc = subprocess.Popen(
             guarded_argv(argv),
-            env=dict(env),
+            env={**env, MARK_ENV: self.mark},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         self.result.pid = self.proc.pid
-        self._reader = threading.Thread(target=self._pump, args=(out,), daemon=True)
+        self._reader = threading.Thread(
+            target=self._pump, args=(out,), daemon=True, name=f"graphdist-run-{task.name}"
+        )
         self._reader.start()
 
     def _pump(self, out: _Output) -> None:
-        assert self.proc.stdout is not None
-        prefix = f"[{self.result.name}] "
-        for raw in self.proc.stdout:
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            self._tail.append(line)
-            if self.resumed is None and line.startswith(RESUMED_PREFIX):
-                self.resumed = "resumed from " + line[len(RESUMED_PREFIX) :]
-            if self._log is not None:
-                self._log.write(line + "\n")
-                self._log.flush()
-            out.write(prefix + line)
+        """Drain the task's pipe to its end, whatever happens to the sinks: a task blocked on a
+        full pipe would never end."""
+        stdout = self.proc.stdout
+        assert stdout is not None
+        try:
+            self._drain(stdout, out)
+        except Exception as exc:  # a bug here must not leave the task blocked on its pipe
+            out.note(f"graphdist: showing {self.result.name}'s output failed ({exc!r})")
+            with contextlib.suppress(Exception):
+                while stdout.read(LINE_LIMIT):
+                    pass
+        finally:
+            self._close_log()
+            with contextlib.suppress(OSError):
+                stdout.close()
+
+    def _drain(self, stdout: IO[bytes], out: _Output) -> None:
+        first: bytes | None = None  # the start of a line longer than LINE_LIMIT
+        more = 0  # the bytes of that line after its start
+        while True:
+            chunk = stdout.readline(LINE_LIMIT)
+            if not chunk:
+                if first is not None:
+                    self._line(first, more, out)
+                return
+            self._to_log(chunk, out)
+            ended = chunk.endswith(b"\n")
+            if first is None and (ended or len(chunk) < LINE_LIMIT):
+                self._line(chunk, 0, out)
+            elif first is None:
+                first, more = chunk, 0
+            else:
+                more += len(chunk)
+                if ended:
+                    self._line(first, more, out)
+                    first = None
+
+    def _line(self, raw: bytes, more: int, out: _Output) -> None:
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        if more:
+            where = " (whole in its log file)" if self._log is not None else ""
+            line += f" [graphdist: line cut at {len(raw)} bytes; {more} more not shown{where}]"
+        self._tail.append(line)
+        if self.resumed is None and line.startswith(RESUMED_PREFIX):
+            self.resumed = "resumed from " + line[len(RESUMED_PREFIX) :]
+        out.write(f"[{self.result.name}] {line}")
+
+    def _to_log(self, chunk: bytes, out: _Output) -> None:
+        if self._log is None:
+            return
+        try:
+            self._log.write(chunk)
+        except (OSError, ValueError) as exc:  # a full disk, a file system gone read-only
+            self._close_log()
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            out.note(
+                f"graphdist: cannot write {self.result.name}'s log {self._log_path}: {why}; "
+                "its output is no longer logged there"
+            )
+
+    def _close_log(self) -> None:
+        log, self._log = self._log, None
+        if log is not None:
+            with contextlib.suppress(OSError):
+                log.close()
 
     def poll(self) -> int | None:
         return self.proc.poll()
@@ -183,27 +269,64 @@ class _TaskProcess:
                 os.kill(pid, sig)
 
     def finish(self) -> TaskResult:
-        self._reader.join(5.0)
+        """The task's result, once its guard has exited: what the guard could not end (it was
+        SIGKILLed, say) is ended here by its mark, so nothing of the task outlives it."""
+        if self._finished or self.proc.poll() is None:
+            return self.result
+        self._finished = True
+        end_marked(self.mark, STOP_GRACE_S)
+        self._reader.join(READER_JOIN_S)
         self.result.exitcode = self.proc.poll()
         self.result.tail = list(self._tail)
-        if self._log is not None and not self._reader.is_alive():
-            self._log.close()
+        with contextlib.suppress(OSError):  # the pipe's end, if the reader still holds it
+            if not self._reader.is_alive() and self.proc.stdout is not None:
+                self.proc.stdout.close()
         return self.result
 
 
 class _Output:
-    """Serialises whole prefixed lines from several reader threads onto one stream."""
+    """Serialises whole prefixed lines from several reader threads onto one stream. A stream that
+    fails (its reader went away: ``| head``; a full disk) is dropped with one line on stderr:
+    the run goes on, the tasks' pipes keep draining."""
 
     def __init__(self, stream: IO[str] | None) -> None:
         self._stream = stream
         self._lock = threading.Lock()
 
     def write(self, line: str) -> None:
-        if self._stream is None:
-            return
         with self._lock:
-            self._stream.write(line + "\n")
-            self._stream.flush()
+            stream = self._stream
+            if stream is None:
+                return
+            try:
+                stream.write(line + "\n")
+                stream.flush()
+            except (OSError, ValueError) as exc:
+                self._stream = None
+                self._lost(stream, exc)
+
+    def note(self, line: str) -> None:
+        """graphdist's own line about the run: on the stream, or on stderr once it failed."""
+        with self._lock:
+            lost = self._stream is None
+        if lost:
+            with contextlib.suppress(OSError, ValueError):
+                print(line, file=sys.stderr, flush=True)
+        else:
+            self.write(line)
+
+    @staticmethod
+    def _lost(stream: IO[str], exc: BaseException) -> None:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if stream is sys.stderr:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            print(
+                f"graphdist: cannot write the run's output any more ({why}); the run goes on "
+                "without it (its --log-dir keeps every line)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _stop(procs: Sequence[_TaskProcess], grace_s: float) -> None:
@@ -212,13 +335,20 @@ def _stop(procs: Sequence[_TaskProcess], grace_s: float) -> None:
 
 def _describe(result: TaskOutcome, then: str = "") -> str:
     """``NAME exited with code N`` (``then`` after it), its last lines and a hint."""
-    tail = "\n".join(f"    [{result.name}] {line}" for line in result.tail[-10:])
+    tail = "\n".join(f"    [{result.name}] {_cut(line)}" for line in result.tail[-10:])
     return (
         exited(result.name, result.exitcode)
         + then
         + (f"; its last lines:\n{tail}" if tail else "")
         + _interpreter_hint(result.tail)
     )
+
+
+def _cut(line: str) -> str:
+    """One output line as an error message quotes it: at most MESSAGE_LINE_CHARS characters."""
+    if len(line) <= MESSAGE_LINE_CHARS:
+        return line
+    return f"{line[:MESSAGE_LINE_CHARS]} [... {len(line) - MESSAGE_LINE_CHARS} more characters]"
 
 
 def _interpreter_hint(tail: Sequence[str]) -> str:
@@ -246,40 +376,125 @@ class _Failure:
 
 @dataclass
 class _Run:
-    """What a run with restarts keeps across its attempts (for its summary)."""
+    """What a run keeps across its attempts: where its output goes, its log folder, its restart
+    budget and deadline, which attempt it is in (from 0), its failures and what each attempt
+    resumed from. :meth:`end` writes its summary, however the run ends."""
 
+    out: _Output
+    logs: RunLogs | None
+    budget: RestartBudget
+    timeout_s: float | None
     started: float = field(default_factory=time.monotonic)
+    attempt: int = 0
     failures: list[_Failure] = field(default_factory=list)
     resumed: dict[int, str] = field(default_factory=dict)  # attempt -> what it resumed from
 
-    def summary(self, attempts: int, outcome: str) -> str:
+    @property
+    def deadline(self) -> float | None:
+        return None if self.timeout_s is None else self.started + self.timeout_s
+
+    def summary(self, outcome: str) -> str:
         lines = [
-            f"graphdist: run summary: {attempts} attempt(s) in "
+            f"graphdist: run summary: {self.attempt + 1} attempt(s) in "
             f"{time.monotonic() - self.started:.1f} s; {outcome}"
         ]
         for f in self.failures:
             resumed = self.resumed.get(f.attempt + 1)  # attempts count from 0 here
             after = f"; attempt {f.attempt + 2} {resumed}" if resumed else ""
             lines.append(f"  attempt {f.attempt + 1}: {f.task} {f.how} at {f.at_s:.1f} s{after}")
+        if self.logs is not None:
+            lines.append(f"  logs: {self.logs.path}")
         return "\n".join(lines)
 
+    def end(self, outcome: str, *, show: bool) -> None:
+        """The summary: to the log folder always, to the output where ``show``."""
+        text = self.summary(outcome)
+        if self.logs is not None:
+            self.logs.write_summary(text)
+        if show:
+            self.out.note(text)
 
-def _log_folder(log_dir: str | os.PathLike[str] | None) -> str | None:
-    """``log_dir`` made, and checked writable, before anything starts (ArgumentError)."""
-    if log_dir is None:
-        return None
-    path = os.path.abspath(os.fspath(log_dir))
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as exc:
+    def timed_out(self, results: Sequence[TaskOutcome], doing: str) -> LaunchTimeoutError:
+        return LaunchTimeoutError(
+            f"The run did not finish within {self.timeout_s:g} s ({doing}); every task was "
+            "stopped; raise --timeout (timeout_s) if it needs longer",
+            results,
+        )
+
+    def backoff(self, wait: float, signals: SignalScope, what: str) -> None:
+        """Wait ``wait`` seconds before restarting ``what``; the deadline holds meanwhile."""
+        deadline = self.deadline
+        left = None if deadline is None else deadline - time.monotonic()
+        with signals.interruptible():
+            time.sleep(wait if left is None else max(0.0, min(wait, left)))
+        if left is not None and left < wait:
+            raise self.timed_out([], f"it was waiting {wait:g} s to restart {what}")
+
+
+def _check_command(command: object) -> list[str]:
+    """``command`` as a list of strings, or ArgumentError naming what is wrong with it."""
+    if isinstance(command, str | bytes) or not isinstance(command, Sequence):
         raise ArgumentError(
-            f"Cannot write logs to {path}: {exc.strerror or exc}; pass a writable --log-dir",
-            name="log_dir",
-            value=os.fspath(log_dir),
-        ) from None
-    return path
+            f"command must be a list of arguments such as ['python', 'train.py'], not "
+            f"{show(command)} (split a command line with shlex.split)",
+            name="command",
+            value=command,
+        )
+    argv = []
+    for arg in command:
+        text = os.fspath(arg) if isinstance(arg, os.PathLike) else arg
+        if not isinstance(text, str) or "\0" in text:
+            raise ArgumentError(
+                f"Every argument of command must be a str without NUL bytes, not {show(arg)} "
+                f"in {show(command)}",
+                name="command",
+                value=command,
+            )
+        argv.append(text)
+    if not argv:
+        raise ArgumentError(
+            "No command to run; put it after `--`, e.g. -- python train.py", name="command"
+        )
+    return argv
+
+
+def _check_env(env: object) -> dict[str, str]:
+    """``env`` (extra environment variables) checked: a mapping of str to str."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise ArgumentError(
+            f"env must be a mapping of variable names to str values, not {show(env)}",
+            name="env",
+            value=env,
+        )
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise ArgumentError(
+                f"env has the variable name {show(key)}: names are non-empty str without '=' "
+                "or NUL",
+                name="env",
+                value=env,
+            )
+        if not isinstance(value, str) or "\0" in value:
+            raise ArgumentError(
+                f"env[{key!r}] must be a str without NUL bytes, not {show(value)}",
+                name="env",
+                value=env,
+            )
+    return dict(env)
+
+
+def _check_output(output: object) -> IO[str]:
+    if output is None:
+        return sys.stdout
+    if not callable(getattr(output, "write", None)):
+        raise ArgumentError(
+            f"output must be a text stream (with write), not {show(output)}",
+            name="output",
+            value=output,
+        )
+    return output  # type: ignore[return-value]
 
 
 def run_command(
@@ -298,98 +513,57 @@ def run_command(
 ) -> list[TaskResult]:
     """Run ``command`` once per task of a fresh local cluster (see the module docstring).
 
-    ``output`` receives the prefixed lines (default: ``sys.stdout``). Returns every command
-    task's :class:`TaskResult` (all exit codes 0). Raises :class:`TaskExitError`,
+    ``output`` receives the prefixed lines (default: ``sys.stdout``); if writing to it fails
+    (its reader went away, a full disk), the run goes on without it, saying so on stderr. Lines
+    longer than :data:`LINE_LIMIT` bytes are cut there (the log file keeps them whole). Returns
+    every command task's :class:`TaskResult` (all exit codes 0). Raises :class:`TaskExitError`,
     :class:`LaunchTimeoutError`, :class:`ClusterSpecError` for bad counts or
-    :class:`ArgumentError` for an empty command, one that is not an executable, or a timeout that
-    is not a finite number > 0. A stop signal during the run: see the module docstring.
+    :class:`ArgumentError` for any bad argument (a command that is not a list of str or not an
+    executable, a timeout that is not a finite number > 0, ``expose`` not a bool, an unsafe
+    ``log_dir``), before anything starts. A stop signal during the run: see the module docstring.
 
     ``max_restarts``: when a task fails, stop every task and start the whole run again (fresh
     ports, a TF_CONFIG for each task, ``GRAPHDIST_RESTART=k`` in attempt k), at most this many
     times within any ``restart_window_s`` seconds, after a back-off (0.5 s, doubling, at most
-    30 s: :mod:`graphdist._proc.restarts`); ``timeout_s`` bounds the whole run. The scripts
-    resume from their last backup (:func:`graphdist.backup_and_restore`). ``log_dir``: every
-    task's whole output also goes to ``log_dir/attempt-K/TASK.log``. A run that restarted, or
-    has a ``log_dir``, ends with a summary (attempts, which task failed how and when, what each
-    attempt resumed from, the time) on ``output``.
+    30 s: :mod:`graphdist._proc.restarts`); ``timeout_s`` bounds the whole run, back-offs
+    included. The scripts resume from their last backup (:func:`graphdist.backup_and_restore`).
+    ``log_dir``: a folder of the run's own, ``log_dir/run-N`` (:mod:`graphdist._distribute.
+    runlogs`), gets every task's whole output (``attempt-K/TASK.log``, K from 1), the exit
+    statuses and the summary. A run that restarted, or has a ``log_dir``, ends with a summary
+    (attempts, which task failed how and when, what each attempt resumed from, the time) on
+    ``output``, whether it succeeded, failed, timed out or was stopped by a signal.
     """
-    if not command:
-        raise ArgumentError(
-            "No command to run; put it after `--`, e.g. -- python train.py", name="command"
-        )
+    argv = _check_command(command)
     timeout_s = check_timeout_s(timeout_s, "timeout_s")
     count(max_restarts, "max_restarts", minimum=0)
     restart_window_s = check_timeout_s(
         restart_window_s, "restart_window_s", DEFAULT_RESTART_WINDOW_S
     )
-    base_env = {**os.environ, **(env or {}), "TF_USE_LEGACY_KERAS": "1"}
-    if shutil.which(command[0], path=base_env.get("PATH", os.defpath)) is None:
+    flag(expose, "expose")
+    base_env = {**os.environ, **_check_env(env), "TF_USE_LEGACY_KERAS": "1"}
+    stream = _check_output(output)
+    if shutil.which(argv[0], path=base_env.get("PATH", os.defpath)) is None:
         # here, not as each task's exit code 127: the guard, not the launcher, starts the command
-        where = "" if os.sep in command[0] else " on PATH"
+        where = "" if os.sep in argv[0] else " on PATH"
         raise ArgumentError(
-            f"Cannot run {command[0]!r}: no executable file by that name{where}",
+            f"Cannot run {argv[0]!r}: no executable file by that name{where}",
             name="command",
-            value=command[0],
+            value=argv[0],
         )
-    launch_cluster(workers, ps, chief)  # the counts, checked before anything starts
-    logs = _log_folder(log_dir)
-    out = _Output(sys.stdout if output is None else output)
-    budget = RestartBudget(max_restarts, restart_window_s)
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    run = _Run()
-    attempt = 0
+    _counts(workers, ps, chief)  # checked before anything starts
+    logs = None if log_dir is None else RunLogs(log_dir)
+    run = _Run(_Output(stream), logs, RestartBudget(max_restarts, restart_window_s), timeout_s)
     procs: list[_TaskProcess] = []
     try:
         with SignalScope() as signals:
-            while True:
-                procs = []
-                try:
-                    ctx = _Context(out, deadline, timeout_s, attempt, logs, budget, run)
-                    results = _attempt(
-                        command, workers, ps, chief, base_env, expose, procs, signals, ctx
-                    )
-                except TaskExitError as exc:
-                    run.failures.append(
-                        _Failure(
-                            attempt,
-                            exc.failed.name,
-                            _how(exc.failed),
-                            time.monotonic() - run.started,
-                        )
-                    )
-                    _note_resumed(run, procs, attempt)
-                    wait = budget.failed()
-                    if wait is None:
-                        if max_restarts or logs:
-                            out.write(run.summary(attempt + 1, "failed"))
-                        if not max_restarts:
-                            raise
-                        gave_up = (
-                            f" in attempt {attempt + 1}; gave up after {budget.restarts} "
-                            f"restart(s) (--max-restarts {max_restarts} within "
-                            f"{restart_window_s:g} s)"
-                        )
-                        raise TaskExitError(
-                            f"Task {_describe(exc.failed, gave_up)}\n  the other tasks were "
-                            "stopped",
-                            exc.results,
-                            exc.failed,
-                        ) from None
-                    out.write(
-                        f"graphdist: {exited(exc.failed.name, exc.failed.exitcode)}; every task "
-                        f"was stopped; restarting the run in {wait:g} s (restart "
-                        f"{budget.restarts + 1} of at most {max_restarts} within "
-                        f"{restart_window_s:g} s)"
-                    )
-                    with signals.interruptible():
-                        time.sleep(wait)
-                    budget.restarted()
-                    attempt += 1
-                    continue
-                _note_resumed(run, procs, attempt)
-                if run.failures or logs:
-                    out.write(run.summary(attempt + 1, "every task exited 0"))
-                return results
+            try:
+                return _run(argv, workers, ps, chief, base_env, expose, procs, signals, run)
+            except Interrupted as exc:  # the summary before the signal takes its course
+                run.end(f"stopped by {exc.name}", show=True)
+                raise
+            except LaunchTimeoutError:
+                run.end(f"timed out after {timeout_s:g} s", show=True)
+                raise
     except Interrupted as exc:  # the caller's own handler took the signal and returned
         raise LaunchError(
             f"The run was stopped by {exc.name}; every task was stopped",
@@ -397,31 +571,70 @@ def run_command(
         ) from None
 
 
+def _run(
+    command: Sequence[str],
+    workers: int,
+    ps: int,
+    chief: bool,
+    base_env: Mapping[str, str],
+    expose: bool,
+    procs: list[_TaskProcess],
+    signals: SignalScope,
+    run: _Run,
+) -> list[TaskResult]:
+    """The attempts of a run, until one succeeds or the restart budget is spent."""
+    budget = run.budget
+    while True:
+        procs.clear()
+        try:
+            results = _attempt(command, workers, ps, chief, base_env, expose, procs, signals, run)
+        except TaskExitError as exc:
+            elapsed = time.monotonic() - run.started
+            run.failures.append(_Failure(run.attempt, exc.failed.name, _how(exc.failed), elapsed))
+            _note_resumed(run, procs)
+            wait = budget.failed()
+            if wait is None:
+                if not budget.max_restarts:
+                    run.end("failed", show=run.logs is not None)
+                    raise
+                run.end("failed", show=True)
+                gave_up = (
+                    f" in attempt {run.attempt + 1}; gave up after {budget.restarts} "
+                    f"restart(s) (--max-restarts {budget.max_restarts} within "
+                    f"{budget.window_s:g} s)"
+                )
+                raise TaskExitError(
+                    f"Task {_describe(exc.failed, gave_up)}\n  the other tasks were stopped",
+                    exc.results,
+                    exc.failed,
+                ) from None
+            run.out.note(
+                f"graphdist: {exited(exc.failed.name, exc.failed.exitcode)}; every task "
+                f"was stopped; restarting the run in {wait:g} s (restart "
+                f"{budget.restarts + 1} of at most {budget.max_restarts} within "
+                f"{budget.window_s:g} s)"
+            )
+            run.backoff(wait, signals, f"the run after attempt {run.attempt + 1} failed")
+            budget.restarted()
+            run.attempt += 1
+            continue
+        _note_resumed(run, procs)
+        run.end("every task exited 0", show=bool(run.failures) or run.logs is not None)
+        return results
+
+
 def _how(result: TaskOutcome) -> str:
     """``exited with code 1``, ``exited with code -9 (SIGKILL)``: how a task ended."""
     return exited("", result.exitcode).strip()
 
 
-def _note_resumed(run: _Run, procs: Sequence[_TaskProcess], attempt: int) -> None:
-    """Remember what attempt ``attempt`` said it resumed from (a chief's word first)."""
+def _note_resumed(run: _Run, procs: Sequence[_TaskProcess]) -> None:
+    """Remember what the run's current attempt said it resumed from (a chief's word first)."""
     for proc in sorted(procs, key=lambda p: p.result.task.job != "chief"):
         said = proc.resumed
-        if said is not None and attempt:
-            run.resumed.setdefault(attempt, said)
+        if said is not None and run.attempt:
+            run.resumed.setdefault(run.attempt, said)
             return
-
-
-@dataclass
-class _Context:
-    """What one attempt needs of its run."""
-
-    out: _Output
-    deadline: float | None
-    timeout_s: float | None
-    attempt: int
-    logs: str | None
-    budget: RestartBudget
-    run: _Run
 
 
 def _attempt(
@@ -433,24 +646,23 @@ def _attempt(
     expose: bool,
     procs: list[_TaskProcess],
     signals: SignalScope,
-    ctx: _Context,
+    run: _Run,
 ) -> list[TaskResult]:
     """One attempt of a run: a fresh cluster, its ps/worker servers (with ps tasks), one
-    process per command task (appended to ``procs``), supervised until every one exits."""
+    process per command task (appended to ``procs``), supervised until every one exits. Its
+    ports, processes and files are all given back when it ends, however it ends."""
     from graphdist._distribute.tfconfig import tf_config
     from graphdist._fleet.local import LocalFleet
 
     cluster = launch_cluster(workers, ps, chief)
-    runners = [t for t in cluster if t.job == "chief"] if ps else list(cluster)
-    runners = [t for t in runners if t.job in ("chief", "worker")]
-    served = [job for job in ("worker", "ps") if ps and job in cluster]
-    attempt, out = ctx.attempt, ctx.out
-    folder = None
-    if ctx.logs is not None:
-        folder = os.path.join(ctx.logs, f"attempt-{attempt}")
-        os.makedirs(folder, exist_ok=True)
-    fleet = LocalFleet(cluster, jobs=served, expose=expose, log_dir=folder) if served else None
+    fleet = None
     try:
+        runners = [t for t in cluster if t.job == "chief"] if ps else list(cluster)
+        runners = [t for t in runners if t.job in ("chief", "worker")]
+        served = [job for job in ("worker", "ps") if ps and job in cluster]
+        folder = None if run.logs is None else run.logs.attempt(run.attempt + 1)
+        if served:
+            fleet = LocalFleet(cluster, jobs=served, expose=expose, log_dir=folder)
         if fleet is not None:
             with signals.interruptible():
                 fleet.start()
@@ -466,33 +678,46 @@ def _attempt(
                 ),
                 "TF_CONFIG": tf_config(cluster, task.job, task.index).to_json(),
                 "GRAPHDIST_TASK": task.name,
-                "GRAPHDIST_RESTART": str(attempt),
+                "GRAPHDIST_RESTART": str(run.attempt),
             }
             log_path = None if folder is None else os.path.join(folder, f"{task.name}.log")
-            procs.append(_TaskProcess(task, command, task_env, out, log_path))
-        return _supervise(procs, signals, ctx, fleet)
+            procs.append(_TaskProcess(task, command, task_env, run.out, log_path))
+        return _supervise(procs, signals, run, fleet)
     finally:  # no signal interrupts this: it is deferred to the end of the scope
         _stop([p for p in procs if p.poll() is None], TASK_STOP_GRACE_S)
-        for proc in procs:
-            proc.finish()
+        results = [proc.finish() for proc in procs]
         if fleet is not None:
             fleet.close()
+        release_ports(t.port for t in cluster)
+        if run.logs is not None:
+            run.logs.record_exits(run.attempt + 1, _exit_rows(results, fleet))
+
+
+def _exit_rows(results: Sequence[TaskResult], fleet: Any) -> list[dict[str, Any]]:
+    """How every task of an attempt ended, for the log folder's ``exits.json``."""
+    rows = [{"task": r.name, "pid": r.pid, "exitcode": r.exitcode, "how": _how(r)} for r in results]
+    for server in [] if fleet is None else fleet.tasks:
+        code = server.exitcode
+        rows.append(
+            {"task": server.task.name, "pid": server.pid, "exitcode": code, "how": _how(server)}
+        )
+    return rows
 
 
 def _supervise(
     procs: list[_TaskProcess],
     signals: SignalScope,
-    ctx: _Context,
+    run: _Run,
     fleet: Any = None,
 ) -> list[TaskResult]:
     """Wait for every task to exit 0; stop the others when one fails or the time is up. With a
     fleet of ps/worker servers and restarts allowed: a dead worker is restarted on its address
     (within the restart budget: the coordinator carries on), a dead ps task fails the attempt
     (the next one starts the ps tasks and the coordinator again, which resumes)."""
-    deadline, timeout_s = ctx.deadline, ctx.timeout_s
+    deadline = run.deadline
     while True:
-        if fleet is not None and ctx.budget.max_restarts:  # else as TensorFlow has it: the
-            _check_servers(fleet, signals, ctx)  # coordinator carries on without a dead worker
+        if fleet is not None and run.budget.max_restarts:  # else as TensorFlow has it: the
+            _check_servers(fleet, signals, run)  # coordinator carries on without a dead worker
         codes = [p.poll() for p in procs]
         failed = next((p for p, c in zip(procs, codes, strict=True) if c not in (None, 0)), None)
         if failed is not None:
@@ -508,24 +733,19 @@ def _supervise(
         if deadline is not None and time.monotonic() > deadline:
             running = [p.result.name for p, c in zip(procs, codes, strict=True) if c is None]
             _stop(procs, TASK_STOP_GRACE_S)
-            raise LaunchTimeoutError(
-                f"The run did not finish within {timeout_s:g} s (still running: "
-                f"{', '.join(running)}); every task was stopped; raise --timeout if it needs "
-                "longer",
-                [p.finish() for p in procs],
-            )
+            raise run.timed_out([p.finish() for p in procs], f"still running: {', '.join(running)}")
         with signals.interruptible():
             time.sleep(0.05)
 
 
-def _check_servers(fleet: Any, signals: SignalScope, ctx: _Context) -> None:
+def _check_servers(fleet: Any, signals: SignalScope, run: _Run) -> None:
     """A parameter-server run's dead servers: restart a worker on its address (the coordinator
     re-schedules its work and uses it again once back) while the budget allows; a dead ps task,
     or a worker beyond the budget, fails the attempt (TaskExitError)."""
     for server in fleet.dead_tasks():
         result = TaskResult(server.task, pid=server.pid, exitcode=server.exitcode)
         result.tail = server.log_tail()
-        wait = ctx.budget.failed() if server.job == "worker" else None
+        wait = run.budget.failed() if server.job == "worker" else None
         if wait is None:
             why = (
                 " (its server)"
@@ -537,18 +757,17 @@ def _check_servers(fleet: Any, signals: SignalScope, ctx: _Context) -> None:
                 [result],
                 result,
             )
-        elapsed = time.monotonic() - ctx.run.started
-        ctx.run.failures.append(_Failure(ctx.attempt, server.task.name, _how(result), elapsed))
-        ctx.out.write(
+        elapsed = time.monotonic() - run.started
+        run.failures.append(_Failure(run.attempt, server.task.name, _how(result), elapsed))
+        run.out.note(
             f"graphdist: the server of {exited(server.task.name, server.exitcode)}; restarting it "
-            f"on {server.address} in {wait:g} s (restart {ctx.budget.restarts + 1} of at most "
-            f"{ctx.budget.max_restarts} within {ctx.budget.window_s:g} s); the coordinator "
+            f"on {server.address} in {wait:g} s (restart {run.budget.restarts + 1} of at most "
+            f"{run.budget.max_restarts} within {run.budget.window_s:g} s); the coordinator "
             "carries on"
         )
-        with signals.interruptible():
-            time.sleep(wait)
+        run.backoff(wait, signals, f"the server of {server.task.name}")
         fleet.restart(server.job, server.index)
-        ctx.budget.restarted()
+        run.budget.restarted()
 
 
 def run_function(
@@ -568,13 +787,28 @@ def run_function(
     """Run ``fn(*args, **kwargs)`` in one fresh Python process per command task (as
     :func:`run_command`, restarts and logs included; TF_CONFIG is set before anything imports
     TensorFlow) and return ``{task name: return value}`` (of the attempt that succeeded).
-    ``fn`` and its result must be picklable with ``dill``."""
+    ``fn`` and its result must be picklable with ``dill``: ArgumentError before anything starts
+    when ``fn`` is not callable or cannot be pickled; :class:`LaunchError` when a task exits 0
+    without handing its result back (it called ``os._exit``, say)."""
     import dill
 
+    if not callable(fn):
+        raise ArgumentError(
+            f"fn must be a callable to run in each task, not {show(fn)}", name="fn", value=fn
+        )
+    env = _check_env(env)
     with tempfile.TemporaryDirectory(prefix="graphdist-run-") as tmp:
         payload = os.path.join(tmp, "payload.pkl")
-        with open(payload, "wb") as f:
-            dill.dump((fn, args, kwargs), f, recurse=True)
+        try:
+            with open(payload, "wb") as f:
+                dill.dump((fn, args, kwargs), f, recurse=True)
+        except Exception as exc:
+            raise ArgumentError(
+                f"Cannot hand {show(fn)} and its arguments to the tasks: dill cannot pickle them "
+                f"({type(exc).__name__}: {_cut(str(exc))})",
+                name="fn",
+                value=fn,
+            ) from None
         path_env = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
         results = run_command(
             [sys.executable, "-m", "graphdist._distribute.taskfn", payload, tmp],
@@ -582,7 +816,7 @@ def run_function(
             ps=ps,
             chief=chief,
             timeout_s=timeout_s,
-            env={**(env or {}), "PYTHONPATH": path_env},
+            env={**env, "PYTHONPATH": path_env},
             output=output,
             max_restarts=max_restarts,
             restart_window_s=restart_window_s,
@@ -590,6 +824,13 @@ def run_function(
         )
         values = {}
         for result in results:
-            with open(os.path.join(tmp, f"{result.name}.pkl"), "rb") as f:
-                values[result.name] = dill.load(f)
+            try:
+                with open(os.path.join(tmp, f"{result.name}.pkl"), "rb") as f:
+                    values[result.name] = dill.load(f)
+            except FileNotFoundError:
+                raise LaunchError(
+                    f"Task {result.name} exited with code 0 without handing back the result of "
+                    f"{show(fn)}: did it end its process (os._exit, sys.exit) before returning?",
+                    results,
+                ) from None
         return values

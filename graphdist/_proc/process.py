@@ -47,11 +47,14 @@ from typing import Protocol, TypeVar
 
 __all__ = [
     "KILL_WAIT_S",
+    "MARK_ENV",
     "STOP_GRACE_S",
     "TASK_STOP_GRACE_S",
     "Stoppable",
     "descendants",
+    "end_marked",
     "guarded_argv",
+    "marked",
     "set_parent_death_signal",
     "stop_all",
     "wait_gone",
@@ -200,6 +203,67 @@ def descendants(pid: int) -> list[int]:
     return [p for p in found if (_stat(p) or ("Z", 0))[0] not in ("Z", "X")]
 
 
+#: The environment variable that marks every process of one launched task (its guard passes it
+#: on, and so does whatever the task starts, unless it clears its environment): what finds the
+#: task's leftovers when its guard could not end them (:func:`marked`).
+MARK_ENV = "GRAPHDIST_TASK_MARK"
+
+
+def marked(value: str) -> list[int]:
+    """The live processes of this user whose environment has ``MARK_ENV=value`` (this one
+    excepted): a task's processes once its guard is gone (re-parented to init, a ``setsid``
+    daemon included)."""
+    needle = f"{MARK_ENV}={value}".encode()
+    found = []
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:  # gone, or another user's
+            continue
+        if needle in environ.split(b"\0") and (_stat(int(entry)) or ("Z", 0))[0] not in "ZX":
+            found.append(int(entry))
+    return found
+
+
+class _Marked:
+    """A process found by its mark, for :func:`stop_all` (psutil refuses a reused pid)."""
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self._psutil = psutil
+        try:
+            self._proc: psutil.Process | None = psutil.Process(pid)
+        except psutil.Error:
+            self._proc = None
+
+    def signal(self, sig: int) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(self._psutil.Error):
+                self._proc.send_signal(sig)
+
+    def running(self) -> bool:
+        if self._proc is None:
+            return False
+        try:
+            return bool(self._proc.status() != self._psutil.STATUS_ZOMBIE)
+        except self._psutil.Error:
+            return False
+
+
+def end_marked(value: str, grace_s: float = STOP_GRACE_S) -> list[int]:
+    """End every process marked ``MARK_ENV=value`` (:func:`marked`) as :func:`stop_all` does;
+    return the pids it found (normally none: a task's guard ends its tree itself)."""
+    pids = marked(value)
+    if pids:
+        stop_all([_Marked(pid) for pid in pids], grace_s)
+    return pids
+
+
 def guarded_argv(
     command: Sequence[str], owner: int | None = None, grace_s: float = STOP_GRACE_S
 ) -> list[str]:
@@ -231,18 +295,36 @@ class _Guard:
                 self.status = status
 
     def spawn(self) -> int | None:
-        """Start the command (the signals we block, unblocked for it); an exit code on failure."""
-        try:
-            self.child = os.posix_spawnp(
-                self.command[0],
-                self.command,
-                os.environ,
-                setsigmask=(),
-                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # as subprocess's restore_signals
-            )
-        except OSError as exc:
-            print(f"graphdist: cannot run {self.command[0]!r}: {exc}", file=sys.stderr, flush=True)
-            return 127 if exc.errno == errno.ENOENT else 126
+        """Start the command (the signals we block, unblocked for it), dying with us: its
+        ``PR_SET_PDEATHSIG`` is SIGKILL, so a SIGKILLed guard does not leave its command running
+        (what the command started is found by its mark: :func:`marked`). An exit code on
+        failure."""
+        report_r, report_w = os.pipe2(os.O_CLOEXEC)  # closed by a successful exec
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child execs or exits
+            try:
+                os.close(report_r)
+                set_parent_death_signal(signal.SIGKILL)
+                if os.getppid() != self.pid:  # the guard died before the signal was armed
+                    os._exit(128 + signal.SIGKILL)
+                for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as subprocess's restore_signals
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, ())
+                os.execvp(self.command[0], self.command)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.write(report_w, f"{exc.errno or 0} {exc.strerror or exc}".encode())
+            finally:
+                os._exit(127)
+        os.close(report_w)
+        with os.fdopen(report_r, "rb") as report:
+            failed = report.read()
+        if failed:
+            os.waitpid(pid, 0)
+            code, _, why = failed.decode("utf-8", "replace").partition(" ")
+            print(f"graphdist: cannot run {self.command[0]!r}: {why}", file=sys.stderr, flush=True)
+            return 127 if code == str(errno.ENOENT) else 126
+        self.child = pid
         return None
 
     def end_tree(self) -> None:

@@ -113,8 +113,16 @@ def test_a_run_restarts_as_a_group_until_it_succeeds_and_says_so(tmp_path):
         with open(tmp_path / "pids" / f"worker-0.{k}.pid") as f:
             clusters.add(json.dumps(json.load(f)[1], sort_keys=True))
         for task in ("worker-0", "worker-1"):  # each task's whole output, every attempt
-            log = (logs / f"attempt-{k}" / f"{task}.log").read_text()
+            log = (logs / "run-1" / f"attempt-{k + 1}" / f"{task}.log").read_text()
             assert log.startswith(f"{task} attempt {k} ")
+    assert summary[3] == f"  logs: {logs / 'run-1'}"
+    assert (logs / "run-1" / "summary.txt").read_text().splitlines() == summary[:4]
+    exits = json.loads((logs / "run-1" / "exits.json").read_text())
+    assert [(e["attempt"], e["task"], e["exitcode"]) for e in exits if e["exitcode"]] == [
+        (1, "worker-1", 3),
+        (2, "worker-1", 3),
+    ]
+    assert len(exits) == 6
     assert len(clusters) == 3  # fresh ports each time
     pids = [json.loads(p.read_text())[0] for p in (tmp_path / "pids").iterdir()]
     assert len(pids) == 6 and wait_gone(pids, EVENTUALLY_S) == []
@@ -147,7 +155,7 @@ def test_restart_arguments_are_checked_before_anything_starts(tmp_path):
         graphdist.run_command([PY, "-c", "1"], restart_window_s=0)
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(graphdist.ArgumentError, match="pass a writable --log-dir"):
+    with pytest.raises(graphdist.ArgumentError, match="Cannot keep logs in .*: Not a directory; pass another --log-dir"):
         graphdist.run_command([PY, "-c", "1"], log_dir=blocker / "logs")
 
 
@@ -219,7 +227,7 @@ def test_run_function_returns_each_tasks_result():
         (["run", "--max-restarts", "-1", "--", "true"], "--max-restarts must be a whole number"),
         (["run", "--max-restarts", "x", "--", "true"], "--max-restarts: invalid int value"),
         (["run", "--restart-window", "0", "--", "true"], "--restart-window must be a finite"),
-        (["run", "--log-dir", "/proc/no/such", "--", "true"], "Cannot write logs to /proc/no"),
+        (["run", "--log-dir", "/proc/no/such", "--", "true"], "Cannot keep logs in /proc/no/such: No such file"),
     ],
 )
 def test_cli_usage_errors(argv, fragment):

@@ -1,0 +1,149 @@
+"""A run's log folder (``graphdist run --log-dir LOG_DIR``), made as graphdist makes its own
+state folders.
+
+Each run writes into a folder of its own, ``LOG_DIR/run-N`` (N one more than the highest there,
+made with an exclusive ``mkdir``), so a reused ``LOG_DIR`` keeps runs apart::
+
+    LOG_DIR/run-N/attempt-K/TASK.log   every line a task of attempt K printed (K from 1)
+    LOG_DIR/run-N/summary.txt          the run's summary, however it ended
+    LOG_DIR/run-N/exits.json           every attempt's tasks: pid, exit code, how they ended
+
+``run-N`` and everything in it is the user's alone: folders 0700, files 0600, created with
+``O_EXCL | O_NOFOLLOW``, so nothing in it is a link or a file someone else made. ``LOG_DIR``
+itself may be shared (``/tmp``) as long as no one else can replace what the run makes there: it
+must be a folder owned by the user (or root) that others cannot write to, unless it has the
+sticky bit (as ``/tmp`` has), and it is reached through no link another user made. Anything else
+is refused with one line (:class:`~graphdist.ArgumentError`) before the run starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import stat
+from collections.abc import Sequence
+from typing import IO, Any
+
+from graphdist._exceptions import ArgumentError
+from graphdist._validate import show
+
+__all__ = ["RunLogs", "check_log_dir"]
+
+_RUN = re.compile(r"run-([0-9]{1,9})")
+
+
+def _refuse(path: str, why: str, value: object) -> ArgumentError:
+    return ArgumentError(
+        f"Cannot keep logs in {path}: {why}; pass another --log-dir (log_dir)",
+        name="log_dir",
+        value=value,
+    )
+
+
+def check_log_dir(log_dir: object) -> str:
+    """``log_dir`` as an absolute path once it is a folder a run may write into (the module
+    docstring); a missing one is made (0700). Raises :class:`ArgumentError`."""
+    if isinstance(log_dir, bytes) or not isinstance(log_dir, str | os.PathLike):
+        raise ArgumentError(
+            f"log_dir must be a path (a str or os.PathLike), not {show(log_dir)}",
+            name="log_dir",
+            value=log_dir,
+        )
+    text = os.fspath(log_dir)
+    if not isinstance(text, str) or not text.strip() or "\0" in text:
+        raise ArgumentError(
+            f"log_dir must name a folder, not {show(text)}", name="log_dir", value=log_dir
+        )
+    path = os.path.abspath(text)
+    me = os.getuid()
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        try:
+            os.makedirs(path, mode=0o700)
+        except OSError as exc:
+            raise _refuse(path, exc.strerror or str(exc), log_dir) from None
+        info = os.lstat(path)
+    except OSError as exc:
+        raise _refuse(path, exc.strerror or str(exc), log_dir) from None
+    if stat.S_ISLNK(info.st_mode):
+        if info.st_uid not in (me, 0):
+            raise _refuse(path, f"it is a symbolic link made by uid {info.st_uid}", log_dir)
+        try:
+            info = os.stat(path)
+        except OSError as exc:
+            raise _refuse(path, exc.strerror or str(exc), log_dir) from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise _refuse(path, "it is not a folder", log_dir)
+    if info.st_uid not in (me, 0):
+        raise _refuse(path, f"it belongs to uid {info.st_uid}, not to you (uid {me})", log_dir)
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o022 and not mode & stat.S_ISVTX:
+        raise _refuse(
+            path,
+            f"others can write to it (mode {mode:04o}, no sticky bit) and could replace the "
+            "run's folder",
+            log_dir,
+        )
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise _refuse(path, "you cannot write to it", log_dir)
+    return path
+
+
+class RunLogs:
+    """One run's folder ``LOG_DIR/run-N`` (see the module docstring)."""
+
+    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
+        base = check_log_dir(log_dir)
+        taken: list[int] = []
+        with contextlib.suppress(OSError):
+            taken = [int(m[1]) for n in os.listdir(base) if (m := _RUN.fullmatch(n))]
+        number = max(taken, default=0) + 1
+        while True:
+            path = os.path.join(base, f"run-{number}")
+            try:
+                os.mkdir(path, 0o700)
+                break
+            except FileExistsError:  # another run took it (or a file by that name is there)
+                number += 1
+            except OSError as exc:
+                raise _refuse(base, exc.strerror or str(exc), log_dir) from None
+        self.path = path
+        self._exits: list[dict[str, Any]] = []
+
+    def attempt(self, attempt: int) -> str:
+        """The folder of attempt ``attempt`` (from 1), made now."""
+        folder = os.path.join(self.path, f"attempt-{attempt}")
+        os.mkdir(folder, 0o700)
+        return folder
+
+    @staticmethod
+    def open(path: str) -> IO[bytes]:
+        """A new file of ours (0600, never a link, never one that was there), for appending."""
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+        return os.fdopen(fd, "ab", buffering=0)
+
+    def record_exits(self, attempt: int, rows: Sequence[dict[str, Any]]) -> None:
+        """Every task of attempt ``attempt``, to ``exits.json`` (rewritten whole each time)."""
+        self._exits.extend({"attempt": attempt, **row} for row in rows)
+        self._write("exits.json", json.dumps(self._exits, indent=1) + "\n")
+
+    def write_summary(self, text: str) -> None:
+        self._write("summary.txt", text + "\n")
+
+    def _write(self, name: str, text: str) -> None:
+        """Best effort: a full disk must not turn the run's ending into a traceback."""
+        tmp = os.path.join(self.path, f".{name}.tmp")
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        try:
+            with self.open(tmp) as f:
+                f.write(text.encode())
+            os.replace(tmp, os.path.join(self.path, name))
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
