@@ -108,11 +108,21 @@ def positive(value: float, name: str) -> float:
     return float(value)
 
 
-def count(value: int, name: str, minimum: int = 1) -> int:
-    """``value`` if it is a whole number >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+def count(value: int, name: str, minimum: int = 1, maximum: int | None = None) -> int:
+    """``value`` if it is a whole number >= ``minimum`` (and <= ``maximum``, if given)."""
+    if maximum is None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ArgumentError(
+                f"{name} must be a whole number >= {minimum}, not {show(value)}",
+                name=name,
+                value=value,
+            )
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
         raise ArgumentError(
-            f"{name} must be a whole number >= {minimum}, not {show(value)}", name=name, value=value
+            f"{name} must be a whole number from {minimum} to {maximum}, not {show(value)}",
+            name=name,
+            value=value,
         )
     return value
 
