@@ -10,8 +10,10 @@ and one that injects faults into a training run.
   training script survives a dead or hung worker. ``graphdist_faults.run(COMMAND, faults=[...],
   workers=2, max_restarts=N, ...)`` runs ``python -m graphdist run ... -- COMMAND`` (also
   ``ps``, ``chief``, ``restart_window_s``, ``timeout_s``, ``log_dir``, ``expose``,
-  ``launcher_args``, ``env``, ``cwd``; ``wait_s`` bounds the wait for the launcher), kills or
-  freezes the tasks the faults name when they are due, and returns a ``RunOutcome``:
+  ``launcher_args``, ``env``, ``cwd``; ``wait_s`` bounds the wait for the launcher: by default
+  ``timeout_s`` + 60 s, or 600 s, ``DEFAULT_RUN_TIMEOUT_S``, without a ``timeout_s``; past it
+  the run is stopped and ``outcome.timed_out`` is true, so a frozen task never hangs the test),
+  kills or freezes the tasks the faults name when they are due, and returns a ``RunOutcome``:
   ``returncode``, ``lines`` (stdout as printed, ``[worker-1] ...``), ``stderr``,
   ``lines_of(task, attempt)``, ``injected`` (task, pid, attempt, ``at_s``, ``confirmed``),
   ``missed`` (faults never injected, and why), ``attempts``, ``leftovers``, ``describe()``.
@@ -37,7 +39,9 @@ and one that injects faults into a training run.
 
   At teardown whatever is left of every run (the launcher, every process it started, anything
   carrying the run's mark) is sent SIGCONT and SIGKILL, and the test errors if a process
-  survives that. Bad arguments raise ``graphdist.ArgumentError`` before anything starts.
+  survives that. Bad arguments raise ``graphdist.ArgumentError`` naming the argument and quoting
+the value, before anything starts (``expose`` and ``chief`` must be ``True`` or ``False``:
+``expose="no"`` is refused, not read as true).
 
 The heavy machinery is imported only when a fixture is used, so the plugin costs nothing to
 test runs that do not use it.

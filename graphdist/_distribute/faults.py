@@ -45,7 +45,10 @@ the launcher, and the fault, when it happens rather than when a buffer fills), s
 its task and attempt, the faults injected (task, pid, attempt, when, and whether the process was
 seen stopped or gone afterwards), those that never were (and why), and how many attempts the
 run made (the launcher's restart lines and summary, and the distinct ``GRAPHDIST_RESTART``
-values seen, whichever is more). Bad arguments raise :class:`ArgumentError` naming the argument.
+values seen, whichever is more). Bad arguments raise :class:`ArgumentError` naming the argument
+and quoting the value, before anything starts. A run never waits forever: without ``wait_s``
+(or ``timeout_s``, the launcher's own limit) the launcher is stopped after
+:data:`DEFAULT_RUN_TIMEOUT_S` and the outcome says it ``timed_out``.
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ if TYPE_CHECKING:
     pass
 
 __all__ = [
+    "DEFAULT_RUN_TIMEOUT_S",
     "MARK_ENV",
+    "MAX_RESTARTS",
     "Fault",
     "Injected",
     "Missed",
@@ -91,6 +96,15 @@ STREAMS_WAIT_S = 5.0
 GONE_WAIT_S = 10.0
 """Seconds to wait for SIGKILLed processes to be gone (and, once the launcher has exited, for
 its tasks' guards to finish) before they are reported."""
+DEFAULT_RUN_TIMEOUT_S = 600.0
+"""Seconds :meth:`FaultInjector.run` waits for the launcher by default (no ``wait_s`` and no
+``timeout_s``): then it is stopped and the outcome says so (``timed_out``), so that a frozen
+task never makes a test wait forever (or for pytest-timeout, which leaves no outcome)."""
+RUN_MARGIN_S = 60.0
+"""Seconds past ``timeout_s`` (the launcher's own limit) that ``run`` waits by default."""
+MAX_RESTARTS = 1000
+"""The most ``max_restarts`` a run takes: each restart is a whole new attempt of the run, and a
+test that needs more than a thousand of them has a problem no restart solves."""
 
 _TASK_RE = re.compile(r"(chief|worker|ps)-(\d+)")
 _PREFIXED_RE = re.compile(r"\[((?:chief|worker|ps)-\d+)\] ?(.*)", re.DOTALL)
@@ -305,6 +319,8 @@ class RunOutcome:
     leftovers: list[int]
     """Processes of the run still there after the launcher had exited and :data:`GONE_WAIT_S`
     had passed (then SIGKILLed): something the launcher should have stopped."""
+    wait_s: float | None = None
+    """How long the run could last before it was stopped (``timed_out``), in seconds."""
 
     @property
     def lines(self) -> list[str]:
@@ -350,7 +366,7 @@ class RunOutcome:
         ``tail`` lines of output."""
         head = [
             f"exit code {self.returncode}, {self.attempts} attempt(s) in {self.elapsed_s:.1f} s"
-            + (" (timed out)" if self.timed_out else ""),
+            + (self._timed_out_note() if self.timed_out else ""),
             *(f"injected {i.fault!r} into pid {i.pid} at {i.at_s:.1f} s" for i in self.injected),
             *(f"missed {m.fault!r}: {m.why}" for m in self.missed),
         ]
@@ -361,6 +377,14 @@ class RunOutcome:
             for o in self.output[-tail:]
         ]
         return "\n".join([*head, "output:", *last])
+
+    def _timed_out_note(self) -> str:
+        if self.wait_s is None:
+            return " (timed out)"
+        return (
+            f" (timed out: the launcher was still running after wait_s={self.wait_s:g} s and was "
+            "stopped; pass a larger wait_s if the run needs longer)"
+        )
 
     def __str__(self) -> str:
         return self.describe()

@@ -18,8 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
+from graphdist._cluster import MAX_TASKS, MAX_TASKS_PER_JOB
 from graphdist._exceptions import ArgumentError
-from graphdist._validate import count, show
+from graphdist._validate import count, flag, show
 from graphdist._validate import timeout_s as check_timeout_s
 
 if TYPE_CHECKING:
@@ -29,9 +30,12 @@ from graphdist._distribute.faults import (
     _PREFIXED_RE,
     _RESTART_RE,
     _SUMMARY_RE,
+    DEFAULT_RUN_TIMEOUT_S,
     DUE_WAIT_S,
     GONE_WAIT_S,
     MARK_ENV,
+    MAX_RESTARTS,
+    RUN_MARGIN_S,
     SCAN_S,
     STOP_WAIT_S,
     STREAMS_WAIT_S,
@@ -81,6 +85,19 @@ def _launcher_argv(
     return [*argv, *launcher_args, "--", *command]
 
 
+def _text(value: object, name: str, what: str) -> str:
+    """``value`` (a str or an ``os.PathLike`` of one) as a str that a process can be given: no
+    NUL character (``subprocess`` would refuse it with a bare ValueError after the checks)."""
+    text = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(text, str):
+        raise ArgumentError(f"{name} must be {what}, not {show(value)}", name=name, value=value)
+    if "\0" in text:
+        raise ArgumentError(
+            f"{name} must not contain a NUL character: {show(text)}", name=name, value=value
+        )
+    return text
+
+
 def _check_command(command: object) -> list[str]:
     if isinstance(command, str | bytes) or not isinstance(command, Sequence):
         raise ArgumentError(
@@ -96,14 +113,96 @@ def _check_command(command: object) -> list[str]:
             name="command",
             value=command,
         )
-    return [os.fspath(a) for a in command]
+    return [_text(a, "command", "a list of str") for a in command]
+
+
+def _check_launcher_args(launcher_args: object) -> list[str]:
+    if isinstance(launcher_args, str | bytes) or not isinstance(launcher_args, Sequence):
+        raise ArgumentError(
+            f"launcher_args must be a list of arguments, e.g. ['--restart-window', '30'], not "
+            f"{show(launcher_args)}",
+            name="launcher_args",
+            value=launcher_args,
+        )
+    args = []
+    for arg in launcher_args:
+        if not isinstance(arg, str):
+            raise ArgumentError(
+                f"launcher_args must be a list of str, not {show(launcher_args)} (it holds "
+                f"{show(arg)})",
+                name="launcher_args",
+                value=launcher_args,
+            )
+        args.append(_text(arg, "launcher_args", "a list of str"))
+    return args
+
+
+def _check_env(env: object) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise ArgumentError(
+            f"env must be a mapping of variable names to str values, e.g. "
+            f"{{'TF_CPP_MIN_LOG_LEVEL': '2'}}, not {show(env)}",
+            name="env",
+            value=env,
+        )
+    checked = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise ArgumentError(
+                f"env must have variable names (non-empty str without '=' or NUL) as keys, not "
+                f"{show(key)}",
+                name="env",
+                value=env,
+            )
+        if not isinstance(value, str) or "\0" in value:
+            raise ArgumentError(
+                f"env[{key!r}] must be a str without NUL (an environment value), not {show(value)}",
+                name="env",
+                value=env,
+            )
+        checked[key] = value
+    return checked
+
+
+def _check_cwd(cwd: object) -> str | None:
+    if cwd is None:
+        return None
+    path = _text(cwd, "cwd", "a folder (str or os.PathLike)")
+    if not os.path.isdir(path):
+        raise ArgumentError(
+            f"cwd must be an existing folder, not {show(path)}", name="cwd", value=cwd
+        )
+    return path
+
+
+def _check_log_dir(log_dir: object) -> str | None:
+    if log_dir is None:
+        return None
+    path = _text(log_dir, "log_dir", "a folder (str or os.PathLike)")
+    if not path:
+        raise ArgumentError("log_dir must be a folder, not ''", name="log_dir", value=log_dir)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ArgumentError(
+            f"log_dir must be a folder (made if missing), not {show(path)}: it is a file",
+            name="log_dir",
+            value=log_dir,
+        )
+    return path
 
 
 def _check_faults(
-    faults: Iterable[Fault] | Fault, workers: int, ps: int, chief: bool, max_restarts: int | None
+    faults: object, workers: int, ps: int, chief: bool, max_restarts: int | None
 ) -> list[Fault]:
     if isinstance(faults, Fault):
         faults = [faults]
+    if isinstance(faults, str | bytes | Mapping) or not isinstance(faults, Iterable):
+        raise ArgumentError(
+            f"faults must be a list of faults made by kill(...) or freeze(...), not {show(faults)}",
+            name="faults",
+            value=faults,
+        )
     checked = list(faults)
     tasks = {f"worker-{i}" for i in range(workers)} | {f"ps-{i}" for i in range(ps)}
     tasks |= {"chief-0"} if chief else set()
@@ -289,36 +388,45 @@ class FaultInjector:
         inject ``faults``; wait for the launcher to exit and return the :class:`RunOutcome`.
 
         ``wait_s``: how long to wait for the launcher before stopping it (SIGTERM, then
-        SIGKILL after :data:`STOP_WAIT_S`; ``outcome.timed_out``); default ``timeout_s`` + 60
-        with a ``timeout_s``, else no limit. Raises :class:`ArgumentError` for a bad value,
-        before anything starts.
+        SIGKILL after :data:`STOP_WAIT_S`; ``outcome.timed_out``); default ``timeout_s`` +
+        :data:`RUN_MARGIN_S` with a ``timeout_s``, else :data:`DEFAULT_RUN_TIMEOUT_S` (600 s):
+        a run never waits forever. ``max_restarts`` is at most :data:`MAX_RESTARTS`; ``chief``
+        and ``expose`` are ``True`` or ``False`` (never read by truthiness). Raises
+        :class:`ArgumentError` naming the argument for a bad value, before anything starts.
         """
         if self._closed:
             raise ArgumentError("This FaultInjector is closed; use a new one", name="self")
         argv_command = _check_command(command)
-        count(workers, "workers")
-        count(ps, "ps", minimum=0)
+        expose = flag(expose, "expose")
+        chief = flag(chief, "chief")
+        count(workers, "workers", maximum=MAX_TASKS_PER_JOB)
+        count(ps, "ps", minimum=0, maximum=MAX_TASKS_PER_JOB)
+        if workers + ps + chief > MAX_TASKS:
+            raise ArgumentError(
+                f"A run has at most {MAX_TASKS} tasks in all, not {workers + ps + chief} "
+                f"(workers={workers}, ps={ps}, chief={chief})",
+                name="workers",
+                value=workers,
+            )
         if max_restarts is not None:
-            count(max_restarts, "max_restarts", minimum=0)
+            count(max_restarts, "max_restarts", minimum=0, maximum=MAX_RESTARTS)
         restart_window_s = check_timeout_s(restart_window_s, "restart_window_s")
         timeout_s = check_timeout_s(timeout_s, "timeout_s")
-        wait_s = check_timeout_s(wait_s, "wait_s", None if timeout_s is None else timeout_s + 60)
+        wait_s = check_timeout_s(
+            wait_s,
+            "wait_s",
+            DEFAULT_RUN_TIMEOUT_S if timeout_s is None else timeout_s + RUN_MARGIN_S,
+        )
         if ps and not chief:
             raise ArgumentError(
                 "A parameter-server run needs chief=True (the chief runs the command)",
                 name="chief",
                 value=chief,
             )
-        if isinstance(launcher_args, str):
-            raise ArgumentError(
-                f"launcher_args must be a list of arguments, not {show(launcher_args)}",
-                name="launcher_args",
-                value=launcher_args,
-            )
-        if cwd is not None and not os.path.isdir(cwd):
-            raise ArgumentError(
-                f"cwd must be an existing folder, not {show(os.fspath(cwd))}", name="cwd", value=cwd
-            )
+        args = _check_launcher_args(launcher_args)
+        extra_env = _check_env(env)
+        folder = _check_cwd(cwd)
+        logs = _check_log_dir(log_dir)
         checked = _check_faults(faults, workers, ps, chief, max_restarts)
         argv = _launcher_argv(
             argv_command,
@@ -328,13 +436,13 @@ class FaultInjector:
             max_restarts,
             restart_window_s,
             timeout_s,
-            log_dir,
+            logs,
             expose,
-            list(launcher_args),
+            args,
         )
         mark = f"{os.getpid()}-{next(_marks)}-{uuid.uuid4().hex[:8]}"
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), MARK_ENV: mark}
-        run = _Run(argv, mark, self._start(argv, full_env, cwd), ps)
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra_env, MARK_ENV: mark}
+        run = _Run(argv, mark, self._start(argv, full_env, folder), ps)
         self._runs.append(run)
         try:
             timed_out = self._watch(run, checked, wait_s)
@@ -354,6 +462,7 @@ class FaultInjector:
             timed_out=timed_out,
             pids=sorted(run.seen),
             leftovers=leftovers,
+            wait_s=wait_s,
         )
 
     @staticmethod
@@ -378,7 +487,7 @@ class FaultInjector:
 
     # -- watching the run --
 
-    def _watch(self, run: _Run, faults: list[Fault], wait_s: float | None) -> bool:
+    def _watch(self, run: _Run, faults: list[Fault], wait_s: float) -> bool:
         """Read the output and inject the faults until the launcher has exited and its output
         is read; True if it had to be stopped after ``wait_s``."""
         for pipe, name in ((run.launcher.stdout, "stdout"), (run.launcher.stderr, "stderr")):
@@ -388,7 +497,7 @@ class FaultInjector:
             reader.start()
             run.readers.append(reader)
         pending = [_Pending(f) for f in faults]
-        deadline = None if wait_s is None else run.started + wait_s
+        deadline = run.started + wait_s
         next_scan = 0.0
         open_streams = 2
         exited_at: float | None = None
@@ -412,10 +521,10 @@ class FaultInjector:
                 self._scan(run)
                 self._timers(run, pending)
             self._fire_due(run, pending)
-            if deadline is not None and now > deadline and run.launcher.poll() is None:
+            if now > deadline and run.launcher.poll() is None:
                 self._stop_launcher(run)
                 self._drain(run)
-                self._miss_rest(run, pending, "the run was stopped after wait_s")
+                self._miss_rest(run, pending, f"the run was stopped after wait_s={wait_s:g} s")
                 return True
         self._miss_rest(run, pending, None)
         return False
