@@ -58,7 +58,7 @@ from graphdist._fleet.health import exited
 from graphdist._fleet.local import LOG_TAIL_LINES, read_log_tail
 from graphdist._fleet.task import TaskView
 from graphdist._proc.process import STOP_GRACE_S
-from graphdist._validate import timeout_ms, timeout_s
+from graphdist._validate import flag, timeout_ms, timeout_s
 
 __all__ = [
     "DetachedFleet",
@@ -254,6 +254,9 @@ def start_detached(spec: SupervisorSpec, *, note: Note | None = None) -> FleetRe
     supervisor reports a failed start, exits, or is not ready within ``spec.start_timeout_s``
     (plus a margin for its own start); then nothing it started is left running. ``note`` gets a
     one-line message for each thing cleaned up on the way (what an earlier fleet left)."""
+    # checked when the spec was built; again before anything is created or started, for a
+    # spec changed since (it is frozen, but object.__setattr__ gets past that)
+    flag(spec.expose, "expose")
     state_dir = spec.state_dir
     created = not os.path.lexists(state_dir)
     with lock_state(state_dir, create=True):

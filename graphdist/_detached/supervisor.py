@@ -63,7 +63,7 @@ from graphdist._proc.restarts import (
     backoff_s,
 )
 from graphdist._proc.signals import stop_on_signals
-from graphdist._validate import count, timeout_s
+from graphdist._validate import count, flag, timeout_s
 
 __all__ = [
     "BACKOFF_MAX_S",
@@ -113,6 +113,7 @@ class SupervisorSpec:
     address: str | None = None
 
     def __post_init__(self) -> None:
+        flag(self.expose, "expose")  # first: a security switch, never read by truthiness
         object.__setattr__(self, "state_dir", os.path.abspath(self.state_dir))
         kind = backend(self.backend)
         start = timeout_s(self.start_timeout_s, "start_timeout_s", kind.DEFAULT_START_TIMEOUT_S)
@@ -124,12 +125,6 @@ class SupervisorSpec:
                 f"restart must be one of {', '.join(RESTART_POLICIES)}, not {self.restart!r}",
                 name="restart",
                 value=self.restart,
-            )
-        if not isinstance(self.expose, bool):
-            raise ArgumentError(
-                f"expose must be True or False, not {self.expose!r}",
-                name="expose",
-                value=self.expose,
             )
         object.__setattr__(self, "cluster", kind.parse_cluster(self.cluster))
 

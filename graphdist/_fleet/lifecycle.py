@@ -43,6 +43,7 @@ from graphdist._fleet.guard import release_signals
 from graphdist._net.exposure import ListeningTable, check_listening
 from graphdist._net.probe import wait_answering
 from graphdist._proc.process import STOP_GRACE_S
+from graphdist._validate import flag
 from graphdist._validate import timeout_s as check_timeout_s
 
 __all__ = ["OwnedFleet"]
@@ -70,6 +71,9 @@ class OwnedFleet(Fleet[_TaskT]):
         stops whatever did start and re-raises (``state`` is then ``FAILED``)."""
         if self.state is not FleetState.CREATED:
             raise FleetError(f"This fleet was already started (state {self.state.value})")
+        # a backend checks it when it is built; again here, before anything starts, for one set
+        # afterwards (fleet.expose = "no" would expose the servers if read by truthiness)
+        flag(self.expose, "expose")
         self._state = FleetState.STARTING
         _live_fleets.add(self)
         try:

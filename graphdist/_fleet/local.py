@@ -52,7 +52,7 @@ from graphdist._proc.forkserver import (
 from graphdist._proc.gpus import GpuPlan, plan_gpus
 from graphdist._proc.process import STOP_GRACE_S, stop_all
 from graphdist._proc.server import EXIT_PORT_IN_USE, fleet_child
-from graphdist._validate import timeout_ms, timeout_s
+from graphdist._validate import flag, timeout_ms, timeout_s
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -275,6 +275,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
 
     @classmethod
     def check_cluster(cls, cluster: Cluster, *, expose: bool) -> None:
+        expose = flag(expose, "expose")
         check_hosts_and_ports(cluster)
         if not expose:
             check_loopback(cluster)
@@ -310,6 +311,8 @@ class LocalFleet(OwnedFleet[FleetTask]):
         jobs: Iterable[str] | None = None,
         gpus: GpuPlan = None,
     ) -> None:
+        # a security switch: checked first, never read by truthiness ("no" is a true string)
+        expose = flag(expose, "expose")
         super().__init__()
         # the plain values first: a job=N cluster reserves ports as it is parsed
         self.start_timeout_s = timeout_s(
@@ -317,7 +320,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
         )
         self.operation_timeout_ms = timeout_ms(operation_timeout_ms, "operation_timeout_ms")
         self.cluster = Cluster.parse(cluster)
-        self.expose = bool(expose)
+        self.expose = expose
         self.jobs = tuple(jobs) if jobs is not None else self.cluster.jobs
         for job in self.jobs:
             self.cluster.task_indices(job)  # raises ClusterSpecError naming an unknown job

@@ -61,7 +61,7 @@ from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
 from graphdist._net.exposure import ListeningTable, check_listening, is_loopback_ip
 from graphdist._net.loopback import BIND_ADDR_ENV, shim_env
-from graphdist._validate import positive, show, timeout_ms, timeout_s
+from graphdist._validate import flag, positive, show, timeout_ms, timeout_s
 
 __all__ = ["RayFleet", "RayTask", "plan_hosts"]
 
@@ -422,7 +422,8 @@ class RayFleet(OwnedFleet[RayTask]):
 
     @classmethod
     def check_cluster(cls, cluster: Mapping[str, int], *, expose: bool) -> None:
-        """Nothing to check before Ray places the servers (it picks the nodes and ports)."""
+        """Only ``expose``: Ray places the servers (it picks the nodes and ports)."""
+        flag(expose, "expose")
 
     @classmethod
     def for_command(
@@ -448,6 +449,8 @@ class RayFleet(OwnedFleet[RayTask]):
         operation_timeout_ms: int | None = None,
         expose: bool = False,
     ) -> None:
+        # a security switch: checked first, never read by truthiness ("no" is a true string)
+        expose = flag(expose, "expose")
         super().__init__()
         self.counts = _counts(cluster)
         if strategy not in STRATEGIES:
