@@ -214,7 +214,7 @@ class _TaskProcess:
             elif first is None:
                 first, more = chunk, 0
             else:
-                more += len(chunk)
+                more += len(chunk) - ended  # the newline is no part of the line
                 if ended:
                     self._line(first, more, out)
                     first = None
