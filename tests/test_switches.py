@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
+import graphdist
 from graphdist._detached.fleet import start_detached
 from graphdist._detached.supervisor import SupervisorSpec
 from graphdist._distribute.injector import FaultInjector
@@ -108,6 +109,12 @@ ENTRIES: dict[str, Callable[[str, object], object]] = {
         expose=v,  # type: ignore[arg-type]
     ),
     "start_detached": _detached_start,
+    "run_command": lambda tmp, v: graphdist.run_command(
+        ["true"],
+        workers=1,
+        expose=v,  # type: ignore[arg-type]
+        log_dir=os.path.join(tmp, "logs"),
+    ),
     "FaultInjector.run": lambda tmp, v: FaultInjector().run(
         [sys.executable, "-c", "pass"],
         expose=v,  # type: ignore[arg-type]

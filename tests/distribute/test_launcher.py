@@ -155,7 +155,7 @@ def test_restart_arguments_are_checked_before_anything_starts(tmp_path):
         graphdist.run_command([PY, "-c", "1"], restart_window_s=0)
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(graphdist.ArgumentError, match="Cannot keep logs in .*: Not a directory; pass another --log-dir"):
+    with pytest.raises(graphdist.ArgumentError, match=r"Cannot keep logs in .*: Not a directory"):
         graphdist.run_command([PY, "-c", "1"], log_dir=blocker / "logs")
 
 
@@ -227,7 +227,7 @@ def test_run_function_returns_each_tasks_result():
         (["run", "--max-restarts", "-1", "--", "true"], "--max-restarts must be a whole number"),
         (["run", "--max-restarts", "x", "--", "true"], "--max-restarts: invalid int value"),
         (["run", "--restart-window", "0", "--", "true"], "--restart-window must be a finite"),
-        (["run", "--log-dir", "/proc/no/such", "--", "true"], "Cannot keep logs in /proc/no/such: No such file"),
+        (["run", "--log-dir", "/proc/no/such", "--", "true"], "Cannot keep logs in /proc/no/such"),
     ],
 )
 def test_cli_usage_errors(argv, fragment):
