@@ -15,8 +15,10 @@ the next one gets a fresh fork server.
 
 Temporary folders: the fork server's socket lives in a folder of the owner's own,
 ``graphdist-forkserver-<owner pid>-*`` (not multiprocess's ``pymp-*``, which only a clean exit
-removes), and a fleet's logs in ``graphdist-fleet-<owner pid>-*``. An owner killed with SIGKILL
-cannot remove them; :func:`sweep_stale_temp_dirs` removes this user's folders whose owner is gone.
+removes), and a fleet's logs in ``graphdist-fleet-<owner pid>-*``. An owner killed by a signal
+cannot remove them: its fork servers remove the socket folder as they exit after it
+(:mod:`graphdist._proc.forkserver_exit`), and :func:`sweep_stale_temp_dirs` removes this user's
+folders whose owner is gone (the logs, kept for a post-mortem until the next start).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import time
 from typing import Any
 
 from graphdist._net.loopback import with_preload
-from graphdist._proc.forkserver_exit import IN_FORK_SERVER, OWNER_ENV
+from graphdist._proc.forkserver_exit import FOLDER_ENV, IN_FORK_SERVER, OWNER_ENV
 
 __all__ = [
     "PRELOAD",
@@ -153,6 +155,7 @@ def _new_fork_server(preload_library: str) -> Any:
                 sockets_dir = _sockets_dir()
                 if len(sockets_dir) <= _MAX_SOCKET_DIR:
                     config["tempdir"] = sockets_dir
+                    os.environ[FOLDER_ENV] = sockets_dir  # removed by it if we die first
                 try:
                     super().ensure_running()
                 finally:
@@ -161,6 +164,7 @@ def _new_fork_server(preload_library: str) -> Any:
                     else:
                         config["tempdir"] = saved_tempdir
                     os.environ.pop(OWNER_ENV, None)
+                    os.environ.pop(FOLDER_ENV, None)
                     os.environ.pop("LD_PRELOAD", None)
                     if saved is not None:
                         os.environ["LD_PRELOAD"] = saved

@@ -14,6 +14,14 @@ make the fork server exit at once when its owner is gone.
   Nothing in the fork server needs that clean-up (its children exit through ``os._exit``), so
   :func:`register_exit_hook` registers an ``os._exit`` handler; ``graphdist._proc.server``, the
   preload after TensorFlow, calls it again so that it runs before TensorFlow's own handlers.
+- The fork server's socket lives in its owner's ``graphdist-forkserver-<owner pid>-*`` folder
+  (:data:`FOLDER_ENV`), which the owner removes at a normal exit. An owner that dies of a signal
+  (``graphdist run`` re-delivers SIGTERM, SIGINT or SIGHUP to itself once its tasks are stopped;
+  SIGKILL) cannot, so the fork server removes it when it exits because its owner is gone, on
+  either path: the watcher's, or multiprocess's "alive" pipe (closed by the kernel a moment
+  before the owner's pidfd says it is gone: the exit hook waits up to
+  :data:`_OWNER_EXIT_WAIT_S` for that). A fork server that exits while its owner lives (never
+  seen: the owner closes the pipe only once it is dead) leaves the folder to the owner.
 """
 
 from __future__ import annotations
@@ -22,22 +30,53 @@ import atexit
 import contextlib
 import os
 import select
+import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 
-__all__ = ["IN_FORK_SERVER", "OWNER_ENV", "exit_when_gone", "register_exit_hook"]
+__all__ = ["FOLDER_ENV", "IN_FORK_SERVER", "OWNER_ENV", "exit_when_gone", "register_exit_hook"]
 
 #: The environment variable that carries the fork server's owner pid.
 OWNER_ENV = "GRAPHDIST_FORKSERVER_OWNER"
+#: The environment variable that carries the owner's folder of the fork server's socket.
+FOLDER_ENV = "GRAPHDIST_FORKSERVER_DIR"
 _POLL_S = 0.05
+_OWNER_EXIT_WAIT_S = 1.0
 
 
 def _exit_now() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError, AttributeError):
             stream.flush()
+    # In the fork server, multiprocess's loop ended: its "alive" pipe closed (the owner dies)
+    if (
+        _FOLDER is not None
+        and os.getpid() == _HOME
+        and _OWNER is not None
+        and _gone_within(_OWNER, _OWNER_PIDFD, _OWNER_EXIT_WAIT_S, _POLL_S)
+    ):
+        _remove_owner_folder()
     os._exit(0)
+
+
+def _gone_within(pid: int, pidfd: int | None, timeout_s: float | None, poll_s: float) -> bool:
+    """Whether process ``pid`` (``pidfd``: its pidfd, or None to poll) is gone within
+    ``timeout_s`` seconds (None: wait until it is)."""
+    if pidfd is not None:
+        return bool(select.select([pidfd], [], [], timeout_s)[0])
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
 
 
 def register_exit_hook() -> None:
@@ -47,36 +86,39 @@ def register_exit_hook() -> None:
 
 
 def exit_when_gone(
-    pid: int, *, already_gone_status: int = 0, message: str | None = None, poll_s: float = _POLL_S
-) -> None:
-    """End this process with ``os._exit(0)`` (after printing ``message``) as soon as process
-    ``pid`` dies, however it dies; ``os._exit(already_gone_status)`` at once if it is gone
-    already. A daemon thread waits on a pidfd (exact, no polling, immune to pid reuse) and
-    falls back to polling every ``poll_s`` seconds where pidfds are missing."""
+    pid: int,
+    *,
+    already_gone_status: int = 0,
+    message: str | None = None,
+    poll_s: float = _POLL_S,
+    before_exit: Callable[[], None] | None = None,
+) -> int | None:
+    """End this process with ``os._exit(0)`` (after printing ``message`` and calling
+    ``before_exit``) as soon as process ``pid`` dies, however it dies; ``os._exit(already_gone_
+    status)`` at once (after ``before_exit``) if it is gone already. A daemon thread waits on a
+    pidfd (exact, no polling, immune to pid reuse) and falls back to polling every ``poll_s``
+    seconds where pidfds are missing. Returns the pidfd (None: polled)."""
     try:
         pidfd: int | None = os.pidfd_open(pid)
     except ProcessLookupError:
+        if before_exit is not None:
+            with contextlib.suppress(Exception):
+                before_exit()
         os._exit(already_gone_status)
     except (OSError, AttributeError):
         pidfd = None
 
     def watch() -> None:
-        if pidfd is not None:
-            select.select([pidfd], [], [])
-        else:
-            while True:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                except PermissionError:
-                    pass
-                time.sleep(poll_s)
+        _gone_within(pid, pidfd, None, poll_s)
         if message:
             print(message, flush=True)
+        if before_exit is not None:
+            with contextlib.suppress(Exception):
+                before_exit()
         os._exit(0)
 
     threading.Thread(target=watch, name=f"graphdist-watch-{pid}", daemon=True).start()
+    return pidfd
 
 
 def _owner_pid() -> int | None:
@@ -84,11 +126,32 @@ def _owner_pid() -> int | None:
     return int(value) if value.isdigit() else None
 
 
+def _owner_folder(owner: int) -> str | None:
+    """The owner's fork-server folder from :data:`FOLDER_ENV` (popped: the servers need not see
+    it); only an absolute ``graphdist-forkserver-<owner>-*`` folder, never anything else."""
+    value = os.environ.pop(FOLDER_ENV, "")
+    name = os.path.basename(value.rstrip("/"))
+    if not os.path.isabs(value) or not name.startswith(f"graphdist-forkserver-{owner}-"):
+        return None
+    return value
+
+
+def _remove_owner_folder() -> None:
+    """Remove the owner's fork-server folder (the owner is gone and cannot); in the fork server
+    itself only, never in a process it forked."""
+    if _FOLDER is not None and os.getpid() == _HOME:
+        shutil.rmtree(_FOLDER, ignore_errors=True)
+
+
 _OWNER = _owner_pid()
 #: True only inside a fork server: the owner imports this module too (for :data:`OWNER_ENV`),
 #: and an ``os._exit(0)`` hook there would turn every exit status of the owner into 0.
 IN_FORK_SERVER = _OWNER is not None and os.getpid() != _OWNER
+_HOME = os.getpid()  # the fork server (its children are forks: they have another pid)
+_FOLDER: str | None = None
+_OWNER_PIDFD: int | None = None
 if IN_FORK_SERVER:
     assert _OWNER is not None
-    exit_when_gone(_OWNER)
+    _FOLDER = _owner_folder(_OWNER)
+    _OWNER_PIDFD = exit_when_gone(_OWNER, before_exit=_remove_owner_folder)
     register_exit_hook()

@@ -16,6 +16,8 @@ import time
 import psutil
 import pytest
 
+from graphdist._proc.forkserver import PRELOAD
+from graphdist._proc.forkserver_exit import FOLDER_ENV, OWNER_ENV
 from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, run_python, wait_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -152,3 +154,47 @@ def test_the_owner_keeps_its_own_exit_status():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
     )
     assert result.returncode == 3, result.stderr
+
+
+# A fork server whose TensorFlow import takes a minute: only the early watch (started by the
+# first preload, before anything else) can end it when its owner dies; multiprocess's own exit
+# path (the "alive" pipe, looked at once the preloads are done) is not even there.
+SLOW_IMPORT = textwrap.dedent(
+    """
+    import time
+    from graphdist._proc import forkserver_exit
+    assert forkserver_exit.IN_FORK_SERVER
+    print("importing", flush=True)
+    time.sleep(60)
+    print("imported", flush=True)
+    """
+)
+EARLY_EXIT_S = 10.0  # the early watch: ~0.05 s; without it: the import's 60 s
+
+
+@pytest.mark.timeout(60)
+def test_the_early_watch_ends_a_fork_server_still_importing_and_removes_its_folder(tmp_path):
+    assert PRELOAD[0] == "graphdist._proc.forkserver_exit"  # before TensorFlow's import
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    folder = tmp_path / f"graphdist-forkserver-{owner.pid}-x"
+    folder.mkdir()
+    (folder / "listener-x").touch()
+    env = {**os.environ, OWNER_ENV: str(owner.pid), FOLDER_ENV: str(folder)}
+    server = subprocess.Popen(
+        [sys.executable, "-c", SLOW_IMPORT], env=env, cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "importing\n"
+        owner.kill()
+        owner.wait()
+        killed = time.monotonic()
+        server.wait(EARLY_EXIT_S)
+        print(f"\nfork server still importing: gone {time.monotonic() - killed:.2f} s after")
+        assert (server.returncode, server.stdout.read()) == (0, "")  # the import never ended
+        assert not folder.exists()
+    finally:
+        for proc in (owner, server):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    assert wait_gone([owner.pid, server.pid], EVENTUALLY_S) == []
