@@ -3,6 +3,7 @@ error, then a fresh fork server) or the fleet's owner (nothing left running, no 
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -12,13 +13,14 @@ import sys
 import tempfile
 import textwrap
 import time
+import uuid
 
 import psutil
 import pytest
 
 from graphdist._proc.forkserver import PRELOAD
 from graphdist._proc.forkserver_exit import FOLDER_ENV, OWNER_ENV
-from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, run_python, wait_gone
+from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, processes_marked, run_python, wait_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -198,3 +200,54 @@ def test_the_early_watch_ends_a_fork_server_still_importing_and_removes_its_fold
                 proc.kill()
             proc.wait()
     assert wait_gone([owner.pid, server.pid], EVENTUALLY_S) == []
+
+
+# The chief of a ps run: says it runs, then waits to be stopped.
+CHIEF = "import sys, time; open(sys.argv[1], 'w').close(); time.sleep(120)"
+
+
+@pytest.mark.timeout(120)
+def test_a_run_launcher_killed_by_sigterm_leaves_no_fork_server_folder(short_tmpdir):
+    # The launcher stops its tasks and dies of the signal (no exit hook runs): its fork server,
+    # which exits after it, removes the socket folder the launcher could not.
+    mark = f"forkserver-folder-{uuid.uuid4().hex}"
+    running = os.path.join(short_tmpdir, "chief-running")
+    argv = ["run", "--chief", "--ps", "1", "--workers", "1", "--", sys.executable, "-c", CHIEF]
+    env = {**os.environ, **QUIET_TF, "TMPDIR": short_tmpdir, "GRAPHDIST_TEST_MARK": mark}
+    errors = os.path.join(short_tmpdir, "launcher.err")
+    with open(errors, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "graphdist", *argv, running],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+
+    def said() -> str:
+        with open(errors) as f:
+            return f.read()[-2000:]
+
+    pattern = os.path.join(short_tmpdir, f"graphdist-forkserver-{proc.pid}-*")
+    try:
+        deadline = time.monotonic() + EVENTUALLY_S * 2
+        while not os.path.exists(running):
+            assert proc.poll() is None, said()
+            assert time.monotonic() < deadline, "the chief never ran"
+            time.sleep(0.05)
+        assert glob.glob(pattern), os.listdir(short_tmpdir)
+        started = processes_marked(mark)
+        assert proc.pid in started and len(started) >= 4, started  # launcher, fork server, ...
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(EVENTUALLY_S)
+        assert proc.returncode == -signal.SIGTERM, said()
+        assert wait_gone(started, EVENTUALLY_S) == []
+        assert processes_marked(mark) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for pid in processes_marked(mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert not glob.glob(pattern), os.listdir(short_tmpdir)
