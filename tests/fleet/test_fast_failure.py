@@ -1,6 +1,8 @@
 """Failures surface as soon as the fleet knows of them, with default settings; healthy long
-steps run. The bounds below are generous (the claim is "well before the ten-minute operation
-timeout"); benchmarks/fast_failure.py prints the real detection times."""
+steps run. FAST_S is generous (the claim is "well before the ten-minute operation timeout");
+where README promises a figure, a test asserts the mechanism behind it, or a bound between the
+right path and the next slower one that load cannot flip (QUICK_S, FROZEN_S, CLOSE_S).
+benchmarks/fast_failure.py prints the real detection times."""
 
 from __future__ import annotations
 
@@ -17,10 +19,25 @@ import tensorflow as tf
 import graphdist
 from graphdist._graph import graphs
 from graphdist._graph.graphs import split_graph
-from tests.conftest import DOCUMENTED_FLEET_OPERATION_TIMEOUT_MS, run_python
+from tests.conftest import (
+    DOCUMENTED_FLEET_OPERATION_TIMEOUT_MS,
+    EVENTUALLY_S,
+    run_python,
+    wait_gone,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 FAST_S = 20.0  # generous: the figures are 0.1-1 s (dead) and 6-8 s (frozen) here
+# A death the fleet's watcher sees ends a run in ~0.1 s (watcher and watchdog ticks); without the
+# watcher's epoch the run waits for gRPC to fail or the probes (5 s measured): fail above 2 s.
+QUICK_S = 2.0
+# README: "a frozen task (SIGSTOP) once three gRPC probes of 1.5 s each went unanswered, within
+# 7.5 s" (6.5 s after the freeze here); the next slower schedule (a 4th probe, probes 3.5 s
+# apart) or the operation timeout (10 min) takes longer than this, load (timers) does not.
+FROZEN_S = 10.0
+# README: "closing a session after any of these returns within 1 s" (0.00 s: abandoned, no RPC);
+# a close that makes its RPC waits for the dead task until the operation timeout.
+CLOSE_S = 2.0
 
 
 @pytest.fixture
@@ -70,9 +87,22 @@ def fail_mid_run(fleet, fail, join_s=FAST_S):
 
 
 def closes_at_once(sess):
+    """Whether ``sess.close()`` returned within CLOSE_S without an RPC of its own (the session
+    is abandoned, or the watchdog's cancel closed it already)."""
+    rpcs = []
+    rpc = sess._close_quietly  # the path that asks the master (the cancel's thread uses it too)
+
+    def spied():
+        rpcs.append(threading.get_ident())
+        rpc()
+
+    sess._close_quietly = spied
     start = time.monotonic()
     sess.close()
-    return time.monotonic() - start < FAST_S / 4
+    elapsed = time.monotonic() - start
+    print(f"close: {elapsed:.3f} s")
+    assert threading.get_ident() not in rpcs, f"close made its RPC ({elapsed:.2f} s)"
+    return elapsed < CLOSE_S
 
 
 def test_the_fleet_default_timeout_is_the_long_last_resort(fleet):
@@ -84,11 +114,12 @@ def test_the_fleet_default_timeout_is_the_long_last_resort(fleet):
 def test_a_task_dead_before_the_run_fails_it_at_once(fleet):
     graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
     fleet.kill("local", 1)
-    with fleet.session("local", 0, graph=graph) as sess:
-        start = time.monotonic()
-        with pytest.raises(graphdist.TaskFailedError) as info:
-            sess.run(y)
-        assert time.monotonic() - start < FAST_S
+    sess = fleet.session("local", 0, graph=graph)
+    start = time.monotonic()
+    with pytest.raises(graphdist.TaskFailedError) as info:
+        sess.run(y)
+    assert time.monotonic() - start < FAST_S
+    assert closes_at_once(sess)  # abandoned: no RPC to a master that would ask the dead task
     assert (info.value.task, info.value.status) == ("local:1", "dead")
     assert "fleet.restart('local', 1)" in str(info.value)
 
@@ -124,11 +155,21 @@ def test_a_task_killed_during_a_step_in_the_callers_thread_fails_it(fleet):
 
 def test_a_frozen_task_is_reported_not_answering(fleet):
     pid = fleet.task("local", 1).pid
+    frozen = []
+
+    def freeze():
+        os.kill(pid, signal.SIGSTOP)
+        frozen.append(time.monotonic())
+
     try:
-        sess, err = fail_mid_run(fleet, lambda: os.kill(pid, signal.SIGSTOP), FAST_S + 10)
+        sess, err = fail_mid_run(fleet, freeze, FAST_S + 10)
+        seconds = time.monotonic() - frozen[0]
+        print(f"\nfrozen task reported {seconds:.2f} s after the freeze")
     finally:
         os.kill(pid, signal.SIGCONT)
     assert (err.task, err.status) == ("local:1", "not answering")
+    assert "(3 gRPC probes in a row unanswered" in str(err), str(err)  # README: three probes
+    assert seconds < FROZEN_S, f"frozen task reported {seconds:.2f} s after the freeze"
     assert closes_at_once(sess)
 
 
@@ -136,6 +177,32 @@ def test_a_killed_master_fails_the_run(fleet):
     sess, err = fail_mid_run(fleet, lambda: fleet.kill("local", 0))
     assert (err.task, err.status) == ("local:0", "dead")
     assert closes_at_once(sess)
+
+
+def test_a_master_killed_from_outside_fails_the_run_through_the_watcher(fleet):
+    # Killed by someone else (the OOM killer, a user's kill -9), not fleet.kill(), which moves the
+    # fleet's epoch itself: the fleet's watcher must see the death and move the epoch, so that
+    # the watchdog looks and ends the run at once (the slower paths: gRPC errors, the probes).
+    pids = fleet.pids
+    graph, out, _ = blocking_step(fleet)
+    sess = fleet.session("local", 0, graph=graph)
+    thread, box = run_in_thread(sess, out)
+    wait_blocked(fleet, thread)
+    epoch = fleet._epoch
+    killed = time.monotonic()
+    os.kill(fleet.task("local", 0).pid, signal.SIGKILL)
+    thread.join(FAST_S)
+    seconds = time.monotonic() - killed
+    print(f"\nmaster SIGKILLed from outside: the run failed {seconds:.2f} s after the kill")
+    assert not thread.is_alive(), "the run still waits for a killed master"
+    err = box.get("error")
+    assert isinstance(err, graphdist.TaskFailedError), box
+    assert (err.task, err.status) == ("local:0", "dead")
+    assert fleet._epoch != epoch, "the watcher did not move the epoch on the death it saw"
+    assert seconds < QUICK_S, f"the run failed {seconds:.2f} s after the kill"
+    assert closes_at_once(sess)
+    fleet.close()
+    assert wait_gone(pids, EVENTUALLY_S) == []
 
 
 def test_runs_and_callables_of_a_session_from_before_a_restart_give_the_typed_error(fleet):
