@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from graphdist._exceptions import ClusterSpecError
+from graphdist._failures import task_name
 from graphdist._validate import is_ascii_digits, show
 
 if TYPE_CHECKING:
@@ -180,11 +181,11 @@ class Cluster:
                 key = f"{host.lower()}:{port}"
                 if key in seen:
                     raise ClusterSpecError(
-                        f"Address {address!r} is used by both {seen[key]} and {job}:{index}; "
-                        "give every task its own host:port",
+                        f"Address {address!r} is used by both {seen[key]} and "
+                        f"{task_name(job, index)}; give every task its own host:port",
                         address,
                     )
-                seen[key] = f"{job}:{index}"
+                seen[key] = task_name(job, index)
             normalised[job] = tasks
         self._jobs = normalised
 

@@ -342,10 +342,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 def _report_death(task: Any) -> None:
     """A foreground fleet's watcher callback: one line per death of a task."""
-    from graphdist._fleet.health import exited
+    from graphdist._failures import exited
 
     log = f" (log: {task.log_path})" if task.log_path else ""
-    name = f"{task.job}:{task.index}"
+    name = f"{task.name}"
     print(f"graphdist: task {exited(name, task.exitcode)}{log}", file=sys.stderr, flush=True)
 
 
@@ -441,7 +441,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     with LocalFleet(spec) as fleet:
         print(
             "graphdist demo: "
-            + ", ".join(f"{t.job}:{t.index} at {t.address} (pid {t.pid})" for t in fleet.tasks),
+            + ", ".join(f"{t.name} at {t.address} (pid {t.pid})" for t in fleet.tasks),
             file=sys.stderr,
         )
         graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))

@@ -52,9 +52,9 @@ from graphdist._detached.state import (
 )
 from graphdist._detached.supervisor import SupervisorSpec
 from graphdist._exceptions import FleetError, FleetStartError, StateError
+from graphdist._failures import exited
 from graphdist._fleet.backends import backend
 from graphdist._fleet.client import Fleet, FleetState
-from graphdist._fleet.health import exited
 from graphdist._fleet.local import LOG_TAIL_LINES, read_log_tail
 from graphdist._fleet.task import TaskView
 from graphdist._proc.process import STOP_GRACE_S
@@ -415,7 +415,7 @@ class DetachedTask(TaskView):
 
     def __repr__(self) -> str:
         state = "running" if self.alive else f"exited {self.exitcode}"
-        return f"<DetachedTask {self.job}:{self.index} at {self.address} pid={self.pid} {state}>"
+        return f"<DetachedTask {self.name} at {self.address} pid={self.pid} {state}>"
 
 
 class DetachedFleet(Fleet[DetachedTask]):

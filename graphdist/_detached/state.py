@@ -49,6 +49,7 @@ from graphdist._exceptions import (
     from_wire,
     to_wire,
 )
+from graphdist._failures import task_name
 from graphdist._private import private_dir
 from graphdist._proc.process import STOP_GRACE_S, stop_all
 from graphdist._proc.server import PROCESS_TITLE_PREFIX
@@ -158,7 +159,7 @@ class TaskRecord:
 
     @property
     def name(self) -> str:
-        return f"{self.job}:{self.task}"
+        return task_name(self.job, self.task)
 
 
 @dataclass(frozen=True)

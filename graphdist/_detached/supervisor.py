@@ -14,13 +14,12 @@ Everything it needs is one :class:`SupervisorSpec`, passed as its only argument,
 It is started with ``GRAPHDIST_FLEET_MARK`` set (see ``state``), which its fork server and every
 server inherit, so ``graphdist down`` finds them all even without a readable ``fleet.json``.
 
-The restart policy ``on-failure`` restarts a dead server after a backoff: 0.5 s after a death,
-doubling with each further death in a row (1, 2, 4 ... s), capped at 30 s; a server that ran for
-a whole restart window (60 s by default) before dying starts again from 0.5 s. At most
-``max_restarts`` restarts of a task happen within any restart window; the next death within it
-makes the supervisor give up on that task: it stays dead, ``fleet.json`` records ``gave_up`` and
-``graphdist status`` exits 1. A restart asked over the control channel (``fleet.restart``)
-always happens, and clears a give-up.
+The restart policy ``on-failure`` restarts a dead server as graphdist's one restart policy
+decides (:class:`graphdist._proc.restarts.RestartPolicy`, one per task, its start-up rule off: a
+server has no first step): after a back-off, at most ``max_restarts`` restarts of a task within
+any restart window; the next death within it makes the supervisor give up on that task: it stays
+dead, ``fleet.json`` records ``gave_up`` and ``graphdist status`` exits 1. A restart asked over
+the control channel (``fleet.restart``) always happens, and clears a give-up.
 """
 
 from __future__ import annotations
@@ -50,24 +49,21 @@ from graphdist._detached.state import (
     write_state,
 )
 from graphdist._exceptions import ArgumentError, GraphdistError, StateError
+from graphdist._failures import dead_detail
 from graphdist._fleet.backends import backend
-from graphdist._fleet.health import dead_detail
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskHandle
 from graphdist._proc.restarts import (
-    BACKOFF_MAX_S,
-    BACKOFF_MIN_S,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_RESTART_WINDOW_S,
-    RestartBudget,
+    Decision,
+    RestartPolicy,
     backoff_s,
 )
 from graphdist._proc.signals import stop_on_signals
 from graphdist._validate import count, flag, timeout_s
 
 __all__ = [
-    "BACKOFF_MAX_S",
-    "BACKOFF_MIN_S",
     "DEFAULT_MAX_RESTARTS",
     "DEFAULT_RESTART_WINDOW_S",
     "RESTART_POLICIES",
@@ -169,10 +165,6 @@ class SupervisorSpec:
         return [sys.executable, "-m", "graphdist._detached.supervisor", self.to_json()]
 
 
-def _label(task: TaskHandle) -> str:
-    return f"{task.job}:{task.index}"
-
-
 class _Supervisor:
     """The running fleet, its record in ``fleet.json``, the restart policy and the handling of
     control requests. One lock serialises the monitor loop and control requests."""
@@ -186,11 +178,16 @@ class _Supervisor:
         self._written: tuple[Any, ...] | None = None
         # The restart policy's state, per task name.
         self._given_up: set[str] = set()
-        self._due: dict[str, float] = {}  # monotonic time of a scheduled restart
+        # a scheduled restart: its monotonic time and the decision that allowed it
+        self._due: dict[str, tuple[float, Decision]] = {}
         self._restart_at: dict[str, float] = {}  # ... the same as wall-clock time, for the record
-        self._budgets = {  # the clock is read through this module's `time` (tests replace it)
-            t.name: RestartBudget(
-                spec.max_restarts, spec.restart_window_s, clock=lambda: time.monotonic()
+        self._policies = {  # the clock is read through this module's `time` (tests replace it)
+            t.name: RestartPolicy(
+                spec.max_restarts,
+                spec.restart_window_s,
+                what=t.name,
+                min_uptime_s=0.0,
+                clock=lambda: time.monotonic(),
             )
             for t in fleet.tasks
         }
@@ -254,7 +251,7 @@ class _Supervisor:
     def next_wait(self) -> float:
         """Seconds until the monitor should look again: the next scheduled restart, at most
         :data:`MONITOR_INTERVAL_S`."""
-        due = list(self._due.values())
+        due = [at for at, _ in self._due.values()]
         if not due:
             return MONITOR_INTERVAL_S
         return min(MONITOR_INTERVAL_S, max(0.01, min(due) - time.monotonic()))
@@ -275,55 +272,36 @@ class _Supervisor:
             due = self._due.get(task.name)
             if due is None:
                 self._schedule(task, now)
-            elif now >= due:
-                self._restart(task)
+            elif now >= due[0]:
+                self._restart(task, due[1])
 
     def _schedule(self, task: TaskHandle, now: float) -> None:
-        """A death just seen: give up (too many restarts in the window) or schedule a restart
-        after the backoff."""
-        window, cap = self.spec.restart_window_s, self.spec.max_restarts
-        budget = self._budgets[task.name]
-        delay = budget.failed()
-        if delay is None:
+        """A death just seen: the policy decides to give up or to restart after a back-off."""
+        decision = self._policies[task.name].failed()
+        died = f"{task.name} died ({dead_detail(task.exitcode)})"
+        if not decision.restart:
             self._given_up.add(task.name)
-            log.error(
-                "%s died %d times within %g s; not restarting it again (--max-restarts %d); "
-                "%s, log %s",
-                _label(task),
-                budget.recent + 1,
-                window,
-                cap,
-                dead_detail(task.exitcode),
-                task.log_path,
-            )
+            log.error("%s; %s; log %s", died, decision.words(), task.log_path)
             return
-        self._due[task.name] = now + delay
-        self._restart_at[task.name] = time.time() + delay
-        log.warning(
-            "%s died (%s); restarting it in %.1f s (restart %d of at most %d within %g s)",
-            _label(task),
-            dead_detail(task.exitcode),
-            delay,
-            budget.recent + 1,
-            cap,
-            window,
-        )
+        self._due[task.name] = (now + decision.wait_s, decision)
+        self._restart_at[task.name] = time.time() + decision.wait_s
+        log.warning("%s; %s", died, decision.words())
 
-    def _restart(self, task: TaskHandle) -> None:
+    def _restart(self, task: TaskHandle, decision: Decision) -> None:
         """Do a scheduled restart; a failed one is a death like any other (the next tick
         schedules the next attempt, with a longer backoff)."""
         self._due.pop(task.name, None)
         self._restart_at.pop(task.name, None)
-        self._budgets[task.name].restarted()
-        log.warning("%s: restart attempt %d", _label(task), task.restarts + 1)
+        self._policies[task.name].restarted(decision)
+        log.warning("%s: restarting it (restart %d in all)", task.name, task.restarts + 1)
         try:
             self.fleet.restart(task.job, task.index)
         except GraphdistError as exc:
-            log.error("restart of %s failed: %s", _label(task), exc)
+            log.error("restart of %s failed: %s", task.name, exc)
             if not task.alive:
                 self._schedule(task, time.monotonic())
         else:
-            log.info("%s restarted (pid %s)", _label(task), task.pid)
+            log.info("%s restarted (pid %s)", task.name, task.pid)
         self.save()
 
     def _forget(self, name: str) -> None:
@@ -331,7 +309,7 @@ class _Supervisor:
         self._given_up.discard(name)
         self._due.pop(name, None)
         self._restart_at.pop(name, None)
-        self._budgets[name].reset()
+        self._policies[name].reset()
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         """Answer one control request (see ``graphdist._detached.control``)."""

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from graphdist._cluster import Cluster, Task
+from graphdist._distribute.events import Event, render
 from graphdist._distribute.resume import RESUMED_PREFIX
 from graphdist._distribute.runlogs import RunLogs
 from graphdist._exceptions import (
@@ -68,7 +69,7 @@ from graphdist._exceptions import (
     TaskExitError,
     TaskOutcome,
 )
-from graphdist._fleet.health import exited
+from graphdist._failures import exited, how_ended
 from graphdist._net.loopback import server_bind_address, shim_env
 from graphdist._net.ports import release_ports
 from graphdist._proc.process import (
@@ -80,7 +81,13 @@ from graphdist._proc.process import (
     guarded_argv,
     stop_all,
 )
-from graphdist._proc.restarts import DEFAULT_RESTART_WINDOW_S, RestartBudget
+from graphdist._proc.restarts import (
+    DEFAULT_MIN_UPTIME_S,
+    DEFAULT_RESTART_WINDOW_S,
+    Decision,
+    RestartPolicy,
+    check_min_uptime,
+)
 from graphdist._proc.signals import Interrupted, SignalScope
 from graphdist._validate import count, flag, show
 from graphdist._validate import timeout_s as check_timeout_s
@@ -104,6 +111,13 @@ LINE_LIMIT = 64 * 1024
 MESSAGE_LINE_CHARS = 300
 #: Seconds to wait for a task's output to be drained once its process tree is gone.
 READER_JOIN_S = 5.0
+#: The exit code of a task that stopped because it was preempted: TensorFlow's
+#: ``PreemptionCheckpointHandler`` saves a checkpoint on SIGTERM and exits with it.
+PREEMPTION_EXIT_CODE = 42
+#: Seconds the other tasks get to exit with the preemption code once one has (they save a
+#: checkpoint at a step they agree on first); past it, the first one's exit is a failure.
+PREEMPTION_WAIT_S = 30.0
+OUTPUT_FORMATS = ("text", "jsonl")
 
 
 @dataclass
@@ -150,46 +164,103 @@ def _counts(workers: int, ps: int, chief: bool) -> dict[str, int]:
 
 
 class _TaskProcess:
-    """One command task of an attempt: its guard, the thread that drains its output, its log."""
+    """One command task of an attempt: its guard, the guard's reports (the command's pid and
+    when it ended), the thread that drains its output, its log."""
 
     def __init__(
         self,
         task: Task,
         argv: Sequence[str],
         env: Mapping[str, str],
-        out: _Output,
+        run: _Run,
         log_path: str | None = None,
     ) -> None:
         self.result = TaskResult(task)
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.resumed: str | None = None  # what it said it resumed from (RESUMED_PREFIX)
+        self._run = run
+        self._resumed = False
         self._log = RunLogs.open(log_path) if log_path else None
         self._log_path = log_path
         self._finished = False
         self.mark = secrets.token_hex(12)  # every process of the task carries it (MARK_ENV)
-        self.proc = subprocess.Popen(
-            guarded_argv(argv),
-            env={**env, MARK_ENV: self.mark},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.command_pid: int | None = None
+        self.command_exit: tuple[int, float] | None = None  # (code, when: run seconds)
+        report_r, report_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            self.proc = subprocess.Popen(
+                guarded_argv(argv, name=task.name, report_fd=report_w),
+                env={**env, MARK_ENV: self.mark},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(report_w,),
+            )
+        except BaseException:
+            os.close(report_r)
+            raise
+        finally:
+            os.close(report_w)
+        os.set_blocking(report_r, False)
+        self._report = report_r
+        self._report_buf = b""
         self.result.pid = self.proc.pid
         self._reader = threading.Thread(
-            target=self._pump, args=(out,), daemon=True, name=f"graphdist-run-{task.name}"
+            target=self._pump, daemon=True, name=f"graphdist-run-{task.name}"
         )
         self._reader.start()
 
-    def _pump(self, out: _Output) -> None:
+    # -- the guard's reports ---------------------------------------------------------------
+
+    def _read_report(self) -> None:
+        if self._report < 0:
+            return
+        while True:
+            try:
+                chunk = os.read(self._report, 4096)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                os.close(self._report)
+                self._report = -1
+                break
+            self._report_buf += chunk
+        *lines, self._report_buf = self._report_buf.split(b"\n")
+        for line in lines:
+            words = line.decode("ascii", "replace").split()
+            if words[:1] == ["pid"] and len(words) == 2:
+                self.command_pid = int(words[1])
+            elif words[:1] == ["exit"] and len(words) == 3 and self.command_exit is None:
+                self.command_exit = (int(words[1]), float(words[2]) - self._run.started)
+
+    def ended(self) -> int | None:
+        """The task's exit code once its command has ended: as its guard reports it (before it
+        ends what the command left behind), or as the guard exits (a guard that was killed)."""
+        self._read_report()
+        if self.command_exit is not None:
+            return self.command_exit[0]
+        return self.proc.poll()
+
+    def ended_at_s(self) -> float:
+        """When the task's command ended (seconds into the run): as the guard saw it, else now."""
+        self._read_report()
+        if self.command_exit is not None:
+            return self.command_exit[1]
+        return time.monotonic() - self._run.started
+
+    # -- output ----------------------------------------------------------------------------
+
+    def _pump(self) -> None:
         """Drain the task's pipe to its end, whatever happens to the sinks: a task blocked on a
         full pipe would never end."""
         stdout = self.proc.stdout
         assert stdout is not None
         try:
-            self._drain(stdout, out)
+            self._drain(stdout)
         except Exception as exc:  # a bug here must not leave the task blocked on its pipe
-            out.note(f"graphdist: showing {self.result.name}'s output failed ({exc!r})")
+            self._run.out.note(f"graphdist: showing {self.result.name}'s output failed ({exc!r})")
             with contextlib.suppress(Exception):
                 while stdout.read(LINE_LIMIT):
                     pass
@@ -198,38 +269,39 @@ class _TaskProcess:
             with contextlib.suppress(OSError):
                 stdout.close()
 
-    def _drain(self, stdout: IO[bytes], out: _Output) -> None:
+    def _drain(self, stdout: IO[bytes]) -> None:
         first: bytes | None = None  # the start of a line longer than LINE_LIMIT
         more = 0  # the bytes of that line after its start
         while True:
             chunk = stdout.readline(LINE_LIMIT)
             if not chunk:
                 if first is not None:
-                    self._line(first, more, out)
+                    self._line(first, more)
                 return
-            self._to_log(chunk, out)
+            self._to_log(chunk)
             ended = chunk.endswith(b"\n")
             if first is None and (ended or len(chunk) < LINE_LIMIT):
-                self._line(chunk, 0, out)
+                self._line(chunk, 0)
             elif first is None:
                 first, more = chunk, 0
             else:
                 more += len(chunk) - ended  # the newline is no part of the line
                 if ended:
-                    self._line(first, more, out)
+                    self._line(first, more)
                     first = None
 
-    def _line(self, raw: bytes, more: int, out: _Output) -> None:
+    def _line(self, raw: bytes, more: int) -> None:
         line = raw.decode("utf-8", "replace").rstrip("\n")
         if more:
             where = " (whole in its log file)" if self._log is not None else ""
             line += f" [graphdist: line cut at {len(raw)} bytes; {more} more not shown{where}]"
         self._tail.append(line)
-        if self.resumed is None and line.startswith(RESUMED_PREFIX):
-            self.resumed = "resumed from " + line[len(RESUMED_PREFIX) :]
-        out.write(f"[{self.result.name}] {line}")
+        self._run.line(self.result.name, line)
+        if not self._resumed and line.startswith(RESUMED_PREFIX):
+            self._resumed = True
+            self._run.emit("resumed", self.result.name, text=line[len(RESUMED_PREFIX) :])
 
-    def _to_log(self, chunk: bytes, out: _Output) -> None:
+    def _to_log(self, chunk: bytes) -> None:
         if self._log is None:
             return
         try:
@@ -237,10 +309,7 @@ class _TaskProcess:
         except (OSError, ValueError) as exc:  # a full disk, a file system gone read-only
             self._close_log()
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            out.note(
-                f"graphdist: cannot write {self.result.name}'s log {self._log_path}: {why}; "
-                "its output is no longer logged there"
-            )
+            self._run.emit("output-lost", self.result.name, sink=self._log_path, error=why)
 
     def _close_log(self) -> None:
         log, self._log = self._log, None
@@ -248,8 +317,7 @@ class _TaskProcess:
             with contextlib.suppress(OSError):
                 log.close()
 
-    def poll(self) -> int | None:
-        return self.proc.poll()
+    # -- stopping --------------------------------------------------------------------------
 
     def running(self) -> bool:
         return self.proc.poll() is None
@@ -276,8 +344,12 @@ class _TaskProcess:
         self._finished = True
         end_marked(self.mark, STOP_GRACE_S)
         self._reader.join(READER_JOIN_S)
-        self.result.exitcode = self.proc.poll()
+        code = self.ended()
+        self.result.exitcode = self.proc.poll() if code is None else code
         self.result.tail = list(self._tail)
+        if self._report >= 0:
+            os.close(self._report)
+            self._report = -1
         with contextlib.suppress(OSError):  # the pipe's end, if the reader still holds it
             if not self._reader.is_alive() and self.proc.stdout is not None:
                 self.proc.stdout.close()
@@ -285,9 +357,9 @@ class _TaskProcess:
 
 
 class _Output:
-    """Serialises whole prefixed lines from several reader threads onto one stream. A stream that
-    fails (its reader went away: ``| head``; a full disk) is dropped with one line on stderr:
-    the run goes on, the tasks' pipes keep draining."""
+    """Serialises whole lines from several threads onto one stream. A stream that fails (its
+    reader went away: ``| head``; a full disk) is dropped with one line on stderr: the run goes
+    on, the tasks' pipes keep draining."""
 
     def __init__(self, stream: IO[str] | None) -> None:
         self._stream = stream
@@ -364,60 +436,83 @@ def _interpreter_hint(tail: Sequence[str]) -> str:
     )
 
 
-@dataclass
-class _Failure:
-    """One failed attempt of a run: which task failed, how, and when (seconds into the run)."""
+class _Preempted(Exception):
+    """Every command task of an attempt exited with the preemption code."""
 
-    attempt: int
-    task: str
-    how: str
-    at_s: float
+    def __init__(self, code: int, results: Sequence[TaskResult]) -> None:
+        super().__init__(code)
+        self.code = code
+        self.results = list(results)
 
 
-@dataclass
 class _Run:
-    """What a run keeps across its attempts: where its output goes, its log folder, its restart
-    budget and deadline, which attempt it is in (from 0), its failures and what each attempt
-    resumed from. :meth:`end` writes its summary, however the run ends."""
+    """What a run keeps across its attempts: where its output goes and in which format, its log
+    folder, its restart policy and deadline, which attempt it is in (from 1), and its events,
+    which it renders and records as they happen (:mod:`graphdist._distribute.events`)."""
 
-    out: _Output
-    logs: RunLogs | None
-    budget: RestartBudget
-    timeout_s: float | None
-    started: float = field(default_factory=time.monotonic)
-    attempt: int = 0
-    failures: list[_Failure] = field(default_factory=list)
-    resumed: dict[int, str] = field(default_factory=dict)  # attempt -> what it resumed from
+    def __init__(
+        self,
+        out: _Output,
+        output_format: str,
+        logs: RunLogs | None,
+        policy: RestartPolicy,
+        timeout_s: float | None,
+        preemption_code: int | None,
+    ) -> None:
+        self.out = out
+        self.jsonl = output_format == "jsonl"
+        self.logs = logs
+        self.policy = policy
+        self.timeout_s = timeout_s
+        self.preemption_code = preemption_code
+        self.started = time.monotonic()
+        self.attempt = 1
+        self.events: list[Event] = []  # every event but the output lines
+        self._lock = threading.Lock()
 
     @property
     def deadline(self) -> float | None:
         return None if self.timeout_s is None else self.started + self.timeout_s
 
-    def summary(self, outcome: str) -> str:
-        lines = [
-            f"graphdist: run summary: {self.attempt + 1} attempt(s) in "
-            f"{time.monotonic() - self.started:.1f} s; {outcome}"
-        ]
-        for f in self.failures:
-            resumed = self.resumed.get(f.attempt + 1)  # attempts count from 0 here
-            after = f"; attempt {f.attempt + 2} {resumed}" if resumed else ""
-            lines.append(f"  attempt {f.attempt + 1}: {f.task} {f.how} at {f.at_s:.1f} s{after}")
+    def line(self, task: str, text: str) -> None:
+        """One line of a task's output: shown, never kept (a chatty task's lines add up)."""
+        if self.jsonl:
+            event = Event(
+                "line", time.monotonic() - self.started, self.attempt, task, {"text": text}
+            )
+            self.out.write(event.to_json())
+        else:
+            self.out.write(f"[{task}] {text}")
+
+    def emit(self, kind: str, task: str | None = None, **data: Any) -> Event:
+        with self._lock:
+            event = Event(kind, time.monotonic() - self.started, self.attempt, task, data)
+            self.events.append(event)
+            events = list(self.events)
         if self.logs is not None:
-            lines.append(f"  logs: {self.logs.path}")
-        return "\n".join(lines)
+            self.logs.record_event(event)
+        if self.jsonl:
+            self.out.note(event.to_json())
+        else:
+            text = render(event, events[:-1])
+            if text is not None:
+                self.out.note(text)
+        return event
 
     def end(self, outcome: str, *, show: bool) -> None:
-        """The summary: to the log folder always, to the output where ``show``."""
-        text = self.summary(outcome)
+        """The run's last event, with its summary: to the log folder always, to the output
+        where ``show``."""
+        logs = None if self.logs is None else self.logs.path
+        event = self.emit("run-ended", outcome=outcome, attempts=self.attempt, logs=logs, show=show)
         if self.logs is not None:
-            self.logs.write_summary(text)
-        if show:
-            self.out.note(text)
+            from graphdist._distribute.events import summary
+
+            self.logs.write_summary(summary(self.events[: self.events.index(event) + 1]))
 
     def timed_out(self, results: Sequence[TaskOutcome], doing: str) -> LaunchTimeoutError:
         return LaunchTimeoutError(
             f"The run did not finish within {self.timeout_s:g} s ({doing}); every task was "
-            "stopped; raise --timeout (timeout_s) if it needs longer",
+            "stopped; raise timeout_s if it needs longer",
             results,
         )
 
@@ -429,6 +524,16 @@ class _Run:
             time.sleep(wait if left is None else max(0.0, min(wait, left)))
         if left is not None and left < wait:
             raise self.timed_out([], f"it was waiting {wait:g} s to restart {what}")
+
+    def cause(self, result: TaskOutcome, ended_at_s: float) -> dict[str, Any]:
+        """A failed task, as the restarting and gave-up events carry it."""
+        return {
+            "task": result.name,
+            "pid": result.pid,
+            "exitcode": result.exitcode,
+            "how": how_ended(result.exitcode),
+            "ended_at_s": round(ended_at_s, 3),
+        }
 
 
 def _check_command(command: object) -> list[str]:
@@ -497,6 +602,28 @@ def _check_output(output: object) -> IO[str]:
     return output  # type: ignore[return-value]
 
 
+def _check_output_format(value: object) -> str:
+    if value not in OUTPUT_FORMATS:
+        raise ArgumentError(
+            f"output_format must be one of {', '.join(OUTPUT_FORMATS)}, not {show(value)}",
+            name="output_format",
+            value=value,
+        )
+    return str(value)
+
+
+def _check_preemption_code(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 255:
+        raise ArgumentError(
+            f"preemption_exit_code must be an exit code from 1 to 255 (or None), not {show(value)}",
+            name="preemption_exit_code",
+            value=value,
+        )
+    return value
+
+
 def run_command(
     command: Sequence[str],
     *,
@@ -510,28 +637,37 @@ def run_command(
     max_restarts: int = 0,
     restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
     log_dir: str | os.PathLike[str] | None = None,
+    min_uptime_s: float = DEFAULT_MIN_UPTIME_S,
+    preemption_exit_code: int | None = PREEMPTION_EXIT_CODE,
+    output_format: str = "text",
 ) -> list[TaskResult]:
     """Run ``command`` once per task of a fresh local cluster (see the module docstring).
 
-    ``output`` receives the prefixed lines (default: ``sys.stdout``); if writing to it fails
-    (its reader went away, a full disk), the run goes on without it, saying so on stderr. Lines
-    longer than :data:`LINE_LIMIT` bytes are cut there (the log file keeps them whole). Returns
-    every command task's :class:`TaskResult` (all exit codes 0). Raises :class:`TaskExitError`,
+    ``output`` receives the prefixed lines and the run's own lines (default: ``sys.stdout``);
+    if writing to it fails (its reader went away, a full disk), the run goes on without it,
+    saying so on stderr. ``output_format="jsonl"``: one JSON object a line instead, every task
+    line and every event of the run (:mod:`graphdist._distribute.events`). Lines longer than
+    :data:`LINE_LIMIT` bytes are cut there (the log file keeps them whole). Returns every
+    command task's :class:`TaskResult` (all exit codes 0). Raises :class:`TaskExitError`,
     :class:`LaunchTimeoutError`, :class:`ClusterSpecError` for bad counts or
     :class:`ArgumentError` for any bad argument (a command that is not a list of str or not an
     executable, a timeout that is not a finite number > 0, ``expose`` not a bool, an unsafe
     ``log_dir``), before anything starts. A stop signal during the run: see the module docstring.
 
     ``max_restarts``: when a task fails, stop every task and start the whole run again (fresh
-    ports, a TF_CONFIG for each task, ``GRAPHDIST_RESTART=k`` in attempt k), at most this many
-    times within any ``restart_window_s`` seconds, after a back-off (0.5 s, doubling, at most
-    30 s: :mod:`graphdist._proc.restarts`); ``timeout_s`` bounds the whole run, back-offs
-    included. The scripts resume from their last backup (:func:`graphdist.backup_and_restore`).
-    ``log_dir``: a folder of the run's own, ``log_dir/run-N`` (:mod:`graphdist._distribute.
-    runlogs`), gets every task's whole output (``attempt-K/TASK.log``, K from 1), the exit
-    statuses and the summary. A run that restarted, or has a ``log_dir``, ends with a summary
-    (attempts, which task failed how and when, what each attempt resumed from, the time) on
-    ``output``, whether it succeeded, failed, timed out or was stopped by a signal.
+    ports, a TF_CONFIG for each task, ``GRAPHDIST_RESTART=k`` after k restarts), as the restart
+    policy decides (:mod:`graphdist._proc.restarts`): at most ``max_restarts`` times within any
+    ``restart_window_s`` seconds, after a back-off (BACKOFF); a run whose attempts fail three
+    times in a row within ``min_uptime_s`` of starting gives up early (a start-up failure).
+    ``preemption_exit_code`` (TensorFlow's 42; ``None``: off): an attempt whose every command
+    task exits with it (``PreemptionCheckpointHandler`` after a SIGTERM) is a preemption,
+    restarted at once without spending a restart, even with ``max_restarts=0``. ``timeout_s``
+    bounds the whole run, back-offs included. The scripts resume from their last backup
+    (:func:`graphdist.backup_and_restore`). ``log_dir``: a folder of the run's own,
+    ``log_dir/run-N`` (:mod:`graphdist._distribute.runlogs`), gets every task's whole output
+    (``attempt-K/TASK.log``, K from 1), the events, the exit statuses and the summary. A run
+    that restarted, or has a ``log_dir``, ends with a summary (attempts, which task failed how
+    and when, what each attempt resumed from, the time) on ``output``, however it ended.
     """
     argv = _check_command(command)
     timeout_s = check_timeout_s(timeout_s, "timeout_s")
@@ -539,6 +675,9 @@ def run_command(
     restart_window_s = check_timeout_s(
         restart_window_s, "restart_window_s", DEFAULT_RESTART_WINDOW_S
     )
+    min_uptime_s = check_min_uptime(min_uptime_s)
+    preemption_code = _check_preemption_code(preemption_exit_code)
+    output_format = _check_output_format(output_format)
     flag(expose, "expose")
     base_env = {**os.environ, **_check_env(env), "TF_USE_LEGACY_KERAS": "1"}
     stream = _check_output(output)
@@ -552,7 +691,10 @@ def run_command(
         )
     _counts(workers, ps, chief)  # checked before anything starts
     logs = None if log_dir is None else RunLogs(log_dir)
-    run = _Run(_Output(stream), logs, RestartBudget(max_restarts, restart_window_s), timeout_s)
+    policy = RestartPolicy(
+        max_restarts, restart_window_s, what="the run", min_uptime_s=min_uptime_s
+    )
+    run = _Run(_Output(stream), output_format, logs, policy, timeout_s, preemption_code)
     procs: list[_TaskProcess] = []
     try:
         with SignalScope() as signals:
@@ -569,6 +711,9 @@ def run_command(
             f"The run was stopped by {exc.name}; every task was stopped",
             [p.finish() for p in procs],
         ) from None
+    finally:
+        if logs is not None:
+            logs.close()
 
 
 def _run(
@@ -582,59 +727,53 @@ def _run(
     signals: SignalScope,
     run: _Run,
 ) -> list[TaskResult]:
-    """The attempts of a run, until one succeeds or the restart budget is spent."""
-    budget = run.budget
+    """The attempts of a run, until one succeeds or the restart policy gives up."""
+    policy = run.policy
     while True:
         procs.clear()
         try:
             results = _attempt(command, workers, ps, chief, base_env, expose, procs, signals, run)
+        except _Preempted as exc:
+            decision = policy.failed(preempted=True)
+            run.emit("preempted", code=exc.code, decision=decision.words())
+            policy.restarted(decision)
+            run.attempt += 1
+            continue
         except TaskExitError as exc:
-            elapsed = time.monotonic() - run.started
-            run.failures.append(_Failure(run.attempt, exc.failed.name, _how(exc.failed), elapsed))
-            _note_resumed(run, procs)
-            wait = budget.failed()
-            if wait is None:
-                if not budget.max_restarts:
+            ended_at = getattr(exc, "ended_at_s", time.monotonic() - run.started)
+            cause = run.cause(exc.failed, ended_at)
+            decision = policy.failed()
+            if not decision.restart:
+                reason = decision.reason if policy.max_restarts else "failed"
+                run.emit("gave-up", cause=cause, reason=reason, decision=decision.words())
+                if not policy.max_restarts:
                     run.end("failed", show=run.logs is not None)
                     raise
                 run.end("failed", show=True)
-                gave_up = (
-                    f" in attempt {run.attempt + 1}; gave up after {budget.restarts} "
-                    f"restart(s) (--max-restarts {budget.max_restarts} within "
-                    f"{budget.window_s:g} s)"
+                gave_up = f" in attempt {run.attempt}; {decision.words()}"
+                hint = (
+                    "; raise max_restarts or restart_window_s to allow more"
+                    if decision.reason == "budget"
+                    else "; read its last lines, or raise min_uptime_s if its start takes longer"
                 )
                 raise TaskExitError(
-                    f"Task {_describe(exc.failed, gave_up)}\n  the other tasks were stopped",
+                    f"Task {_describe(exc.failed, gave_up + hint)}\n  the other tasks were stopped",
                     exc.results,
                     exc.failed,
                 ) from None
-            run.out.note(
-                f"graphdist: {exited(exc.failed.name, exc.failed.exitcode)}; every task "
-                f"was stopped; restarting the run in {wait:g} s (restart "
-                f"{budget.restarts + 1} of at most {budget.max_restarts} within "
-                f"{budget.window_s:g} s)"
+            run.emit(
+                "restarting",
+                cause=cause,
+                wait_s=decision.wait_s,
+                scope="run",
+                decision=decision.words(),
             )
-            run.backoff(wait, signals, f"the run after attempt {run.attempt + 1} failed")
-            budget.restarted()
+            run.backoff(decision.wait_s, signals, f"the run after attempt {run.attempt} failed")
+            policy.restarted(decision)
             run.attempt += 1
             continue
-        _note_resumed(run, procs)
-        run.end("every task exited 0", show=bool(run.failures) or run.logs is not None)
+        run.end("every task exited 0", show=run.attempt > 1 or run.logs is not None)
         return results
-
-
-def _how(result: TaskOutcome) -> str:
-    """``exited with code 1``, ``exited with code -9 (SIGKILL)``: how a task ended."""
-    return exited("", result.exitcode).strip()
-
-
-def _note_resumed(run: _Run, procs: Sequence[_TaskProcess]) -> None:
-    """Remember what the run's current attempt said it resumed from (a chief's word first)."""
-    for proc in sorted(procs, key=lambda p: p.result.task.job != "chief"):
-        said = proc.resumed
-        if said is not None and run.attempt:
-            run.resumed.setdefault(run.attempt, said)
-            return
 
 
 def _attempt(
@@ -660,7 +799,14 @@ def _attempt(
         runners = [t for t in cluster if t.job == "chief"] if ps else list(cluster)
         runners = [t for t in runners if t.job in ("chief", "worker")]
         served = [job for job in ("worker", "ps") if ps and job in cluster]
-        folder = None if run.logs is None else run.logs.attempt(run.attempt + 1)
+        servers = [t.name for t in cluster if t.job in served]
+        run.emit(
+            "attempt-started",
+            tasks=[t.name for t in runners],
+            servers=servers,
+            restarts=run.attempt - 1,
+        )
+        folder = None if run.logs is None else run.logs.attempt(run.attempt)
         if served:
             fleet = LocalFleet(cluster, jobs=served, expose=expose, log_dir=folder)
         if fleet is not None:
@@ -678,30 +824,47 @@ def _attempt(
                 ),
                 "TF_CONFIG": tf_config(cluster, task.job, task.index).to_json(),
                 "GRAPHDIST_TASK": task.name,
-                "GRAPHDIST_RESTART": str(run.attempt),
+                "GRAPHDIST_RESTART": str(run.attempt - 1),
             }
             log_path = None if folder is None else os.path.join(folder, f"{task.name}.log")
-            procs.append(_TaskProcess(task, command, task_env, run.out, log_path))
+            procs.append(_TaskProcess(task, command, task_env, run, log_path))
+        run.policy.started()
         return _supervise(procs, signals, run, fleet)
     finally:  # no signal interrupts this: it is deferred to the end of the scope
-        _stop([p for p in procs if p.poll() is None], TASK_STOP_GRACE_S)
+        _stop([p for p in procs if p.running()], TASK_STOP_GRACE_S)
         results = [proc.finish() for proc in procs]
+        for proc in procs:
+            run.emit(
+                "task-exited",
+                proc.result.name,
+                pid=proc.result.pid,
+                exitcode=proc.result.exitcode,
+                how=how_ended(proc.result.exitcode),
+                ended_at_s=round(proc.ended_at_s(), 3),
+            )
         if fleet is not None:
             fleet.close()
+            for server in fleet.tasks:
+                run.emit(
+                    "task-exited",
+                    server.name,
+                    pid=server.pid,
+                    exitcode=server.exitcode,
+                    how=how_ended(server.exitcode),
+                    server=True,
+                )
         release_ports(t.port for t in cluster)
         if run.logs is not None:
-            run.logs.record_exits(run.attempt + 1, _exit_rows(results, fleet))
+            run.logs.record_exits(run.attempt, _exit_rows(results, fleet))
 
 
 def _exit_rows(results: Sequence[TaskResult], fleet: Any) -> list[dict[str, Any]]:
     """How every task of an attempt ended, for the log folder's ``exits.json``."""
-    rows = [{"task": r.name, "pid": r.pid, "exitcode": r.exitcode, "how": _how(r)} for r in results]
-    for server in [] if fleet is None else fleet.tasks:
-        code = server.exitcode
-        rows.append(
-            {"task": server.task.name, "pid": server.pid, "exitcode": code, "how": _how(server)}
-        )
-    return rows
+    tasks: list[Any] = [*results, *([] if fleet is None else fleet.tasks)]
+    return [
+        {"task": t.name, "pid": t.pid, "exitcode": t.exitcode, "how": how_ended(t.exitcode)}
+        for t in tasks
+    ]
 
 
 def _supervise(
@@ -713,22 +876,35 @@ def _supervise(
     """Wait for every task to exit 0; stop the others when one fails or the time is up. With a
     fleet of ps/worker servers and restarts allowed: a dead worker is restarted on its address
     (within the restart budget: the coordinator carries on), a dead ps task fails the attempt
-    (the next one starts the ps tasks and the coordinator again, which resumes)."""
+    (the next one starts the ps tasks and the coordinator again, which resumes). A task that
+    exits with the preemption code waits for the others to do the same (a preemption)."""
     deadline = run.deadline
     while True:
-        if fleet is not None and run.budget.max_restarts:  # else as TensorFlow has it: the
+        if fleet is not None and run.policy.max_restarts:  # else as TensorFlow has it: the
             _check_servers(fleet, signals, run)  # coordinator carries on without a dead worker
-        codes = [p.poll() for p in procs]
+        codes = [p.ended() for p in procs]
         failed = next((p for p, c in zip(procs, codes, strict=True) if c not in (None, 0)), None)
         if failed is not None:
-            _stop([p for p in procs if p is not failed], TASK_STOP_GRACE_S)
+            code = failed.ended()
+            if (
+                code is not None
+                and code == run.preemption_code
+                and _all_preempted(procs, signals, run)
+            ):
+                _stop(procs, TASK_STOP_GRACE_S)
+                raise _Preempted(code, [p.finish() for p in procs])
+            ended_at = failed.ended_at_s()
+            _stop(procs, TASK_STOP_GRACE_S)  # the failed one's guard may still be ending its tree
             results = [p.finish() for p in procs]
-            raise TaskExitError(
+            error = TaskExitError(
                 f"Task {_describe(failed.result)}\n  the other tasks were stopped",
                 results,
                 failed.result,
             )
+            error.ended_at_s = ended_at  # type: ignore[attr-defined]
+            raise error
         if all(c == 0 for c in codes):
+            _stop(procs, TASK_STOP_GRACE_S)  # the guards end what the commands left behind
             return [p.finish() for p in procs]
         if deadline is not None and time.monotonic() > deadline:
             running = [p.result.name for p, c in zip(procs, codes, strict=True) if c is None]
@@ -738,15 +914,35 @@ def _supervise(
             time.sleep(0.05)
 
 
+def _all_preempted(procs: Sequence[_TaskProcess], signals: SignalScope, run: _Run) -> bool:
+    """Whether every task exits with the preemption code, waiting up to PREEMPTION_WAIT_S (and
+    the run's deadline) for the others to save their checkpoint and exit."""
+    wait_until = time.monotonic() + PREEMPTION_WAIT_S
+    if run.deadline is not None:
+        wait_until = min(wait_until, run.deadline)
+    while True:
+        codes = [p.ended() for p in procs]
+        if any(c is not None and c != run.preemption_code for c in codes):
+            return False
+        if all(c == run.preemption_code for c in codes):
+            return True
+        if time.monotonic() > wait_until:
+            return False
+        with signals.interruptible():
+            time.sleep(0.05)
+
+
 def _check_servers(fleet: Any, signals: SignalScope, run: _Run) -> None:
     """A parameter-server run's dead servers: restart a worker on its address (the coordinator
-    re-schedules its work and uses it again once back) while the budget allows; a dead ps task,
+    re-schedules its work and uses it again once back) while the policy allows; a dead ps task,
     or a worker beyond the budget, fails the attempt (TaskExitError)."""
     for server in fleet.dead_tasks():
         result = TaskResult(server.task, pid=server.pid, exitcode=server.exitcode)
         result.tail = server.log_tail()
-        wait = run.budget.failed() if server.job == "worker" else None
-        if wait is None:
+        decision: Decision | None = None
+        if server.job == "worker":
+            decision = run.policy.failed(what=f"the server of {server.name}", startup=False)
+        if decision is None or not decision.restart:
             why = (
                 " (its server)"
                 if server.job == "worker"
@@ -757,17 +953,16 @@ def _check_servers(fleet: Any, signals: SignalScope, run: _Run) -> None:
                 [result],
                 result,
             )
-        elapsed = time.monotonic() - run.started
-        run.failures.append(_Failure(run.attempt, server.task.name, _how(result), elapsed))
-        run.out.note(
-            f"graphdist: the server of {exited(server.task.name, server.exitcode)}; restarting it "
-            f"on {server.address} in {wait:g} s (restart {run.budget.restarts + 1} of at most "
-            f"{run.budget.max_restarts} within {run.budget.window_s:g} s); the coordinator "
-            "carries on"
+        run.emit(
+            "restarting",
+            cause=run.cause(result, time.monotonic() - run.started),
+            wait_s=decision.wait_s,
+            scope="server",
+            decision=decision.words(),
         )
-        run.backoff(wait, signals, f"the server of {server.task.name}")
+        run.backoff(decision.wait_s, signals, f"the server of {server.name}")
         fleet.restart(server.job, server.index)
-        run.budget.restarted()
+        run.policy.restarted(decision)
 
 
 def run_function(

@@ -5,6 +5,7 @@ Each run writes into a folder of its own, ``LOG_DIR/run-N`` (N one more than the
 made with an exclusive ``mkdir``), so a reused ``LOG_DIR`` keeps runs apart::
 
     LOG_DIR/run-N/attempt-K/TASK.log   every line a task of attempt K printed (K from 1)
+    LOG_DIR/run-N/events.jsonl         the run's events, one JSON object a line, as they happen
     LOG_DIR/run-N/summary.txt          the run's summary, however it ended
     LOG_DIR/run-N/exits.json           every attempt's tasks: pid, exit code, how they ended
 
@@ -23,11 +24,15 @@ import json
 import os
 import re
 import stat
+import threading
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from graphdist._exceptions import ArgumentError
 from graphdist._validate import show
+
+if TYPE_CHECKING:
+    from graphdist._distribute.events import Event
 
 __all__ = ["RunLogs", "check_log_dir"]
 
@@ -112,6 +117,8 @@ class RunLogs:
                 raise _refuse(base, exc.strerror or str(exc), log_dir) from None
         self.path = path
         self._exits: list[dict[str, Any]] = []
+        self._events: IO[bytes] | None = None
+        self._lock = threading.Lock()
 
     def attempt(self, attempt: int) -> str:
         """The folder of attempt ``attempt`` (from 1), made now."""
@@ -126,6 +133,23 @@ class RunLogs:
             path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
         )
         return os.fdopen(fd, "ab", buffering=0)
+
+    def record_event(self, event: Event) -> None:
+        """Append ``event`` to ``events.jsonl`` (best effort, like every record here)."""
+        with self._lock:
+            try:
+                if self._events is None:
+                    self._events = self.open(os.path.join(self.path, "events.jsonl"))
+                self._events.write((event.to_json() + "\n").encode())
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            events, self._events = self._events, None
+        if events is not None:
+            with contextlib.suppress(OSError):
+                events.close()
 
     def record_exits(self, attempt: int, rows: Sequence[dict[str, Any]]) -> None:
         """Every task of attempt ``attempt``, to ``exits.json`` (rewritten whole each time)."""

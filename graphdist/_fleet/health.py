@@ -5,22 +5,28 @@ A frozen task (SIGSTOP, a stuck machine) still has its port open, so only a real
 deadline tells it apart from a live one. All tasks are probed at once, so a health check takes at
 most one probe timeout however many tasks are frozen.
 
-How a failed task is reported is decided here and nowhere else: the status constants and their
-hints, :func:`task_failed` (every :class:`TaskFailedError`), :func:`exited` and
-:func:`dead_detail` (how a process ended, in words: the CLI, the supervisor, ``graphdist
-status``, the launcher and a failed start all say it with them).
+How a failed task is *worded* is decided in :mod:`graphdist._failures` (the bottom layer, so the
+launcher and the supervisor use it too); this module decides what changed for a session
+(:func:`problem_of`) and reads health over gRPC.
 """
 
 from __future__ import annotations
 
-import contextlib
 import html
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from graphdist._exceptions import TaskFailedError
+from graphdist._failures import (
+    ALIVE,
+    DEAD,
+    NOT_ANSWERING,
+    RESTARTED,
+    dead_detail,
+    exited,
+    task_failed,
+    task_name,
+)
 from graphdist._net.probe import probe_many, probers
 
 if TYPE_CHECKING:
@@ -40,17 +46,6 @@ __all__ = [
     "task_failed",
 ]
 
-ALIVE = "alive"
-DEAD = "dead"
-NOT_ANSWERING = "not answering"
-RESTARTED = "restarted"
-"""A task whose server was started again since a session opened: the session's state is lost."""
-_HINTS = {
-    DEAD: "restart it with fleet.restart({job!r}, {index}) and open a new session",
-    RESTARTED: "its server lost this session's state; open a new session",
-    NOT_ANSWERING: "it may be frozen or overloaded",
-}
-
 
 @dataclass(frozen=True)
 class TaskHealth:
@@ -69,7 +64,8 @@ class TaskHealth:
 
     def __str__(self) -> str:
         extra = f" ({self.detail})" if self.detail else ""
-        return f"{self.job}:{self.index} at {self.address} pid={self.pid}: {self.status}{extra}"
+        name = task_name(self.job, self.index)
+        return f"{name} at {self.address} pid={self.pid}: {self.status}{extra}"
 
 
 class HealthReport(list[TaskHealth]):
@@ -82,7 +78,8 @@ class HealthReport(list[TaskHealth]):
     def _repr_html_(self) -> str:
         colours = {ALIVE: "#d9f2d9", DEAD: "#f8d0d0", NOT_ANSWERING: "#fbe8c0"}
         rows = "".join(
-            f'<tr style="background:{colours.get(h.status, "#eee")}"><td>{h.job}:{h.index}</td>'
+            f'<tr style="background:{colours.get(h.status, "#eee")}">'
+            f"<td>{task_name(h.job, h.index)}</td>"
             f"<td>{html.escape(h.address)}</td><td>{h.pid}</td><td>{h.status}</td>"
             f"<td>{html.escape(h.detail)}</td></tr>"
             for h in self
@@ -91,26 +88,6 @@ class HealthReport(list[TaskHealth]):
             "<table><thead><tr><th>task</th><th>address</th><th>pid</th><th>health</th>"
             f"<th>detail</th></tr></thead><tbody>{rows}</tbody></table>"
         )
-
-
-def _code(exitcode: int | None) -> str:
-    """``code 3``, ``code -9 (SIGKILL)`` (killed by a signal), ``an unknown code``."""
-    if exitcode is None:
-        return "an unknown code"
-    if exitcode < 0:
-        with contextlib.suppress(ValueError):
-            return f"code {exitcode} ({signal.Signals(-exitcode).name})"
-    return f"code {exitcode}"
-
-
-def dead_detail(exitcode: int | None) -> str:
-    """A dead task's health detail: ``exit code 3``, ``exit code -9 (SIGKILL)``."""
-    return f"exit {_code(exitcode)}"
-
-
-def exited(name: str, exitcode: int | None) -> str:
-    """``NAME exited with code 3`` (``... with code -9 (SIGKILL)``): how a process ended."""
-    return f"{name} exited with {_code(exitcode)}"
 
 
 def probe_all(addresses: Sequence[str], timeout_s: float) -> list[tuple[bool, str | None]]:
@@ -132,28 +109,3 @@ def problem_of(task: TaskHandle, pid: int | None, restarts: int | None) -> tuple
     if task.pid != pid:
         return RESTARTED, f"pid {pid} before, now pid {task.pid}"
     return None
-
-
-def task_failed(
-    task: TaskHandle | TaskHealth,
-    status: str,
-    detail: str = "",
-    *,
-    what: str = "",
-    timeout_ms: int | None = None,
-) -> TaskFailedError:
-    """The one way a failed task is reported: ``Task job:i at address is STATUS (detail): what;
-    what to do``, with the task, address, status and the session's timeout as attributes."""
-    name = f"{task.job}:{task.index}"
-    verb = "was" if status == RESTARTED else "is"
-    hint = _HINTS.get(status, "").format(job=task.job, index=task.index)
-    return TaskFailedError(
-        f"Task {name} at {task.address} {verb} {status}"
-        + (f" ({detail})" if detail else "")
-        + (f": {what}" if what else "")
-        + (f"; {hint}" if hint else ""),
-        task=name,
-        address=task.address,
-        status=status,
-        timeout_ms=timeout_ms,
-    )

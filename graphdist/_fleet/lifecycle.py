@@ -179,12 +179,12 @@ class OwnedFleet(Fleet[_TaskT]):
         )
         raise StartTimeoutError(
             f"{silent.answered} of {len(tasks)} servers answered within {budget_s:g} s; "
-            f"{task.job}:{task.index} at {task.address} did not ({why}); raise "
+            f"{task.name} at {task.address} did not ({why}); raise "
             "start_timeout_s if the machine is slow",
             ready=silent.answered,
             expected=len(tasks),
             timeout_s=budget_s,
-            task=f"{task.job}:{task.index}",
+            task=f"{task.name}",
             address=task.address,
             log_tail=task.log_tail(),
         )
@@ -223,7 +223,7 @@ class OwnedFleet(Fleet[_TaskT]):
         listens on the task's port: an answer from another process (a second name for an
         address another task has) is no proof of this one (default: its sockets as the OS
         lists them for its pid, in ``table``, one reading for the whole fleet)."""
-        name = f"{task.job}:{task.index}"
+        name = f"{task.name}"
         sockets = check_listening(name, task.address, task.pid, allowed, table=table)
         port = int(task.address.rsplit(":", 1)[1])
         if not any(p == port for _, p in sockets):

@@ -29,9 +29,9 @@ from graphdist._exceptions import (
     FleetStartError,
     PortInUseError,
 )
+from graphdist._failures import exited
 from graphdist._fleet.backends import register
 from graphdist._fleet.client import FleetState
-from graphdist._fleet.health import exited
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
 from graphdist._net.exposure import ListeningTable
@@ -113,7 +113,7 @@ def check_hosts_and_ports(cluster: Cluster, *, claim_for: object = None) -> None
         first = by_port.setdefault(task.port, task)
         if first is not task:
             raise ClusterSpecError(
-                f"Tasks {first.job}:{first.index} ({first.address}) and {task.job}:{task.index} "
+                f"Tasks {first.name} ({first.address}) and {task.name} "
                 f"({task.address}) are both on port {task.port} of this machine; give each task "
                 "its own port (a spec like 'local=2' picks free ones)",
                 task.address,
@@ -121,7 +121,7 @@ def check_hosts_and_ports(cluster: Cluster, *, claim_for: object = None) -> None
     for task in cluster:
         if not _is_local(task.host):
             raise ClusterSpecError(
-                f"Task {task.job}:{task.index} is at {task.address}, but {task.host!r} is not "
+                f"Task {task.name} is at {task.address}, but {task.host!r} is not "
                 "an address of this machine; a local fleet runs its servers here (run "
                 "`graphdist serve` on that host instead)",
                 task.address,
@@ -144,12 +144,12 @@ def _port_in_use(task: Task, holder: int | None, *, starting: bool = False) -> P
         who += " (this process)" if holder == os.getpid() else ""
         who = f"{who or ' by another process'}, which is starting a graphdist fleet on it"
     return PortInUseError(
-        f"Port {task.port} of task {task.job}:{task.index} ({task.address}) is "
+        f"Port {task.port} of task {task.name} ({task.address}) is "
         f"already in use{who}; stop that process or choose another port "
         "(a spec like 'local=2' picks free ports)",
         port=task.port,
         holder_pid=holder,
-        task=f"{task.job}:{task.index}",
+        task=f"{task.name}",
         address=task.address,
     )
 
@@ -220,7 +220,7 @@ class FleetTask(TaskView):
             state = "running"
         else:
             state = f"exited {self.exitcode}"
-        return f"<FleetTask {self.job}:{self.index} at {self.address} pid={self.pid} {state}>"
+        return f"<FleetTask {self.name} at {self.address} pid={self.pid} {state}>"
 
 
 class LocalFleet(OwnedFleet[FleetTask]):
@@ -440,7 +440,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
         log.debug("started %r", ft)
 
     def _fork_server_died(self, ft: FleetTask, exc: ForkServerDiedError) -> FleetStartError:
-        name = f"{ft.job}:{ft.index}"
+        name = f"{ft.name}"
         return FleetStartError(
             f"Server {name} at {ft.address} could not be started: {exc}",
             task=name,
@@ -515,7 +515,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
     def _start_failure(self, ft: FleetTask) -> FleetStartError:
         ft._join(1.0)
         tail = ft.log_tail()
-        name = f"{ft.job}:{ft.index}"
+        name = f"{ft.name}"
         if ft.exitcode == EXIT_PORT_IN_USE:
             holder = port_holder(ft.task.port)
             who = f" by pid {holder}" if holder else ""

@@ -376,7 +376,7 @@ class RayTask(TaskView):
         return []  # the actor's output goes to Ray's logs on its node
 
     def __repr__(self) -> str:
-        return f"<RayTask {self.job}:{self.index} at {self.address} node={self.node_id[:8]}>"
+        return f"<RayTask {self.name} at {self.address} node={self.node_id[:8]}>"
 
 
 def _counts(spec: str | Mapping[str, int]) -> dict[str, int]:
@@ -565,7 +565,7 @@ class RayFleet(OwnedFleet[RayTask]):
         check the server's port; Ray's own sockets in that process are Ray's business."""
         import ray
 
-        name = f"{task.job}:{task.index}"
+        name = f"{task.name}"
         try:
             sockets = ray.get(task.actor.listening.remote(), timeout=30.0)
         except Exception as exc:
@@ -639,7 +639,7 @@ class RayFleet(OwnedFleet[RayTask]):
     @property
     def node_ids(self) -> dict[str, str]:
         """``job:index`` → the Ray node id its server runs on."""
-        return {f"{t.job}:{t.index}": t.node_id for t in self._tasks.values()}
+        return {f"{t.name}": t.node_id for t in self._tasks.values()}
 
     def __repr__(self) -> str:
         return f"<RayFleet {self.state.value} {self.counts}>"

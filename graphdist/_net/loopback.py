@@ -178,7 +178,7 @@ def server_bind_address(task: Task, *, expose: bool, allow_own_host: bool = Fals
         return address
     if not allow_own_host:
         raise ClusterSpecError(
-            f"Task {task.job}:{task.index} is on {task.host!r}, which is not a loopback "
+            f"Task {task.name} is on {task.host!r}, which is not a loopback "
             "address; servers stay on loopback unless you pass expose=True (CLI: --expose), "
             "which makes them reachable from the network without authentication",
             task.address,
@@ -186,7 +186,7 @@ def server_bind_address(task: Task, *, expose: bool, allow_own_host: bool = Fals
     host = task.host.strip("[]")
     if _is_wildcard(host):
         raise ClusterSpecError(
-            f"Task {task.job}:{task.index} is on {task.host!r}, the wildcard address: its server "
+            f"Task {task.name} is on {task.host!r}, the wildcard address: its server "
             "would listen on every interface, reachable from the network without "
             "authentication. Name the host's own address, or pass --bind-all (expose=True) if "
             "that is what you want",
@@ -196,14 +196,14 @@ def server_bind_address(task: Task, *, expose: bool, allow_own_host: bool = Fals
         infos = socket.getaddrinfo(host, task.port, socket.AF_INET, socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise ClusterSpecError(
-            f"Host {host!r} of task {task.job}:{task.index} does not resolve to an IPv4 address "
+            f"Host {host!r} of task {task.name} does not resolve to an IPv4 address "
             f"({exc.strerror}); use --bind-all to listen on every interface",
             task.address,
         ) from None
     resolved = str(infos[0][4][0])
     if _is_wildcard(resolved):
         raise ClusterSpecError(
-            f"Host {host!r} of task {task.job}:{task.index} resolves to the wildcard address "
+            f"Host {host!r} of task {task.name} resolves to the wildcard address "
             f"{resolved}; name the host's own address, or pass --bind-all",
             task.address,
         )

@@ -265,13 +265,25 @@ def end_marked(value: str, grace_s: float = STOP_GRACE_S) -> list[int]:
 
 
 def guarded_argv(
-    command: Sequence[str], owner: int | None = None, grace_s: float = STOP_GRACE_S
+    command: Sequence[str],
+    owner: int | None = None,
+    grace_s: float = STOP_GRACE_S,
+    *,
+    name: str | None = None,
+    report_fd: int | None = None,
 ) -> list[str]:
     """The argv that runs ``command`` under a guard (see the module docstring) whose owner is
-    ``owner`` (default: this process), which must be the process that starts it."""
+    ``owner`` (default: this process), which must be the process that starts it. ``name`` (a
+    task's, ``worker-1``) shows in ``ps``; ``report_fd``, an inherited pipe, gets the guard's
+    reports: ``pid PID`` once the command runs, ``exit CODE WHEN`` when it has exited (CODE as
+    Popen gives it, WHEN the system's monotonic clock in seconds), before the guard ends what
+    the command left behind."""
     owner = os.getpid() if owner is None else owner
     script = os.path.abspath(__file__)
-    return [sys.executable, "-I", "-S", script, str(owner), repr(float(grace_s)), "--", *command]
+    options = [] if name is None else ["--name", name]
+    options += [] if report_fd is None else ["--report", str(report_fd)]
+    head = [sys.executable, "-I", "-S", script, *options, str(owner), repr(float(grace_s))]
+    return [*head, "--", *command]
 
 
 class _Guard:
@@ -375,10 +387,26 @@ def _die_of(sig: int) -> None:
     os.kill(os.getpid(), sig)
 
 
+def _report(fd: int | None, line: str) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.write(fd, (line + "\n").encode())
+
+
 def _guard_main(args: Sequence[str]) -> int:
-    """``OWNER GRACE_S -- COMMAND...``: run COMMAND as a guard for OWNER (module docstring)."""
+    """``[--name NAME] [--report FD] OWNER GRACE_S -- COMMAND...``: run COMMAND as a guard for
+    OWNER (module docstring)."""
+    args = list(args)
+    report_fd = None
+    while args[:1] in (["--name"], ["--report"]) and len(args) > 1:
+        if args[0] == "--report":
+            report_fd = int(args[1])
+        args = args[2:]
     if len(args) < 4 or args[2] != "--":
-        print("usage: process.py OWNER_PID GRACE_S -- COMMAND...", file=sys.stderr)
+        print(
+            "usage: process.py [--name NAME] [--report FD] OWNER_PID GRACE_S -- COMMAND...",
+            file=sys.stderr,
+        )
         return 2
     owner, grace_s, command = int(args[0]), float(args[1]), args[3:]
     # Signals first: from here on a stop request waits for us instead of killing us.
@@ -390,7 +418,9 @@ def _guard_main(args: Sequence[str]) -> int:
     guard = _Guard(command, grace_s)
     failed = guard.spawn()
     if failed is not None:
+        _report(report_fd, f"exit {failed} {time.monotonic()!r}")
         return failed
+    _report(report_fd, f"pid {guard.child}")
     stop = 0
     while guard.status is None and not stop:
         info = signal.sigtimedwait(_STOP_SIGNALS | {signal.SIGCHLD}, 1.0)
@@ -399,7 +429,12 @@ def _guard_main(args: Sequence[str]) -> int:
             stop = info.si_signo
         elif os.getppid() != owner:
             stop = GUARD_DEATH_SIGNAL
+    ended_first = guard.status is not None
+    if guard.status is not None:  # the command ended by itself: said before its leftovers end
+        _report(report_fd, f"exit {os.waitstatus_to_exitcode(guard.status)} {time.monotonic()!r}")
     guard.end_tree()
+    if not ended_first and guard.status is not None:  # stopped, and ended by the stop
+        _report(report_fd, f"exit {os.waitstatus_to_exitcode(guard.status)} {time.monotonic()!r}")
     return guard.exit_code(stop or GUARD_DEATH_SIGNAL)
 
 

@@ -1,86 +1,246 @@
-"""The one restart policy of graphdist: how many restarts within a sliding window, and the
-back-off between them. A detached fleet's supervisor restarts one server with it, ``graphdist
-run --max-restarts`` a whole run (or one parameter-server worker).
+"""The one restart policy of graphdist: it decides, the restart loops act.
 
-Back-off: 0.5 s before the first restart after a failure, doubling with each further failure in
-a row (1, 2, 4 ... s), capped at 30 s; something that ran for a whole window before it failed
-starts again from 0.5 s. At most ``max_restarts`` restarts happen within any ``window_s``
-seconds; the next failure within it is final.
+Three loops restart things: ``graphdist run --max-restarts`` a whole run (every task of an
+attempt), the same launcher one parameter-server worker on its address, and a detached fleet's
+supervisor one server. Each tells its :class:`RestartPolicy` that the thing failed
+(:meth:`~RestartPolicy.failed`) and gets a :class:`Decision`: restart after ``wait_s`` seconds,
+or give up, and why; the decision renders its own words (:meth:`Decision.words`), so every loop
+says the same thing the same way, and every count it prints is the window's.
+
+The rules, with their numbers in one place (:data:`BACKOFF`, :data:`DEFAULT_RESTART_WINDOW_S`,
+:data:`DEFAULT_MIN_UPTIME_S`, :data:`STARTUP_FAILURES`; help texts are generated from them):
+
+- at most ``max_restarts`` restarts within any ``window_s`` seconds (a sliding window); the
+  next failure within it is final (``"budget"``);
+- a back-off before each restart: 0.5 s after a failure, doubling with each further failure in
+  a row, at most 30 s; something that ran for a whole window before it failed starts again from
+  0.5 s;
+- a *preemption* (the thing was asked to stop and said so: every task of a run exited with the
+  preemption exit code after a SIGTERM) restarts at once and spends no restart;
+- a *start-up failure*: something that failed :data:`STARTUP_FAILURES` times in a row, each
+  time within ``min_uptime_s`` of being started, gives up early (``"startup"``): a script that
+  cannot start (an import error, a bad path) will not start on the next try either.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from graphdist._exceptions import ArgumentError
+from graphdist._validate import show
 
 __all__ = [
-    "BACKOFF_MAX_S",
-    "BACKOFF_MIN_S",
+    "BACKOFF",
     "DEFAULT_MAX_RESTARTS",
+    "DEFAULT_MIN_UPTIME_S",
     "DEFAULT_RESTART_WINDOW_S",
-    "RestartBudget",
+    "STARTUP_FAILURES",
+    "Backoff",
+    "Decision",
+    "RestartPolicy",
     "backoff_s",
+    "check_min_uptime",
 ]
 
 DEFAULT_MAX_RESTARTS = 3
 """Restarts within one window before graphdist gives up (a detached fleet's default)."""
 DEFAULT_RESTART_WINDOW_S = 60.0
 """Seconds of the sliding window restarts are counted in."""
-BACKOFF_MIN_S = 0.5
-"""Seconds before the first restart after a failure."""
-BACKOFF_MAX_S = 30.0
-"""The longest wait, in seconds, between two restarts."""
+DEFAULT_MIN_UPTIME_S = 10.0
+"""Seconds something must have run before its failure stops counting as a start-up failure."""
+STARTUP_FAILURES = 3
+"""Start-up failures in a row after which the policy gives up, whatever the budget says."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Seconds to wait before a restart: ``min_s`` after the first failure in a row, times
+    ``factor`` for each further one, at most ``max_s``."""
+
+    min_s: float = 0.5
+    factor: float = 2.0
+    max_s: float = 30.0
+
+    def delay(self, failures: int) -> float:
+        """The wait before restarting something that failed ``failures`` times in a row."""
+        return min(self.min_s * self.factor ** min(max(failures, 1) - 1, 64), self.max_s)
+
+    def describe(self) -> str:
+        """``"0.5 s, doubling, at most 30 s"``, for help texts and docstrings."""
+        grows = "doubling" if self.factor == 2 else f"times {self.factor:g}"
+        return f"{self.min_s:g} s, {grows}, at most {self.max_s:g} s"
+
+
+BACKOFF = Backoff()
 
 
 def backoff_s(failures: int) -> float:
-    """Seconds to wait before restarting something that failed ``failures`` times in a row
-    (>= 1): 0.5, 1, 2, 4 ... capped at 30."""
-    return min(BACKOFF_MIN_S * 2.0 ** min(max(failures, 1) - 1, 32), BACKOFF_MAX_S)
+    """:data:`BACKOFF`'s wait after ``failures`` failures in a row (0.5, 1, 2 ... 30 s)."""
+    return BACKOFF.delay(failures)
 
 
-class RestartBudget:
-    """At most ``max_restarts`` restarts within any ``window_s`` seconds, with the back-off
-    above. Call :meth:`failed` when the thing failed: it returns the seconds to wait before the
-    restart, or ``None`` when the budget is spent (give up)."""
+Reason = Literal["failed", "preempted", "budget", "startup"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the policy decided about one failure of ``what`` (``"the run"``, ``"worker-1"``):
+    ``restart`` after ``wait_s`` seconds, or not; ``reason`` is ``"failed"`` or ``"preempted"``
+    (a restart), ``"budget"`` or ``"startup"`` (giving up). ``restart_number`` is the restart
+    this one would be within the window (1 for the first), ``in_window`` the restarts already
+    in it; ``startup_failures`` the start-up failures in a row so far."""
+
+    what: str
+    restart: bool
+    wait_s: float
+    reason: Reason
+    in_window: int
+    max_restarts: int
+    window_s: float
+    startup_failures: int = 0
+    min_uptime_s: float = DEFAULT_MIN_UPTIME_S
+
+    @property
+    def restart_number(self) -> int:
+        return self.in_window + 1
+
+    def words(self) -> str:
+        """The decision in one phrase, the same wherever it is shown."""
+        limit = f"at most {self.max_restarts} within {self.window_s:g} s"
+        if self.reason == "preempted":
+            return f"restarting {self.what} at once (a preemption spends no restart)"
+        if self.restart:
+            return (
+                f"restarting {self.what} in {self.wait_s:g} s (restart {self.restart_number} "
+                f"of {limit})"
+            )
+        if self.reason == "startup":
+            return (
+                f"gave up on {self.what}: it failed {self.startup_failures} times in a row "
+                f"within {self.min_uptime_s:g} s of starting, a start-up failure that restarts "
+                "will not fix"
+            )
+        if self.max_restarts == 0:
+            return f"not restarting {self.what} (max_restarts is 0)"
+        return f"gave up on {self.what} after {self.in_window} restart(s) ({limit})"
+
+
+class RestartPolicy:
+    """The restart policy of one thing that may fail again and again (the module docstring).
+
+    ``backoff`` defaults to :data:`BACKOFF` as it is when the policy is made; ``clock`` (default
+    ``time.monotonic``) is read at every call, so tests drive it."""
 
     def __init__(
         self,
         max_restarts: int,
-        window_s: float,
+        window_s: float = DEFAULT_RESTART_WINDOW_S,
+        *,
+        what: str = "it",
+        min_uptime_s: float = DEFAULT_MIN_UPTIME_S,
+        backoff: Backoff | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_restarts = max_restarts
         self.window_s = window_s
+        self.what = what
+        self.min_uptime_s = min_uptime_s
+        self.backoff = BACKOFF if backoff is None else backoff
         self._clock = clock
-        self._recent: deque[float] = deque()
-        self._failures = 0  # failures in a row (the back-off's exponent)
+        self._recent: deque[float] = deque()  # when the restarts within the window happened
+        self._in_a_row = 0  # failures in a row (the back-off's exponent)
+        self._startup_in_a_row = 0
         self._up_since = clock()
-        self.restarts = 0  # restarts done in all
+        self.restarts = 0  # restarts done in all, preemptions included
 
-    def failed(self) -> float | None:
-        now = self._clock()
+    def _window(self, now: float) -> int:
         while self._recent and self._recent[0] <= now - self.window_s:
             self._recent.popleft()
-        if len(self._recent) >= self.max_restarts:
-            return None
-        stable = now - self._up_since >= self.window_s
-        self._failures = 1 if stable else self._failures + 1
-        return backoff_s(self._failures)
-
-    @property
-    def recent(self) -> int:
-        """Restarts within the window, as :meth:`failed` last counted them."""
         return len(self._recent)
 
-    def reset(self) -> None:
-        """A restart by hand: the back-off starts over (the window keeps its restarts)."""
-        self._failures = 0
+    @property
+    def in_window(self) -> int:
+        """Restarts within the window now."""
+        return self._window(self._clock())
+
+    def started(self) -> None:
+        """The thing (re)started now: its uptime counts from here."""
         self._up_since = self._clock()
 
-    def restarted(self) -> None:
-        """A restart (allowed by :meth:`failed`) happened now."""
+    def failed(
+        self, *, preempted: bool = False, what: str | None = None, startup: bool = True
+    ) -> Decision:
+        """The thing failed now (``preempted``: it was asked to stop and did): the decision.
+        ``what`` names what failed when it is a part of the thing (``"the server of
+        worker-1"``), whose failure spends the same budget; ``startup=False``: a part whose
+        failure says nothing of the whole's start-up."""
         now = self._clock()
-        self._recent.append(now)
-        self._up_since = now
+        in_window = self._window(now)
+        named = what or self.what
+        if preempted:
+            return self._decision(named, in_window, True, 0.0, "preempted")
+        if startup:
+            uptime = now - self._up_since
+            short = uptime < self.min_uptime_s
+            self._startup_in_a_row = self._startup_in_a_row + 1 if short else 0
+        if in_window >= self.max_restarts:
+            return self._decision(named, in_window, False, 0.0, "budget")
+        if startup and self._startup_in_a_row >= STARTUP_FAILURES:
+            return self._decision(named, in_window, False, 0.0, "startup")
+        stable = now - self._up_since >= self.window_s
+        self._in_a_row = 1 if stable else self._in_a_row + 1
+        wait = self.backoff.delay(self._in_a_row)
+        return self._decision(named, in_window, True, wait, "failed")
+
+    def _decision(
+        self, what: str, in_window: int, restart: bool, wait_s: float, reason: Reason
+    ) -> Decision:
+        return Decision(
+            what,
+            restart,
+            wait_s,
+            reason,
+            in_window,
+            self.max_restarts,
+            self.window_s,
+            self._startup_in_a_row,
+            self.min_uptime_s,
+        )
+
+    def restarted(self, decision: Decision) -> None:
+        """The restart ``decision`` allowed happened now (a preemption spends none)."""
+        now = self._clock()
+        if decision.reason != "preempted":
+            self._recent.append(now)
+        if decision.what == self.what:  # the whole started again (not one part of it)
+            self._up_since = now
         self.restarts += 1
+
+    def reset(self) -> None:
+        """A restart by hand: the back-off and start-up count start over (the window keeps its
+        restarts)."""
+        self._in_a_row = 0
+        self._startup_in_a_row = 0
+        self._up_since = self._clock()
+
+
+def check_min_uptime(value: float) -> float:
+    """``min_uptime_s`` if it is a finite number >= 0 (0 turns the start-up rule off)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ArgumentError(
+            f"min_uptime_s must be a finite number of seconds >= 0, not {show(value)}",
+            name="min_uptime_s",
+            value=value,
+        )
+    if value < 0:
+        raise ArgumentError(
+            f"min_uptime_s must be >= 0 seconds, not {show(value)}",
+            name="min_uptime_s",
+            value=value,
+        )
+    return float(value)

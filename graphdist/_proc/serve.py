@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from graphdist._cluster import Cluster
 from graphdist._exceptions import ClusterSpecError, PortInUseError
+from graphdist._failures import task_name
 from graphdist._net.exposure import check_listening
 from graphdist._net.loopback import BIND_ADDR_ENV, server_bind_address, shim_env
 from graphdist._net.ports import is_port_free, port_holder
@@ -130,18 +131,18 @@ def serve(cluster: Cluster, job: str, index: int, *, bind_all: bool, argv: Seque
     if not is_port_free(task.port):
         holder = port_holder(task.port)
         raise PortInUseError(
-            f"Port {task.port} of task {job}:{index} is already in use"
+            f"Port {task.port} of task {task_name(job, index)} is already in use"
             + (f" by pid {holder}" if holder else ""),
             port=task.port,
             holder_pid=holder,
-            task=f"{job}:{index}",
+            task=task_name(job, index),
             address=task.address,
         )
     stop = stop_on_signals()
     server = start_server(cluster.as_dict(), job, index)
     if not bind_all:  # the shim's effect is checked, not assumed (see _fleet/exposure.py)
         own = os.environ.get(BIND_ADDR_ENV, "")
-        check_listening(f"{job}:{index}", task.address, os.getpid(), {own}, port=task.port)
+        check_listening(task_name(job, index), task.address, os.getpid(), {own}, port=task.port)
     bound = os.environ.get(BIND_ADDR_ENV, "every interface") if not bind_all else "every interface"
     print(
         f"graphdist serve: /job:{job}/task:{index} ready at {server.target} "

@@ -6,6 +6,7 @@ it started are gone."""
 from __future__ import annotations
 
 import errno
+import gc
 import io
 import json
 import os
@@ -206,19 +207,28 @@ def _fds() -> int:
 
 @pytest.mark.timeout(240)
 def test_a_hundred_restarts_leave_fds_ports_threads_and_children_flat(monkeypatch):
-    monkeypatch.setattr(restarts, "backoff_s", lambda failures: 0.0)
+    monkeypatch.setattr(restarts, "BACKOFF", restarts.Backoff(min_s=0.0, max_s=0.0))
     failing = [PY, "-I", "-S", "-c", "raise SystemExit(3)"]
     with pytest.raises(graphdist.TaskExitError):  # a warm-up: the imports and lazy fds
-        graphdist.run_command(failing, workers=2, max_restarts=1, output=io.StringIO())
+        graphdist.run_command(
+            failing, workers=2, max_restarts=1, output=io.StringIO(), min_uptime_s=0
+        )
+    gc.collect()  # what earlier tests left to the garbage collector closes now, not mid-count
     fds, threads, held = _fds(), threading.active_count(), dict(ports._held)
     children = _children()
     out = io.StringIO()
     with pytest.raises(graphdist.TaskExitError) as info:
         graphdist.run_command(
-            failing, workers=2, max_restarts=100, restart_window_s=3600, output=out
+            failing,
+            workers=2,
+            max_restarts=100,
+            restart_window_s=3600,
+            output=out,
+            min_uptime_s=0,  # no start-up rule: these attempts all fail at once
         )
-    assert "gave up after 100 restart(s)" in str(info.value)
+    assert "gave up on the run after 100 restart(s)" in str(info.value)
     assert out.getvalue().count("restarting the run") == 100
+    gc.collect()
     assert _fds() == fds, sorted(os.listdir("/proc/self/fd"))
     assert dict(ports._held) == held and not ports._claims
     deadline = time.monotonic() + 10
@@ -379,7 +389,7 @@ def test_a_folder_named_like_the_run_s_is_stepped_over(tmp_path):
 
 
 def test_the_deadline_holds_during_the_back_off_and_the_summary_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(restarts, "backoff_s", lambda failures: 30.0)
+    monkeypatch.setattr(restarts, "BACKOFF", restarts.Backoff(min_s=30.0, max_s=30.0))
     out = io.StringIO()
     started = time.monotonic()
     with pytest.raises(graphdist.LaunchTimeoutError) as info:
@@ -390,6 +400,7 @@ def test_the_deadline_holds_during_the_back_off_and_the_summary_says_so(tmp_path
             timeout_s=2,
             output=out,
             log_dir=tmp_path,
+            min_uptime_s=0,
         )
     took = time.monotonic() - started
     # the fallback (the back-off runs out first) takes 30 s

@@ -1,0 +1,141 @@
+"""What a run does, as structured events: the launcher emits them; the console output, the summary,
+the log folder's ``events.jsonl`` and the fault injector all read them. Nothing reads the
+launcher's human text: its words are one rendering of these events (:func:`render`).
+
+An :class:`Event` has a ``kind``, the seconds since the run started (``at_s``), the ``attempt``
+it belongs to (from 1, as everywhere graphdist shows attempts), the ``task`` it is about (if any,
+named ``worker-1``) and the kind's own fields:
+
+=================  ===========================================================================
+kind               fields
+=================  ===========================================================================
+attempt-started    ``tasks`` (the command tasks), ``servers`` (ps runs: the server tasks),
+                   ``restarts`` (the value of ``GRAPHDIST_RESTART`` in this attempt)
+line               ``text``: one line of a task's output (cut at the launcher's line limit)
+task-exited        ``pid``, ``exitcode`` (Popen's: -9 for SIGKILL), ``how`` (in words),
+                   ``ended_at_s`` (when the task's command ended, which may be before the
+                   launcher saw it), ``server`` (true for a ps run's server task)
+resumed            ``text``: what the attempt said it resumed from
+restarting         ``cause`` (the task, ``how``, ``ended_at_s``), ``wait_s``, ``scope`` ("run" or
+                   "server"), ``decision`` (the restart policy's words)
+preempted          ``code`` (the preemption exit code every task exited with)
+gave-up            ``cause`` as above, ``reason`` ("budget", "startup", "failed": no restarts
+                   allowed), ``decision``
+run-ended          ``outcome`` ("succeeded", "failed", "timed out", "stopped by SIGTERM" ...),
+                   ``attempts``
+output-lost        ``sink`` ("output" or a log file's path), ``error``
+=================  ===========================================================================
+
+``graphdist run --output-format jsonl`` writes every event, task lines included, as one JSON
+object a line on stdout (:meth:`Event.to_json`), in the order they happened; the default
+``text`` format writes :func:`render`'s lines.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphdist._failures import exited
+
+__all__ = ["KINDS", "Event", "render", "summary"]
+
+KINDS = (
+    "attempt-started",
+    "line",
+    "task-exited",
+    "resumed",
+    "restarting",
+    "preempted",
+    "gave-up",
+    "run-ended",
+    "output-lost",
+)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing a run did (see the module docstring for the kinds and their fields)."""
+
+    kind: str
+    at_s: float
+    attempt: int
+    task: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        head = {"event": self.kind, "at_s": round(self.at_s, 3), "attempt": self.attempt}
+        if self.task is not None:
+            head["task"] = self.task
+        return json.dumps({**head, **self.data}, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Event:
+        """The event :meth:`to_json` wrote; ValueError for anything else."""
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("event") not in KINDS:
+            raise ValueError(f"not a graphdist run event: {text[:200]!r}")
+        kind, at_s, attempt = data.pop("event"), data.pop("at_s"), data.pop("attempt")
+        task = data.pop("task", None)
+        return cls(kind, float(at_s), int(attempt), task, data)
+
+
+def _cause(data: Mapping[str, Any]) -> str:
+    cause = data["cause"]
+    return exited(cause["task"], cause.get("exitcode"))
+
+
+def render(event: Event, events: Sequence[Event] = ()) -> str | None:
+    """The console's words for ``event`` (``None``: it shows nothing); ``events``, every event
+    of the run so far, for the summary that ``run-ended`` shows."""
+    data = event.data
+    if event.kind == "line":
+        return f"[{event.task}] {data['text']}"
+    if event.kind == "restarting":
+        if data.get("scope") == "server":
+            return (
+                f"graphdist: the server of {_cause(data)}; {data['decision']} on its address; "
+                "the coordinator carries on"
+            )
+        return f"graphdist: {_cause(data)}; every task was stopped; {data['decision']}"
+    if event.kind == "preempted":
+        return (
+            f"graphdist: attempt {event.attempt} was preempted: every task exited with code "
+            f"{data['code']}; restarting the run at once (a preemption spends no restart)"
+        )
+    if event.kind == "run-ended":
+        return summary([*events, event]) if data.get("show", True) else None
+    if event.kind == "output-lost" and data.get("sink") != "output":
+        return (
+            f"graphdist: cannot write {event.task}'s log {data['sink']}: {data['error']}; its "
+            "output is no longer logged there"
+        )
+    return None
+
+
+def summary(events: Sequence[Event]) -> str:
+    """The run's summary, from its events: attempts, the time, how it ended, which task failed
+    how and when in each attempt, what the next attempt resumed from, and the log folder."""
+    ended = next((e for e in reversed(events) if e.kind == "run-ended"), None)
+    attempts = max((e.attempt for e in events), default=1)
+    took = events[-1].at_s if events else 0.0
+    outcome = "" if ended is None else f"; {ended.data['outcome']}"
+    lines = [f"graphdist: run summary: {attempts} attempt(s) in {took:.1f} s{outcome}"]
+    resumed = {e.attempt: e.data["text"] for e in events if e.kind == "resumed"}
+    for e in events:
+        if e.kind == "preempted":
+            lines.append(f"  attempt {e.attempt}: preempted (every task exited {e.data['code']})")
+        elif e.kind in ("restarting", "gave-up") and "cause" in e.data:
+            cause = e.data["cause"]
+            when = cause.get("ended_at_s", e.at_s)
+            line = f"  attempt {e.attempt}: {_cause(e.data)} at {when:.1f} s"
+            if e.kind == "restarting" and e.data.get("scope") == "server":
+                line += " (its server was restarted)"
+            elif e.kind == "restarting" and e.attempt + 1 in resumed:
+                line += f"; attempt {e.attempt + 1} resumed from {resumed[e.attempt + 1]}"
+            lines.append(line)
+    if ended is not None and ended.data.get("logs"):
+        lines.append(f"  logs: {ended.data['logs']}")
+    return "\n".join(lines)
