@@ -1,8 +1,20 @@
-"""The one restart policy: at most N restarts within any window, backing off 0.5 s doubling."""
+"""The one restart policy, driven by a fake clock: the window's counts, bursts, the cap of the
+back-off, preemptions and start-up failures, and the words every loop prints."""
 
 from __future__ import annotations
 
-from graphdist._proc.restarts import RestartBudget, backoff_s
+import pytest
+
+from graphdist._exceptions import ArgumentError
+from graphdist._proc import restarts
+from graphdist._proc.restarts import (
+    BACKOFF,
+    STARTUP_FAILURES,
+    Backoff,
+    RestartPolicy,
+    backoff_s,
+    check_min_uptime,
+)
 
 
 class Clock:
@@ -13,27 +25,134 @@ class Clock:
         return self.now
 
 
-def test_backoff_doubles_from_half_a_second_up_to_thirty():
-    assert [backoff_s(n) for n in range(1, 10)] == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
-
-
-def test_a_budget_allows_n_restarts_within_its_window_then_refuses():
+def _policy(max_restarts: int, window_s: float, **kwargs) -> tuple[RestartPolicy, Clock]:
     clock = Clock()
-    budget = RestartBudget(2, 60.0, clock=clock)
+    kwargs.setdefault("min_uptime_s", 0.0)
+    return RestartPolicy(max_restarts, window_s, what="the run", clock=clock, **kwargs), clock
+
+
+def test_backoff_doubles_from_half_a_second_up_to_thirty_and_says_so():
+    assert [backoff_s(n) for n in range(1, 10)] == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
+    assert backoff_s(10_000) == 30
+    assert BACKOFF.describe() == "0.5 s, doubling, at most 30 s"
+    assert Backoff(1.0, 3.0, 10.0).describe() == "1 s, times 3, at most 10 s"
+
+
+def test_a_burst_gets_n_restarts_within_the_window_then_a_give_up_in_the_window_s_words():
+    policy, clock = _policy(2, 60.0)
     waits = []
     for _ in range(2):
         clock.now += 1
-        waits.append(budget.failed())
-        budget.restarted()
+        decision = policy.failed()
+        assert decision.restart
+        waits.append((decision.wait_s, decision.restart_number))
+        policy.restarted(decision)
     clock.now += 1
-    assert waits == [0.5, 1.0] and budget.failed() is None and budget.restarts == 2
+    final = policy.failed()
+    assert waits == [(0.5, 1), (1.0, 2)]
+    assert not final.restart and final.reason == "budget" and final.in_window == 2
+    assert final.words() == "gave up on the run after 2 restart(s) (at most 2 within 60 s)"
 
 
-def test_restarts_older_than_the_window_no_longer_count_and_a_stable_run_resets_the_backoff():
-    clock = Clock()
-    budget = RestartBudget(1, 10.0, clock=clock)
-    for _ in range(5):  # fails every 12 s: never 2 restarts within 10 s
+def test_failures_spread_over_more_than_the_window_never_give_up_and_count_the_window_only():
+    """The drift the issue found: 'restart 4 of at most 1 within 2 s'. Every count printed is
+    the window's, so a failure every 12 s with a 10 s window is always restart 1 of 1."""
+    policy, clock = _policy(1, 10.0)
+    for _ in range(5):
         clock.now += 12
-        assert budget.failed() == 0.5
-        budget.restarted()
-    assert budget.restarts == 5
+        decision = policy.failed()
+        assert decision.restart and decision.wait_s == 0.5  # ran a whole window: back to 0.5 s
+        assert (
+            decision.words() == "restarting the run in 0.5 s (restart 1 of at most 1 within 10 s)"
+        )
+        policy.restarted(decision)
+    assert policy.restarts == 5
+
+
+def test_the_back_off_is_capped_and_resets_after_a_stable_window():
+    policy, clock = _policy(20, 1000.0, backoff=Backoff(1.0, 2.0, 8.0))
+    waits = []
+    for _ in range(6):
+        clock.now += 1
+        decision = policy.failed()
+        waits.append(decision.wait_s)
+        policy.restarted(decision)
+    assert waits == [1, 2, 4, 8, 8, 8]
+    clock.now += 1000  # ran a whole window without failing
+    assert policy.failed().wait_s == 1
+
+
+def test_a_preemption_restarts_at_once_and_spends_no_restart():
+    policy, clock = _policy(0, 60.0)
+    for _ in range(3):
+        clock.now += 1
+        decision = policy.failed(preempted=True)
+        assert decision.restart and decision.wait_s == 0 and decision.reason == "preempted"
+        assert decision.words() == "restarting the run at once (a preemption spends no restart)"
+        policy.restarted(decision)
+    assert policy.in_window == 0 and policy.restarts == 3
+    assert not policy.failed().restart  # max_restarts 0: a real failure is final
+    assert policy.failed().words() == "not restarting the run (max_restarts is 0)"
+
+
+def test_start_up_failures_in_a_row_give_up_early_and_say_why():
+    policy, clock = _policy(100, 60.0, min_uptime_s=10.0)
+    for k in range(1, STARTUP_FAILURES):
+        policy.started()
+        clock.now += 2  # failed 2 s after it started
+        decision = policy.failed()
+        assert decision.restart and decision.startup_failures == k
+        policy.restarted(decision)
+    policy.started()
+    clock.now += 2
+    final = policy.failed()
+    assert not final.restart and final.reason == "startup"
+    assert final.words() == (
+        f"gave up on the run: it failed {STARTUP_FAILURES} times in a row within 10 s of "
+        "starting, a start-up failure that restarts will not fix"
+    )
+
+
+def test_one_long_attempt_breaks_a_run_of_start_up_failures():
+    policy, clock = _policy(100, 60.0, min_uptime_s=10.0)
+    for uptime in (2, 2, 30, 2, 2):  # the third attempt trained for 30 s
+        policy.started()
+        clock.now += uptime
+        decision = policy.failed()
+        assert decision.restart, decision
+        policy.restarted(decision)
+
+
+def test_a_part_spends_the_same_budget_in_its_own_words_without_touching_start_up():
+    policy, clock = _policy(1, 60.0, min_uptime_s=10.0)
+    clock.now += 1
+    decision = policy.failed(what="the server of worker-1", startup=False)
+    assert decision.words().startswith("restarting the server of worker-1 in 0.5 s (restart 1 ")
+    assert decision.startup_failures == 0
+    policy.restarted(decision)
+    clock.now += 1
+    assert policy.failed().reason == "budget"
+
+
+def test_a_restart_by_hand_resets_the_back_off_but_not_the_window():
+    policy, clock = _policy(3, 60.0)
+    for _ in range(2):
+        clock.now += 1
+        policy.restarted(policy.failed())
+    policy.reset()
+    clock.now += 1
+    decision = policy.failed()
+    assert decision.wait_s == 0.5 and decision.restart_number == 3
+
+
+def test_the_module_default_back_off_is_read_when_a_policy_is_made(monkeypatch):
+    monkeypatch.setattr(restarts, "BACKOFF", Backoff(0.0, 2.0, 0.0))
+    policy, _clock = _policy(1, 60.0)
+    assert policy.failed().wait_s == 0.0
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "10", True, None])
+def test_min_uptime_is_a_finite_number_of_seconds(bad):
+    with pytest.raises(ArgumentError, match="min_uptime_s must be"):
+        check_min_uptime(bad)
+    assert check_min_uptime(0) == 0.0 and check_min_uptime(2.5) == 2.5
