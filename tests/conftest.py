@@ -184,3 +184,87 @@ def seed_ports_free(ports: tuple[int, ...] = (2020, 2021), timeout_s: float = EV
             return False
         time.sleep(0.1)
     return True
+
+
+# -- order: the longest tests first ------------------------------------------------------------
+
+# Tests that take 10 s or more in a full run on the 2-core machine (``--durations``), by node id
+# prefix, with those seconds. xdist hands each of its two workers the next test when it is done,
+# in collection order: started last, a 60 s test would leave one worker alone for its last
+# minute; started first, the short tests fill in around it (longest first).
+SLOW_TESTS_S = {
+    "tests/test_bench.py::test_suite_smoke_run": 69,
+    "tests/distribute/test_restarts.py::test_a_hung_worker_is_caught": 59,
+    "tests/distribute/test_restarts.py::test_a_killed_worker_is_restarted": 47,
+    "tests/fleet/test_long_lived.py::test_the_tutorial_cells_rerun": 45,
+    "tests/fleet/test_fast_failure.py::test_a_healthy_40_s_step": 40,
+    "tests/fleet/test_load.py::test_many_clients_and_threads": 40,
+    "tests/fleet/test_ray.py::test_three_servers_on_three_nodes": 43,
+    "tests/distribute/test_resume.py::test_custom_loop_resumes": 31,
+    "tests/fleet/test_long_lived.py::test_dropping_a_session": 30,
+    "tests/test_plugin.py::test_user_tests_inject_faults": 29,
+    "tests/distribute/test_training.py::test_parameter_server_run_resumes": 27,
+    "tests/fleet/test_ray.py::test_alive_comes_from_ray": 24,
+    "tests/fleet/test_long_lived.py::test_churn": 23,
+    "tests/test_examples.py::test_between_graph_replication": 22,
+    "tests/test_bench_smoke.py::test_restart_measures": 21,
+    "tests/test_bench_smoke.py::test_mwms_throughput": 20,
+    "tests/fleet/test_ray_exposure.py::test_a_ray_node_on_a_network_address": 20,
+    "tests/net/test_same_user.py::test_graphdist_run_task_serves": 18,
+    "tests/net/test_same_user.py::test_detached_fleet_serves": 18,
+    "tests/fleet/test_long_lived.py::test_restarts_while_the_watcher": 18,
+    "tests/distribute/test_restarts.py::test_with_ps_tasks": 17,
+    "tests/fleet/test_long_lived.py::test_make_callable_on_a_session": 17,
+    "tests/test_notebook.py::test_the_tutorial_runs_twice": 17,
+    "tests/net/test_loopback.py::test_a_broken_cached_shim": 17,
+    "tests/fleet/test_fast_failure.py::test_a_ray_fleet_fails_fast": 17,
+    "tests/distribute/test_resume.py::test_keras_3_is_refused": 16,
+    "tests/distribute/test_resume.py::test_fit_backed_up_every_n_steps": 16,
+    "tests/net/test_ports.py::test_eight_fleets_started_at_once": 16,
+    "tests/net/test_same_user.py::test_graphdist_serve_serves": 21,
+    "tests/fleet/test_long_lived.py::test_ctrl_c_to_the_process_group": 15,
+    "tests/detached/test_detached_ray.py::test_up_detach_with_the_ray_backend": 15,
+    "tests/test_examples.py::test_two_client_processes_share_a_variable": 14,
+    "tests/fleet/test_ray_exposure.py::test_the_ray_graphdist_starts": 14,
+    "tests/fleet/test_fleet.py::test_a_closed_fleet_and_its_sessions_still_referenced": 13,
+    "tests/fleet/test_port_race.py::test_two_processes_started_at_once": 14,
+    "tests/test_examples.py::test_seed_ports_work_when_free": 14,
+    "tests/distribute/test_run_hostile.py::test_a_hundred_restarts": 13,
+    "tests/fleet/test_long_lived.py::test_a_session_of_a_closed_fleet": 13,
+    "tests/test_install.py::test_installed_wheel_runs_a_local_fleet": 13,
+    "tests/net/test_same_user.py::test_local_fleet_serves": 18,
+    "tests/fleet/test_long_lived.py::test_a_script_that_ends_with_its_fleet": 12,
+    "tests/fleet/test_faults.py::test_detached_supervisor_restarts": 12,
+    "tests/cli/test_cli.py::test_detached_fleet_up_status_down": 12,
+    "tests/detached/test_detached_state.py::test_restarts_back_off": 11,
+    "tests/fleet/test_ray.py::test_cli_up_with_the_ray_backend": 11,
+    "tests/fleet/test_faults.py::test_frozen_worker_is_reported": 10,
+    "tests/fleet/test_ray.py::test_unplaceable_fleet_fails": 14,
+}
+
+
+# Modules whose module-scoped fixtures are costly (a Ray cluster, a built wheel in a fresh
+# virtual environment, probes of what user nobody can run): kept in one block, at the place of
+# their slowest test, so that no worker has to build them more often than before.
+KEEP_TOGETHER = ("tests/fleet/test_ray.py", "tests/test_install.py", "tests/net/test_same_user.py")
+
+
+def known_seconds(nodeid: str) -> float:
+    """How long the test ``nodeid`` takes in a full run, as :data:`SLOW_TESTS_S` has it (in a
+    :data:`KEEP_TOGETHER` module: its slowest test's); 0 for the rest."""
+    module = nodeid.split("::", 1)[0]
+    if module in KEEP_TOGETHER:
+        nodeid = module
+    return max(
+        (
+            s
+            for prefix, s in SLOW_TESTS_S.items()
+            if prefix.startswith(nodeid) or nodeid.startswith(prefix)
+        ),
+        default=0,
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The known-slow tests first, longest first; the rest keep their order (a stable sort)."""
+    items.sort(key=lambda item: -known_seconds(item.nodeid))
