@@ -265,6 +265,29 @@ def known_seconds(nodeid: str) -> float:
     )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The known-slow tests first, longest first; the rest keep their order (a stable sort)."""
+def _group_suffix(item: pytest.Item) -> str:
+    """``@NAME`` of the ``xdist_group`` marks of ``item`` (names joined by ``_``), as xdist
+    writes it; empty without one."""
+    names = {
+        str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+        for m in item.iter_markers("xdist_group")
+    }
+    return f"@{'_'.join(sorted(names))}" if names else ""
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The known-slow tests first, longest first; the rest keep their order (a stable sort).
+
+    And ``xdist_group`` made to work again: ``--dist loadgroup`` sends the tests whose node id
+    ends in ``@NAME`` to one worker, and xdist adds that suffix by setting ``item._nodeid``,
+    which pytest 9 no longer reads (a node id now comes from ``item._id``): without this, the
+    "seed_ports" tests ran on both workers at once."""
+    if config.getvalue("loadgroup"):
+        from _pytest.nodeid import NodeId
+
+        for item in items:
+            suffix = _group_suffix(item)
+            if suffix and not item.nodeid.endswith(suffix):
+                item._id = NodeId.parse(item.nodeid + suffix)
     items.sort(key=lambda item: -known_seconds(item.nodeid))

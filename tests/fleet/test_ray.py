@@ -26,7 +26,13 @@ from tests.fleet.conftest import reload_ray_token
 # Ray reads its auth settings when it is imported, so it is imported only once they are set.
 if importlib.util.find_spec("ray") is None:
     pytest.skip("Ray is not installed (pip install 'graphdist[ray]')", allow_module_level=True)
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+# One worker runs them all, one after another: the module's three-node Ray cluster is then built
+# once (7-10 s of several Ray processes) instead of once on each worker, two clusters at a time.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(300),
+    pytest.mark.xdist_group("ray_cluster"),
+]
 
 
 def _ray_processes(marker: str) -> list[int]:
