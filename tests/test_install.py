@@ -35,7 +35,9 @@ from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, processes_marked, wait_
 
 # A promise (the wheel holds what graphdist reads): without git and .git to list the tracked files
 # the tests skip, which fails unless GRAPHDIST_ALLOW_PROMISE_SKIPS=1 (CI always has a checkout).
-pytestmark = [pytest.mark.timeout(300), pytest.mark.promise]
+# One worker runs them all: the module's sdist, wheel and fresh virtual environment are then
+# built once, not once on each worker.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.promise, pytest.mark.xdist_group("wheel")]
 
 
 def _tracked(prefix: str = "") -> list[str]:

@@ -44,7 +44,14 @@ from graphdist._net.ports import pick_free_ports, release_ports
 from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, is_gone, processes_marked, wait_gone
 from tests.nobody import AS_NOBODY, AS_PLAIN_NOBODY, nobody_code
 
-pytestmark = [pytest.mark.integration, pytest.mark.promise, pytest.mark.timeout(180)]
+# One worker runs them all: the module's probes of which Python user nobody can run (one imports
+# TensorFlow as nobody) then run once, not once on each worker.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.promise,
+    pytest.mark.timeout(180),
+    pytest.mark.xdist_group("nobody"),
+]
 
 CLIENT_TIMEOUT_S = 90.0  # a TensorFlow import alone takes ~10 s on a loaded 2-core machine
 OPERATION_TIMEOUT_MS = 5000
