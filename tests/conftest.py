@@ -283,7 +283,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ends in ``@NAME`` to one worker, and xdist adds that suffix by setting ``item._nodeid``,
     which pytest 9 no longer reads (a node id now comes from ``item._id``): without this, the
     "seed_ports" tests ran on both workers at once."""
-    if config.getvalue("loadgroup"):
+    if config.getoption("loadgroup", default=False):  # set on xdist workers only
         from _pytest.nodeid import NodeId
 
         for item in items:
