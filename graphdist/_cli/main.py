@@ -1,8 +1,11 @@
 """The ``graphdist`` command: a thin layer over the library.
 
 Parsing (:func:`build_parser`) is separate from running (:func:`main`), so both can be tested.
-A user mistake prints one line ``Error: ...`` and exits 2; a failure of the machinery (a server
-that crashed while starting) exits 1; neither shows a traceback.
+Each option's ``dest`` is the library argument it becomes (``--timeout`` -> ``timeout_s``): values
+are checked once, by the library, and its errors, which name API arguments, are printed with the
+command's flags instead (:func:`cli_words`). A user mistake prints one line ``Error: ...`` and
+exits 2; a failure of the machinery (a server that crashed while starting) exits 1; neither
+shows a traceback.
 """
 
 from __future__ import annotations
@@ -10,9 +13,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from graphdist._cluster import Cluster
@@ -29,11 +33,23 @@ from graphdist._exceptions import (
     TaskExitError,
     UsageError,
 )
-from graphdist._fleet.backends import backend, describe, start_timeouts
+from graphdist._fleet.backends import (
+    BackendOption,
+    backend,
+    check_options,
+    describe,
+    start_timeouts,
+)
 from graphdist._fleet.backends import names as backend_names
-from graphdist._proc.restarts import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW_S
+from graphdist._proc.restarts import (
+    BACKOFF,
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_MIN_UPTIME_S,
+    DEFAULT_RESTART_WINDOW_S,
+    STARTUP_FAILURES,
+)
 from graphdist._proc.signals import stop_on_signals
-from graphdist._validate import count, is_ascii_digits, timeout_s
+from graphdist._validate import is_ascii_digits
 from graphdist._version import __version__
 
 __all__ = [
@@ -41,6 +57,7 @@ __all__ = [
     "EXIT_USAGE",
     "UsageError",
     "build_parser",
+    "cli_words",
     "exit_status",
     "main",
     "task_exit_status",
@@ -71,8 +88,34 @@ def version_line() -> str:
 
 
 class _Parser(argparse.ArgumentParser):
+    commands: Mapping[str, argparse.ArgumentParser]
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def flags_of(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """``{library argument: flag}`` for a (sub)command: each option's ``dest`` is the argument it
+    becomes (a backend's option: its name)."""
+    flags = {}
+    for action in parser._actions:
+        long = [o for o in action.option_strings if o.startswith("--")]
+        if long and action.dest != "help":
+            flags[action.dest.removeprefix("backend_option_")] = long[0]
+    return flags
+
+
+def cli_words(text: str, flags: dict[str, str], name: str | None = None) -> str:
+    """A library message, which names API arguments (``max_restarts``, ``expose=True``), in the
+    command's words (``--max-restarts``, ``--expose``). Plain words (``workers``) are only taken
+    for a flag where the error names that argument (``name``): elsewhere they are prose."""
+    for dest in sorted(flags, key=len, reverse=True):
+        flag = flags[dest]
+        text = re.sub(rf"(?<![\w.-]){re.escape(dest)}=True\b", flag, text)
+        if "_" not in dest and dest != name:
+            continue
+        text = re.sub(rf"(?<![\w.'\"-]){re.escape(dest)}\b(?![=(\[])", flag, text)
+    return text
 
 
 def _int(text: str) -> int:
@@ -91,13 +134,20 @@ def _float(text: str) -> float:
     return float(text)
 
 
+def _preemption_code(text: str) -> int | None:
+    """``none`` (no preemption rule) or an exit code; the library checks its range."""
+    return None if text.strip().lower() == "none" else _int(text)
+
+
 _int.__name__ = "int"  # argparse: "argument --task: invalid int value: '٣'"
 _float.__name__ = "float"
+_preemption_code.__name__ = "exit code"
 
 
 def _add_state_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--state-dir",
+        dest="state_dir",
         metavar="DIR",
         help="folder that holds a detached fleet's state and logs (default: $GRAPHDIST_STATE_DIR, "
         "else ~/.local/state/graphdist); use one per fleet to run several side by side",
@@ -107,18 +157,37 @@ def _add_state_dir(p: argparse.ArgumentParser) -> None:
 def _add_restart_window(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--restart-window",
+        dest="restart_window_s",
         type=_float,
-        default=DEFAULT_RESTART_WINDOW_S,
         metavar="S",
-        help=f"the sliding window --max-restarts counts in (default {DEFAULT_RESTART_WINDOW_S:g})",
+        help="the sliding window --max-restarts counts in, in seconds (default "
+        f"{DEFAULT_RESTART_WINDOW_S:g})",
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_backend_options(p: argparse.ArgumentParser) -> None:
+    """A flag for every backend's own options (``--address`` for ray); the chosen backend gets
+    only its own (:func:`_backend_options`)."""
+    owners: dict[str, tuple[BackendOption, list[str]]] = {}
+    for name in backend_names():
+        for option in backend(name, check=False).options:
+            owners.setdefault(option.name, (option, []))[1].append(name)
+    for option, names in owners.values():
+        p.add_argument(
+            option.flag,
+            dest=f"backend_option_{option.name}",
+            type=option.parse,
+            metavar=option.metavar,
+            help=f"with --backend {' or '.join(names)}: {option.help}",
+        )
+
+
+def build_parser() -> _Parser:
     parser = _Parser(prog="graphdist", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
+    parser.commands = sub.choices
 
     up = sub.add_parser("up", help="start a fleet of TensorFlow servers on this machine")
     up.add_argument(
@@ -132,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument(
         "--start-timeout",
+        dest="start_timeout_s",
         type=_float,
         metavar="S",
         help=f"seconds to wait for every server (default: the backend's: {start_timeouts()})",
@@ -151,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="local",
         help="; ".join(describe(n) for n in backend_names()),
     )
-    up.add_argument("--address", help="with --backend ray: the Ray cluster (default: RAY_ADDRESS)")
+    _add_backend_options(up)
     up.add_argument(
         "--restart",
         choices=RESTART_POLICIES,
@@ -160,12 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument(
         "--max-restarts",
+        dest="max_restarts",
         type=_int,
-        default=DEFAULT_MAX_RESTARTS,
         metavar="N",
         help="with --restart on-failure: restarts of a task within any --restart-window; one "
         "more death within it and the supervisor gives up on the task (default "
-        f"{DEFAULT_MAX_RESTARTS}). Restarts back off: 0.5 s, doubling, at most 30 s",
+        f"{DEFAULT_MAX_RESTARTS}). Restarts back off: {BACKOFF.describe()}",
     )
     _add_restart_window(up)
     _add_state_dir(up)
@@ -200,23 +270,59 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=_int, default=2, metavar="N", help="worker tasks (2)")
     run.add_argument("--ps", type=_int, default=0, metavar="M", help="parameter servers (0)")
     run.add_argument("--chief", action="store_true", help="add a chief task (needed with --ps)")
-    run.add_argument("--timeout", type=_float, metavar="S", help="stop everything after S seconds")
+    run.add_argument(
+        "--timeout",
+        dest="timeout_s",
+        type=_float,
+        metavar="S",
+        help="stop everything after S seconds",
+    )
     run.add_argument("--expose", action="store_true", help="do not keep servers on loopback")
     run.add_argument(
         "--max-restarts",
+        dest="max_restarts",
         type=_int,
-        default=0,
         metavar="N",
         help="when a task fails, stop every task and start the run again, at most N times "
         "within any --restart-window (default 0: fail at once); each attempt's tasks get "
-        "GRAPHDIST_RESTART=K and should resume from their last backup. Restarts back off: "
-        "0.5 s, doubling, at most 30 s",
+        "GRAPHDIST_RESTART=K (K restarts before it) and should resume from their last backup. "
+        f"Restarts back off: {BACKOFF.describe()}; a run that fails {STARTUP_FAILURES} times "
+        "in a row within --min-uptime of starting gives up early",
     )
     _add_restart_window(run)
     run.add_argument(
+        "--min-uptime",
+        dest="min_uptime_s",
+        type=_float,
+        metavar="S",
+        help="with --max-restarts: an attempt that fails sooner after its start is a start-up "
+        f"failure (default {DEFAULT_MIN_UPTIME_S:g}; 0: no start-up rule)",
+    )
+    run.add_argument(
+        "--preemption-exit-code",
+        dest="preemption_exit_code",
+        type=_preemption_code,
+        default=argparse.SUPPRESS,
+        metavar="CODE",
+        help="an attempt whose every task exits with CODE was preempted (TensorFlow's "
+        "PreemptionCheckpointHandler saved and exited): it restarts at once and spends no "
+        "restart (default 42; none: off)",
+    )
+    run.add_argument(
         "--log-dir",
+        dest="log_dir",
         metavar="DIR",
-        help="also write each task's whole output to DIR/attempt-K/TASK.log",
+        help="keep each task's whole output, the run's events, exit statuses and summary in a "
+        "private folder of the run's own, DIR/run-N (attempt-K/TASK.log, events.jsonl, "
+        "exits.json, summary.txt)",
+    )
+    run.add_argument(
+        "--output-format",
+        dest="output_format",
+        choices=("text", "jsonl"),
+        default="text",
+        help="text (default): task lines prefixed [worker-1] and the run's own lines; jsonl: "
+        "one JSON object a line, every task line and event of the run (for tools)",
     )
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
@@ -313,18 +419,35 @@ def _backend(name: str) -> Any:
         raise UsageError(f"--backend {name}: {exc}") from None
 
 
+def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The backend options given on the command line, refused unless the chosen backend's own."""
+    given = {
+        key.removeprefix("backend_option_"): value
+        for key, value in vars(args).items()
+        if key.startswith("backend_option_") and value is not None
+    }
+    return check_options(args.backend, given)
+
+
+def _refuse_unused(args: argparse.Namespace, needs: str, *dests: str) -> None:
+    """An option that would do nothing is a mistake to say, not to ignore."""
+    for dest in dests:
+        if getattr(args, dest) is not None:
+            raise UsageError(f"{dest} does nothing without {needs}; drop it or add {needs}")
+
+
 def _cmd_up(args: argparse.Namespace) -> int:
-    timeout_s(args.start_timeout, "--start-timeout")
-    count(args.max_restarts, "--max-restarts", minimum=0)
-    timeout_s(args.restart_window, "--restart-window")
     if args.restart != "no" and not args.detach:
         raise UsageError("--restart needs --detach (a foreground fleet stops on any failure)")
+    if args.restart != "on-failure":
+        _refuse_unused(args, "--detach --restart on-failure", "max_restarts", "restart_window_s")
     kind = _backend(args.backend)
+    options = _backend_options(args)
     cluster = kind.parse_cluster(args.cluster)  # parsed once here; the fleet checks it
     if args.detach:
-        return _up_detached(args, cluster)
+        return _up_detached(args, cluster, options)
     fleet = kind.for_command(
-        cluster, start_timeout_s=args.start_timeout, expose=args.expose, address=args.address
+        cluster, start_timeout_s=args.start_timeout_s, expose=args.expose, **options
     )
     stop = stop_on_signals()
     with fleet:
@@ -349,19 +472,23 @@ def _report_death(task: Any) -> None:
     print(f"graphdist: task {exited(name, task.exitcode)}{log}", file=sys.stderr, flush=True)
 
 
-def _up_detached(args: argparse.Namespace, cluster: Any) -> int:
+def _up_detached(args: argparse.Namespace, cluster: Any, options: dict[str, Any]) -> int:
     from graphdist._detached.fleet import SupervisorSpec, start_detached, status_rows
 
+    restarts = {
+        key: getattr(args, key)
+        for key in ("max_restarts", "restart_window_s")
+        if getattr(args, key) is not None
+    }
     spec = SupervisorSpec(
         state_dir=_state_dir(args),
         cluster=cluster,
-        start_timeout_s=args.start_timeout,
+        start_timeout_s=args.start_timeout_s,
         restart=args.restart,
-        max_restarts=args.max_restarts,
         expose=args.expose,
-        restart_window_s=args.restart_window,
         backend=args.backend,
-        address=args.address,
+        options=options,
+        **restarts,
     )
 
     def note(text: str) -> None:
@@ -464,21 +591,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
         raise UsageError("No command to run; put it after `--`, e.g. -- python train.py")
-    timeout_s(args.timeout, "--timeout")
-    count(args.max_restarts, "--max-restarts", minimum=0)
-    timeout_s(args.restart_window, "--restart-window")
+    if not args.max_restarts:
+        _refuse_unused(args, "--max-restarts N", "restart_window_s", "min_uptime_s")
+    given = {  # what was given: the library's defaults for the rest
+        key: getattr(args, key)
+        for key in ("max_restarts", "restart_window_s", "min_uptime_s")
+        if getattr(args, key) is not None
+    }
+    if "preemption_exit_code" in vars(args):  # "none" is given too: None turns it off
+        given["preemption_exit_code"] = args.preemption_exit_code
     results = run_command(
         command,
         workers=args.workers,
         ps=args.ps,
         chief=args.chief,
-        timeout_s=args.timeout,
+        timeout_s=args.timeout_s,
         expose=args.expose,
-        max_restarts=args.max_restarts,
-        restart_window_s=args.restart_window,
         log_dir=args.log_dir,
+        output_format=args.output_format,
+        **given,
     )
-    print(f"graphdist: all {len(results)} task(s) exited 0", file=sys.stderr)
+    if args.output_format == "text":
+        ran = ", ".join(r.name for r in results)
+        servers = [f"worker-{i}" for i in range(args.workers)] if args.ps else []
+        servers += [f"ps-{i}" for i in range(args.ps)]
+        served = (
+            f"; {len(servers)} server task(s) served it ({', '.join(servers)})" if servers else ""
+        )
+        print(f"graphdist: the run succeeded: {len(results)} task(s) exited 0 ({ran}){served}")
     return 0
 
 
@@ -542,14 +682,20 @@ def exit_status(exc: GraphdistError) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``graphdist`` command; returns the exit status."""
+    parser = build_parser()
+    command = None
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
+        command = args.command
         if args.command == "serve":
             return _cmd_serve(args, argv)
         return _COMMANDS[args.command](args)
     except GraphdistError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
+        text = str(exc)
+        if command is not None:
+            text = cli_words(text, flags_of(parser.commands[command]), getattr(exc, "name", None))
+        print(f"Error: {text}", file=sys.stderr)
         return exit_status(exc)
     except KeyboardInterrupt:
         print("Error: interrupted", file=sys.stderr)

@@ -155,7 +155,7 @@ def fleet_problem(record: FleetRecord) -> str | None:
         if t.gave_up:
             lines.append(
                 f"task {t.name} died {record.max_restarts + 1} times within "
-                f"{record.restart_window_s:g} s and is not restarted again (--max-restarts "
+                f"{record.restart_window_s:g} s and is not restarted again (max_restarts "
                 f"{record.max_restarts}; log: {t.log})"
             )
         elif record.restart_policy == "no":
@@ -207,7 +207,7 @@ def _clean_before_start(state_dir: str, note: Note) -> None:
     if record is not None and record.supervisor.alive():
         raise StateError(
             f"A fleet is already running in {state_dir} (supervisor pid "
-            f"{record.supervisor.pid}); stop it with `graphdist down` or pass another --state-dir",
+            f"{record.supervisor.pid}); stop it with `graphdist down` or pass another state_dir",
             state_dir,
         )
     marked = marked_processes(state_dir)
@@ -216,7 +216,7 @@ def _clean_before_start(state_dir: str, note: Note) -> None:
         why = f"its {STATE_FILE} is corrupt" if corrupt else f"it has no valid {STATE_FILE}"
         raise StateError(
             f"A fleet is already running in {state_dir} (supervisor pid {_pids(supervisors)}; "
-            f"{why}); stop it with `graphdist down` or pass another --state-dir",
+            f"{why}); stop it with `graphdist down` or pass another state_dir",
             state_dir,
         )
     done = []
@@ -315,7 +315,7 @@ def _wait_ready(spec: SupervisorSpec, proc: subprocess.Popen[bytes], log_path: s
         if time.monotonic() > deadline:
             raise FleetStartError(
                 f"The detached fleet was not ready after {spec.start_timeout:g} s; raise "
-                f"--start-timeout (supervisor log: {log_path})"
+                f"start_timeout_s (supervisor log: {log_path})"
             )
         time.sleep(0.05)
 

@@ -32,7 +32,8 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import psutil
@@ -50,7 +51,7 @@ from graphdist._detached.state import (
 )
 from graphdist._exceptions import ArgumentError, GraphdistError, StateError
 from graphdist._failures import dead_detail
-from graphdist._fleet.backends import backend
+from graphdist._fleet.backends import backend, check_options
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskHandle
 from graphdist._proc.restarts import (
@@ -87,7 +88,9 @@ class SupervisorSpec:
       ``parse_cluster``, here: a :class:`Cluster` with its ports chosen for ``local``, task
       counts for ``ray``); its JSON form (``cluster_data``) travels to the supervisor.
     - ``backend``: the backend's registered name (default ``"local"``).
-    - ``address``: with ``backend="ray"``, the Ray cluster (``None``: Ray's own default).
+    - ``options``: the backend's own options (:class:`~graphdist._fleet.backends.BackendOption`:
+      Ray's ``address``, say), passed through to its ``for_command``; another backend's option
+      is refused here, before anything starts.
     - ``start_timeout_s``: how long to wait for every server, at start and at each restart
       (``None``: the backend's default, in seconds).
     - ``restart``: ``"no"`` or ``"on-failure"`` (restart a server that dies).
@@ -106,7 +109,7 @@ class SupervisorSpec:
     expose: bool = False
     restart_window_s: float = DEFAULT_RESTART_WINDOW_S
     backend: str = "local"
-    address: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         flag(self.expose, "expose")  # first: a security switch, never read by truthiness
@@ -122,6 +125,13 @@ class SupervisorSpec:
                 name="restart",
                 value=self.restart,
             )
+        if not isinstance(self.options, Mapping):
+            raise ArgumentError(
+                f"options must be a mapping of option names to values, not {self.options!r}",
+                name="options",
+                value=self.options,
+            )
+        object.__setattr__(self, "options", check_options(self.backend, self.options))
         object.__setattr__(self, "cluster", kind.parse_cluster(self.cluster))
 
     @property
@@ -142,7 +152,7 @@ class SupervisorSpec:
             start_timeout_s=self.start_timeout,
             expose=self.expose,
             log_dir=os.path.join(self.state_dir, "logs"),
-            address=self.address,
+            **self.options,
         )
 
     @classmethod

@@ -151,7 +151,7 @@ def _counts(workers: int, ps: int, chief: bool) -> dict[str, int]:
     flag(chief, "chief")
     if ps and not chief:
         raise ClusterSpecError(
-            "A parameter-server run needs a coordinator: add --chief (chief=True); the chief runs "
+            "A parameter-server run needs a coordinator: pass chief=True; the chief runs "
             "the command while workers and ps tasks serve",
             ps,
         )

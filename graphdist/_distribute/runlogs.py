@@ -41,7 +41,7 @@ _RUN = re.compile(r"run-([0-9]{1,9})")
 
 def _refuse(path: str, why: str, value: object) -> ArgumentError:
     return ArgumentError(
-        f"Cannot keep logs in {path}: {why}; pass another --log-dir (log_dir)",
+        f"Cannot keep logs in {path}: {why}; pass another log_dir",
         name="log_dir",
         value=value,
     )

@@ -4,7 +4,9 @@ A backend is an :class:`~graphdist._fleet.lifecycle.OwnedFleet` that supplies wh
 :class:`Backend` declares: on the class, its ``name``, its ``DEFAULT_START_TIMEOUT_S`` (seconds),
 a one-line ``summary``, how it reads a cluster given on a command line (``parse_cluster``) and
 writes it back as JSON (``cluster_data``), what it checks in the caller before anything starts
-(``check_cluster``) and how it is built from command-line options (``for_command``); on each
+(``check_cluster``), the options of its own it takes from a command line or a supervisor's spec
+(``options``: :class:`BackendOption`, Ray's ``address``, say) and how it is built from them
+(``for_command``); on each
 fleet, the lifecycle's primitives (start the tasks, stop them with a grace period, kill one,
 bring one back, tear down) and task handles that tell where a task is and whether it is alive,
 cheaply and without blocking (:class:`~graphdist._fleet.task.TaskHandle`).
@@ -14,7 +16,9 @@ A backend's module registers it with :func:`register` when imported. :func:`back
 engine at module level) and every module named in the ``graphdist.backends`` entry-point group,
 so a third backend is one new module (plus its entry point, or a line in :data:`BUILTIN`) and
 its tests: ``graphdist up --backend NAME`` (foreground or ``--detach``) and a detached fleet's
-supervisor find it by name.
+supervisor find it by name. The CLI makes a flag of each backend's options and hands the chosen
+backend only its own (:func:`check_options`); the supervisor passes them through: no backend ever
+sees, or has to refuse, another backend's option.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -35,7 +40,9 @@ __all__ = [
     "BUILTIN",
     "ENTRY_POINT_GROUP",
     "Backend",
+    "BackendOption",
     "backend",
+    "check_options",
     "describe",
     "names",
     "register",
@@ -53,6 +60,22 @@ _registry: dict[str, type[Backend]] = {}
 _loaded = False
 
 
+@dataclass(frozen=True)
+class BackendOption:
+    """An option of one backend's own: ``name`` is the keyword its ``for_command`` takes (and a
+    supervisor spec's ``options`` key), ``flag`` the command line's (``--address``), ``parse``
+    turns the command line's text into the value."""
+
+    name: str
+    help: str
+    metavar: str = "VALUE"
+    parse: Callable[[str], Any] = str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
 class Backend(Protocol):
     """What a backend class declares (see the module docstring); its fleets are OwnedFleets;
     ``backend_name`` is the name it is registered and looked up by."""
@@ -63,6 +86,8 @@ class Backend(Protocol):
     requires: ClassVar[tuple[str, str] | None]
     """``(module, how to install it)`` when the backend needs a package graphdist does not
     install by default (Ray), else None."""
+    options: ClassVar[tuple[BackendOption, ...]]
+    """The options of this backend's own (none for most)."""
 
     @classmethod
     def parse_cluster(cls, spec: Any) -> Any:
@@ -88,10 +113,10 @@ class Backend(Protocol):
         start_timeout_s: float | None,
         expose: bool,
         log_dir: str | None = None,
-        address: str | None = None,
+        **options: Any,
     ) -> OwnedFleet[Any]:
-        """A fleet (not started) from command-line options; raises ArgumentError for an option
-        this backend does not take."""
+        """A fleet (not started) from command-line options; ``options`` are only this backend's
+        own (:func:`check_options` made sure)."""
         ...
 
 
@@ -148,6 +173,25 @@ def backend(name: str, *, check: bool = True) -> type[Backend]:
             value=name,
         )
     return cls
+
+
+def check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` if every one is an option of backend ``name``; ArgumentError naming the one
+    that is not, and whose it is."""
+    kind = backend(name, check=False)
+    own = {o.name for o in kind.options}
+    for option in options:
+        if option in own:
+            continue
+        owners = [n for n, b in _registry.items() if option in {o.name for o in b.options}]
+        whose = f"an option of the {', '.join(owners)} backend" if owners else "no backend's"
+        takes = ", ".join(sorted(own)) or "none"
+        raise ArgumentError(
+            f"{option} is {whose}, not of {name} (whose options are: {takes})",
+            name=option,
+            value=options[option],
+        )
+    return dict(options)
 
 
 def describe(name: str) -> str:

@@ -23,14 +23,13 @@ import psutil
 
 from graphdist._cluster import Cluster, ClusterLike, Task
 from graphdist._exceptions import (
-    ArgumentError,
     ClusterSpecError,
     ExposedServerError,
     FleetStartError,
     PortInUseError,
 )
 from graphdist._failures import exited
-from graphdist._fleet.backends import register
+from graphdist._fleet.backends import BackendOption, register
 from graphdist._fleet.client import FleetState
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
@@ -264,6 +263,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
     DEFAULT_START_TIMEOUT_S: ClassVar[float] = DEFAULT_START_TIMEOUT_S
     summary: ClassVar[str] = "one process per server on this machine (default)"
     requires: ClassVar[tuple[str, str] | None] = None
+    options: ClassVar[tuple[BackendOption, ...]] = ()
 
     @classmethod
     def parse_cluster(cls, spec: Any) -> Cluster:
@@ -288,14 +288,9 @@ class LocalFleet(OwnedFleet[FleetTask]):
         start_timeout_s: float | None,
         expose: bool,
         log_dir: str | None = None,
-        address: str | None = None,
+        **options: Any,
     ) -> LocalFleet:
-        if address is not None:
-            raise ArgumentError(
-                f"--address {address} is for --backend ray; a local fleet runs on this machine",
-                name="address",
-                value=address,
-            )
+        """A local fleet takes no options of its own (``options`` is empty)."""
         return cls(cluster, start_timeout_s=start_timeout_s, log_dir=log_dir, expose=expose)
 
     def __init__(

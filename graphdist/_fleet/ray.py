@@ -56,7 +56,7 @@ from graphdist._exceptions import (
     LoopbackUnavailableError,
     StartTimeoutError,
 )
-from graphdist._fleet.backends import register
+from graphdist._fleet.backends import BackendOption, register
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
 from graphdist._net.exposure import ListeningTable, check_listening, is_loopback_ip
@@ -409,8 +409,22 @@ class RayFleet(OwnedFleet[RayTask]):
     backend_name: ClassVar[str] = "ray"
     DEFAULT_START_TIMEOUT_S: ClassVar[float] = 180.0
     """Seconds: placing the servers and a TensorFlow import in each new actor."""
-    summary: ClassVar[str] = "Ray actors on the Ray cluster at --address"
+    summary: ClassVar[str] = "Ray actors on a Ray cluster (this machine's, or one at an address)"
     requires: ClassVar[tuple[str, str] | None] = ("ray", "pip install 'graphdist[ray]'")
+    options: ClassVar[tuple[BackendOption, ...]] = (
+        BackendOption(
+            "address",
+            "the Ray cluster to join, e.g. HOST:6379 or auto (default: RAY_ADDRESS, else a Ray "
+            "instance of this process's own)",
+            "HOST:PORT",
+        ),
+        BackendOption(
+            "strategy",
+            "how Ray places the servers: SPREAD (default), STRICT_SPREAD (one per node), PACK "
+            "or STRICT_PACK",
+            "STRATEGY",
+        ),
+    )
 
     @classmethod
     def parse_cluster(cls, spec: Any) -> dict[str, int]:
@@ -433,10 +447,11 @@ class RayFleet(OwnedFleet[RayTask]):
         start_timeout_s: float | None,
         expose: bool,
         log_dir: str | None = None,
-        address: str | None = None,
+        **options: Any,
     ) -> RayFleet:
-        """``log_dir`` is not used: a Ray actor's output goes to Ray's logs on its node."""
-        return cls(cluster, address=address, start_timeout_s=start_timeout_s, expose=expose)
+        """``log_dir`` is not used: a Ray actor's output goes to Ray's logs on its node;
+        ``options``: :attr:`options`."""
+        return cls(cluster, start_timeout_s=start_timeout_s, expose=expose, **options)
 
     def __init__(
         self,
