@@ -108,7 +108,7 @@ def test_fast_failure_measures_graphdist_and_raw_tensorflow(tmp_path, capsys, no
         assert positive(row[key]), (key, row)
     assert row["close_s"] >= 0 and row["raw_close_s"] >= 0  # nan: a close that never ended
     # graphdist names the task; the raw session ends with TensorFlow's own error, or its timeout
-    assert row["error"] == "local:1 dead"
+    assert row["error"] == "local-1 dead"
     assert row["raw_error"] == "timeout" or row["raw_error"].endswith("Error"), row["raw_error"]
     printed = capsys.readouterr().out
     targets = [line for line in printed.splitlines() if line.startswith(("met ", "MISSED "))]

@@ -45,8 +45,8 @@ def test_variable_shared_by_two_sessions_on_two_servers():
 
 def test_two_variables_on_two_tasks_initialized_by_one_call():
     assert run_example("seed_two_variables.py") == [
-        "var1 = 0.0 on local:0",
-        "var2 = 0.0 on local:1",
+        "var1 = 0.0 on local-0",
+        "var2 = 0.0 on local-1",
         "seen from task 1: [0.0, 0.0]",
     ]
 
@@ -90,7 +90,7 @@ def test_two_client_processes_share_a_variable(mode):
 def test_matrix_products_split_over_four_tasks_match_local():
     lines = run_example("split_matmul.py")
     assert lines[-1] == "match"
-    assert "tasks used: worker:0, worker:1, worker:2, worker:3" in lines
+    assert "tasks used: worker-0, worker-1, worker-2, worker-3" in lines
 
 
 def test_between_graph_replication_learns_the_known_weights():

@@ -86,7 +86,7 @@ def test_the_tutorial_runs_twice_in_one_kernel_and_an_interrupt_spares_the_serve
             assert "Value of var (Session 1): 1.0\nValue of var (Session 2): 0.0" in whole
             assert "Value of var (Session 1): 1.0\nValue of var (Session 2): 1.0" in whole
             assert "result: 238" in whole and "after the restart: 238" in whole
-            assert "TaskFailedError: Task local:1" in whole and "is dead" in whole
+            assert "TaskFailedError: Task local-1" in whole and "is dead" in whole
             assert "PlacementError:" in whole
         # rich output: the fleet, the placement and the health report are HTML tables
         htmls = [html_of(c) for c in nb.cells if c.cell_type == "code"]

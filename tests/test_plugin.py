@@ -131,7 +131,7 @@ def test_without_restarts_a_killed_worker_fails_the_run(graphdist_faults, train)
     ))
     assert out.returncode == 128 + 9, out.describe()  # the killed task's status, as a shell has it
     assert out.attempts == 1 and len(out.injected) == 1
-    assert "Error: Task worker-1 exited with code -9 (SIGKILL)" in out.stderr
+    assert "Error: Task worker-1 was killed by SIGKILL (exit status 137)" in out.stderr
     assert out.leftovers == []
 
 
@@ -145,7 +145,7 @@ def test_beyond_the_budget_one_line_names_the_task_how_and_the_count(graphdist_f
     assert out.returncode == 128 + 9, out.describe()
     assert out.attempts == 2 and [i.attempt for i in out.injected] == [0, 1]
     first = out.stderr.splitlines()[0]
-    assert first.startswith("Error: Task worker-0 exited with code -9 (SIGKILL)"), first
+    assert first.startswith("Error: Task worker-0 was killed by SIGKILL (exit status 137)"), first
     assert "gave up after 1 restart(s)" in first, first
 
 

@@ -31,30 +31,30 @@ EXAMPLES: list[E.GraphdistError] = [
     E.SplitError("no rule for op x"),
     E.VariableError("taken", name="v", device="/job:local/task:1"),
     E.PictureError("cannot write", "/tmp/x.svg"),
-    E.StrategyError("no strategy", "worker:1"),
+    E.StrategyError("no strategy", "worker-1"),
     E.FleetError("fleet"),
     E.FleetStartError(
         "exited",
-        task="local:1",
+        task="local-1",
         address="localhost:5",
         exitcode=3,
         log_path="/tmp/l.log",
         log_tail=["a", "b"],
     ),
     E.PortInUseError(
-        "in use", port=2020, holder_pid=77, task="local:0", address="localhost:2020", log_tail=["x"]
+        "in use", port=2020, holder_pid=77, task="local-0", address="localhost:2020", log_tail=["x"]
     ),
     E.StartTimeoutError(
-        "slow", ready=1, expected=2, timeout_s=0.5, task="local:1", address="localhost:6"
+        "slow", ready=1, expected=2, timeout_s=0.5, task="local-1", address="localhost:6"
     ),
     E.ExposedServerError(
-        "wildcard", task="local:0", address="localhost:7", sockets=[("0.0.0.0", 7), ("::", 7)]
+        "wildcard", task="local-0", address="localhost:7", sockets=[("0.0.0.0", 7), ("::", 7)]
     ),
     E.LoopbackUnavailableError("no compiler"),
     E.TaskFailedError(
-        "dead", task="local:1", address="localhost:8", status="dead", timeout_ms=600000
+        "dead", task="local-1", address="localhost:8", status="dead", timeout_ms=600000
     ),
-    E.SessionInterruptedError("interrupted", master="local:0"),
+    E.SessionInterruptedError("interrupted", master="local-0"),
     E.FleetClosedError("closed"),
     E.TaskNotFoundError("no task 9", "local", 9),
     E.LaunchError("failed", _RESULTS),
@@ -121,7 +121,7 @@ def test_only_graphdist_dataclasses_are_rebuilt():
 
 
 def test_copy_error_is_a_fresh_equal_exception():
-    original = E.TaskFailedError("dead", task="local:1", address="a:1", status="dead")
+    original = E.TaskFailedError("dead", task="local-1", address="a:1", status="dead")
     try:
         raise original from OSError("cause")
     except E.TaskFailedError as exc:
@@ -153,6 +153,6 @@ def test_a_port_taken_under_the_supervisor_arrives_as_port_in_use(state_dir, mon
         finally:  # had it started after all, it must not outlive the test
             if os.path.exists(os.path.join(state_dir, "fleet.json")):
                 stop_detached(state_dir)
-    assert info.value.port == port and info.value.task == "local:1"
+    assert info.value.port == port and info.value.task == "local-1"
     assert info.value.holder_pid in (os.getpid(), None)
     assert f"Port {port}" in str(info.value)

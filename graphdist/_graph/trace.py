@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from graphdist._exceptions import PictureError
+from graphdist._failures import task_name
 from graphdist._graph.placement import parse_device
 
 if TYPE_CHECKING:
@@ -67,9 +68,9 @@ class Placement(Mapping[str, str]):
         return len(self.executed)
 
     def task_of(self, name: str) -> str:
-        """``job:task`` that executed ``name`` (e.g. ``local:1``)."""
+        """The task that executed ``name``, named as graphdist names tasks (``local-1``)."""
         spec = parse_device(self.executed[name])
-        return f"{spec.job}:{spec.task}"
+        return task_name(spec.job or "localhost", spec.task or 0)
 
     def table(self) -> str:
         """A plain-text table: op, requested device, executed device."""

@@ -114,7 +114,7 @@ def test_port_in_use_is_a_one_line_error(state_dir):
         spec = json.dumps({"local": [f"localhost:{port}"]})
         assert_user_error(
             gd("up", "--cluster", spec, "--detach", state_dir=state_dir),
-            f"Port {port} of task local:0 (localhost:{port}) is already in use by pid "
+            f"Port {port} of task local-0 (localhost:{port}) is already in use by pid "
             f"{os.getpid()}",
         )
         assert not os.path.exists(os.path.join(state_dir, "fleet.json"))
@@ -172,8 +172,10 @@ def test_foreground_up_reports_a_death_and_stops_everything_on_ctrl_c(state_dir)
         os.kill(pids[1], signal.SIGKILL)  # the fleet's watcher reports it, worded by health
         assert proc.stderr is not None
         lines = iter(proc.stderr.readline, "")
-        death = next(line for line in lines if "exited" in line)
-        assert death.startswith("graphdist: task local:1 exited with code -9 (SIGKILL) (log: ")
+        death = next(line for line in lines if "local-1" in line)
+        assert death.startswith(
+            "graphdist: task local-1 was killed by SIGKILL (exit status 137) (log: "
+        )
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
         assert wait_gone(pids, EVENTUALLY_S) == []
@@ -217,7 +219,7 @@ SEED_PORTS = (2020, 2021)
 
 
 def _demo_pids(stderr: str) -> list[int]:
-    """The server pids the demo names on its first line: 'local:0 at ADDRESS (pid N), ...'."""
+    """The server pids the demo names on its first line: 'local-0 at ADDRESS (pid N), ...'."""
     [line] = [ln for ln in stderr.splitlines() if ln.startswith("graphdist demo: ")]
     return [int(pid) for pid in re.findall(r"\(pid (\d+)\)", line)]
 
@@ -232,8 +234,8 @@ def test_demo_on_the_seed_ports_through_task_1_prints_238():
     lines = result.stdout.splitlines()
     assert lines[0] == "238"
     assert "where each op ran (master: grpc://localhost:2021):" in lines
-    assert "local:0 at localhost:2020 (pid " in result.stderr
-    assert "local:1 at localhost:2021 (pid " in result.stderr
+    assert "local-0 at localhost:2020 (pid " in result.stderr
+    assert "local-1 at localhost:2021 (pid " in result.stderr
     pids = _demo_pids(result.stderr)
     assert len(pids) == 2 and wait_gone(pids, EVENTUALLY_S) == []
 
@@ -254,7 +256,7 @@ def test_demo_on_a_taken_seed_port_fails_at_once_naming_the_port_and_its_holder(
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("Error: ")]
     assert errors == result.stderr.strip().splitlines()[-1:], result.stderr
     assert (
-        "Port 2020 of task local:0 (localhost:2020) is already in use by pid "
+        "Port 2020 of task local-0 (localhost:2020) is already in use by pid "
         f"{os.getpid()}; stop that process or choose another port"
     ) in errors[0]
     assert "Traceback" not in result.stderr and result.stdout == ""

@@ -35,8 +35,9 @@ from graphdist._detached.state import (
     read_state,
     write_state,
 )
-from graphdist._detached.supervisor import SupervisorSpec, backoff_s
+from graphdist._detached.supervisor import SupervisorSpec
 from graphdist._private import private_dir
+from graphdist._proc.restarts import backoff_s
 from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, processes_marked, read_json, wait_gone
 
 SUPERVISOR = "graphdist._detached.supervisor"
@@ -329,7 +330,7 @@ def test_policy_backs_off_exponentially_and_gives_up_within_the_window(tmp_path,
     assert [t["gave_up"] for t in record["tasks"]] == [False, True]
     assert (record["max_restarts"], record["restart_window_s"]) == (4, 60)
     problem = fleet_problem(FleetRecord.from_json(json.dumps(record)))
-    assert problem is not None and "local:1 died 5 times within 60 s" in problem
+    assert problem is not None and "local-1 died 5 times within 60 s" in problem
 
     # A restart by hand clears the give-up and starts the backoff over.
     fleet.restart_fails = False
@@ -351,7 +352,7 @@ def test_policy_counts_restarts_in_a_sliding_window_not_a_lifetime(tmp_path, fak
         assert task.alive
     assert len(fleet.restart_times) == 6
     # Each death came after a run longer than the window: the backoff started over each time.
-    assert sup._budgets[task.name]._failures == 1
+    assert sup._policies[task.name]._in_a_row == 1
     # Three quick deaths within the window: the third is not restarted.
     for _ in range(3):
         die(task, 1)
@@ -512,7 +513,7 @@ def test_restarts_back_off_and_status_fails_once_the_supervisor_gave_up(state_di
     pids = processes_marked(mark)
     holder = socket.socket()
     try:
-        # Kill local:1 and take its port, so that every restart fails at once (as when another
+        # Kill local-1 and take its port, so that every restart fails at once (as when another
         # program grabbed the port): only the backoff spaces the attempts.
         task = read_json(os.path.join(state_dir, "fleet.json"))["tasks"][1]
         port = int(task["address"].rsplit(":", 1)[1])
@@ -527,16 +528,16 @@ def test_restarts_back_off_and_status_fails_once_the_supervisor_gave_up(state_di
                 time.sleep(0.01)
         holder.listen()
         deadline = time.monotonic() + 120
-        while not supervisor_events(state_dir, "not restarting it again"):
+        while not supervisor_events(state_dir, "gave up on local-1"):
             assert time.monotonic() < deadline, "the supervisor did not give up"
             time.sleep(0.2)
-        scheduled = supervisor_events(state_dir, "); restarting it in")
-        attempts = supervisor_events(state_dir, "restart attempt")
-        gave_up = supervisor_events(state_dir, "not restarting it again")
+        scheduled = supervisor_events(state_dir, "); restarting local-1 in ")
+        attempts = supervisor_events(state_dir, "local-1: restarting it (restart ")
+        gave_up = supervisor_events(state_dir, "gave up on local-1")
         assert (len(scheduled), len(attempts), len(gave_up)) == (3, 3, 1)
         with open(os.path.join(state_dir, "supervisor.log"), encoding="utf-8") as f:
             log = f.read()
-        delays = [float(d) for d in re.findall(r"restarting it in ([\d.]+) s", log)]
+        delays = [float(d) for d in re.findall(r"restarting local-1 in ([\d.]+) s", log)]
         assert delays == [0.5, 1.0, 2.0]
         # Each attempt comes at least its backoff after the death it follows, so the gaps
         # between attempts grow (the log's millisecond stamps; lower bounds only: a slow machine
@@ -546,11 +547,11 @@ def test_restarts_back_off_and_status_fails_once_the_supervisor_gave_up(state_di
         assert attempts[1] - attempts[0] >= 1.0 - 0.05
         assert attempts[2] - attempts[1] >= 2.0 - 0.05
         assert gave_up[0] >= attempts[2]
-        assert "died 4 times within 60 s; not restarting it again (--max-restarts 3)" in log
+        assert "gave up on local-1 after 3 restart(s) (at most 3 within 60 s)" in log
 
         status = gd(mark, "status", "--json", "--state-dir", state_dir)
         assert status.returncode == 1, status.stderr
-        assert one_error_line(status, "local:1 died 4 times within 60 s") == 1
+        assert one_error_line(status, "local-1 died 4 times within 60 s") == 1
         rows = json.loads(status.stdout)
         assert [(r["alive"], r["gave_up"]) for r in rows] == [(True, False), (False, True)]
     finally:

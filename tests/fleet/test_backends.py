@@ -56,15 +56,40 @@ def test_a_missing_engine_says_what_to_install(monkeypatch):
 
 
 def test_cli_refuses_options_a_backend_does_not_take(capsys):
+    """The CLI, not the backend, refuses another backend's option: LocalFleet.for_command never
+    sees `address`."""
     assert main(["up", "--cluster", "local=1", "--address", "ray://h:1"]) == EXIT_USAGE
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--address ray://h:1 is for --backend ray" in err
+    assert err == (
+        "Error: --address is an option of the ray backend, not of local (whose options are: none)\n"
+    )
     assert main(["up", "--cluster", "local=1", "--backend", "nope"]) == EXIT_USAGE
 
 
+def test_each_backend_declares_its_options_and_the_cli_makes_their_flags():
+    assert [o.name for o in LocalFleet.options] == []
+    assert [o.flag for o in RayFleet.options] == ["--address", "--strategy"]
+    up = build_parser().commands["up"]
+    assert "with --backend ray: the Ray cluster to join" in up.format_help().replace("\n ", "")
+    args = build_parser().parse_args(
+        ["up", "--cluster", "a=1", "--backend", "ray", "--strategy", "STRICT_SPREAD"]
+    )
+    assert args.backend_option_strategy == "STRICT_SPREAD"
+    assert backends.check_options("ray", {"strategy": "PACK"}) == {"strategy": "PACK"}
+    with pytest.raises(ArgumentError, match="strategy is an option of the ray backend, not "):
+        backends.check_options("local", {"strategy": "PACK"})
+    with pytest.raises(ArgumentError, match="colour is no backend's, not of ray"):
+        backends.check_options("ray", {"colour": "red"})
+
+
 def test_a_supervisor_spec_carries_its_backend_and_its_typed_cluster(tmp_path):
-    spec = SupervisorSpec(str(tmp_path), "worker=2,ps=1", backend="ray", address="auto")
+    spec = SupervisorSpec(
+        str(tmp_path), "worker=2,ps=1", backend="ray", options={"address": "auto"}
+    )
     assert spec.cluster == {"worker": 2, "ps": 1} and spec.start_timeout_s == 180.0
+    assert spec.options == {"address": "auto"}
+    with pytest.raises(ArgumentError, match="address is an option of the ray backend, not of"):
+        SupervisorSpec(str(tmp_path), "worker=2", options={"address": "auto"})
     assert SupervisorSpec.from_json(spec.to_json()) == spec
     local = SupervisorSpec(str(tmp_path), {"local": ["localhost:2020"]})
     assert local.cluster.task("local", 0).port == 2020 and local.start_timeout_s == 60.0

@@ -120,15 +120,15 @@ def test_a_task_dead_before_the_run_fails_it_at_once(fleet):
         sess.run(y)
     assert time.monotonic() - start < FAST_S
     assert closes_at_once(sess)  # abandoned: no RPC to a master that would ask the dead task
-    assert (info.value.task, info.value.status) == ("local:1", "dead")
+    assert (info.value.task, info.value.status) == ("local-1", "dead")
     assert "fleet.restart('local', 1)" in str(info.value)
 
 
 def test_a_task_killed_during_a_transfer_fails_the_run_and_close_does_not_wait(fleet):
     sess, err = fail_mid_run(fleet, lambda: fleet.kill("local", 1))
-    assert (err.task, err.status) == ("local:1", "dead")
+    assert (err.task, err.status) == ("local-1", "dead")
     assert closes_at_once(sess)
-    with pytest.raises(graphdist.TaskFailedError, match="local:1"):
+    with pytest.raises(graphdist.TaskFailedError, match="local-1"):
         sess.run(tf.constant(1.0))  # a broken session refuses further runs the same way
 
 
@@ -149,7 +149,7 @@ def test_a_task_killed_during_a_step_in_the_callers_thread_fails_it(fleet):
     assert not thread.is_alive(), "the run still waits for a killed task"
     err = box.get("error")
     assert isinstance(err, graphdist.TaskFailedError), box
-    assert (err.task, err.status) == ("local:1", "dead")
+    assert (err.task, err.status) == ("local-1", "dead")
     assert closes_at_once(sess)
 
 
@@ -167,7 +167,7 @@ def test_a_frozen_task_is_reported_not_answering(fleet):
         print(f"\nfrozen task reported {seconds:.2f} s after the freeze")
     finally:
         os.kill(pid, signal.SIGCONT)
-    assert (err.task, err.status) == ("local:1", "not answering")
+    assert (err.task, err.status) == ("local-1", "not answering")
     assert "(3 gRPC probes in a row unanswered" in str(err), str(err)  # README: three probes
     assert seconds < FROZEN_S, f"frozen task reported {seconds:.2f} s after the freeze"
     assert closes_at_once(sess)
@@ -175,7 +175,7 @@ def test_a_frozen_task_is_reported_not_answering(fleet):
 
 def test_a_killed_master_fails_the_run(fleet):
     sess, err = fail_mid_run(fleet, lambda: fleet.kill("local", 0))
-    assert (err.task, err.status) == ("local:0", "dead")
+    assert (err.task, err.status) == ("local-0", "dead")
     assert closes_at_once(sess)
 
 
@@ -197,7 +197,7 @@ def test_a_master_killed_from_outside_fails_the_run_through_the_watcher(fleet):
     assert not thread.is_alive(), "the run still waits for a killed master"
     err = box.get("error")
     assert isinstance(err, graphdist.TaskFailedError), box
-    assert (err.task, err.status) == ("local:0", "dead")
+    assert (err.task, err.status) == ("local-0", "dead")
     assert fleet._epoch != epoch, "the watcher did not move the epoch on the death it saw"
     assert seconds < QUICK_S, f"the run failed {seconds:.2f} s after the kill"
     assert closes_at_once(sess)
@@ -214,7 +214,7 @@ def test_runs_and_callables_of_a_session_from_before_a_restart_give_the_typed_er
     for attempt in (lambda: sess.run(y), call):
         with pytest.raises(graphdist.TaskFailedError) as info:
             attempt()
-        assert (info.value.task, info.value.status) == ("local:1", "restarted")
+        assert (info.value.task, info.value.status) == ("local-1", "restarted")
         assert "open a new session" in str(info.value)
     sess.close()
     with fleet.session("local", 0, graph=graph) as fresh:
@@ -266,7 +266,7 @@ def test_an_attached_detached_fleet_fails_fast_too(state_dir):
     try:
         with graphdist.attach(state_dir) as fleet:
             sess, err = fail_mid_run(fleet, lambda: fleet.kill("local", 1))
-            assert (err.task, err.status) == ("local:1", "dead")
+            assert (err.task, err.status) == ("local-1", "dead")
             assert closes_at_once(sess)
     finally:
         down = run_python(["-m", "graphdist", "down", "--state-dir", state_dir])
@@ -279,5 +279,5 @@ def test_a_ray_fleet_fails_fast_too(ray_env):
     with graphdist.RayFleet("local=2") as fleet:
         # Ray brings a killed actor back by itself: the run sees it dead, or restarted
         sess, err = fail_mid_run(fleet, lambda: fleet.kill("local", 1))
-        assert err.task == "local:1" and err.status in ("dead", "restarted")
+        assert err.task == "local-1" and err.status in ("dead", "restarted")
         assert closes_at_once(sess)

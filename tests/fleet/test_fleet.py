@@ -40,7 +40,7 @@ def test_fleet_exposes_cluster_tasks_pids_and_logs(graphdist_fleet):
         assert fleet.target("local", t.index) == f"grpc://{t.address}"
         assert os.path.exists(t.log_path)
         assert any("server ready" in line for line in t.log_tail())
-    assert "local:1" in repr(fleet.task("local", 1))
+    assert "local-1" in repr(fleet.task("local", 1))
     assert len(set(fleet.pids)) == 2 and os.getpid() not in fleet.pids
 
 
@@ -67,9 +67,9 @@ def test_split_is_real_when_folding_is_off(graphdist_fleet):
     with fleet.session("local", 0, graph=graph, config=config) as sess:
         result, placement = graphdist.run_traced(sess, y)
     assert result == 238
-    assert placement.task_of("y2") == "local:0"
-    assert placement.task_of("y1") == "local:1"
-    assert placement.task_of("y") == "local:1"
+    assert placement.task_of("y2") == "local-0"
+    assert placement.task_of("y1") == "local-1"
+    assert placement.task_of("y") == "local-1"
 
 
 def test_session_config_carries_the_timeout(graphdist_fleet):
@@ -142,7 +142,7 @@ def test_explicit_port_in_use_raises_before_any_server_starts():
         assert info.value.port == port
         assert info.value.holder_pid == os.getpid()
         assert (
-            f"Port {port} of task local:1 (localhost:{port}) is already in use by pid {os.getpid()}"
+            f"Port {port} of task local-1 (localhost:{port}) is already in use by pid {os.getpid()}"
         ) in str(info.value)
         assert fleet.pids == []
     finally:
@@ -159,7 +159,7 @@ def test_failed_start_names_the_task_shows_its_log_and_cleans_up(tmp_path):
     with pytest.raises(graphdist.FleetStartError) as info:
         fleet.start()
     err = info.value
-    assert err.task in ("local:0", "local:1")
+    assert err.task in ("local-0", "local-1")
     assert err.address in str(err)
     # The log's last lines end with TensorFlow's own error (not just a traceback header, which
     # Python 3.13's longer tracebacks push out of the tail), and the message shows them.
@@ -220,7 +220,7 @@ except graphdist.StartTimeoutError as exc:
     print(json.dumps({
         "ready": exc.ready, "expected": exc.expected, "task": exc.task, "address": exc.address,
         "timeout_s": exc.timeout_s, "message": str(exc), "state": fleet.state.value,
-        "local:0": fleet.cluster.address("local", 0),
+        "local-0": fleet.cluster.address("local", 0),
     }))
 """
 
@@ -232,9 +232,9 @@ def test_a_start_timeout_is_a_start_timeout_error_with_the_true_counts(tmp_path)
     assert result.returncode == 0, result.stderr
     error = json.loads(result.stdout)
     assert (error["ready"], error["expected"], error["timeout_s"]) == (0, 2, 0.01)
-    assert (error["task"], error["address"]) == ("local:0", error["local:0"])
+    assert (error["task"], error["address"]) == ("local-0", error["local-0"])
     assert error["message"].startswith(
-        f"0 of 2 servers answered within 0.01 s; local:0 at {error['local:0']} did not"
+        f"0 of 2 servers answered within 0.01 s; local-0 at {error['local-0']} did not"
     )
     assert error["message"].endswith(
         "did not (never probed: its process had not started yet); raise start_timeout_s if the "

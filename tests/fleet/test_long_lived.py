@@ -193,7 +193,7 @@ def test_make_callable_on_a_session_whose_master_died_fails_fast():
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("FAILED"))
     _, seconds, task, status = line.split()
-    assert (task, status) == ("local:0", "dead")
+    assert (task, status) == ("local-0", "dead")
     assert float(seconds) < 20.0  # it waited over 100 s, then raised TensorFlow's own error
     assert_servers_gone(proc.stdout)
 

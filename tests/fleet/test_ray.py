@@ -128,7 +128,7 @@ def test_alive_comes_from_ray_and_the_watcher_sees_each_kill(ray_cluster):
         assert deaths.get(timeout=EVENTUALLY_S) == task.name
         with pytest.raises(graphdist.TaskFailedError) as info:
             sess.run(y)
-        assert info.value.task == "local:1" and info.value.status in ("dead", "restarted")
+        assert info.value.task == "local-1" and info.value.status in ("dead", "restarted")
         sess.close()
         second = back_with_a_new_pid(task, first)
         assert fleet.task("local", 0).alive

@@ -152,7 +152,7 @@ def traced_seed_placement(fleet):
 def test_placement_dot_picture_and_tensorboard_log(graphdist_fleet, tmp_path):
     placement = traced_seed_placement(graphdist_fleet)
     dot = placement.to_dot()
-    assert '"y2" [label="y2\\nSub\\nlocal:0"' in dot and '"y1" -> "y";' in dot
+    assert '"y2" [label="y2\\nSub\\nlocal-0"' in dot and '"y1" -> "y";' in dot
     path = placement.write_picture(tmp_path / "g.dot")
     assert path.endswith("g.dot")
     with open(path, encoding="utf-8") as f:
@@ -174,7 +174,7 @@ def test_placement_svg_picture(graphdist_fleet, tmp_path):
     svg = placement.write_picture(tmp_path / "g.svg")
     with open(svg, encoding="utf-8") as f:
         text = f.read()
-    assert "<svg" in text and ">y2</text>" in text and ">local:1</text>" in text
+    assert "<svg" in text and ">y2</text>" in text and ">local-1</text>" in text
 
 
 def test_svg_picture_without_graphviz_says_in_one_line_how_to_get_it(tmp_path, monkeypatch):

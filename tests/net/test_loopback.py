@@ -314,7 +314,7 @@ def test_one_port_under_two_names_is_refused_before_anything_starts():
             fleet = graphdist.LocalFleet({"local": [f"localhost:{port}", f"{other}:{port}"]})
             with pytest.raises(graphdist.ClusterSpecError, match="both on port") as info:
                 fleet.start()
-            assert "local:0" in str(info.value) and "local:1" in str(info.value)
+            assert "local-0" in str(info.value) and "local-1" in str(info.value)
             assert fleet.tasks == ()
     finally:
         release_ports([port])

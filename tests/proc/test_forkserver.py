@@ -54,7 +54,7 @@ KILL_FORK_SERVER = textwrap.dedent(
         killer.join()
         assert type(exc) is graphdist.FleetStartError, repr(exc)
         # every request is sent before the first answer is read: the lost one may be either
-        assert exc.task in ("local:0", "local:1"), exc.task
+        assert exc.task in ("local-0", "local-1"), exc.task
         assert "fork server" in str(exc) and "died" in str(exc), str(exc)
         assert str(killed[0]) in str(exc), str(exc)
     else:
