@@ -122,7 +122,7 @@ def _steps(outcome: Any, attempt: int, task: str) -> list[tuple[float, int]]:
 
 def _run(case: str, steps: int, save_every: int, kill_at: int) -> Any:
     """Run ``case`` once under the fault injector; its :class:`RunOutcome`."""
-    from graphdist._distribute.injector import FaultInjector
+    from graphdist._faults.injector import FaultInjector
 
     ps = case.startswith("ps-")
     runner = "chief-0" if ps else "worker-0"

@@ -6,7 +6,7 @@ and one that injects faults into a training run.
   ``local=2``).
 - ``graphdist_fleet_factory``: call it with any cluster spec (and LocalFleet keywords) to get a
   started fleet; every fleet it made is closed after the test.
-- ``graphdist_faults``: a :class:`graphdist._distribute.injector.FaultInjector`, to test that *your*
+- ``graphdist_faults``: a :class:`graphdist._faults.injector.FaultInjector`, to test that *your*
   training script survives a dead or hung worker. ``graphdist_faults.run(COMMAND, faults=[...],
   workers=2, max_restarts=N, ...)`` runs ``python -m graphdist run ... -- COMMAND`` (also
   ``ps``, ``chief``, ``restart_window_s``, ``timeout_s``, ``log_dir``, ``expose``,
@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from graphdist._distribute.injector import FaultInjector
+    from graphdist._faults.injector import FaultInjector
     from graphdist._fleet.local import LocalFleet
 
 
@@ -105,7 +105,7 @@ def graphdist_fleet_factory() -> Iterator[Callable[..., LocalFleet]]:
 def graphdist_faults() -> Iterator[FaultInjector]:
     """A fault injector for ``graphdist run`` (see the module docstring); every run it made is
     stopped after the test, which errors if one of its processes survives SIGKILL."""
-    from graphdist._distribute.injector import FaultInjector
+    from graphdist._faults.injector import FaultInjector
 
     injector = FaultInjector()
     try:

@@ -18,8 +18,8 @@ import pytest
 import graphdist
 from graphdist._detached.fleet import start_detached
 from graphdist._detached.supervisor import SupervisorSpec
-from graphdist._distribute.injector import FaultInjector
 from graphdist._exceptions import ArgumentError
+from graphdist._faults.injector import FaultInjector
 from graphdist._fleet.client import FleetState
 from graphdist._fleet.local import LocalFleet
 from graphdist._fleet.ray import RayFleet

@@ -1,6 +1,6 @@
 """Fault injection into a ``graphdist run``: kill or freeze one task at a chosen point, to test
 that a training script survives a failed worker. The pytest plugin's ``graphdist_faults`` fixture
-is a :class:`~graphdist._distribute.injector.FaultInjector`; this module holds what to inject
+is a :class:`~graphdist._faults.injector.FaultInjector`; this module holds what to inject
 and what a run did, ``injector`` the runner, the plugin only the fixture.
 
 :meth:`FaultInjector.run` runs ``python -m graphdist run [OPTIONS] -- COMMAND`` (the launcher) as
@@ -20,10 +20,11 @@ When a fault is due:
   ``[worker-1]`` prefix);
 - ``after_s=SECONDS``: that many seconds after the task's process of that attempt started.
 
-``attempt`` (default 0, the first) is the launcher's attempt (``--max-restarts``: attempt k's tasks
-have ``GRAPHDIST_RESTART=k``; the launcher's own messages count attempts from 1). A line belongs
-to the attempt during which the launcher printed it: the launcher prints its restart line
-(``graphdist: ... restarting the run ...``) after the last line of the failed attempt.
+``attempt`` (default 0, the first) is the number of restarts before the attempt: the tasks of that
+attempt have ``GRAPHDIST_RESTART=attempt``, and the launcher, which counts attempts from 1, shows
+it as attempt ``attempt + 1``. Each line is matched in the attempt the launcher's event for it
+says (the injector runs the launcher with ``--output-format jsonl`` and reads its events, never
+its words: :mod:`graphdist._distribute.events`).
 
 The task's processes are found among the launcher's descendants by their environment: the
 command process of a chief or worker task is the child of the task's guard with
@@ -44,7 +45,8 @@ the launcher, and the fault, when it happens rather than when a buffer fills), s
 (stdout, the prefixed lines as the launcher printed them; stderr as text), each line tagged with
 its task and attempt, the faults injected (task, pid, attempt, when, and whether the process was
 seen stopped or gone afterwards), those that never were (and why), and how many attempts the
-run made (the launcher's restart lines and summary, and the distinct ``GRAPHDIST_RESTART``
+run made (the launcher's attempt events and run-ended event, and the distinct
+``GRAPHDIST_RESTART``
 values seen, whichever is more). Bad arguments raise :class:`ArgumentError` naming the argument
 and quoting the value, before anything starts. A run never waits forever: without ``wait_s``
 (or ``timeout_s``, the launcher's own limit) the launcher is stopped after
@@ -107,11 +109,6 @@ MAX_RESTARTS = 1000
 test that needs more than a thousand of them has a problem no restart solves."""
 
 _TASK_RE = re.compile(r"(chief|worker|ps)-(\d+)")
-_PREFIXED_RE = re.compile(r"\[((?:chief|worker|ps)-\d+)\] ?(.*)", re.DOTALL)
-# The launcher's own lines (graphdist/_distribute/launcher.py): one before each restart, and the
-# summary at the end of a run that restarted.
-_RESTART_RE = re.compile(r"graphdist: .*\brestarting the run\b")
-_SUMMARY_RE = re.compile(r"graphdist: run summary: (\d+) attempt")
 _marks = itertools.count()
 
 

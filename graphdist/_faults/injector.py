@@ -1,4 +1,4 @@
-"""The runner of fault injection (see :mod:`graphdist._distribute.faults` for what it does):
+"""The runner of fault injection (see :mod:`graphdist._faults.faults` for what it does):
 :class:`FaultInjector` runs the launcher, reads its output, finds the tasks' processes and
 signals them when their faults are due, and cleans up whatever a run left."""
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
 from graphdist._cluster import MAX_TASKS, MAX_TASKS_PER_JOB
+from graphdist._distribute.events import Event, render
 from graphdist._exceptions import ArgumentError
 from graphdist._validate import count, flag, show
 from graphdist._validate import timeout_s as check_timeout_s
@@ -26,10 +27,7 @@ from graphdist._validate import timeout_s as check_timeout_s
 if TYPE_CHECKING:
     import psutil
 
-from graphdist._distribute.faults import (
-    _PREFIXED_RE,
-    _RESTART_RE,
-    _SUMMARY_RE,
+from graphdist._faults.faults import (
     DEFAULT_RUN_TIMEOUT_S,
     DUE_WAIT_S,
     GONE_WAIT_S,
@@ -82,6 +80,8 @@ def _launcher_argv(
         argv += ["--log-dir", os.fspath(log_dir)]
     if expose:
         argv.append("--expose")
+    # events, not words: the launcher's structured output (graphdist._distribute.events)
+    argv += ["--output-format", "jsonl"]
     return [*argv, *launcher_args, "--", *command]
 
 
@@ -321,8 +321,9 @@ class _Run:
     output: list[OutputLine] = field(default_factory=list)
     seen: dict[int, psutil.Process] = field(default_factory=dict)
     restart_values: set[int] = field(default_factory=set)
-    restart_lines: int = 0
+    attempt: int = 0  # the launcher's current attempt (GRAPHDIST_RESTART), from its events
     summary_attempts: int = 0
+    events: list[Event] = field(default_factory=list)
     injected: list[Injected] = field(default_factory=list)
     missed: list[Missed] = field(default_factory=list)
     frozen: list[_Frozen] = field(default_factory=list)
@@ -330,11 +331,6 @@ class _Run:
 
     def now(self) -> float:
         return time.monotonic() - self.started
-
-    @property
-    def attempt(self) -> int:
-        """The launcher's current attempt, by the restart lines it printed so far."""
-        return self.restart_lines
 
 
 class FaultInjector:
@@ -456,7 +452,7 @@ class FaultInjector:
             output=run.output,
             injected=run.injected,
             missed=run.missed,
-            attempts=max(run.restart_lines + 1, run.summary_attempts, len(run.restart_values)),
+            attempts=max(run.attempt + 1, run.summary_attempts, len(run.restart_values)),
             restart_values=sorted(run.restart_values),
             elapsed_s=run.now(),
             timed_out=timed_out,
@@ -541,27 +537,36 @@ class FaultInjector:
                 self._line(run, [], stream, text, at)
 
     def _line(self, run: _Run, pending: list[_Pending], stream: str, text: str, at: float) -> None:
-        task = None
-        body = text
+        """One line of the launcher's: on stdout an event (a task's line, or the run's own,
+        kept in the words the console would show), on stderr text."""
+        event = None
         if stream == "stdout":
-            prefixed = _PREFIXED_RE.fullmatch(text)
-            if prefixed is not None:
-                task, body = prefixed.group(1), prefixed.group(2)
-        run.output.append(OutputLine(stream, task, run.attempt, body, at - run.started))
-        if task is None:
-            if stream == "stdout" and _RESTART_RE.match(body):
-                run.restart_lines += 1
-            summary = _SUMMARY_RE.match(body)
-            if summary is not None:
-                run.summary_attempts = int(summary.group(1))
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                event = Event.from_json(text)
+        if event is None:
+            run.output.append(OutputLine(stream, None, run.attempt, text, at - run.started))
             return
+        attempt = event.attempt - 1  # the launcher counts from 1, GRAPHDIST_RESTART from 0
+        if event.kind != "line":
+            if event.kind == "attempt-started":
+                run.attempt = max(run.attempt, attempt)
+            elif event.kind == "run-ended":
+                run.summary_attempts = int(event.data.get("attempts", 0))
+            words = render(event, run.events)
+            run.events.append(event)
+            for said in [] if words is None else words.splitlines():
+                run.output.append(OutputLine(stream, None, attempt, said, at - run.started))
+            return
+        task, body = event.task, str(event.data.get("text", ""))
+        run.output.append(OutputLine(stream, task, attempt, body, at - run.started))
+        text = f"[{task}] {body}"
         for p in pending:
             fault = p.fault
             if (
                 p.due_since is None
                 and fault.after is not None
                 and fault.watched == task
-                and fault.attempt == run.attempt
+                and fault.attempt == attempt
                 and fault.after.search(body)
             ):
                 p.due_since, p.line = time.monotonic(), text

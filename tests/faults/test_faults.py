@@ -1,4 +1,4 @@
-"""Fault injection's arguments (graphdist/_distribute/faults.py): every bad value is refused with
+"""Fault injection's arguments (graphdist/_faults/faults.py): every bad value is refused with
 an ArgumentError naming the argument, before anything starts. The runs themselves are tested
 through the pytest plugin (tests/test_plugin.py) and on real training
 (tests/distribute/test_restarts.py)."""
@@ -15,10 +15,10 @@ import time
 import psutil
 import pytest
 
-from graphdist._distribute import injector as injector_module
-from graphdist._distribute.faults import DEFAULT_RUN_TIMEOUT_S, MAX_RESTARTS, freeze, kill
-from graphdist._distribute.injector import FaultInjector
 from graphdist._exceptions import ArgumentError
+from graphdist._faults import injector as injector_module
+from graphdist._faults.faults import DEFAULT_RUN_TIMEOUT_S, MAX_RESTARTS, freeze, kill
+from graphdist._faults.injector import FaultInjector
 from graphdist._validate import count, show
 from tests.conftest import EVENTUALLY_S, wait_gone
 
