@@ -146,7 +146,7 @@ def test_beyond_the_budget_one_line_names_the_task_how_and_the_count(graphdist_f
     assert out.attempts == 2 and [i.attempt for i in out.injected] == [0, 1]
     first = out.stderr.splitlines()[0]
     assert first.startswith("Error: Task worker-0 was killed by SIGKILL (exit status 137)"), first
-    assert "gave up after 1 restart(s)" in first, first
+    assert "gave up on the run after 1 restart(s)" in first, first
 
 
 def test_a_frozen_worker_is_stopped_then_continued(graphdist_faults, train):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import re
 import sys
 import threading
@@ -585,6 +586,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say(line: str) -> None:
+    """A line on stdout that a reader gone away (``| head``) cannot turn into a traceback: the
+    rest of stdout goes to /dev/null, as the run's own output already does."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from graphdist._distribute.launcher import run_command
 
@@ -618,7 +630,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         served = (
             f"; {len(servers)} server task(s) served it ({', '.join(servers)})" if servers else ""
         )
-        print(f"graphdist: the run succeeded: {len(results)} task(s) exited 0 ({ran}){served}")
+        _say(f"graphdist: the run succeeded: {len(results)} task(s) exited 0 ({ran}){served}")
     return 0
 
 

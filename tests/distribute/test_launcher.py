@@ -230,7 +230,17 @@ def test_run_function_returns_each_tasks_result():
         (["run", "--workers", "1", "--", "no-such-command-here"], "'no-such-command-here'"),
         (["run", "--max-restarts", "-1", "--", "true"], "--max-restarts must be a whole number"),
         (["run", "--max-restarts", "x", "--", "true"], "--max-restarts: invalid int value"),
-        (["run", "--restart-window", "0", "--", "true"], "--restart-window must be a finite"),
+        (
+            ["run", "--max-restarts", "1", "--restart-window", "0", "--", "true"],
+            "--restart-window must be a finite",
+        ),
+        (["run", "--restart-window", "5", "--", "true"], "--restart-window does nothing without"),
+        (["run", "--min-uptime", "5", "--", "true"], "--min-uptime does nothing without"),
+        (["run", "--min-uptime", "-1", "--max-restarts", "1", "--", "true"], "--min-uptime must"),
+        (["run", "--preemption-exit-code", "300", "--", "true"], "--preemption-exit-code must"),
+        (["run", "--output-format", "xml", "--", "true"], "invalid choice: 'xml'"),
+        (["up", "--cluster", "a=1", "--max-restarts", "2"], "--max-restarts does nothing without"),
+        (["up", "--cluster", "a=1", "--address", "h:1"], "--address is an option of the ray"),
         (["run", "--log-dir", "/proc/no/such", "--", "true"], "Cannot keep logs in /proc/no/such"),
     ],
 )
@@ -245,12 +255,9 @@ IMPORT_TF = "import tensorflow"
 
 def test_cli_exit_status_follows_the_tasks():
     ok = run_python(["-m", "graphdist", "run", "--workers", "2", "--", PY, "-c", "print(1)"])
-    assert ok.returncode == 0 and sorted(ok.stdout.split()) == [
-        "1",
-        "1",
-        "[worker-0]",
-        "[worker-1]",
-    ]
+    lines = ok.stdout.splitlines()
+    assert ok.returncode == 0 and sorted(lines[:-1]) == ["[worker-0] 1", "[worker-1] 1"]
+    assert lines[-1] == "graphdist: the run succeeded: 2 task(s) exited 0 (worker-0, worker-1)"
     code = "import os, sys; sys.exit(os.environ['GRAPHDIST_TASK'] == 'worker-0')"
     bad = run_python(["-m", "graphdist", "run", "--workers", "2", "--", PY, "-c", code])
     assert bad.returncode == 1 and "worker-0 exited with code 1" in bad.stderr

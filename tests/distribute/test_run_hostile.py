@@ -514,7 +514,6 @@ def test_the_cli_says_bad_log_dirs_in_one_line(tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr == (
-        f"Error: Cannot keep logs in {a_file}: it is not a folder; pass another --log-dir "
-        "(log_dir)\n"
+        f"Error: Cannot keep logs in {a_file}: it is not a folder; pass another --log-dir\n"
     )
     assert json.dumps(done.stdout) == '""'

@@ -241,7 +241,8 @@ def test_good_run_arguments_pass_every_check(tmp_path, nothing_starts):
     argv, env, cwd = started.value.args
     assert argv[3:] == [
         "run", "--workers", "2", "--ps", "1", "--chief", "--max-restarts", str(MAX_RESTARTS),
-        "--log-dir", str(tmp_path / "logs"), "--restart-window", "30", "--", sys.executable,
+        "--log-dir", str(tmp_path / "logs"), "--output-format", "jsonl", "--restart-window", "30",
+        "--", sys.executable,
     ]  # fmt: skip
     assert env["A"] == "1" and env["PYTHONUNBUFFERED"] == "1" and cwd == str(tmp_path)
     with pytest.raises(_Started):  # a fault alone, env None, generator-free defaults
