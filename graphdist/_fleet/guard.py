@@ -495,7 +495,7 @@ class SessionGuard:
         """Why this session cannot run any more, as the error to raise (None: it can)."""
         if self.fleet_closing():
             return FleetClosedError(
-                f"The fleet of this session (master {self.master.job}:{self.master.index}) was "
+                f"The fleet of this session (master {self.master.name}) was "
                 "closed, which closed its sessions; start a new fleet and open a session on it"
             )
         if self.broken is not None:
@@ -508,7 +508,7 @@ class SessionGuard:
                 "stopped (TensorFlow cancels a step only by closing its session; nothing of that "
                 "step ran on after it); open a new one: "
                 f"fleet.session({master.job!r}, {master.index})",
-                master=f"{master.job}:{master.index}",
+                master=master.name,
             )
         return None
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import sys
+import threading
+import time
 
+import psutil
 import pytest
 
 import graphdist
@@ -282,3 +286,91 @@ def test_a_task_killed_by_a_signal_makes_the_run_exit_128_plus_n():
     result = run_python(["-m", "graphdist", "run", "--workers", "2", "--", PY, "-c", code])
     assert result.returncode == 128 + 9  # as a shell reports it
     assert "Error: Task worker-1 was killed by SIGKILL (exit status 137)" in result.stderr
+
+
+# Attempt 1: every task exits 42, as TensorFlow's PreemptionCheckpointHandler makes them after a
+# SIGTERM (the workers agree on a step, save, and exit with it); attempt 2 finishes.
+PREEMPTED = (
+    "import os, sys, time\n"
+    "k = int(os.environ['GRAPHDIST_RESTART'])\n"
+    "print('attempt', k, flush=True)\n"
+    "if k == 0:\n"
+    "    time.sleep(0.2 if os.environ['GRAPHDIST_TASK'] == 'worker-0' else 0.8)\n"
+    "    sys.exit(42)\n"
+)
+
+
+def test_a_preempted_attempt_restarts_at_once_and_spends_no_restart(tmp_path):
+    """max_restarts=0: a failure would end the run, yet a preemption (every task exits 42,
+    one after the other) restarts it at once and the summary names it."""
+    out = io.StringIO()
+    results = graphdist.run_command([PY, "-c", PREEMPTED], workers=2, output=out, log_dir=tmp_path)
+    assert [r.exitcode for r in results] == [0, 0]
+    text = out.getvalue()
+    assert (
+        "graphdist: attempt 1 was preempted: every task exited with code 42; restarting the run "
+        "at once (a preemption spends no restart)"
+    ) in text
+    assert "[worker-0] attempt 1" in text and "[worker-1] attempt 1" in text
+    summary = (tmp_path / "run-1" / "summary.txt").read_text().splitlines()
+    assert summary[0].startswith("graphdist: run summary: 2 attempt(s)")
+    assert summary[1] == "  attempt 1: preempted (every task exited 42)"
+    events = [
+        json.loads(line) for line in (tmp_path / "run-1" / "events.jsonl").read_text().splitlines()
+    ]
+    kinds = [e["event"] for e in events if e["event"] != "task-exited"]
+    assert kinds == ["attempt-started", "preempted", "attempt-started", "run-ended"]
+    assert wait_gone([r.pid for r in results], EVENTUALLY_S) == []
+
+
+def test_one_task_exiting_with_the_preemption_code_alone_is_a_failure(monkeypatch):
+    from graphdist._distribute import launcher
+
+    monkeypatch.setattr(launcher, "PREEMPTION_WAIT_S", 1.0)
+    code = (
+        "import os, sys, time\n"
+        "if os.environ['GRAPHDIST_TASK'] == 'worker-1':\n"
+        "    sys.exit(42)\n"
+        "time.sleep(60)\n"
+    )
+    with pytest.raises(graphdist.TaskExitError) as info:
+        graphdist.run_command([PY, "-c", code], workers=2, output=io.StringIO(), timeout_s=90)
+    # worker-0 never exits with 42: after PREEMPTION_WAIT_S the first exit is a failure
+    assert info.value.failed.name == "worker-1" and info.value.failed.exitcode == 42
+
+
+def test_a_run_that_keeps_failing_at_start_gives_up_early_and_says_so():
+    out = io.StringIO()
+    with pytest.raises(graphdist.TaskExitError) as info:
+        graphdist.run_command(
+            [PY, "-c", "raise SystemExit(5)"], workers=1, max_restarts=50, output=out
+        )
+    first = str(info.value).splitlines()[0]
+    assert first.startswith(
+        "Task worker-0 exited with code 5 in attempt 3; gave up on the run: it failed 3 times in "
+        "a row within 10 s of starting, a start-up failure that restarts will not fix"
+    ), first
+    assert out.getvalue().count("restarting the run in") == 2
+
+
+def test_ps_shows_each_guard_with_its_task():
+    """Each task's guard carries its task's name on its command line: `ps` tells them apart."""
+    seen: dict[str, list[str]] = {}
+    code = "import time; time.sleep(30)"
+
+    def look() -> None:
+        deadline = time.monotonic() + 20
+        while len(seen) < 2 and time.monotonic() < deadline:
+            for proc in psutil.Process().children():
+                with contextlib.suppress(psutil.Error):
+                    cmd = proc.cmdline()
+                    if "--name" in cmd:
+                        seen[cmd[cmd.index("--name") + 1]] = cmd
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=look)
+    watcher.start()
+    with pytest.raises(graphdist.LaunchTimeoutError):
+        graphdist.run_command([PY, "-c", code], workers=2, output=io.StringIO(), timeout_s=3)
+    watcher.join()
+    assert sorted(seen) == ["worker-0", "worker-1"]
