@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import reprlib
 import threading
+from collections.abc import Mapping
 from typing import overload
 
 from graphdist._exceptions import ArgumentError
@@ -20,6 +21,7 @@ from graphdist._exceptions import ArgumentError
 __all__ = [
     "MAX_TIMEOUT_MS",
     "MAX_TIMEOUT_S",
+    "check_env",
     "count",
     "flag",
     "is_ascii_digits",
@@ -135,3 +137,34 @@ def flag(value: bool, name: str) -> bool:
             f"{name} must be True or False, not {show(value)}", name=name, value=value
         )
     return value
+
+
+def check_env(env: object) -> dict[str, str]:
+    """``env`` (environment variables to add for a process) as a dict of str to str; ``None``
+    is none. Names are non-empty str without ``=`` or NUL, values str without NUL."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise ArgumentError(
+            f"env must be a mapping of variable names to str values, e.g. "
+            f"{{'TF_CPP_MIN_LOG_LEVEL': '2'}}, not {show(env)}",
+            name="env",
+            value=env,
+        )
+    checked = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise ArgumentError(
+                f"env must have variable names (non-empty str without '=' or NUL) as keys, not "
+                f"{show(key)}",
+                name="env",
+                value=env,
+            )
+        if not isinstance(value, str) or "\0" in value:
+            raise ArgumentError(
+                f"env[{key!r}] must be a str without NUL (an environment value), not {show(value)}",
+                name="env",
+                value=env,
+            )
+        checked[key] = value
+    return checked

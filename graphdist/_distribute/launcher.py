@@ -89,7 +89,7 @@ from graphdist._proc.restarts import (
     check_min_uptime,
 )
 from graphdist._proc.signals import Interrupted, SignalScope
-from graphdist._validate import count, flag, show
+from graphdist._validate import check_env, count, flag, show
 from graphdist._validate import timeout_s as check_timeout_s
 
 __all__ = [
@@ -436,6 +436,18 @@ def _interpreter_hint(tail: Sequence[str]) -> str:
     )
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What every attempt of a run runs: the command, the cluster's counts, the environment."""
+
+    command: Sequence[str]
+    workers: int
+    ps: int
+    chief: bool
+    base_env: Mapping[str, str]
+    expose: bool
+
+
 class _Preempted(Exception):
     """Every command task of an attempt exited with the preemption code."""
 
@@ -563,33 +575,6 @@ def _check_command(command: object) -> list[str]:
     return argv
 
 
-def _check_env(env: object) -> dict[str, str]:
-    """``env`` (extra environment variables) checked: a mapping of str to str."""
-    if env is None:
-        return {}
-    if not isinstance(env, Mapping):
-        raise ArgumentError(
-            f"env must be a mapping of variable names to str values, not {show(env)}",
-            name="env",
-            value=env,
-        )
-    for key, value in env.items():
-        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
-            raise ArgumentError(
-                f"env has the variable name {show(key)}: names are non-empty str without '=' "
-                "or NUL",
-                name="env",
-                value=env,
-            )
-        if not isinstance(value, str) or "\0" in value:
-            raise ArgumentError(
-                f"env[{key!r}] must be a str without NUL bytes, not {show(value)}",
-                name="env",
-                value=env,
-            )
-    return dict(env)
-
-
 def _check_output(output: object) -> IO[str]:
     if output is None:
         return sys.stdout
@@ -679,7 +664,7 @@ def run_command(
     preemption_code = _check_preemption_code(preemption_exit_code)
     output_format = _check_output_format(output_format)
     flag(expose, "expose")
-    base_env = {**os.environ, **_check_env(env), "TF_USE_LEGACY_KERAS": "1"}
+    base_env = {**os.environ, **check_env(env), "TF_USE_LEGACY_KERAS": "1"}
     stream = _check_output(output)
     if shutil.which(argv[0], path=base_env.get("PATH", os.defpath)) is None:
         # here, not as each task's exit code 127: the guard, not the launcher, starts the command
@@ -699,7 +684,8 @@ def run_command(
     try:
         with SignalScope() as signals:
             try:
-                return _run(argv, workers, ps, chief, base_env, expose, procs, signals, run)
+                job = _Job(argv, workers, ps, chief, base_env, expose)
+                return _run(job, procs, signals, run)
             except Interrupted as exc:  # the summary before the signal takes its course
                 run.end(f"stopped by {exc.name}", show=True)
                 raise
@@ -716,23 +702,13 @@ def run_command(
             logs.close()
 
 
-def _run(
-    command: Sequence[str],
-    workers: int,
-    ps: int,
-    chief: bool,
-    base_env: Mapping[str, str],
-    expose: bool,
-    procs: list[_TaskProcess],
-    signals: SignalScope,
-    run: _Run,
-) -> list[TaskResult]:
+def _run(job: _Job, procs: list[_TaskProcess], signals: SignalScope, run: _Run) -> list[TaskResult]:
     """The attempts of a run, until one succeeds or the restart policy gives up."""
     policy = run.policy
     while True:
         procs.clear()
         try:
-            results = _attempt(command, workers, ps, chief, base_env, expose, procs, signals, run)
+            results = _attempt(job, procs, signals, run)
         except _Preempted as exc:
             decision = policy.failed(preempted=True)
             run.emit("preempted", code=exc.code, decision=decision.words())
@@ -777,15 +753,7 @@ def _run(
 
 
 def _attempt(
-    command: Sequence[str],
-    workers: int,
-    ps: int,
-    chief: bool,
-    base_env: Mapping[str, str],
-    expose: bool,
-    procs: list[_TaskProcess],
-    signals: SignalScope,
-    run: _Run,
+    job: _Job, procs: list[_TaskProcess], signals: SignalScope, run: _Run
 ) -> list[TaskResult]:
     """One attempt of a run: a fresh cluster, its ps/worker servers (with ps tasks), one
     process per command task (appended to ``procs``), supervised until every one exits. Its
@@ -793,7 +761,8 @@ def _attempt(
     from graphdist._distribute.tfconfig import tf_config
     from graphdist._fleet.local import LocalFleet
 
-    cluster = launch_cluster(workers, ps, chief)
+    command, ps, expose, base_env = job.command, job.ps, job.expose, job.base_env
+    cluster = launch_cluster(job.workers, ps, job.chief)
     fleet = None
     try:
         runners = [t for t in cluster if t.job == "chief"] if ps else list(cluster)
@@ -991,7 +960,7 @@ def run_function(
         raise ArgumentError(
             f"fn must be a callable to run in each task, not {show(fn)}", name="fn", value=fn
         )
-    env = _check_env(env)
+    env = check_env(env)
     with tempfile.TemporaryDirectory(prefix="graphdist-run-") as tmp:
         payload = os.path.join(tmp, "payload.pkl")
         try:

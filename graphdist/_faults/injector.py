@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING
 from graphdist._cluster import MAX_TASKS, MAX_TASKS_PER_JOB
 from graphdist._distribute.events import Event, render
 from graphdist._exceptions import ArgumentError
-from graphdist._validate import count, flag, show
+from graphdist._validate import check_env, count, flag, show
 from graphdist._validate import timeout_s as check_timeout_s
 
 if TYPE_CHECKING:
@@ -135,35 +135,6 @@ def _check_launcher_args(launcher_args: object) -> list[str]:
             )
         args.append(_text(arg, "launcher_args", "a list of str"))
     return args
-
-
-def _check_env(env: object) -> dict[str, str]:
-    if env is None:
-        return {}
-    if not isinstance(env, Mapping):
-        raise ArgumentError(
-            f"env must be a mapping of variable names to str values, e.g. "
-            f"{{'TF_CPP_MIN_LOG_LEVEL': '2'}}, not {show(env)}",
-            name="env",
-            value=env,
-        )
-    checked = {}
-    for key, value in env.items():
-        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
-            raise ArgumentError(
-                f"env must have variable names (non-empty str without '=' or NUL) as keys, not "
-                f"{show(key)}",
-                name="env",
-                value=env,
-            )
-        if not isinstance(value, str) or "\0" in value:
-            raise ArgumentError(
-                f"env[{key!r}] must be a str without NUL (an environment value), not {show(value)}",
-                name="env",
-                value=env,
-            )
-        checked[key] = value
-    return checked
 
 
 def _check_cwd(cwd: object) -> str | None:
@@ -420,7 +391,7 @@ class FaultInjector:
                 value=chief,
             )
         args = _check_launcher_args(launcher_args)
-        extra_env = _check_env(env)
+        extra_env = check_env(env)
         folder = _check_cwd(cwd)
         logs = _check_log_dir(log_dir)
         checked = _check_faults(faults, workers, ps, chief, max_restarts)

@@ -460,9 +460,16 @@ def test_a_run_stopped_by_a_signal_writes_its_summary(tmp_path, sig):
         ),
         ({"command": [1]}, "Every argument of command must be a str without NUL bytes, not 1"),
         ({"command": ["tr\0ue"]}, "not 'tr\\x00ue'"),
-        ({"env": {"A": 1}}, "env['A'] must be a str without NUL bytes, not 1"),
-        ({"env": "x"}, "env must be a mapping of variable names to str values, not 'x'"),
-        ({"env": {"A=B": "1"}}, "env has the variable name 'A=B'"),
+        ({"env": {"A": 1}}, "env['A'] must be a str without NUL (an environment value), not 1"),
+        (
+            {"env": "x"},
+            "env must be a mapping of variable names to str values, e.g. "
+            "{'TF_CPP_MIN_LOG_LEVEL': '2'}, not 'x'",
+        ),
+        (
+            {"env": {"A=B": "1"}},
+            "env must have variable names (non-empty str without '=' or NUL) as keys, not 'A=B'",
+        ),
         ({"output": 5}, "output must be a text stream (with write), not 5"),
         ({"expose": "no"}, "expose must be True or False, not 'no'"),
         ({"expose": "false"}, "expose must be True or False, not 'false'"),
