@@ -302,7 +302,7 @@ def test_serve_refuses_a_wildcard_address_without_bind_all():
 def test_mixed_loopback_and_network_hosts_are_refused_before_anything_starts():
     host = socket.gethostname()
     fleet = graphdist.LocalFleet({"w": ["127.0.0.1:23456", f"{host}:23457"]})
-    with pytest.raises(graphdist.ClusterSpecError, match="w:1"):
+    with pytest.raises(graphdist.ClusterSpecError, match="Task w-1 is on "):
         fleet.start()
     assert fleet.tasks == ()
 
@@ -328,7 +328,9 @@ def test_a_task_whose_own_process_does_not_listen_is_not_ready(graphdist_fleet):
     real = graphdist_fleet.tasks[0]
     other = subprocess.Popen(["sleep", "60"])  # a live process that listens on nothing
     try:
-        impostor = types.SimpleNamespace(job="local", index=1, address=real.address, pid=other.pid)
+        impostor = types.SimpleNamespace(
+            job="local", index=1, name="local-1", address=real.address, pid=other.pid
+        )
         with pytest.raises(graphdist.FleetStartError, match="not the process listening"):
             graphdist_fleet._check_listening(impostor, frozenset())
     finally:
