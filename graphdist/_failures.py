@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from typing import Protocol
+from typing import Any
 
 from graphdist._exceptions import TaskFailedError
 
@@ -45,15 +45,6 @@ _HINTS = {
     RESTARTED: "its server lost this session's state; open a new session",
     NOT_ANSWERING: "it may be frozen or overloaded",
 }
-
-
-class _Located(Protocol):
-    @property
-    def job(self) -> str: ...
-    @property
-    def index(self) -> int: ...
-    @property
-    def address(self) -> str: ...
 
 
 def task_name(job: str, index: int) -> str:
@@ -91,7 +82,7 @@ def dead_detail(exitcode: int | None) -> str:
 
 
 def task_failed(
-    task: _Located,
+    task: Any,
     status: str,
     detail: str = "",
     *,
@@ -100,7 +91,7 @@ def task_failed(
 ) -> TaskFailedError:
     """The one way a failed task is reported: ``Task worker-1 at address is STATUS (detail):
     what; what to do``, with the task, address, status and the session's timeout as
-    attributes."""
+    attributes. ``task``: anything with ``job``, ``index`` and ``address`` (a TaskHandle)."""
     name = task_name(task.job, task.index)
     verb = "was" if status == RESTARTED else "is"
     hint = _HINTS.get(status, "").format(job=task.job, index=task.index)

@@ -11,9 +11,10 @@ raises :class:`ArgumentError` (a ``ValueError``) naming the argument.
 from __future__ import annotations
 
 import math
+import os
 import reprlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import overload
 
 from graphdist._exceptions import ArgumentError
@@ -21,6 +22,7 @@ from graphdist._exceptions import ArgumentError
 __all__ = [
     "MAX_TIMEOUT_MS",
     "MAX_TIMEOUT_S",
+    "check_argv",
     "check_env",
     "count",
     "flag",
@@ -168,3 +170,28 @@ def check_env(env: object) -> dict[str, str]:
             )
         checked[key] = value
     return checked
+
+
+def check_argv(value: object, name: str) -> list[str]:
+    """``value`` (a command line, or arguments to add to one) as a list of str: a sequence of
+    str or ``os.PathLike``, never a str itself (whose letters would become the arguments), no
+    NUL byte (a process cannot be given one)."""
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise ArgumentError(
+            f"{name} must be a list of arguments such as ['python', 'train.py'], not "
+            f"{show(value)} (split a command line with shlex.split)",
+            name=name,
+            value=value,
+        )
+    argv = []
+    for arg in value:
+        text = os.fspath(arg) if isinstance(arg, os.PathLike) else arg
+        if not isinstance(text, str) or "\0" in text:
+            raise ArgumentError(
+                f"Every argument of {name} must be a str without NUL bytes, not {show(arg)} "
+                f"in {show(value)}",
+                name=name,
+                value=value,
+            )
+        argv.append(text)
+    return argv

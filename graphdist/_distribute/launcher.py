@@ -89,7 +89,7 @@ from graphdist._proc.restarts import (
     check_min_uptime,
 )
 from graphdist._proc.signals import Interrupted, SignalScope
-from graphdist._validate import check_env, count, flag, show
+from graphdist._validate import check_argv, check_env, count, flag, show
 from graphdist._validate import timeout_s as check_timeout_s
 
 __all__ = [
@@ -550,24 +550,7 @@ class _Run:
 
 def _check_command(command: object) -> list[str]:
     """``command`` as a list of strings, or ArgumentError naming what is wrong with it."""
-    if isinstance(command, str | bytes) or not isinstance(command, Sequence):
-        raise ArgumentError(
-            f"command must be a list of arguments such as ['python', 'train.py'], not "
-            f"{show(command)} (split a command line with shlex.split)",
-            name="command",
-            value=command,
-        )
-    argv = []
-    for arg in command:
-        text = os.fspath(arg) if isinstance(arg, os.PathLike) else arg
-        if not isinstance(text, str) or "\0" in text:
-            raise ArgumentError(
-                f"Every argument of command must be a str without NUL bytes, not {show(arg)} "
-                f"in {show(command)}",
-                name="command",
-                value=command,
-            )
-        argv.append(text)
+    argv = check_argv(command, "command")
     if not argv:
         raise ArgumentError(
             "No command to run; put it after `--`, e.g. -- python train.py", name="command"

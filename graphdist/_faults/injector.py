@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING
 from graphdist._cluster import MAX_TASKS, MAX_TASKS_PER_JOB
 from graphdist._distribute.events import Event, render
 from graphdist._exceptions import ArgumentError
-from graphdist._validate import check_env, count, flag, show
+from graphdist._validate import check_argv, check_env, count, flag, show
 from graphdist._validate import timeout_s as check_timeout_s
 
 if TYPE_CHECKING:
@@ -99,42 +99,18 @@ def _text(value: object, name: str, what: str) -> str:
 
 
 def _check_command(command: object) -> list[str]:
-    if isinstance(command, str | bytes) or not isinstance(command, Sequence):
+    argv = check_argv(command, "command")
+    if not argv:
         raise ArgumentError(
-            f"command must be a list of arguments, e.g. [sys.executable, 'train.py'], not "
-            f"{show(command)}",
+            "command must be a non-empty list of str, e.g. [sys.executable, 'train.py'], not []",
             name="command",
             value=command,
         )
-    if not command or not all(isinstance(a, str | os.PathLike) for a in command):
-        raise ArgumentError(
-            f"command must be a non-empty list of str, e.g. [sys.executable, 'train.py'], not "
-            f"{show(command)}",
-            name="command",
-            value=command,
-        )
-    return [_text(a, "command", "a list of str") for a in command]
+    return argv
 
 
 def _check_launcher_args(launcher_args: object) -> list[str]:
-    if isinstance(launcher_args, str | bytes) or not isinstance(launcher_args, Sequence):
-        raise ArgumentError(
-            f"launcher_args must be a list of arguments, e.g. ['--restart-window', '30'], not "
-            f"{show(launcher_args)}",
-            name="launcher_args",
-            value=launcher_args,
-        )
-    args = []
-    for arg in launcher_args:
-        if not isinstance(arg, str):
-            raise ArgumentError(
-                f"launcher_args must be a list of str, not {show(launcher_args)} (it holds "
-                f"{show(arg)})",
-                name="launcher_args",
-                value=launcher_args,
-            )
-        args.append(_text(arg, "launcher_args", "a list of str"))
-    return args
+    return check_argv(launcher_args, "launcher_args")
 
 
 def _check_cwd(cwd: object) -> str | None:
