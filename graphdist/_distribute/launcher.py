@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from graphdist._cluster import Cluster, Task
-from graphdist._distribute.events import Event, render
+from graphdist._distribute.events import Event, render, summary
 from graphdist._distribute.resume import RESUMED_PREFIX
 from graphdist._distribute.runlogs import RunLogs
 from graphdist._exceptions import (
@@ -517,8 +517,6 @@ class _Run:
         logs = None if self.logs is None else self.logs.path
         event = self.emit("run-ended", outcome=outcome, attempts=self.attempt, logs=logs, show=show)
         if self.logs is not None:
-            from graphdist._distribute.events import summary
-
             self.logs.write_summary(summary(self.events[: self.events.index(event) + 1]))
 
     def timed_out(self, results: Sequence[TaskOutcome], doing: str) -> LaunchTimeoutError:

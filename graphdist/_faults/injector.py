@@ -21,6 +21,7 @@ from typing import IO, TYPE_CHECKING
 from graphdist._cluster import MAX_TASKS, MAX_TASKS_PER_JOB
 from graphdist._distribute.events import Event, render
 from graphdist._exceptions import ArgumentError
+from graphdist._proc.process import marked
 from graphdist._validate import check_argv, check_env, count, flag, show
 from graphdist._validate import timeout_s as check_timeout_s
 
@@ -234,10 +235,9 @@ def _marked(mark: str) -> list[psutil.Process]:
     import psutil
 
     found = []
-    for proc in psutil.process_iter():
-        env = _environ(proc)
-        if env is not None and env.get(MARK_ENV) == mark and _alive(proc):
-            found.append(proc)
+    for pid in marked(mark, env=MARK_ENV):
+        with contextlib.suppress(psutil.Error):
+            found.append(psutil.Process(pid))
     return found
 
 

@@ -35,17 +35,9 @@ from graphdist._exceptions import (
     TaskFailedError,
     TaskNotFoundError,
 )
+from graphdist._failures import ALIVE, DEAD, NOT_ANSWERING, dead_detail, task_failed
 from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS, SessionGuard
-from graphdist._fleet.health import (
-    ALIVE,
-    DEAD,
-    NOT_ANSWERING,
-    HealthReport,
-    TaskHealth,
-    dead_detail,
-    probe_all,
-    task_failed,
-)
+from graphdist._fleet.health import HealthReport, TaskHealth, probe_all
 from graphdist._fleet.task import TaskExit, TaskHandle
 from graphdist._graph.master import master_for
 from graphdist._graph.placement import DeviceSpec, check_device, device

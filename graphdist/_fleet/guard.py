@@ -61,7 +61,8 @@ from graphdist._exceptions import (
     TaskFailedError,
     copy_error,
 )
-from graphdist._fleet.health import NOT_ANSWERING, probe_all, problem_of, task_failed
+from graphdist._failures import NOT_ANSWERING, task_failed
+from graphdist._fleet.health import probe_all, problem_of
 from graphdist._fleet.task import TaskHandle
 from graphdist._graph.session import TASK_FAILURE_ERRORS
 from graphdist._net.probe import RUN_PROBE_TIMEOUT_S

@@ -23,8 +23,6 @@ from graphdist._failures import (
     NOT_ANSWERING,
     RESTARTED,
     dead_detail,
-    exited,
-    task_failed,
     task_name,
 )
 from graphdist._net.probe import probe_many, probers
@@ -32,19 +30,7 @@ from graphdist._net.probe import probe_many, probers
 if TYPE_CHECKING:
     from graphdist._fleet.task import TaskHandle
 
-__all__ = [
-    "ALIVE",
-    "DEAD",
-    "NOT_ANSWERING",
-    "RESTARTED",
-    "HealthReport",
-    "TaskHealth",
-    "dead_detail",
-    "exited",
-    "probe_all",
-    "problem_of",
-    "task_failed",
-]
+__all__ = ["HealthReport", "TaskHealth", "probe_all", "problem_of"]
 
 
 @dataclass(frozen=True)

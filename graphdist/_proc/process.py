@@ -209,11 +209,11 @@ def descendants(pid: int) -> list[int]:
 MARK_ENV = "GRAPHDIST_TASK_MARK"
 
 
-def marked(value: str) -> list[int]:
-    """The live processes of this user whose environment has ``MARK_ENV=value`` (this one
-    excepted): a task's processes once its guard is gone (re-parented to init, a ``setsid``
-    daemon included)."""
-    needle = f"{MARK_ENV}={value}".encode()
+def marked(value: str, env: str = MARK_ENV) -> list[int]:
+    """The live processes of this user whose environment has ``env=value`` (this one excepted):
+    a task's processes once its guard is gone (re-parented to init, a ``setsid`` daemon
+    included), or a fault-injection run's (its own mark)."""
+    needle = f"{env}={value}".encode()
     found = []
     me = os.getpid()
     for entry in os.listdir("/proc"):
