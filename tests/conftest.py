@@ -291,3 +291,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if suffix and not item.nodeid.endswith(suffix):
                 item._id = NodeId.parse(item.nodeid + suffix)
     items.sort(key=lambda item: -known_seconds(item.nodeid))
+
+
+# -- hosts: a bed of network namespaces on one bridge (tests/hostbed.py) ------------------------
+
+
+@pytest.fixture(scope="session")
+def hosts() -> Generator[Any, None, None]:
+    """A :class:`tests.hostbed.HostBed` of three hosts, each a network namespace with an address
+    of its own on one bridge: made once per session (per xdist worker: tests that use it share
+    ``xdist_group("hosts")``), on first use, and closed at the end, which fails if anything of
+    it is left. Skips (a failure for a ``promise`` test) where network namespaces cannot be
+    made."""
+    from tests.hostbed import HostBed, require_hostbed  # imports this module
+
+    require_hostbed()
+    with HostBed(3) as bed:
+        yield bed
