@@ -74,6 +74,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "graphdist._fleet.health": ("TaskHealth",),
     "graphdist._fleet.local": ("DEFAULT_START_TIMEOUT_S", "FleetTask", "LocalFleet"),
     "graphdist._fleet.ray": ("RayFleet", "RayTask"),
+    "graphdist._fleet.remote": ("RemoteFleet", "RemoteTask", "connect"),
     "graphdist._graph.master": ("master_for",),
     "graphdist._graph.placement": (
         "DeviceSpec",
@@ -113,6 +114,7 @@ if _TYPE_CHECKING:
     from graphdist._fleet.lifecycle import OwnedFleet
     from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
     from graphdist._fleet.ray import RayFleet, RayTask
+    from graphdist._fleet.remote import RemoteFleet, RemoteTask, connect
     from graphdist._fleet.task import TaskExit, TaskView
     from graphdist._graph.master import master_for
     from graphdist._graph.placement import (
@@ -177,6 +179,8 @@ __all__ = [
     "PortInUseError",
     "RayFleet",
     "RayTask",
+    "RemoteFleet",
+    "RemoteTask",
     "ReopeningSession",
     "RoundRobin",
     "SessionInterruptedError",
@@ -205,6 +209,7 @@ __all__ = [
     "check_device",
     "checkpoint_dir",
     "cluster_resolver",
+    "connect",
     "device",
     "global_batch_size",
     "initialize_uninitialized",

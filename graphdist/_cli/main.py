@@ -42,6 +42,7 @@ from graphdist._fleet.backends import (
     start_timeouts,
 )
 from graphdist._fleet.backends import names as backend_names
+from graphdist._net.members import parse_allow
 from graphdist._proc.restarts import (
     BACKOFF,
     DEFAULT_MAX_RESTARTS,
@@ -166,6 +167,20 @@ def _add_restart_window(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_allow(p: argparse.ArgumentParser, needs: str) -> None:
+    p.add_argument(
+        "--allow",
+        action="append",
+        metavar="ADDR|CIDR[,...]",
+        help=f"{needs}other machines let in besides the cluster's own hosts (repeatable); every "
+        "other machine's connection is closed and logged",
+    )
+
+
+def _allow(args: argparse.Namespace) -> str | None:
+    return None if args.allow is None else ",".join(args.allow)
+
+
 def _add_backend_options(p: argparse.ArgumentParser) -> None:
     """A flag for every backend's own options (``--address`` for ray); the chosen backend gets
     only its own (:func:`_backend_options`)."""
@@ -222,6 +237,7 @@ def build_parser() -> _Parser:
         default="local",
         help="; ".join(describe(n) for n in backend_names()),
     )
+    _add_allow(up, "with --expose: ")
     _add_backend_options(up)
     up.add_argument(
         "--restart",
@@ -345,6 +361,7 @@ def build_parser() -> _Parser:
         action="store_true",
         help="listen on every interface as TensorFlow does (default: only the task's address)",
     )
+    _add_allow(srv, "")
 
     tfc = sub.add_parser("tf-config", help="print a task's TF_CONFIG for a cluster, as JSON")
     tfc.add_argument("--cluster", required=True, metavar="SPEC", help="as for `up`")
@@ -448,7 +465,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if args.detach:
         return _up_detached(args, cluster, options)
     fleet = kind.for_command(
-        cluster, start_timeout_s=args.start_timeout_s, expose=args.expose, **options
+        cluster,
+        start_timeout_s=args.start_timeout_s,
+        expose=args.expose,
+        allow=parse_allow(_allow(args)) or None,
+        **options,
     )
     stop = stop_on_signals()
     with fleet:
@@ -487,6 +508,7 @@ def _up_detached(args: argparse.Namespace, cluster: Any, options: dict[str, Any]
         start_timeout_s=args.start_timeout_s,
         restart=args.restart,
         expose=args.expose,
+        allow=parse_allow(_allow(args)),
         backend=args.backend,
         options=options,
         **restarts,
@@ -649,7 +671,7 @@ def _cmd_serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if not args.cluster or not args.job or args.task is None:
             raise UsageError("serve needs --cluster, --job and --task (or --slurm)")
         cluster, job, index = Cluster.parse(args.cluster), args.job, args.task
-    return serve(cluster, job, index, bind_all=args.bind_all, argv=argv)
+    return serve(cluster, job, index, bind_all=args.bind_all, argv=argv, allow=_allow(args))
 
 
 def _cmd_tf_config(args: argparse.Namespace) -> int:

@@ -54,6 +54,7 @@ from graphdist._failures import dead_detail
 from graphdist._fleet.backends import backend, check_options
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskHandle
+from graphdist._net.members import exposed_allow
 from graphdist._proc.restarts import (
     DEFAULT_MAX_RESTARTS,
     DEFAULT_RESTART_WINDOW_S,
@@ -98,6 +99,8 @@ class SupervisorSpec:
       ``restart_window_s`` seconds; one more death within the window and the supervisor gives
       up on the task (see the module docstring for the backoff).
     - ``expose``: let the servers listen on every interface (default: loopback only).
+    - ``allow``: with ``expose``, the other machines let in besides the cluster's own hosts
+      (addresses or networks; see :mod:`graphdist._net.members`).
     - ``restart_window_s``: the sliding window ``max_restarts`` counts in (default 60 s).
     """
 
@@ -110,9 +113,12 @@ class SupervisorSpec:
     restart_window_s: float = DEFAULT_RESTART_WINDOW_S
     backend: str = "local"
     options: Mapping[str, Any] = field(default_factory=dict)
+    allow: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         flag(self.expose, "expose")  # first: a security switch, never read by truthiness
+        allow = exposed_allow(self.allow or None, self.expose)
+        object.__setattr__(self, "allow", allow)
         object.__setattr__(self, "state_dir", os.path.abspath(self.state_dir))
         kind = backend(self.backend)
         start = timeout_s(self.start_timeout_s, "start_timeout_s", kind.DEFAULT_START_TIMEOUT_S)
@@ -152,6 +158,7 @@ class SupervisorSpec:
             start_timeout_s=self.start_timeout,
             expose=self.expose,
             log_dir=os.path.join(self.state_dir, "logs"),
+            allow=self.allow or None,
             **self.options,
         )
 

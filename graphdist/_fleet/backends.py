@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -113,10 +113,12 @@ class Backend(Protocol):
         start_timeout_s: float | None,
         expose: bool,
         log_dir: str | None = None,
+        allow: Sequence[str] | None = None,
         **options: Any,
     ) -> OwnedFleet[Any]:
         """A fleet (not started) from command-line options; ``options`` are only this backend's
-        own (:func:`check_options` made sure)."""
+        own (:func:`check_options` made sure); ``allow``: with ``expose``, the other machines
+        let in besides the cluster's own hosts."""
         ...
 
 

@@ -16,7 +16,7 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import psutil
@@ -35,6 +35,7 @@ from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
 from graphdist._net.exposure import ListeningTable
 from graphdist._net.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
+from graphdist._net.members import KEEP_WILDCARD, exposed_allow, members_env
 from graphdist._net.ports import (
     claim_ports,
     is_port_free,
@@ -253,6 +254,10 @@ class LocalFleet(OwnedFleet[FleetTask]):
       TensorFlow does by itself, and logs the risk. Without it every task must be on a loopback
       host, and :class:`LoopbackUnavailableError` is raised where the loopback shim cannot be
       built (no C compiler), instead of exposing the ports silently.
+    - ``allow`` (with ``expose``): the other machines let in, as addresses or networks
+      (``["10.0.0.7", "10.0.1.0/24"]``). An exposed server lets in only the cluster's own hosts
+      and these (members only, :mod:`graphdist._net.members`); any other machine's connection
+      is closed and logged in the task's log.
 
     :meth:`start` raises :class:`PortInUseError` (a port is taken: nothing is started),
     :class:`FleetStartError` (a server exited while starting) or :class:`StartTimeoutError`;
@@ -288,10 +293,13 @@ class LocalFleet(OwnedFleet[FleetTask]):
         start_timeout_s: float | None,
         expose: bool,
         log_dir: str | None = None,
+        allow: Sequence[str] | None = None,
         **options: Any,
     ) -> LocalFleet:
         """A local fleet takes no options of its own (``options`` is empty)."""
-        return cls(cluster, start_timeout_s=start_timeout_s, log_dir=log_dir, expose=expose)
+        return cls(
+            cluster, start_timeout_s=start_timeout_s, log_dir=log_dir, expose=expose, allow=allow
+        )
 
     def __init__(
         self,
@@ -305,9 +313,11 @@ class LocalFleet(OwnedFleet[FleetTask]):
         expose: bool = False,
         jobs: Iterable[str] | None = None,
         gpus: GpuPlan = None,
+        allow: Iterable[str] | str | None = None,
     ) -> None:
         # a security switch: checked first, never read by truthiness ("no" is a true string)
         expose = flag(expose, "expose")
+        self.allow = exposed_allow(allow, expose)
         super().__init__()
         # the plain values first: a job=N cluster reserves ports as it is parsed
         self.start_timeout_s = timeout_s(
@@ -325,6 +335,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
         self._own_log_dir = log_dir is None
         self.log_dir = os.fspath(log_dir) if log_dir is not None else ""
         self._process_class: Any = None
+        self._members: dict[str, str] = {}
 
     # -- the backend's primitives (the lifecycle is Fleet's) -----------------------------------
 
@@ -338,6 +349,8 @@ class LocalFleet(OwnedFleet[FleetTask]):
             self.log_dir = owned_temp_dir("fleet")  # graphdist-fleet-<pid>-*: swept if we die
         os.makedirs(self.log_dir, exist_ok=True)
         self._process_class = process_class(self._bind_shim())
+        # exposed: the members are resolved once, before any server starts (members only)
+        self._members = members_env(self.cluster, self.allow) if self.expose else {}
         for task in self.served:
             ft = FleetTask(task, os.path.join(self.log_dir, f"{task.name}.log"))
             self._tasks[(task.job, task.index)] = ft
@@ -388,9 +401,10 @@ class LocalFleet(OwnedFleet[FleetTask]):
 
     def _task_env(self, task: Task) -> dict[str, str]:
         env = dict(self._env)
-        address = server_bind_address(task, expose=self.expose)
-        if address is not None:  # the fork server carries the shim; this tells it the address
-            env[BIND_ADDR_ENV] = address
+        # the fork server carries the shim; this tells it the address (exposed: keep the
+        # wildcard) and, exposed, which other machines it lets in
+        env[BIND_ADDR_ENV] = server_bind_address(task, expose=self.expose) or KEEP_WILDCARD
+        env.update(self._members)
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus[(task.job, task.index)]))
         return env
@@ -407,16 +421,18 @@ class LocalFleet(OwnedFleet[FleetTask]):
         }
 
     def _bind_shim(self) -> str:
-        """The LD_PRELOAD library that keeps servers on loopback ("" when exposed)."""
+        """The LD_PRELOAD library that keeps servers on loopback, or exposed, lets in only
+        the cluster's hosts and ``allow``."""
         if self.expose:
             log.warning(
-                "expose=True: the servers of %r listen on every network interface; TensorFlow's "
-                "gRPC runtime has no authentication, so anyone who can reach these ports can run "
-                "code in them",
+                "expose=True: the servers of %r listen on every network interface and let in "
+                "the cluster's own hosts%s; TensorFlow's gRPC runtime has no authentication, so "
+                "whoever runs code on those machines can run code in the servers",
                 self,
+                f" and {', '.join(self.allow)}" if self.allow else "",
             )
-            return ""
-        check_loopback(self.served)
+        else:
+            check_loopback(self.served)
         return loopback_library()
 
     def _start_task(self, ft: FleetTask) -> None:

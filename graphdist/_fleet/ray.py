@@ -46,7 +46,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
@@ -61,6 +61,7 @@ from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
 from graphdist._net.exposure import ListeningTable, check_listening, is_loopback_ip
 from graphdist._net.loopback import BIND_ADDR_ENV, shim_env
+from graphdist._net.members import ALLOW_ENV, exposed_allow
 from graphdist._validate import flag, positive, show, timeout_ms, timeout_s
 
 __all__ = ["RayFleet", "RayTask", "plan_hosts"]
@@ -158,6 +159,18 @@ def plan_hosts(
         "that holds every server",
         away,
     )
+
+
+def _ray_members(allow: Sequence[str]) -> dict[str, str]:
+    """``GRAPHDIST_ALLOW`` for exposed servers: every node of the Ray cluster (Ray's own
+    processes in the actor's process are reached from them too; Ray's token authentication
+    guards who joins) and ``allow``."""
+    import ray
+
+    nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+    entries = [ip for ip in dict.fromkeys(nodes) if not is_loopback_ip(ip)]
+    entries += [n for n in allow if n not in entries]
+    return {ALLOW_ENV: ",".join(entries)}
 
 
 def _starts_local_ray(address: str | None) -> bool:
@@ -403,7 +416,9 @@ class RayFleet(OwnedFleet[RayTask]):
     placement and the servers' start (``None``: :attr:`DEFAULT_START_TIMEOUT_S`, 180 s, for the
     TensorFlow import in each new actor). ``expose``: needed when the servers are on other
     hosts than this process; each then listens on its node's address only (see the module
-    docstring). Sessions, devices, health: as :class:`LocalFleet`.
+    docstring), and lets in only the Ray cluster's nodes and ``allow`` (addresses or networks:
+    members only, :mod:`graphdist._net.members`). Sessions, devices, health: as
+    :class:`LocalFleet`.
     """
 
     backend_name: ClassVar[str] = "ray"
@@ -447,11 +462,12 @@ class RayFleet(OwnedFleet[RayTask]):
         start_timeout_s: float | None,
         expose: bool,
         log_dir: str | None = None,
+        allow: Sequence[str] | None = None,
         **options: Any,
     ) -> RayFleet:
         """``log_dir`` is not used: a Ray actor's output goes to Ray's logs on its node;
         ``options``: :attr:`options`."""
-        return cls(cluster, start_timeout_s=start_timeout_s, expose=expose, **options)
+        return cls(cluster, start_timeout_s=start_timeout_s, expose=expose, allow=allow, **options)
 
     def __init__(
         self,
@@ -463,9 +479,11 @@ class RayFleet(OwnedFleet[RayTask]):
         start_timeout_s: float | None = None,
         operation_timeout_ms: int | None = None,
         expose: bool = False,
+        allow: Iterable[str] | str | None = None,
     ) -> None:
         # a security switch: checked first, never read by truthiness ("no" is a true string)
         expose = flag(expose, "expose")
+        self.allow = exposed_allow(allow, expose)
         super().__init__()
         self.counts = _counts(cluster)
         if strategy not in STRATEGIES:
@@ -540,6 +558,7 @@ class RayFleet(OwnedFleet[RayTask]):
         for (job, _), host, (_, port, _) in zip(names, hosts, spots, strict=True):
             jobs.setdefault(job, []).append(f"{host}:{port}")
         self.cluster = Cluster(jobs)
+        members = _ray_members(self.allow) if self.expose else {}
         actor_class = ray.remote(_ServerActor)
         spec = self.cluster.as_dict()
         for i, ((job, index), host, (ip, _, node)) in enumerate(
@@ -552,7 +571,7 @@ class RayFleet(OwnedFleet[RayTask]):
                 "name": f"graphdist-{os.getpid()}-{id(self):x}-{job}-{index}",
                 # The shim is set to the node's address for Ray's own sockets in the process;
                 # the actor switches it to ``host`` for its server (see _ServerActor).
-                "runtime_env": {"env_vars": shim_env(ip, inherit=True)},
+                "runtime_env": {"env_vars": {**shim_env(ip, inherit=True), **members}},
             }
             actor = actor_class.options(**options).remote(spec, job, index, host)
             task = self.cluster.task(job, index)

@@ -30,6 +30,15 @@
  *            loopback or our own: then it is refused (said once on stderr if the kernel could not
  *            be asked at all). Only AF_INET/AF_INET6 TCP connections are checked.
  *
+ * members    A server on a host address (GRAPHDIST_BIND_ADDR a real address, or "*": keep the
+ *            wildcard) is reachable from other machines. With GRAPHDIST_ALLOW set, a peer from
+ *            another machine is let in only if its address is in that comma-separated list of
+ *            addresses and CIDR networks (the cluster's own hosts and what the user allowed); an
+ *            empty list lets in no other machine, an unparsable entry matches nothing (fail
+ *            closed). A refused peer is logged on stderr with its address (once per address and
+ *            ten seconds). The list is read at each accept, so a forked child may set it.
+ *            graphdist_members() lets the server's process check that this is in force.
+ *
  * constructor  Removes this library from LD_PRELOAD (keeping the user's other entries) unless
  *            GRAPHDIST_SHIM_INHERIT=1, so the programs a server starts do not get the shim. The
  *            process itself keeps it: the library stays mapped, and fork() children share it. So
@@ -53,6 +62,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int (*bind_fn)(int, const struct sockaddr *, socklen_t);
@@ -72,9 +82,10 @@ static void resolve(void) {
 /* ---- bind ------------------------------------------------------------------------------- */
 
 /* GRAPHDIST_BIND_ADDR as an IPv4 (returns AF_INET) or IPv6 (AF_INET6) address; 127.0.0.1 when
- * unset or unparsable. */
+ * unset or unparsable; 0 for "*" (keep the wildcard: an exposed server, members only). */
 static int loopback_addr(struct in_addr *v4, struct in6_addr *v6) {
     const char *text = getenv("GRAPHDIST_BIND_ADDR");
+    if (text != NULL && strcmp(text, "*") == 0) return 0;
     if (text != NULL && inet_pton(AF_INET, text, v4) == 1) return AF_INET;
     if (text != NULL && inet_pton(AF_INET6, text, v6) == 1) return AF_INET6;
     v4->s_addr = htonl(INADDR_LOOPBACK);
@@ -89,7 +100,9 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len) {
         struct sockaddr_in a;
         memcpy(&a, addr, sizeof a);
         if (a.sin_addr.s_addr == htonl(INADDR_ANY)) {
-            if (loopback_addr(&v4, &v6) != AF_INET) v4.s_addr = htonl(INADDR_LOOPBACK);
+            int family = loopback_addr(&v4, &v6);
+            if (family == 0) return real_bind(fd, addr, len);
+            if (family != AF_INET) v4.s_addr = htonl(INADDR_LOOPBACK);
             a.sin_addr = v4;
             return real_bind(fd, (const struct sockaddr *)&a, sizeof a);
         }
@@ -97,7 +110,9 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len) {
         struct sockaddr_in6 a;
         memcpy(&a, addr, sizeof a);
         if (IN6_IS_ADDR_UNSPECIFIED(&a.sin6_addr)) {
-            if (loopback_addr(&v4, &v6) == AF_INET6) {
+            int family = loopback_addr(&v4, &v6);
+            if (family == 0) return real_bind(fd, addr, len);
+            if (family == AF_INET6) {
                 a.sin6_addr = v6;
             } else { /* v4-mapped: ::ffff:a.b.c.d */
                 memset(&a.sin6_addr, 0, sizeof a.sin6_addr);
@@ -266,6 +281,104 @@ static void map_v4(struct in6_addr *out, const struct in_addr *a) {
     memcpy(&out->s6_addr[12], a, 4);
 }
 
+/* ---- members only: which other machines may connect ---------------------------------------- */
+
+/* Whether the 16-byte address `peer` (IPv6, v4-mapped for IPv4) lies in the entry `text`
+ * ("10.0.0.3", "10.0.0.0/24", "fd00::/64"): 1 yes, 0 no, -1 unparsable. */
+static int in_entry(const char *text, size_t n, const struct in6_addr *peer) {
+    char buf[64];
+    if (n == 0 || n >= sizeof buf) return -1;
+    memcpy(buf, text, n);
+    buf[n] = '\0';
+    char *slash = strchr(buf, '/');
+    long bits = -1;
+    if (slash != NULL) {
+        char *end;
+        *slash = '\0';
+        if (slash[1] == '\0') return -1;
+        bits = strtol(slash + 1, &end, 10);
+        if (*end != '\0' || bits < 0) return -1;
+    }
+    struct in6_addr net;
+    struct in_addr v4;
+    if (inet_pton(AF_INET, buf, &v4) == 1) {
+        if (bits > 32) return -1;
+        map_v4(&net, &v4);
+        bits = bits < 0 ? 128 : bits + 96;
+    } else if (inet_pton(AF_INET6, buf, &net) == 1) {
+        if (bits > 128) return -1;
+        bits = bits < 0 ? 128 : bits;
+    } else {
+        return -1;
+    }
+    for (long i = 0; i < 16; i++) {
+        long keep = bits - 8 * i; /* bits of byte i that must match */
+        if (keep <= 0) break;
+        unsigned char mask = keep >= 8 ? 0xff : (unsigned char)(0xff << (8 - keep));
+        if ((peer->s6_addr[i] & mask) != (net.s6_addr[i] & mask)) return 0;
+    }
+    return 1;
+}
+
+/* Walk GRAPHDIST_ALLOW: the number of entries (-1 if one is unparsable, -2 if unset); with
+ * `peer`, whether it is in one of them (*hit). */
+static int walk_members(const struct in6_addr *peer, int *hit) {
+    const char *list = getenv("GRAPHDIST_ALLOW");
+    if (list == NULL) return -2;
+    int count = 0, bad = 0;
+    struct in6_addr none;
+    memset(&none, 0, sizeof none);
+    for (const char *p = list; *p != '\0';) {
+        const char *end = strchr(p, ',');
+        size_t n = end != NULL ? (size_t)(end - p) : strlen(p);
+        if (n > 0) {
+            int in = in_entry(p, n, peer != NULL ? peer : &none);
+            if (in < 0) bad = 1;
+            else count++;
+            if (in == 1 && peer != NULL && hit != NULL) *hit = 1;
+        }
+        p += n + (end != NULL);
+    }
+    return bad ? -1 : count;
+}
+
+/* For graphdist's own check that the list is in force in this process (see members.py): the
+ * number of entries in GRAPHDIST_ALLOW, -1 if one is unparsable, -2 if it is not set. */
+__attribute__((visibility("default"))) int graphdist_members(void) {
+    return walk_members(NULL, NULL);
+}
+
+static void peer_text(const struct ends *e, char *out, size_t size) {
+    if (e->v4 || IN6_IS_ADDR_V4MAPPED(&e->peer6))
+        inet_ntop(AF_INET, &e->peer6.s6_addr[12], out, (socklen_t)size);
+    else
+        inet_ntop(AF_INET6, &e->peer6, out, (socklen_t)size);
+}
+
+/* Whether a peer from another machine may connect: always without GRAPHDIST_ALLOW, else only
+ * if its address is in the list. A refusal is logged with the peer's address. */
+static int member(const struct ends *e) {
+    static struct in6_addr last;
+    static time_t last_when;
+    int hit = 0;
+    if (walk_members(&e->peer6, &hit) == -2 || hit) return 1;
+    time_t now = time(NULL);
+    if (memcmp(&last, &e->peer6, sizeof last) != 0 || now - last_when >= 10) {
+        last = e->peer6, last_when = now;
+        char text[INET6_ADDRSTRLEN], line[256];
+        peer_text(e, text, sizeof text);
+        int n = snprintf(line, sizeof line,
+                         "graphdist: refused a connection from %s: not a member of this cluster "
+                         "(let it in with --allow %s, or allow=[\"%s\"])\n",
+                         text, text, text);
+        if (n > 0) {
+            ssize_t ignored = write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+            (void)ignored;
+        }
+    }
+    return 0;
+}
+
 static void warn_once(int *said, const char *text) {
     if (__atomic_exchange_n(said, 1, __ATOMIC_RELAXED)) return;
     ssize_t ignored = write(2, text, strlen(text));
@@ -318,7 +431,7 @@ static int permitted(int fd) {
         warn_once(&said_unreadable,
                   "graphdist: cannot tell who connects (no sock_diag, no /proc/net/tcp); "
                   "refusing connections from this machine\n");
-    return !local; /* no such socket here: another machine's */
+    return !local && member(&e); /* no such socket here: another machine's */
 }
 
 /* The real accept (use4 == 0) or accept4, repeated while it returns a refused connection.

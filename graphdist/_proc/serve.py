@@ -4,7 +4,9 @@ The building block for systemd, Kubernetes and Slurm (see ``servers/``). It logs
 the server is ready and exits 0 on SIGTERM or SIGINT. Unlike a bare ``tf.train.Server``, which
 always listens on every interface, it binds only the address its own task has in the cluster
 spec (through the same ``bind()`` shim a local fleet uses, loaded by re-executing itself with
-``LD_PRELOAD``); ``--bind-all`` restores TensorFlow's behaviour.
+``LD_PRELOAD``); ``--bind-all`` restores TensorFlow's wildcard bind. Either way the shim lets in
+only the cluster's own hosts and the addresses given to ``--allow`` (members only: see
+:mod:`graphdist._net.members`), and the server does not start where that is not in force.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import threading
 from collections.abc import Mapping, Sequence
 
 from graphdist._cluster import Cluster
-from graphdist._exceptions import ClusterSpecError, PortInUseError
+from graphdist._exceptions import ClusterSpecError, PortInUseError, UsageError
 from graphdist._failures import task_name
 from graphdist._net.exposure import check_listening
-from graphdist._net.loopback import BIND_ADDR_ENV, server_bind_address, shim_env
+from graphdist._net.loopback import BIND_ADDR_ENV, bind_address_for, server_bind_address, shim_env
+from graphdist._net.members import ALLOW_ENV, KEEP_WILDCARD, members_env, parse_allow
 from graphdist._net.ports import is_port_free, port_holder
 from graphdist._proc.signals import stop_on_signals
 from graphdist._validate import show
@@ -112,21 +115,43 @@ def slurm_task(
     return Cluster.parse(spec), task_type, task_id
 
 
-def serve(cluster: Cluster, job: str, index: int, *, bind_all: bool, argv: Sequence[str]) -> int:
+def serve(
+    cluster: Cluster,
+    job: str,
+    index: int,
+    *,
+    bind_all: bool,
+    argv: Sequence[str],
+    allow: Sequence[str] | str | None = None,
+) -> int:
     """Run the server of ``job:index`` until SIGTERM/SIGINT; returns the exit status (0).
 
-    Without ``bind_all`` the first call re-executes ``python -m graphdist ARGV`` with the bind
-    shim loaded (it never returns then). Raises ClusterSpecError, PortInUseError,
-    LoopbackUnavailableError.
+    The first call re-executes ``python -m graphdist ARGV`` with the bind shim loaded (it never
+    returns then): bound to the task's own address (every interface with ``bind_all``), and
+    letting in other machines only if they are the cluster's hosts or in ``allow``. Raises
+    ClusterSpecError, PortInUseError, LoopbackUnavailableError, UsageError.
     """
     from graphdist._proc.server import start_server
 
     task = cluster.task(job, index)
-    if not bind_all and os.environ.get(_SHIMMED_ENV) != "1":
-        address = server_bind_address(task, expose=False, allow_own_host=True)
+    networks = parse_allow(allow, name="allow")
+    if networks and not bind_all and bind_address_for(task.host) is not None:
+        raise UsageError(
+            f"allow does nothing for {task_name(job, index)}: its server stays on loopback "
+            f"({task.host}), which no other machine reaches; drop it, or name the host's "
+            "address in the cluster",
+            name="allow",
+            value=allow,
+        )
+    if os.environ.get(_SHIMMED_ENV) != "1":
+        address = (
+            KEEP_WILDCARD
+            if bind_all
+            else server_bind_address(task, expose=False, allow_own_host=True)
+        )
         assert address is not None  # not exposed: an address or an error
         shim = shim_env(address, os.environ.get("LD_PRELOAD"))
-        env = {**os.environ, **shim, _SHIMMED_ENV: "1"}
+        env = {**os.environ, **shim, **members_env(cluster, networks), _SHIMMED_ENV: "1"}
         os.execve(sys.executable, [sys.executable, "-m", "graphdist", *argv], env)
     if not is_port_free(task.port):
         holder = port_holder(task.port)
@@ -144,9 +169,10 @@ def serve(cluster: Cluster, job: str, index: int, *, bind_all: bool, argv: Seque
         own = os.environ.get(BIND_ADDR_ENV, "")
         check_listening(task_name(job, index), task.address, os.getpid(), {own}, port=task.port)
     bound = os.environ.get(BIND_ADDR_ENV, "every interface") if not bind_all else "every interface"
+    members = os.environ.get(ALLOW_ENV) or "none"
     print(
         f"graphdist serve: /job:{job}/task:{index} ready at {server.target} "
-        f"(listening on {bound}, pid {os.getpid()})",
+        f"(listening on {bound}, other machines let in: {members}; pid {os.getpid()})",
         file=sys.stderr,
         flush=True,
     )

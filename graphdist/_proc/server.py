@@ -89,6 +89,9 @@ def start_server(
     """
     import tensorflow as tf
 
+    from graphdist._net.members import check_enforced
+
+    check_enforced(f"/job:{job}/task:{index}")  # members only, where asked: in force, or no server
     server_config = None
     if config:
         server_config = tf.compat.v1.ConfigProto.FromString(config)

@@ -248,11 +248,29 @@ def test_local_fleet_serves_its_own_user_only(nobody_tf_python, secret_file):
     assert wait_gone(pids, EVENTUALLY_S) == []
 
 
+BARE_SERVER = (
+    "import sys, tensorflow as tf\n"
+    "server = tf.distribute.Server({'local': ['localhost:' + sys.argv[1]]}, 'local', 0)\n"
+    "print('ready', flush=True)\n"
+    "server.join()\n"
+)
+
+
 def test_without_the_shim_nobody_reads_roots_file(nobody_tf_python, secret_file):
-    """The control: the client as nobody is able to read the file through an exposed server
-    (no shim), so its refusal elsewhere is the shim's doing."""
-    with graphdist.LocalFleet("local=1", expose=True) as fleet:
-        argv = [nobody_tf_python.executable, "-c", CLIENT, fleet.target("local", 0)]
+    """The control: the client as nobody is able to read the file through TensorFlow's own
+    server (no shim: graphdist's exposed servers keep the same-user rule too), so its refusal
+    elsewhere is the shim's doing."""
+    (port,) = pick_free_ports(1)
+    release_ports([port])
+    server = subprocess.Popen(
+        [sys.executable, "-c", BARE_SERVER, str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **QUIET_TF},
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "ready\n"
+        argv = [nobody_tf_python.executable, "-c", CLIENT, f"grpc://localhost:{port}"]
         argv += ["/job:local/task:0", secret_file, str(OPERATION_TIMEOUT_MS)]
         result = subprocess.run(
             [*AS_NOBODY, *argv],
@@ -265,8 +283,10 @@ def test_without_the_shim_nobody_reads_roots_file(nobody_tf_python, secret_file)
         assert result.returncode == 0, result.stdout + result.stderr
         assert AS_PLAIN_NOBODY in result.stdout
         assert f"READ {SECRET}" in result.stdout
-        pids = fleet.pids
-    assert wait_gone(pids, EVENTUALLY_S) == []
+    finally:
+        server.kill()
+        server.wait(30)
+    assert wait_gone([server.pid], EVENTUALLY_S) == []
 
 
 def _wait_for_line(proc: subprocess.Popen[str], fragment: str, timeout_s: float) -> str:

@@ -1,0 +1,154 @@
+"""A client of servers that other machines run: :func:`graphdist.connect`.
+
+``graphdist serve`` (systemd, Kubernetes, Slurm, or by hand) runs one server per host; this is
+the other side, the client process with the cluster's spec. It offers what every
+:class:`~graphdist._fleet.client.Fleet` does (devices checked against the cluster, sessions whose
+failures name the task and its address, health over gRPC, the master for some fetches) and owns
+nothing: its servers' processes are on other machines, so it knows them only by what they answer
+(``pid`` is ``None``; ``alive`` is what the last probe heard). :meth:`~RemoteFleet.kill` and
+:meth:`~RemoteFleet.restart` are refused: the host's own supervisor (systemd's ``Restart=``,
+Kubernetes, Slurm) restarts its server.
+
+A server that dies (its host is up, its port closed) fails the next run in milliseconds, and the
+session's diagnosis asks every task over gRPC which one it was; a host that went away, or a
+frozen server, is found by the same probes once the run fails or its operation timeout ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+
+from graphdist._cluster import Cluster, ClusterLike, Task
+from graphdist._exceptions import FleetError, StartTimeoutError
+from graphdist._failures import DEAD, NOT_ANSWERING
+from graphdist._fleet.client import Fleet, FleetState
+from graphdist._fleet.health import HealthReport, probe_all
+from graphdist._fleet.task import TaskView
+from graphdist._net.probe import PROBE_TIMEOUT_S
+from graphdist._validate import timeout_ms
+from graphdist._validate import timeout_s as check_timeout_s
+
+__all__ = ["RemoteFleet", "RemoteTask", "connect"]
+
+DEFAULT_CONNECT_TIMEOUT_S = 60.0
+"""How long :func:`connect` waits for every server to answer (servers still starting)."""
+
+
+class RemoteTask(TaskView):
+    """A server another machine runs: its task and what the last probe heard."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.alive = True  # until a probe of this client hears otherwise
+        self.pid: int | None = None
+        self.exitcode: int | None = None
+        self.restarts = 0
+        self.log_path: str | None = None
+
+    def log_tail(self, lines: int = 12) -> list[str]:
+        """Nothing: the server's log is on its own host (``journalctl``, ``kubectl logs``)."""
+        return []
+
+    def __repr__(self) -> str:
+        return f"<RemoteTask {self.name} at {self.address}>"
+
+
+class RemoteFleet(Fleet[RemoteTask]):
+    """The servers of ``cluster``, run elsewhere (see the module docstring); from
+    :func:`connect`. Leaving ``with`` (or :meth:`close`) closes this client's sessions only."""
+
+    def __init__(self, cluster: ClusterLike, *, operation_timeout_ms: int | None = None) -> None:
+        super().__init__()
+        self.cluster = Cluster.parse(cluster)
+        self.operation_timeout_ms = timeout_ms(operation_timeout_ms, "operation_timeout_ms")
+        self.start_timeout_s = DEFAULT_CONNECT_TIMEOUT_S
+        for task in self.cluster:
+            self._tasks[(task.job, task.index)] = RemoteTask(task)
+
+    def _wait_answering(self, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        silent = list(self._tasks.values())
+        errors: list[str | None] = []
+        while silent:
+            results = probe_all([t.address for t in silent], min(2.0, wait_s))
+            errors = [e for ok, e in results if not ok]
+            silent = [t for t, (ok, _) in zip(silent, results, strict=True) if not ok]
+            if not silent or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if silent:
+            names = ", ".join(f"{t.name} at {t.address}" for t in silent)
+            raise StartTimeoutError(
+                f"{len(silent)} of {len(self._tasks)} server(s) did not answer within "
+                f"{wait_s:g} s: {names} ({errors[0] or 'no answer'}); is `graphdist serve` "
+                "running on those hosts, and is this machine a member of the cluster or given "
+                "to their --allow?",
+                ready=len(self._tasks) - len(silent),
+                expected=len(self._tasks),
+                timeout_s=wait_s,
+            )
+
+    def close(self) -> None:
+        """Close this client's sessions; the servers keep running on their hosts."""
+        if self._state is FleetState.RUNNING:
+            self._close_sessions()
+        self._state = FleetState.CLOSED
+        self._changed()
+
+    def __enter__(self) -> RemoteFleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _kill_task(self, task: RemoteTask, sig: int) -> None:
+        raise FleetError(
+            f"{task.name} at {task.address} is run by another machine ({signal.Signals(sig).name} "
+            "not sent): stop or restart it there (systemctl, kubectl, scancel)"
+        )
+
+    def _bring_back(self, task: RemoteTask) -> None:
+        self._kill_task(task, signal.SIGTERM)
+
+    def health(
+        self, timeout_s: float = PROBE_TIMEOUT_S, tasks: list[RemoteTask] | None = None
+    ) -> HealthReport:
+        """As :meth:`Fleet.health`; a task whose host refuses the connection (it is up, but
+        nothing listens on the port: the server is gone) is ``dead``, not ``not answering``."""
+        report = super().health(timeout_s, tasks)
+        for i, h in enumerate(report):
+            if h.status == NOT_ANSWERING and "Connection refused" in h.detail:
+                detail = f"its host refuses connections to port {h.address.rsplit(':', 1)[1]}"
+                report[i] = dataclasses.replace(h, status=DEAD, detail=detail)
+        return report
+
+    def __repr__(self) -> str:
+        tasks = ", ".join(f"{t.name}={t.address}" for t in self.cluster)
+        return f"<RemoteFleet {self.state.value} [{tasks}]>"
+
+
+def connect(
+    cluster: ClusterLike,
+    *,
+    timeout_s: float | None = None,
+    operation_timeout_ms: int | None = None,
+) -> RemoteFleet:
+    """A client of the servers of ``cluster`` that other processes run (``graphdist serve`` on
+    each host), once every one answers::
+
+        with graphdist.connect("cluster.json") as fleet:
+            with fleet.session("local", 0, graph) as sess:
+                sess.run(result)
+
+    ``cluster``: a spec with real addresses (JSON text, a file, a dict, a :class:`Cluster`).
+    Waits up to ``timeout_s`` (default 60 s) for every server to answer; raises
+    :class:`StartTimeoutError` naming those that do not (not started, or this machine not let in:
+    a server on a host address lets in only its cluster's hosts and its ``--allow`` list).
+    """
+    wait_s = check_timeout_s(timeout_s, "timeout_s", DEFAULT_CONNECT_TIMEOUT_S)
+    fleet = RemoteFleet(cluster, operation_timeout_ms=operation_timeout_ms)
+    fleet._wait_answering(wait_s)
+    fleet._state = FleetState.RUNNING
+    return fleet

@@ -1,0 +1,181 @@
+"""Members only: which other machines may connect to a server that listens on a host address.
+
+A TensorFlow server runs any op a client sends, with the server's rights, and takes no
+credentials. On one machine graphdist keeps servers on loopback (:mod:`graphdist._net.loopback`);
+a server on a host address (``graphdist serve``, ``expose=True`` fleets, detached fleets,
+RayFleet) is reachable from the whole network. So every such server also loads the bind shim,
+with ``GRAPHDIST_ALLOW`` set to the cluster's own hosts (their addresses, resolved before the
+server starts) and the addresses and networks the user allows (``--allow``, ``allow=``): a peer
+from another machine whose address is in neither is closed at ``accept()`` and logged with its
+address. Peers on the server's own machine keep the same-user rule.
+
+It protects a cluster from the other machines of its network. Not from address spoofing on the
+same segment (the check reads the peer's source address), nor from anyone who can run a process
+on a member host: TensorFlow's gRPC servers take no TLS credentials, so there is nothing better
+to check. The promise is checked where it is kept: the server's own process asks the shim
+(:func:`check_enforced`) before TensorFlow's server starts, and refuses to start without it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import os
+import socket
+from collections.abc import Iterable
+
+from graphdist._cluster import Cluster
+from graphdist._exceptions import ArgumentError, ClusterSpecError, LoopbackUnavailableError
+from graphdist._validate import show
+
+__all__ = [
+    "ALLOW_ENV",
+    "KEEP_WILDCARD",
+    "check_enforced",
+    "exposed_allow",
+    "member_addresses",
+    "members_env",
+    "parse_allow",
+]
+
+ALLOW_ENV = "GRAPHDIST_ALLOW"
+KEEP_WILDCARD = "*"
+"""``GRAPHDIST_BIND_ADDR`` for a server that keeps TensorFlow's wildcard bind (``--bind-all``,
+``expose=True`` on loopback hosts) while the shim still enforces the members."""
+
+_MAX_ENTRIES = 4096
+
+
+def parse_allow(allow: str | Iterable[str] | None, *, name: str = "allow") -> tuple[str, ...]:
+    """``allow`` (``"10.0.0.3,10.0.1.0/24"`` or a list of such entries; ``None``: nothing) as
+    normalized networks (``"10.0.0.3/32"``). Raises :class:`ArgumentError` naming the bad value
+    for an address or network that does not parse, an empty list, and a wildcard (``0.0.0.0``,
+    ``::``, a ``/0`` network), which would let in every machine."""
+    if allow is None:
+        return ()
+    if isinstance(allow, str):
+        entries = allow.split(",")
+    else:
+        try:
+            entries = list(allow)
+        except TypeError:
+            raise ArgumentError(
+                f"{name} must be addresses or networks (a list, or a comma-separated string), "
+                f"not {show(allow)}",
+                name=name,
+                value=allow,
+            ) from None
+    if len(entries) > _MAX_ENTRIES:
+        raise ArgumentError(
+            f"{name} has {len(entries)} entries; at most {_MAX_ENTRIES}", name=name, value=allow
+        )
+    networks: list[str] = []
+    for entry in entries:
+        if not isinstance(entry, str):
+            raise ArgumentError(
+                f"{name} entries must be strings such as '10.0.0.3' or '10.0.0.0/24', "
+                f"not {show(entry)}",
+                name=name,
+                value=entry,
+            )
+        text = entry.strip()
+        if not text:
+            continue
+        try:
+            network = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            raise ArgumentError(
+                f"{name}: {show(text)} is not an IP address or network (CIDR) such as "
+                "'10.0.0.3' or '10.0.0.0/24'",
+                name=name,
+                value=text,
+            ) from None
+        if network.prefixlen == 0 or network.network_address.is_unspecified:
+            raise ArgumentError(
+                f"{name}: {show(text)} is a wildcard, which would let every machine run code in "
+                "the servers; name the clients' addresses or networks",
+                name=name,
+                value=text,
+            )
+        if str(network) not in networks:
+            networks.append(str(network))
+    if not networks:
+        raise ArgumentError(
+            f"{name} is empty; name at least one address or network, or leave it out (the "
+            "cluster's own hosts are always let in)",
+            name=name,
+            value=allow,
+        )
+    return tuple(networks)
+
+
+def member_addresses(cluster: Cluster) -> list[str]:
+    """The addresses of the cluster's hosts that are not loopback (a loopback peer is on this
+    machine and meets the same-user rule instead), resolved now; raises
+    :class:`ClusterSpecError` for a host that does not resolve: a member that cannot be named
+    would be shut out, so the server does not start."""
+    found: list[str] = []
+    for task in cluster:
+        host = task.host.strip("[]")
+        try:
+            infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise ClusterSpecError(
+                f"Host {host!r} of task {task.name} does not resolve ({exc.strerror}), so its "
+                "server could not be let in as a member of the cluster; name it by address",
+                task.address,
+            ) from None
+        for info in infos:
+            ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+            if not ip.is_loopback and str(ip) not in found:
+                found.append(str(ip))
+    return found
+
+
+def members_env(cluster: Cluster, allow: Iterable[str] = ()) -> dict[str, str]:
+    """``{GRAPHDIST_ALLOW: ...}``: the cluster's own hosts and the parsed ``allow`` networks."""
+    entries = [*member_addresses(cluster)]
+    entries += [n for n in allow if n not in entries]
+    return {ALLOW_ENV: ",".join(entries)}
+
+
+def _entries(value: str) -> int:
+    return sum(1 for entry in value.split(",") if entry)
+
+
+def check_enforced(what: str) -> None:
+    """In a server's own process, before its server starts: where ``GRAPHDIST_ALLOW`` is set,
+    check that graphdist's shim is loaded here and reads the same list; raises
+    :class:`LoopbackUnavailableError` otherwise (the server must not start unguarded)."""
+    expected = os.environ.get(ALLOW_ENV)
+    if expected is None:
+        return
+    try:
+        count = int(ctypes.CDLL(None).graphdist_members())
+    except (AttributeError, OSError):
+        count = -3
+    if count != _entries(expected):
+        why = {
+            -3: "graphdist's shim is not loaded in its process",
+            -2: "the shim does not see the list",
+            -1: "the shim cannot read an entry of the list",
+        }.get(count, f"the shim reads {count} entries instead of {_entries(expected)}")
+        raise LoopbackUnavailableError(
+            f"The server of {what} would listen on a host address, but cannot enforce that only "
+            f"its cluster's hosts connect: {why}; it was not started. Is LD_PRELOAD honoured "
+            "here (a wrapper such as env or nice in between drops it)?"
+        )
+
+
+def exposed_allow(allow: Iterable[str] | str | None, expose: bool) -> tuple[str, ...]:
+    """A fleet's ``allow`` argument, parsed; refused without ``expose`` (a server on loopback
+    is reached by no other machine, so it would do nothing)."""
+    networks = parse_allow(allow)
+    if networks and not expose:
+        raise ArgumentError(
+            "allow does nothing without expose=True: the servers stay on loopback, which no "
+            "other machine reaches; drop it, or pass expose=True as well",
+            name="allow",
+            value=allow,
+        )
+    return networks

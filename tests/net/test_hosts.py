@@ -1,0 +1,221 @@
+"""Many hosts, for real: ``graphdist serve`` on two hosts of a bed of network namespaces
+(tests/hostbed.py), each host with its own address, and clients on a member host and on a third
+host that is no member of the cluster.
+
+What a server on a host address promises (members only, graphdist/_net/members.py): the
+cluster's own hosts and the ``--allow`` list get in, every other machine's connection is closed
+at accept and logged with its address; servers reach each other (the split graph needs task 0
+to call task 1). And the client of such servers (``graphdist.connect``) names the task and its
+host when a server dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import QUIET_TF
+
+pytestmark = [pytest.mark.promise, pytest.mark.xdist_group("hosts")]
+
+READY_S = 90.0  # a server's TensorFlow import on a busy 2-core machine
+
+# A client of the served cluster, run on a host: prints one JSON line per step. argv: the
+# cluster file, then "connect" (connect, run the split graph, print its result), with
+# "then-kill PID" (kill PID after the first run, run again, print the error).
+CLIENT = r"""
+import json, os, signal, sys, time
+import graphdist
+import tensorflow as tf
+
+tf.compat.v1.disable_eager_execution()
+graph = tf.Graph()
+with graph.as_default():
+    x = tf.constant(2)
+    with tf.device("/job:local/task:1"):
+        y2 = x - 66
+    with tf.device("/job:local/task:0"):
+        y = x + 300 + y2
+
+def say(**kv):
+    print(json.dumps(kv), flush=True)
+
+try:
+    fleet = graphdist.connect(sys.argv[1], timeout_s=8)
+except graphdist.GraphdistError as exc:
+    say(step="connect", error=type(exc).__name__, text=str(exc))
+    sys.exit(0)
+with fleet, fleet.session("local", 0, graph, config=graphdist.no_folding_config()) as sess:
+    say(step="run", result=int(sess.run(y)))
+    if len(sys.argv) > 3:
+        os.kill(int(sys.argv[3]), signal.SIGKILL)
+        t = time.monotonic()
+        try:
+            sess.run(y)
+            say(step="again", error=None)
+        except graphdist.GraphdistError as exc:
+            say(step="again", error=type(exc).__name__, text=str(exc),
+                seconds=time.monotonic() - t)
+"""
+
+
+def _client(host: Any, cluster_file: str, *extra: str) -> list[dict[str, Any]]:
+    result = host.run(
+        [sys.executable, "-c", CLIENT, cluster_file, *extra],
+        env={**os.environ, **QUIET_TF},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+class Served:
+    """``graphdist serve`` of local:0 on hosts[0] and local:1 on hosts[1]."""
+
+    def __init__(self, hosts: Any, folder: str, allow: str | None) -> None:
+        port = random.randint(20000, 40000)  # the namespaces are the test's own: all ports free
+        self.cluster = {"local": [f"{hosts[0].address}:{port}", f"{hosts[1].address}:{port}"]}
+        self.path = os.path.join(folder, f"cluster-{port}.json")
+        with open(self.path, "w") as f:
+            json.dump(self.cluster, f)
+        self.logs = [os.path.join(folder, f"serve-{port}-{i}.log") for i in range(2)]
+        self.procs: list[subprocess.Popen[Any]] = []
+        for i in range(2):
+            argv = [sys.executable, "-m", "graphdist", "serve", "--cluster", self.path]
+            argv += ["--job", "local", "--task", str(i)] + (["--allow", allow] if allow else [])
+            with open(self.logs[i], "wb") as log:
+                self.procs.append(
+                    hosts[i].popen(argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
+                )
+        deadline = time.monotonic() + READY_S
+        while not all("ready at" in self.log(i) for i in range(2)):
+            for i, p in enumerate(self.procs):
+                assert p.poll() is None, f"serve {i} exited {p.returncode}: {self.log(i)[-2000:]}"
+            assert time.monotonic() < deadline, [self.log(i)[-2000:] for i in range(2)]
+            time.sleep(0.2)
+
+    def log(self, i: int) -> str:
+        with open(self.logs[i], errors="replace") as f:
+            return f.read()
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        for p in self.procs:  # gone: reaped, and no such pid left
+            with pytest.raises(ProcessLookupError):
+                os.kill(p.pid, 0)
+
+
+@pytest.fixture
+def served(hosts: Any, tmp_path: Any) -> Iterator[Served]:
+    fleet = Served(hosts, str(tmp_path), allow=None)
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+@pytest.mark.timeout(240)
+def test_members_run_the_split_graph_and_another_host_is_refused_and_logged(
+    hosts: Any, served: Served
+) -> None:
+    """Two hosts serving, a client on a member host: 238 (task 0 reaches task 1 across hosts).
+    A client on the third host: both servers close its connections (``connect`` names them)
+    and each server's log names the third host's address."""
+    (ran,) = _client(hosts[0], served.path)
+    assert ran == {"step": "run", "result": 238}
+    (refused,) = _client(hosts[2], served.path)
+    assert refused["error"] == "StartTimeoutError", refused
+    for address in served.cluster["local"]:
+        assert address in refused["text"]
+    for i in range(2):
+        assert f"refused a connection from {hosts[2].address}" in served.log(i)
+
+
+@pytest.mark.timeout(240)
+def test_an_allowed_host_runs_and_a_killed_server_is_named_with_its_host(
+    hosts: Any, tmp_path: Any
+) -> None:
+    """``--allow`` lets the third host in: 238. Then the server on the second host is killed
+    (SIGKILL): the client's next run fails within seconds with TaskFailedError naming local-1
+    and its host's address."""
+    served = Served(hosts, str(tmp_path), allow=hosts[2].address)
+    try:
+        steps = _client(hosts[2], served.path, "then-kill", str(served.procs[1].pid))
+        assert steps[0] == {"step": "run", "result": 238}, steps
+        again = steps[1]
+        assert again["error"] == "TaskFailedError", again
+        assert f"local-1 at {served.cluster['local'][1]} is dead" in again["text"], again
+        assert again["seconds"] < 5.0, again
+        assert "refused a connection" not in served.log(0)
+    finally:
+        served.stop()
+
+
+# An exposed LocalFleet on host 1 whose cluster names host 1's address: its own process prints
+# the cluster and keeps the fleet until its stdin closes. argv: host 1's address, the allowed one.
+EXPOSED_FLEET = r"""
+import json, random, sys
+import graphdist
+
+ports = random.sample(range(20000, 40000), 2)  # the namespace is the test's own: all ports free
+cluster = {"local": [f"{sys.argv[1]}:{p}" for p in ports]}
+with graphdist.LocalFleet(cluster, expose=True, allow=[sys.argv[2]]) as fleet:
+    print(json.dumps({"cluster": cluster, "pids": fleet.pids, "logs": [t.log_path for t in fleet]}),
+          flush=True)
+    sys.stdin.read()
+"""
+
+
+@pytest.mark.timeout(240)
+def test_an_exposed_fleet_lets_in_its_allow_list_only(hosts: Any, tmp_path: Any) -> None:
+    """``LocalFleet(expose=True, allow=[host 3])`` on host 1: host 3 runs the split graph on it,
+    host 2 (neither a member nor allowed) is refused; closing the fleet leaves no server."""
+    fleet = hosts[0].popen(
+        [sys.executable, "-c", EXPOSED_FLEET, hosts[0].address, hosts[2].address],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **QUIET_TF},
+    )
+    try:
+        line = fleet.stdout.readline() if fleet.stdout else ""
+        assert line, f"the fleet did not start (exit {fleet.poll()})"
+        facts = json.loads(line)
+        path = str(tmp_path / "cluster.json")
+        with open(path, "w") as f:
+            json.dump(facts["cluster"], f)
+        (ran,) = _client(hosts[2], path)
+        assert ran == {"step": "run", "result": 238}
+        (refused,) = _client(hosts[1], path)
+        assert refused["error"] == "StartTimeoutError", refused
+        logs = ""
+        for log_path in facts["logs"]:
+            with open(log_path, errors="replace") as f:
+                logs += f.read()
+        assert f"refused a connection from {hosts[1].address}" in logs
+    finally:
+        if fleet.stdin:
+            fleet.stdin.close()
+        fleet.wait(60)
+    for pid in facts["pids"]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

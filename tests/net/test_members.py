@@ -1,0 +1,129 @@
+"""Members only, the parts that need no second host: the ``allow`` list's parsing and refusals,
+the CLI's one-line answers, and the fail-closed check that a server's own process makes before
+its server starts (graphdist/_net/members.py). The behaviour across hosts is in test_hosts.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import graphdist
+from graphdist._cluster import Cluster
+from graphdist._net.loopback import loopback_library
+from graphdist._net.members import ALLOW_ENV, check_enforced, members_env, parse_allow
+from tests.conftest import QUIET_TF
+
+
+def test_allow_entries_are_normalized_networks() -> None:
+    assert parse_allow("10.0.0.3, 10.0.1.7/24") == ("10.0.0.3/32", "10.0.1.0/24")
+    assert parse_allow(["fd00::1", "10.0.0.3", "10.0.0.3/32"]) == ("fd00::1/128", "10.0.0.3/32")
+    assert parse_allow(None) == ()
+
+
+@pytest.mark.parametrize(
+    ("allow", "named"),
+    [
+        ("10.0.0.300", "'10.0.0.300' is not an IP address"),
+        ("10.0.0.0/33", "'10.0.0.0/33' is not an IP address"),
+        ("0.0.0.0", "'0.0.0.0' is a wildcard"),
+        ("10.0.0.1,0.0.0.0/0", "'0.0.0.0/0' is a wildcard"),
+        ("::/0", "'::/0' is a wildcard"),
+        ("", "allow is empty"),
+        (" , ", "allow is empty"),
+        ([], "allow is empty"),
+        ([3], "entries must be strings"),
+        (5, "must be addresses or networks"),
+    ],
+)
+def test_a_bad_allow_list_is_refused_naming_the_value(allow: object, named: str) -> None:
+    with pytest.raises(graphdist.ArgumentError, match="allow") as info:
+        parse_allow(allow)  # type: ignore[arg-type]
+    assert named in str(info.value)
+
+
+def test_members_are_the_clusters_own_hosts_and_the_allow_list() -> None:
+    cluster = Cluster.parse({"w": ["10.0.0.1:2222", "localhost:2223", "10.0.0.2:2222"]})
+    env = members_env(cluster, parse_allow("10.9.0.0/16"))
+    assert env == {ALLOW_ENV: "10.0.0.1,10.0.0.2,10.9.0.0/16"}  # loopback: the same-user rule
+
+
+def test_a_member_host_that_does_not_resolve_is_refused() -> None:
+    cluster = Cluster.parse({"w": ["no-such-host.invalid:2222"]})
+    with pytest.raises(graphdist.ClusterSpecError, match=r"no-such-host\.invalid"):
+        members_env(cluster)
+
+
+def test_allow_without_expose_is_refused() -> None:
+    with pytest.raises(graphdist.ArgumentError, match="expose=True"):
+        graphdist.LocalFleet("local=1", allow=["10.0.0.3"])
+
+
+def test_a_server_process_without_the_shim_refuses_to_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Members asked for, shim absent (this test process has none): refused, not assumed."""
+    monkeypatch.setenv(ALLOW_ENV, "10.0.0.1")
+    with pytest.raises(graphdist.LoopbackUnavailableError, match="shim is not loaded"):
+        check_enforced("/job:w/task:0")
+    monkeypatch.delenv(ALLOW_ENV)
+    check_enforced("/job:w/task:0")  # nothing asked: nothing to check
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("allow", "outcome"),
+    [("10.0.0.1,10.0.1.0/24", "ok"), ("", "ok"), ("10.0.0.1,bogus", "cannot read an entry")],
+)
+def test_the_shim_reads_the_list_the_server_was_given(allow: str, outcome: str) -> None:
+    """In a process with the shim loaded, the check passes when the shim reads every entry and
+    refuses where one is unreadable by it (the shim would match nothing: fail closed)."""
+    code = (
+        "from graphdist._net.members import check_enforced\n"
+        "try:\n    check_enforced('/job:w/task:0'); print('ok')\n"
+        "except Exception as exc:\n    print(exc)\n"
+    )
+    env = {**os.environ, **QUIET_TF, "LD_PRELOAD": loopback_library(), ALLOW_ENV: allow}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert outcome in result.stdout, result.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["serve", "--allow", "0.0.0.0/0"], "'0.0.0.0/0' is a wildcard"),
+        (["serve", "--allow", "10.1.2"], "'10.1.2' is not an IP address"),
+        (["serve", "--allow", ","], "--allow is empty"),
+        (["serve", "--allow", "10.0.0.3"], "--allow does nothing for local-0"),
+        (["up", "--cluster", "local=1", "--allow", "10.0.0.3"], "--allow does nothing without"),
+    ],
+)
+def test_cli_allow_mistakes_are_one_line_and_exit_2(argv: list[str], named: str) -> None:
+    if argv[0] == "serve":
+        argv = [*argv, "--cluster", '{"local": ["localhost:1"]}', "--job", "local", "--task", "0"]
+    result = subprocess.run(
+        [sys.executable, "-m", "graphdist", *argv],
+        env={**os.environ, **QUIET_TF},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and named in result.stderr, result.stderr
+
+
+def test_a_detached_spec_carries_the_allow_list(tmp_path: object) -> None:
+    from graphdist._detached.supervisor import SupervisorSpec
+
+    spec = SupervisorSpec(
+        state_dir=str(tmp_path), cluster="local=1", expose=True, allow=("10.0.0.3",)
+    )
+    again = SupervisorSpec.from_json(spec.to_json())
+    assert again.allow == ("10.0.0.3/32",)
+    with pytest.raises(graphdist.ArgumentError, match="expose=True"):
+        SupervisorSpec(state_dir=str(tmp_path), cluster="local=1", allow=("10.0.0.3",))
