@@ -240,6 +240,10 @@ SLOW_TESTS_S = {
     "tests/fleet/test_ray.py::test_cli_up_with_the_ray_backend": 11,
     "tests/fleet/test_faults.py::test_frozen_worker_is_reported": 10,
     "tests/fleet/test_ray.py::test_unplaceable_fleet_fails": 14,
+    "tests/net/test_hosts.py::test_an_exposed_fleet_lets_in": 31,
+    "tests/net/test_hosts.py::test_members_run_the_split_graph": 24,
+    "tests/net/test_hosts.py::test_an_allowed_host_runs": 15,
+    "tests/net/test_ps_hosts.py": 25,
 }
 
 

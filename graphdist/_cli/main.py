@@ -228,8 +228,8 @@ def build_parser() -> _Parser:
         action="store_true",
         help="let servers be reached from the network (default: loopback only): every "
         "interface, or with --backend ray each node's own address (needed when Ray places "
-        "servers on other hosts); TensorFlow's servers have no authentication, so anyone who "
-        "reaches the ports can run code",
+        "servers on other hosts); they let in only the cluster's hosts and --allow (TensorFlow's "
+        "servers have no authentication: whoever gets in can run code)",
     )
     up.add_argument(
         "--backend",
