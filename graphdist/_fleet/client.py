@@ -152,6 +152,11 @@ class Fleet(Generic[_TaskT]):
         the restart and return once it answers; raise FleetStartError if it does not."""
         raise NotImplementedError
 
+    def _explain(self, task: _TaskT, status: str, detail: str) -> tuple[str, str]:
+        """A failed task's ``(status, detail)`` as the backend can tell it better (a Ray node
+        that is lost, say); as it is by default."""
+        return status, detail
+
     # -- faults ---------------------------------------------------------------------------------
 
     def kill(self, job: str | None = None, index: int = 0, sig: int = signal.SIGKILL) -> None:
@@ -310,11 +315,11 @@ class Fleet(Generic[_TaskT]):
         out = []
         for ft, (answered, error) in zip(tasks, results, strict=True):
             if not ft.alive:
-                status, detail = DEAD, dead_detail(ft.exitcode)
+                status, detail = self._explain(ft, DEAD, dead_detail(ft.exitcode))
             elif answered:
                 status, detail = ALIVE, ""
             else:
-                status, detail = NOT_ANSWERING, error or ""
+                status, detail = self._explain(ft, NOT_ANSWERING, error or "")
             out.append(TaskHealth(ft.job, ft.index, ft.address, ft.pid, status, detail))
         return HealthReport(out)
 

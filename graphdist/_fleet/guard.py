@@ -89,6 +89,7 @@ class GuardedFleet(Protocol):
     @property
     def _sessions_closed(self) -> bool: ...
     def _diagnose(self, exc: BaseException, timeout_ms: int) -> FleetError | None: ...
+    def _explain(self, task: Any, status: str, detail: str) -> tuple[str, str]: ...
 
 
 FLEET_OPERATION_TIMEOUT_MS = 600_000
@@ -477,6 +478,7 @@ class SessionGuard:
     # -- what is wrong, if anything --------------------------------------------------------------
 
     def _failed(self, task: TaskHandle, status: str, detail: str) -> TaskFailedError:
+        status, detail = self.fleet._explain(task, status, detail)
         return task_failed(task, status, detail, timeout_ms=self.timeout_ms or None)
 
     def _gone(self, tasks: Iterable[TaskHandle]) -> TaskFailedError | None:

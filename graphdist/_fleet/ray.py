@@ -44,6 +44,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -56,6 +57,7 @@ from graphdist._exceptions import (
     LoopbackUnavailableError,
     StartTimeoutError,
 )
+from graphdist._failures import DEAD
 from graphdist._fleet.backends import BackendOption, register
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
@@ -159,6 +161,31 @@ def plan_hosts(
         "that holds every server",
         away,
     )
+
+
+def _node_table() -> dict[str, dict[str, Any]]:
+    """Ray's view of its nodes, by node id (empty where Ray cannot be asked)."""
+    import ray
+
+    try:
+        return {n["NodeID"]: n for n in ray.nodes()}  # type: ignore[no-untyped-call]
+    except Exception:  # Ray is going away: nothing to add
+        return {}
+
+
+def _node_lost(node: Mapping[str, Any] | None) -> str | None:
+    """Why the Ray node ``node`` is lost (Ray says it is dead, or its raylet's port does not
+    take a connection within a second), or ``None`` while it looks alive."""
+    if node is None:
+        return "Ray no longer lists it"
+    if not node.get("Alive", False):
+        return "Ray reports it dead"
+    ip, port = str(node.get("NodeManagerAddress")), int(node.get("NodeManagerPort") or 0)
+    try:
+        socket.create_connection((ip, port), timeout=1.0).close()
+    except OSError as exc:
+        return f"its raylet at {ip}:{port} does not answer: {exc.strerror or exc}"
+    return None
 
 
 def _ray_members(allow: Sequence[str]) -> dict[str, str]:
@@ -543,10 +570,12 @@ class RayFleet(OwnedFleet[RayTask]):
             exposed = sorted({h for h in hosts if not is_loopback_ip(h)})
             if exposed:
                 log.warning(
-                    "expose=True: the servers of %r listen on %s; TensorFlow's gRPC runtime has "
-                    "no authentication, so anyone who can reach these ports can run code in them",
+                    "expose=True: the servers of %r listen on %s and let in the Ray cluster's "
+                    "nodes%s; TensorFlow's gRPC runtime has no authentication, so whoever runs "
+                    "code on those machines can run code in the servers",
                     self,
                     ", ".join(exposed),
+                    f" and {', '.join(self.allow)}" if self.allow else "",
                 )
             else:
                 log.warning(
@@ -669,6 +698,20 @@ class RayFleet(OwnedFleet[RayTask]):
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False
+
+    def _explain(self, task: RayTask, status: str, detail: str) -> tuple[str, str]:
+        """A failed task, told with its node: a node Ray lists as dead, or whose raylet does
+        not answer either (Ray itself takes about 15 s to declare a node dead), makes the task
+        ``dead``, naming the node and every task of this fleet on it; otherwise the node is
+        named in the detail."""
+        node = _node_table().get(task.node_id)
+        ip = node["NodeManagerAddress"] if node else task.bind
+        where = f"Ray node {task.node_id[:8]} at {ip}"
+        lost = _node_lost(node)
+        if lost is None:
+            return status, f"{detail}; on {where}" if detail else f"on {where}"
+        on_it = [t.name for t in self._tasks.values() if t.node_id == task.node_id]
+        return DEAD, f"{where} is lost ({lost}); tasks on it: {', '.join(on_it)}"
 
     @property
     def node_ids(self) -> dict[str, str]:

@@ -16,7 +16,6 @@ frozen server, is found by the same probes once the run fails or its operation t
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import time
 
@@ -24,9 +23,8 @@ from graphdist._cluster import Cluster, ClusterLike, Task
 from graphdist._exceptions import FleetError, StartTimeoutError
 from graphdist._failures import DEAD, NOT_ANSWERING
 from graphdist._fleet.client import Fleet, FleetState
-from graphdist._fleet.health import HealthReport, probe_all
+from graphdist._fleet.health import probe_all
 from graphdist._fleet.task import TaskView
-from graphdist._net.probe import PROBE_TIMEOUT_S
 from graphdist._validate import timeout_ms
 from graphdist._validate import timeout_s as check_timeout_s
 
@@ -112,17 +110,12 @@ class RemoteFleet(Fleet[RemoteTask]):
     def _bring_back(self, task: RemoteTask) -> None:
         self._kill_task(task, signal.SIGTERM)
 
-    def health(
-        self, timeout_s: float = PROBE_TIMEOUT_S, tasks: list[RemoteTask] | None = None
-    ) -> HealthReport:
-        """As :meth:`Fleet.health`; a task whose host refuses the connection (it is up, but
-        nothing listens on the port: the server is gone) is ``dead``, not ``not answering``."""
-        report = super().health(timeout_s, tasks)
-        for i, h in enumerate(report):
-            if h.status == NOT_ANSWERING and "Connection refused" in h.detail:
-                detail = f"its host refuses connections to port {h.address.rsplit(':', 1)[1]}"
-                report[i] = dataclasses.replace(h, status=DEAD, detail=detail)
-        return report
+    def _explain(self, task: RemoteTask, status: str, detail: str) -> tuple[str, str]:
+        """A task whose host refuses the connection (it is up, but nothing listens on the port:
+        the server is gone) is ``dead``, not ``not answering``."""
+        if status == NOT_ANSWERING and "Connection refused" in detail:
+            return DEAD, f"its host refuses connections to port {task.task.port}"
+        return status, detail
 
     def __repr__(self) -> str:
         tasks = ", ".join(f"{t.name}={t.address}" for t in self.cluster)

@@ -29,10 +29,9 @@ pytestmark = [pytest.mark.promise, pytest.mark.xdist_group("hosts")]
 
 READY_S = 90.0  # a server's TensorFlow import on a busy 2-core machine
 
-# A client of the served cluster, run on a host: prints one JSON line per step. argv: the
-# cluster file, then "connect" (connect, run the split graph, print its result), with
-# "then-kill PID" (kill PID after the first run, run again, print the error).
-CLIENT = r"""
+# The seeds' split graph (x + 300 on task 0, x - 66 on task 1: 238) and a JSON line printer:
+# the start of every script the host tests run on a host.
+SPLIT_GRAPH = r"""
 import json, os, signal, sys, time
 import graphdist
 import tensorflow as tf
@@ -48,7 +47,14 @@ with graph.as_default():
 
 def say(**kv):
     print(json.dumps(kv), flush=True)
+"""
 
+# A client of the served cluster, run on a host: prints one JSON line per step. argv: the
+# cluster file; with "then-kill PID" it kills PID after the first run, runs again and prints
+# the error.
+CLIENT = (
+    SPLIT_GRAPH
+    + r"""
 try:
     fleet = graphdist.connect(sys.argv[1], timeout_s=8)
 except graphdist.GraphdistError as exc:
@@ -66,6 +72,7 @@ with fleet, fleet.session("local", 0, graph, config=graphdist.no_folding_config(
             say(step="again", error=type(exc).__name__, text=str(exc),
                 seconds=time.monotonic() - t)
 """
+)
 
 
 def _client(host: Any, cluster_file: str, *extra: str) -> list[dict[str, Any]]:

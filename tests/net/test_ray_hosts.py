@@ -1,0 +1,186 @@
+"""RayFleet on a real multi-node Ray cluster: the head on host 1, a node on host 2 of the bed
+(tests/hostbed.py), each with its own address, Ray's token authentication on. Unlike
+tests/fleet/test_ray.py, whose simulated nodes share one address, the servers here must reach
+each other over the network: ``expose=True``, one server per node (``STRICT_SPREAD``), each on
+its node's own address, letting in only the Ray cluster's nodes.
+
+The driver runs on host 1 (the test's own process is on no host of the bed) and reports each
+step as a JSON line; the test answers on its stdin when a step needs the test to act first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import QUIET_TF, wait_gone
+from tests.net.test_hosts import SPLIT_GRAPH, _client
+
+pytestmark = [pytest.mark.promise, pytest.mark.xdist_group("hosts")]
+
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+
+DRIVER = (
+    SPLIT_GRAPH
+    + r"""
+def run():
+    with fleet.session("local", 0, graph, config=graphdist.no_folding_config()) as sess:
+        return int(sess.run(y))
+
+t = time.monotonic()
+fleet = graphdist.RayFleet("local=2", address=sys.argv[1], strategy="STRICT_SPREAD", expose=True)
+fleet.start()
+say(step="up", cluster=fleet.cluster.as_dict(), nodes=fleet.node_ids,
+    seconds=time.monotonic() - t)
+say(step="run", result=run())
+index = int(sys.stdin.readline())  # the task on host 2: kill its actor
+old = (fleet.task("local", index).pid, fleet.node_ids[f"local-{index}"])
+fleet.kill("local", index)
+t = time.monotonic()
+while time.monotonic() - t < 120 and not all(h.ok for h in fleet.health()):
+    time.sleep(0.2)
+task = fleet.task("local", index)
+say(step="back", seconds=time.monotonic() - t, new_pid=task.pid != old[0],
+    same_node=fleet.node_ids[f"local-{index}"] == old[1], result=run())
+sys.stdin.readline()  # the test killed every process of host 2: Ray's node is lost
+t = time.monotonic()
+try:
+    say(step="lost", error=None, result=run())
+except graphdist.GraphdistError as exc:
+    say(step="lost", error=type(exc).__name__, text=str(exc), seconds=time.monotonic() - t)
+t = time.monotonic()
+fleet.close()
+say(step="closed", seconds=time.monotonic() - t, state=fleet.state.value)
+"""
+)
+
+
+class RayOnHosts:
+    """A Ray head on hosts[0] and a node on hosts[1], with a token of their own."""
+
+    def __init__(self, hosts: Any) -> None:
+        self.hosts = hosts
+        self.tmp = tempfile.mkdtemp(prefix="gdrh-")  # short: Ray's AF_UNIX paths are below it
+        self.env = {
+            **os.environ,
+            **QUIET_TF,
+            "RAY_TMPDIR": self.tmp,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": secrets.token_hex(16),
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+        self.env.pop("RAY_ADDRESS", None)
+        port = random.randint(20000, 40000)
+        self.address = f"{hosts[0].address}:{port}"
+        for host in hosts:  # Ray finds a node's address from its route to the internet
+            host.run(["ip", "route", "replace", "default", "dev", "eth0"], check=True)
+        common = ["--num-cpus", "2", "--disable-usage-stats"]
+        for host, role in ((hosts[0], ["--head", "--port", str(port)]), (hosts[1], [])):
+            if not role:
+                role = ["--address", self.address]
+            argv = [RAY, "start", *role, "--node-ip-address", host.address, *common]
+            if host is hosts[0]:
+                argv.append("--include-dashboard=false")
+            result = host.run(argv, env=self.env, capture_output=True, text=True, timeout=180)
+            assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+    def stop(self) -> None:
+        """Kill every process of the two hosts (all this module's: Ray's own) by pid."""
+        pids = [p for host in self.hosts[:2] for p in host.pids()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert wait_gone(pids, 30) == []
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_on_hosts(hosts: Any) -> Iterator[RayOnHosts]:
+    if not os.path.exists(RAY):
+        pytest.skip("Ray is not installed (pip install 'graphdist[ray]')")
+    ray = RayOnHosts(hosts)
+    try:
+        yield ray
+    finally:
+        ray.stop()
+
+
+def _step(driver: subprocess.Popen[str], name: str) -> dict[str, Any]:
+    assert driver.stdout is not None
+    while True:
+        line = driver.stdout.readline()
+        assert line, f"the driver ended (exit {driver.wait(30)}) before step {name}"
+        if line.startswith("{"):
+            step = json.loads(line)
+            assert step["step"] == name, step
+            return step
+
+
+@pytest.mark.timeout(400)
+def test_a_two_node_ray_fleet_across_hosts(
+    hosts: Any, ray_on_hosts: RayOnHosts, tmp_path: Any
+) -> None:
+    """One server per node, each on its node's own address; 238; a host that is no Ray node is
+    refused; a killed actor comes back on its node; every process of host 2 killed: the next
+    run fails at once with TaskFailedError naming the task and its node, and close() ends."""
+    driver = hosts[0].popen(
+        [sys.executable, "-c", DRIVER, ray_on_hosts.address],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ray_on_hosts.env,
+    )
+    assert driver.stdin is not None
+    try:
+        up = _step(driver, "up")
+        addresses = up["cluster"]["local"]
+        hosts_used = sorted(a.rsplit(":", 1)[0] for a in addresses)
+        assert hosts_used == sorted([hosts[0].address, hosts[1].address]), up
+        assert len(set(up["nodes"].values())) == 2, up
+        assert _step(driver, "run")["result"] == 238
+
+        path = str(tmp_path / "cluster.json")
+        with open(path, "w") as f:
+            json.dump(up["cluster"], f)
+        (refused,) = _client(hosts[2], path)  # no Ray node, not allowed
+        assert refused["error"] == "StartTimeoutError", refused
+
+        on_host2 = next(i for i, a in enumerate(addresses) if a.startswith(hosts[1].address + ":"))
+        driver.stdin.write(f"{on_host2}\n")
+        driver.stdin.flush()
+        back = _step(driver, "back")
+        assert back["new_pid"] and back["same_node"] and back["result"] == 238, back
+
+        node_pids = hosts[1].pids()
+        for pid in node_pids:
+            os.kill(pid, signal.SIGKILL)
+        assert wait_gone(node_pids, 30) == []
+        time.sleep(0.5)
+        driver.stdin.write("lost\n")
+        driver.stdin.flush()
+        lost = _step(driver, "lost")
+        assert lost["error"] == "TaskFailedError", lost
+        assert f"local-{on_host2} at {addresses[on_host2]} is dead" in lost["text"], lost
+        node = up["nodes"][f"local-{on_host2}"][:8]
+        assert f"Ray node {node} at {hosts[1].address} is lost" in lost["text"], lost
+        assert lost["seconds"] < 5.0, lost
+        closed = _step(driver, "closed")
+        assert closed["state"] == "closed" and closed["seconds"] < 30, closed
+        assert driver.wait(60) == 0
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(30)
