@@ -244,7 +244,7 @@ SLOW_TESTS_S = {
     "tests/net/test_hosts.py::test_members_run_the_split_graph": 24,
     "tests/net/test_hosts.py::test_an_allowed_host_runs": 15,
     "tests/net/test_ps_hosts.py": 25,
-    "tests/net/test_ray_hosts.py": 70,
+    "tests/net/test_ray_hosts.py": 80,
     "tests/net/test_deploy_hosts.py::test_the_slurm_script": 22,
     "tests/net/test_deploy_hosts.py::test_the_systemd_unit": 16,
 }

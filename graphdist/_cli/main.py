@@ -341,6 +341,20 @@ def build_parser() -> _Parser:
         help="text (default): task lines prefixed [worker-1] and the run's own lines; jsonl: "
         "one JSON object a line, every task line and event of the run (for tools)",
     )
+    run.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        default="local",
+        help="local: every task a process of this machine (default); ray: every task a process "
+        "on a node of a Ray cluster, one per node where there are nodes enough (the command "
+        "must be reachable on every node)",
+    )
+    run.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help="with --backend ray: the Ray cluster (default: RAY_ADDRESS, else a Ray instance of "
+        "this machine's own)",
+    )
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     srv = sub.add_parser(
@@ -643,6 +657,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         expose=args.expose,
         log_dir=args.log_dir,
         output_format=args.output_format,
+        backend=args.backend,
+        address=args.address,
         **given,
     )
     if args.output_format == "text":

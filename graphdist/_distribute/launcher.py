@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import importlib.util
 import os
 import secrets
 import shutil
@@ -53,7 +54,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -175,13 +176,7 @@ class _TaskProcess:
         run: _Run,
         log_path: str | None = None,
     ) -> None:
-        self.result = TaskResult(task)
-        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self._run = run
-        self._resumed = False
-        self._log = RunLogs.open(log_path) if log_path else None
-        self._log_path = log_path
-        self._finished = False
+        self._start_output(task, run, log_path)
         self.mark = secrets.token_hex(12)  # every process of the task carries it (MARK_ENV)
         self.command_pid: int | None = None
         self.command_exit: tuple[int, float] | None = None  # (code, when: run seconds)
@@ -209,6 +204,16 @@ class _TaskProcess:
             target=self._pump, daemon=True, name=f"graphdist-run-{task.name}"
         )
         self._reader.start()
+
+    def _start_output(self, task: Task, run: _Run, log_path: str | None) -> None:
+        """The task's result, its tail and log: what every kind of task process keeps."""
+        self.result = TaskResult(task)
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._run = run
+        self._resumed = False
+        self._log = RunLogs.open(log_path) if log_path else None
+        self._log_path = log_path
+        self._finished = False
 
     # -- the guard's reports ---------------------------------------------------------------
 
@@ -258,7 +263,7 @@ class _TaskProcess:
         stdout = self.proc.stdout
         assert stdout is not None
         try:
-            self._drain(stdout)
+            self._drain(iter(lambda: stdout.readline(LINE_LIMIT), b""))
         except Exception as exc:  # a bug here must not leave the task blocked on its pipe
             self._run.out.note(f"graphdist: showing {self.result.name}'s output failed ({exc!r})")
             with contextlib.suppress(Exception):
@@ -269,11 +274,12 @@ class _TaskProcess:
             with contextlib.suppress(OSError):
                 stdout.close()
 
-    def _drain(self, stdout: IO[bytes]) -> None:
+    def _drain(self, chunks: Iterator[bytes]) -> None:
+        """The output, read in chunks of at most LINE_LIMIT bytes that end at a newline."""
         first: bytes | None = None  # the start of a line longer than LINE_LIMIT
         more = 0  # the bytes of that line after its start
         while True:
-            chunk = stdout.readline(LINE_LIMIT)
+            chunk = next(chunks, b"")
             if not chunk:
                 if first is not None:
                     self._line(first, more)
@@ -446,6 +452,7 @@ class _Job:
     chief: bool
     base_env: Mapping[str, str]
     expose: bool
+    backend: str = "local"
 
 
 class _Preempted(Exception):
@@ -606,6 +613,8 @@ def run_command(
     min_uptime_s: float = DEFAULT_MIN_UPTIME_S,
     preemption_exit_code: int | None = PREEMPTION_EXIT_CODE,
     output_format: str = "text",
+    backend: str = "local",
+    address: str | None = None,
 ) -> list[TaskResult]:
     """Run ``command`` once per task of a fresh local cluster (see the module docstring).
 
@@ -634,6 +643,11 @@ def run_command(
     (``attempt-K/TASK.log``, K from 1), the events, the exit statuses and the summary. A run
     that restarted, or has a ``log_dir``, ends with a summary (attempts, which task failed how
     and when, what each attempt resumed from, the time) on ``output``, however it ended.
+
+    ``backend="ray"`` runs the tasks as processes on a Ray cluster's nodes, one per node where
+    there are nodes enough (:mod:`graphdist._distribute.rayrun`); ``address`` is the cluster's
+    (``None``: ``RAY_ADDRESS``, else a Ray instance of this machine's own). Restarts, logs and
+    the summary are as above; the command must be reachable on every node.
     """
     argv = _check_command(command)
     timeout_s = check_timeout_s(timeout_s, "timeout_s")
@@ -645,6 +659,7 @@ def run_command(
     preemption_code = _check_preemption_code(preemption_exit_code)
     output_format = _check_output_format(output_format)
     flag(expose, "expose")
+    _check_backend(backend, address, ps)
     base_env = {**os.environ, **check_env(env), "TF_USE_LEGACY_KERAS": "1"}
     stream = _check_output(output)
     if shutil.which(argv[0], path=base_env.get("PATH", os.defpath)) is None:
@@ -662,10 +677,15 @@ def run_command(
     )
     run = _Run(_Output(stream), output_format, logs, policy, timeout_s, preemption_code)
     procs: list[_TaskProcess] = []
+    owns_ray = False
+    if backend == "ray":
+        from graphdist._fleet.ray import connect_ray
+
+        owns_ray = connect_ray(address)
     try:
         with SignalScope() as signals:
             try:
-                job = _Job(argv, workers, ps, chief, base_env, expose)
+                job = _Job(argv, workers, ps, chief, base_env, expose, backend)
                 return _run(job, procs, signals, run)
             except Interrupted as exc:  # the summary before the signal takes its course
                 run.end(f"stopped by {exc.name}", show=True)
@@ -681,6 +701,39 @@ def run_command(
     finally:
         if logs is not None:
             logs.close()
+        if owns_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _check_backend(backend: object, address: object, ps: object) -> None:
+    """``backend`` is ``"local"`` or ``"ray"`` (with Ray installed); ``address`` only with Ray;
+    no ps tasks on Ray (see :mod:`graphdist._distribute.rayrun`)."""
+    if backend not in ("local", "ray"):
+        raise ArgumentError(
+            f"backend must be 'local' or 'ray', not {backend!r}", name="backend", value=backend
+        )
+    if address is not None and (backend != "ray" or not isinstance(address, str) or not address):
+        raise ArgumentError(
+            f"address ({address!r}) is a Ray cluster's HOST:PORT and needs backend='ray'",
+            name="address",
+            value=address,
+        )
+    if backend == "ray":
+        if ps:
+            raise ArgumentError(
+                "ps tasks are not run on Ray yet: run parameter-server jobs with the local "
+                "backend, or with graphdist serve on each host (see README)",
+                name="ps",
+                value=ps,
+            )
+        if importlib.util.find_spec("ray") is None:
+            raise ArgumentError(
+                "backend='ray' needs Ray: pip install 'graphdist[ray]'",
+                name="backend",
+                value=backend,
+            )
 
 
 def _run(job: _Job, procs: list[_TaskProcess], signals: SignalScope, run: _Run) -> list[TaskResult]:
@@ -742,6 +795,10 @@ def _attempt(
     from graphdist._distribute.tfconfig import tf_config
     from graphdist._fleet.local import LocalFleet
 
+    if job.backend == "ray":
+        from graphdist._distribute.rayrun import ray_attempt
+
+        return ray_attempt(job, procs, signals, run)
     command, ps, expose, base_env = job.command, job.ps, job.expose, job.base_env
     cluster = launch_cluster(job.workers, ps, job.chief)
     fleet = None
@@ -781,17 +838,7 @@ def _attempt(
         run.policy.started()
         return _supervise(procs, signals, run, fleet)
     finally:  # no signal interrupts this: it is deferred to the end of the scope
-        _stop([p for p in procs if p.running()], TASK_STOP_GRACE_S)
-        results = [proc.finish() for proc in procs]
-        for proc in procs:
-            run.emit(
-                "task-exited",
-                proc.result.name,
-                pid=proc.result.pid,
-                exitcode=proc.result.exitcode,
-                how=how_ended(proc.result.exitcode),
-                ended_at_s=round(proc.ended_at_s(), 3),
-            )
+        results = _end_tasks(procs, run)
         if fleet is not None:
             fleet.close()
             for server in fleet.tasks:
@@ -806,6 +853,23 @@ def _attempt(
         release_ports(t.port for t in cluster)
         if run.logs is not None:
             run.logs.record_exits(run.attempt, _exit_rows(results, fleet))
+
+
+def _end_tasks(procs: Sequence[_TaskProcess], run: _Run) -> list[TaskResult]:
+    """The end of an attempt's command tasks, whatever ended it: those still running stopped,
+    every one finished, and its exit told (``task-exited``)."""
+    _stop([p for p in procs if p.running()], TASK_STOP_GRACE_S)
+    results = [proc.finish() for proc in procs]
+    for proc in procs:
+        run.emit(
+            "task-exited",
+            proc.result.name,
+            pid=proc.result.pid,
+            exitcode=proc.result.exitcode,
+            how=how_ended(proc.result.exitcode),
+            ended_at_s=round(proc.ended_at_s(), 3),
+        )
+    return results
 
 
 def _exit_rows(results: Sequence[TaskResult], fleet: Any) -> list[dict[str, Any]]:

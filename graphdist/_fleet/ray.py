@@ -52,6 +52,7 @@ from typing import Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import (
+    ArgumentError,
     ClusterSpecError,
     ExposedServerError,
     LoopbackUnavailableError,
@@ -66,7 +67,7 @@ from graphdist._net.loopback import BIND_ADDR_ENV, shim_env
 from graphdist._net.members import ALLOW_ENV, exposed_allow
 from graphdist._validate import flag, positive, show, timeout_ms, timeout_s
 
-__all__ = ["RayFleet", "RayTask", "plan_hosts"]
+__all__ = ["RayFleet", "RayTask", "connect_ray", "place_bundles", "plan_hosts", "ray_members"]
 
 log = logging.getLogger("graphdist.ray")
 STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
@@ -163,6 +164,84 @@ def plan_hosts(
     )
 
 
+def connect_ray(address: str | None) -> bool:
+    """Connect this process to Ray, as a RayFleet or a Ray run does: a runtime already up in
+    this process is used as it is (returns False); else ``address``, ``RAY_ADDRESS`` or the
+    latest local cluster, else a new Ray instance on loopback only (returns True: the caller
+    shuts it down). An address where no Ray answers is an :class:`ArgumentError` saying how to
+    start or point at one."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if _starts_local_ray(address):
+        _init_loopback_ray()
+        return True
+    where = address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        _check_reachable(where)
+        ray.init(address=address, log_to_driver=False, namespace="graphdist")
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ArgumentError(
+            f"Cannot reach a Ray cluster at {where} ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200] if str(exc) else 'no answer'}); start one with "
+            "`ray start --head` on a node and pass its HOST:PORT as address, or leave address "
+            "out (and RAY_ADDRESS unset) for a Ray instance on this machine",
+            name="address",
+            value=address,
+        ) from None
+    return True
+
+
+GCS_CONNECT_S = 5.0
+"""Seconds a Ray cluster's address gets to take a TCP connection before it is called
+unreachable (Ray itself retries for minutes)."""
+
+
+def _check_reachable(address: str) -> None:
+    """Raise ConnectionError at once where ``address`` (``HOST:PORT``) takes no connection;
+    other forms (``auto``, ``ray://...``) are left to Ray."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "/" in address:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=GCS_CONNECT_S).close()
+    except OSError as exc:
+        raise ConnectionError(f"{host}:{port} takes no connection: {exc.strerror or exc}") from None
+
+
+def place_bundles(
+    n: int, strategy: str, cpus: float, timeout_s: float, what: str
+) -> tuple[Any, list[Any], list[tuple[str, int, str]]]:
+    """A placement group of ``n`` bundles of ``cpus`` CPUs each (``strategy``), and a free port
+    reserved on each bundle's node: ``(group, one scheduling strategy per bundle, (node IP,
+    port, node id) per bundle)``. A group Ray cannot place within ``timeout_s`` is removed and
+    raises :class:`StartTimeoutError` (never a wait for ever)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = placement_group([{"CPU": cpus}] * n, strategy)
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        nodes = len([n for n in ray.nodes() if n.get("Alive")])  # type: ignore[no-untyped-call]
+        with contextlib.suppress(Exception):
+            remove_placement_group(pg)
+        raise StartTimeoutError(
+            f"Ray could not place {n} {what} ({strategy}, {cpus:g} CPU each) on {nodes} node(s) "
+            f"within {timeout_s:g} s; add nodes, lower cpus_per_task, or use SPREAD",
+            ready=0,
+            expected=n,
+            timeout_s=timeout_s,
+        )
+    on_bundle = [
+        PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i) for i in range(n)
+    ]
+    reserve = ray.remote(num_cpus=cpus)(_reserve_port)
+    spots = ray.get([reserve.options(scheduling_strategy=s).remote() for s in on_bundle])
+    return pg, on_bundle, spots
+
+
 def _node_table() -> dict[str, dict[str, Any]]:
     """Ray's view of its nodes, by node id (empty where Ray cannot be asked)."""
     import ray
@@ -188,7 +267,7 @@ def _node_lost(node: Mapping[str, Any] | None) -> str | None:
     return None
 
 
-def _ray_members(allow: Sequence[str]) -> dict[str, str]:
+def ray_members(allow: Sequence[str]) -> dict[str, str]:
     """``GRAPHDIST_ALLOW`` for exposed servers: every node of the Ray cluster (Ray's own
     processes in the actor's process are reached from them too; Ray's token authentication
     guards who joins) and ``allow``."""
@@ -532,37 +611,12 @@ class RayFleet(OwnedFleet[RayTask]):
     def _launch(self) -> None:
         """Place, reserve a port per bundle, and start every actor (see the module docstring)."""
         import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        if not ray.is_initialized():
-            if _starts_local_ray(self.address):
-                _init_loopback_ray()
-            else:
-                ray.init(address=self.address, log_to_driver=False, namespace="graphdist")
-            self._owns_ray = True
+        self._owns_ray = connect_ray(self.address)
         names = [(job, i) for job in sorted(self.counts) for i in range(self.counts[job])]
-        self._pg = placement_group([{"CPU": self.cpus_per_task}] * len(names), self.strategy)
-        ready, _ = ray.wait([self._pg.ready()], timeout=self.start_timeout_s)
-        if not ready:
-            nodes = len([n for n in ray.nodes() if n.get("Alive")])  # type: ignore[no-untyped-call]
-            with contextlib.suppress(Exception):
-                remove_placement_group(self._pg)
-            self._pg = None
-            raise StartTimeoutError(
-                f"Ray could not place {len(names)} servers ({self.strategy}, "
-                f"{self.cpus_per_task:g} CPU each) on {nodes} node(s) within "
-                f"{self.start_timeout_s:g} s; add nodes, lower cpus_per_task, or use SPREAD",
-                ready=0,
-                expected=len(names),
-                timeout_s=self.start_timeout_s,
-            )
-        on_bundle = [
-            PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i)
-            for i in range(len(names))
-        ]
-        reserve = ray.remote(num_cpus=self.cpus_per_task)(_reserve_port)
-        spots = ray.get([reserve.options(scheduling_strategy=s).remote() for s in on_bundle])
+        self._pg, on_bundle, spots = place_bundles(
+            len(names), self.strategy, self.cpus_per_task, self.start_timeout_s, "servers"
+        )
         hosts = plan_hosts(
             [(node, ip) for ip, _, node in spots], _driver_node(), expose=self.expose
         )
@@ -587,7 +641,7 @@ class RayFleet(OwnedFleet[RayTask]):
         for (job, _), host, (_, port, _) in zip(names, hosts, spots, strict=True):
             jobs.setdefault(job, []).append(f"{host}:{port}")
         self.cluster = Cluster(jobs)
-        members = _ray_members(self.allow) if self.expose else {}
+        members = ray_members(self.allow) if self.expose else {}
         actor_class = ray.remote(_ServerActor)
         spec = self.cluster.as_dict()
         for i, ((job, index), host, (ip, _, node)) in enumerate(

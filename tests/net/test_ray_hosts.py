@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import QUIET_TF, wait_gone
+from tests.conftest import QUIET_TF, REPO, wait_gone
 from tests.net.test_hosts import SPLIT_GRAPH, _client
 
 pytestmark = [pytest.mark.promise, pytest.mark.xdist_group("hosts")]
@@ -127,6 +127,90 @@ def _step(driver: subprocess.Popen[str], name: str) -> dict[str, Any]:
             step = json.loads(line)
             assert step["step"] == name, step
             return step
+
+
+EXAMPLES = os.path.join(REPO, "examples")
+EPOCHS = 3
+
+
+def _weights(path: str) -> list[Any]:
+    import numpy as np
+
+    with np.load(path) as data:
+        return [data[k] for k in data.files]
+
+
+@pytest.mark.timeout(600)
+def test_run_on_ray_restarts_a_worker_killed_on_host_2_and_ends_with_the_same_weights(
+    hosts: Any, ray_on_hosts: RayOnHosts, tmp_path: Any
+) -> None:
+    """``graphdist run --backend ray --address HEAD``: the seeds' MWMS script, one worker per
+    node (each TF_CONFIG names its node's address). worker-1's command killed on host 2 after
+    epoch 2: the group restarts, resumes from the chief's backup, and its final weights equal
+    an uninterrupted local run's, bit for bit."""
+    script = os.path.join(EXAMPLES, "seed_mwms_training.py")
+    train = [sys.executable, script, "--epochs", str(EPOCHS), "--out"]
+    whole = subprocess.run(
+        [sys.executable, "-m", "graphdist", "run", "--workers", "2", "--", *train,
+         str(tmp_path / "whole")],
+        env={**os.environ, **QUIET_TF},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+
+    argv = [sys.executable, "-m", "graphdist", "run", "--backend", "ray", "--address"]
+    argv += [ray_on_hosts.address, "--expose", "--workers", "2", "--max-restarts", "1"]
+    argv += ["--output-format", "jsonl", "--", *train, str(tmp_path / "killed")]
+    driver = hosts[0].popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ray_on_hosts.env
+    )
+    assert driver.stdout is not None
+    events: list[dict[str, Any]] = []
+    lines: list[str] = []
+    killed = None
+    try:
+        for raw in driver.stdout:
+            lines.append(raw)
+            if not raw.startswith("{"):
+                continue
+            event = json.loads(raw)
+            events.append(event)
+            text = event.get("text", "") if event.get("event") == "line" else ""
+            if (
+                killed is None
+                and event.get("task") == "worker-0"
+                and text.startswith(f"epoch 2/{EPOCHS} done")
+            ):
+                [killed] = [
+                    p for p in hosts[1].pids() if _cmdline(p)[1:2] == [script]
+                ]  # the command itself, not its guard
+                os.kill(killed, signal.SIGKILL)
+        assert driver.wait(60) == 0, "".join(lines[-60:])
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(30)
+    assert killed is not None, "".join(lines[-60:])
+    started = [e for e in events if e.get("event") == "attempt-started"]
+    assert len(started) == 2, started
+    for attempt in started:  # one task per node: two nodes, two addresses
+        assert len(set(attempt["nodes"].values())) == 2, attempt
+    restarting = [e for e in events if e.get("event") == "restarting"]
+    assert len(restarting) == 1 and "worker-1" in json.dumps(restarting[0]), restarting
+    assert any(e.get("event") == "resumed" for e in events), "".join(lines[-60:])
+    a = _weights(str(tmp_path / "whole" / "weights-worker-0.npz"))
+    b = _weights(str(tmp_path / "killed" / "weights-worker-0.npz"))
+    assert len(a) == 4 and all((x == y).all() for x, y in zip(a, b, strict=True))
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [part.decode() for part in f.read().split(b"\0") if part]
+    except OSError:
+        return []
 
 
 @pytest.mark.timeout(400)

@@ -1,0 +1,272 @@
+"""``graphdist run --backend ray``: the tasks of a tf.distribute run as processes on Ray's nodes.
+
+Each attempt of a run (:mod:`graphdist._distribute.launcher` decides the attempts: restarts, the
+policy, events, logs and the summary are the same as for local runs) places one bundle per
+command task, ``STRICT_SPREAD`` (one task per node) where there are nodes enough, else
+``SPREAD``, and reserves a free port on each bundle's node (:func:`~graphdist._fleet.ray.
+place_bundles`, as a RayFleet does), so that every task's TF_CONFIG names its node's address
+before any task starts. Then a small Ray actor per bundle runs the command on its node, under
+graphdist's guard (:mod:`graphdist._proc.process`: nothing the command starts outlives the
+actor), and hands its output to this process, which shows it, logs it and watches its exit as for
+a local task.
+
+Where the tasks' servers listen is decided as for a RayFleet (:func:`~graphdist._fleet.ray.
+plan_hosts`): all on this machine, loopback; on other hosts only with ``expose``, each on its
+node's own address, letting in only the Ray cluster's nodes (the bind shim, inherited by the
+command's processes). The command runs in the same folder on every node: the script must be
+reachable there, in the same folder: each task starts in this process's working folder where
+its node has it (a shared file system; for a real cluster, Ray's ``runtime_env``
+``working_dir``, see README). Parameter-server runs (``ps``) are not run on Ray (their servers
+would be a RayFleet on the same reserved ports): refused before anything starts.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from graphdist._cluster import Cluster, Task
+from graphdist._distribute.launcher import (
+    LINE_LIMIT,
+    TaskResult,
+    _counts,
+    _end_tasks,
+    _exit_rows,
+    _Job,
+    _Run,
+    _supervise,
+    _TaskProcess,
+)
+from graphdist._fleet.ray import _driver_node, place_bundles, plan_hosts, ray_members
+from graphdist._proc.process import guarded_argv
+
+__all__ = ["ray_attempt"]
+
+POLL_WAIT_S = 0.2
+"""How long one poll of a task's actor waits for output before it answers with none."""
+CPUS_PER_TASK = 1.0
+PLACE_TIMEOUT_S = 180.0
+"""Seconds Ray gets to place an attempt's tasks (a group it cannot place fails the run)."""
+
+
+class _CommandActor:
+    """Runs in a Ray actor on the task's node: the command under a guard, its output in chunks.
+
+    The guard ties itself to the thread that started it (``PR_SET_PDEATHSIG``), so the command
+    is started by a thread of the actor's own that lives until the command has exited."""
+
+    def __init__(
+        self, argv: list[str], env: dict[str, str], bind: str, name: str, cwd: str
+    ) -> None:
+        from graphdist._net.loopback import shim_env
+
+        self._env = {**env, **shim_env(bind, env.get("LD_PRELOAD"), inherit=True)}
+        self._cwd = cwd if os.path.isdir(cwd) else None  # the driver's folder, where shared
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._ready = threading.Condition()
+        self._code: int | None = None
+        self._ended_at: float | None = None
+        self._pid: int | None = None
+        self._error: str | None = None
+        self._limit = LINE_LIMIT
+        thread = threading.Thread(target=self._run, args=(argv, name), daemon=True)
+        thread.start()
+        with self._ready:
+            self._ready.wait_for(lambda: self._pid is not None or self._error is not None, 60)
+
+    def _run(self, argv: list[str], name: str) -> None:
+        try:
+            proc = subprocess.Popen(
+                guarded_argv(argv, name=name),
+                env=self._env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self._cwd,
+            )
+        except OSError as exc:
+            with self._ready:
+                self._error = f"{type(exc).__name__}: {exc}"
+                self._code, self._ended_at = 127, time.time()
+                self._ready.notify_all()
+            return
+        with self._ready:
+            self._pid = proc.pid
+            self._ready.notify_all()
+        assert proc.stdout is not None
+        for chunk in iter(lambda: proc.stdout.readline(self._limit), b""):  # type: ignore[union-attr]
+            with self._ready:
+                self._chunks.append(chunk)
+                self._ready.notify_all()
+        code = proc.wait()
+        with self._ready:
+            self._code, self._ended_at = code, time.time()
+            self._ready.notify_all()
+
+    def pid(self) -> int | None:
+        return self._pid
+
+    def take(self, wait_s: float) -> tuple[list[bytes], int | None, float | None, str | None]:
+        """The output since the last call (waiting up to ``wait_s`` for some), and once all of
+        it was taken, the exit code and when it ended (the node's wall clock)."""
+        with self._ready:
+            self._ready.wait_for(lambda: self._chunks or self._code is not None, wait_s)
+            chunks = list(self._chunks)
+            self._chunks.clear()
+            return chunks, self._code, self._ended_at, self._error
+
+    def signal(self, sig: int) -> None:
+        if self._pid is not None and self._code is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self._pid, sig)
+
+
+class _RayTaskProcess(_TaskProcess):
+    """A command task on a Ray node: what the launcher reads of a local task (its exit and
+    when, its output, stop and finish), from the task's actor."""
+
+    def __init__(
+        self, task: Task, run: _Run, log_path: str | None, *, actor: Any, node: str
+    ) -> None:
+        import ray
+
+        self._start_output(task, run, log_path)
+        self.mark = ""
+        self.command_pid = None
+        self.command_exit = None
+        self.actor = actor
+        self.node = node
+        self._done = threading.Event()
+        self.result.pid = ray.get(actor.pid.remote())
+        self._reader = threading.Thread(
+            target=self._pump, daemon=True, name=f"graphdist-run-{task.name}"
+        )
+        self._reader.start()
+
+    def _chunks(self) -> Iterator[bytes]:
+        import ray
+
+        while True:
+            try:
+                chunks, code, ended_at, error = ray.get(self.actor.take.remote(POLL_WAIT_S))
+            except Exception as exc:  # the actor died: its node was lost, or Ray went away
+                self.command_exit = (-9, time.monotonic() - self._run.started)
+                self._run.out.note(
+                    f"graphdist: {self.result.name} on Ray node {self.node[:8]} is gone "
+                    f"({type(exc).__name__}); counted as killed"
+                )
+                return
+            yield from chunks
+            if error is not None:
+                yield f"graphdist: cannot start the command: {error}\n".encode()
+            if code is not None and not chunks:
+                when = time.monotonic() - (time.time() - (ended_at or time.time()))
+                self.command_exit = (code, when - self._run.started)
+                return
+
+    def _pump(self) -> None:
+        try:
+            self._drain(self._chunks())
+        except Exception as exc:  # a bug here must not hide the task's exit
+            self._run.out.note(f"graphdist: showing {self.result.name}'s output failed ({exc!r})")
+            if self.command_exit is None:
+                self.command_exit = (-9, time.monotonic() - self._run.started)
+        finally:
+            self._close_log()
+            self._done.set()
+
+    def ended(self) -> int | None:
+        return None if self.command_exit is None else self.command_exit[0]
+
+    def ended_at_s(self) -> float:
+        if self.command_exit is not None:
+            return self.command_exit[1]
+        return time.monotonic() - self._run.started
+
+    def running(self) -> bool:
+        return self.command_exit is None
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(Exception):
+            self.actor.signal.remote(sig)
+
+    def finish(self) -> TaskResult:
+        import ray
+
+        if self._finished or self.command_exit is None:
+            return self.result
+        self._finished = True
+        self._done.wait(5.0)
+        self.result.exitcode = self.command_exit[0]
+        self.result.tail = list(self._tail)
+        with contextlib.suppress(Exception):
+            ray.kill(self.actor, no_restart=True)
+        return self.result
+
+
+def ray_attempt(job: _Job, procs: list[_TaskProcess], signals: Any, run: _Run) -> list[TaskResult]:
+    """One attempt of a run on Ray (see the module docstring): the same contract as the
+    launcher's local attempt (``procs`` gets every task's process; given back however it
+    ends)."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    from graphdist._distribute.tfconfig import tf_config
+
+    counts = _counts(job.workers, job.ps, job.chief)
+    names = [(name, i) for name in ("chief", "worker") for i in range(counts.get(name, 0))]
+    alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+    strategy = "STRICT_SPREAD" if len(alive) >= len(names) else "SPREAD"
+    pg, on_bundle, spots = place_bundles(
+        len(names), strategy, CPUS_PER_TASK, PLACE_TIMEOUT_S, "tasks"
+    )
+    results: list[TaskResult] = []
+    try:
+        hosts = plan_hosts([(node, ip) for ip, _, node in spots], _driver_node(), expose=job.expose)
+        jobs: dict[str, list[str]] = {}
+        for (name, _), host, (_, port, _) in zip(names, hosts, spots, strict=True):
+            jobs.setdefault(name, []).append(f"{host}:{port}")
+        cluster = Cluster(jobs)
+        members = ray_members(()) if job.expose else {}
+        run.emit(
+            "attempt-started",
+            tasks=[t.name for t in cluster],
+            servers=[],
+            restarts=run.attempt - 1,
+            backend="ray",
+            nodes={t.name: spot[2][:8] for t, spot in zip(cluster, spots, strict=True)},
+        )
+        folder = None if run.logs is None else run.logs.attempt(run.attempt)
+        actor_class = ray.remote(_CommandActor)
+        for i, task in enumerate(cluster):
+            signals.check()
+            env = {
+                **job.base_env,
+                **members,
+                "TF_CONFIG": tf_config(cluster, task.job, task.index).to_json(),
+                "GRAPHDIST_TASK": task.name,
+                "GRAPHDIST_RESTART": str(run.attempt - 1),
+            }
+            actor = actor_class.options(
+                scheduling_strategy=on_bundle[i],
+                num_cpus=CPUS_PER_TASK,
+                max_concurrency=4,
+                max_restarts=0,
+            ).remote(list(job.command), env, hosts[i], task.name, os.getcwd())
+            log_path = None if folder is None else os.path.join(folder, f"{task.name}.log")
+            procs.append(_RayTaskProcess(task, run, log_path, actor=actor, node=spots[i][2]))
+        run.policy.started()
+        return _supervise(procs, signals, run)
+    finally:
+        results = _end_tasks(procs, run)
+        with contextlib.suppress(Exception):
+            remove_placement_group(pg)
+        if run.logs is not None:
+            run.logs.record_exits(run.attempt, _exit_rows(results, None))

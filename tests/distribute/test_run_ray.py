@@ -1,0 +1,71 @@
+"""``graphdist run --backend ray`` on this machine (a Ray instance of its own, on loopback) and
+its bad input; the run across hosts, with a worker killed on another host, is in
+tests/net/test_ray_hosts.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import QUIET_TF
+
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("Ray is not installed (pip install 'graphdist[ray]')", allow_module_level=True)
+
+PRINT_TASK = "import json, os; print(json.dumps(json.loads(os.environ['TF_CONFIG'])))"
+
+
+def _graphdist(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run(
+        [sys.executable, "-m", "graphdist", *argv],
+        env={**env, **QUIET_TF},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd="/",
+    )
+
+
+@pytest.mark.timeout(180)
+def test_each_task_runs_in_a_ray_actor_with_its_tf_config(tmp_path: object) -> None:
+    """Two workers through a Ray instance of the run's own: each prints a TF_CONFIG of one
+    cluster, on loopback, with its own task; the run's lines and its exit are as for a local
+    run, and the task starts in the run's working folder."""
+    result = _graphdist(
+        "run", "--backend", "ray", "--workers", "2", "--", sys.executable, "-c", PRINT_TASK
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    configs = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("[worker-"):
+            name, text = line.split("] ", 1)
+            configs[name[1:]] = json.loads(text)
+    assert sorted(configs) == ["worker-0", "worker-1"], result.stdout
+    clusters = [c["cluster"] for c in configs.values()]
+    assert clusters[0] == clusters[1] and len(clusters[0]["worker"]) == 2
+    assert all(a.startswith("127.0.0.1:") for a in clusters[0]["worker"]), clusters
+    assert [configs[f"worker-{i}"]["task"]["index"] for i in range(2)] == [0, 1]
+    assert "graphdist: the run succeeded: 2 task(s) exited 0" in result.stdout
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--address", "10.0.0.1:6379"], "--address"),
+        (["--backend", "ray", "--chief", "--ps", "1"], "ps tasks are not run on Ray"),
+        (["--backend", "ray", "--address", "127.0.0.1:1"], "Cannot reach a Ray cluster at"),
+    ],
+)
+def test_bad_ray_runs_are_one_line_and_exit_2(argv: list[str], named: str) -> None:
+    result = _graphdist("run", *argv, "--", sys.executable, "-c", "pass")
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1 and named in errors[0], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
