@@ -355,6 +355,13 @@ def build_parser() -> _Parser:
         help="with --backend ray: the Ray cluster (default: RAY_ADDRESS, else a Ray instance of "
         "this machine's own)",
     )
+    run.add_argument(
+        "--working-dir",
+        dest="working_dir",
+        metavar="DIR",
+        help="with --backend ray: a folder Ray ships to every node, where each task starts "
+        "(default: this folder, which every node must have)",
+    )
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     srv = sub.add_parser(
@@ -659,6 +666,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         output_format=args.output_format,
         backend=args.backend,
         address=args.address,
+        working_dir=args.working_dir,
         **given,
     )
     if args.output_format == "text":

@@ -453,6 +453,7 @@ class _Job:
     base_env: Mapping[str, str]
     expose: bool
     backend: str = "local"
+    working_dir: str | None = None
 
 
 class _Preempted(Exception):
@@ -615,6 +616,7 @@ def run_command(
     output_format: str = "text",
     backend: str = "local",
     address: str | None = None,
+    working_dir: str | os.PathLike[str] | None = None,
 ) -> list[TaskResult]:
     """Run ``command`` once per task of a fresh local cluster (see the module docstring).
 
@@ -647,7 +649,9 @@ def run_command(
     ``backend="ray"`` runs the tasks as processes on a Ray cluster's nodes, one per node where
     there are nodes enough (:mod:`graphdist._distribute.rayrun`); ``address`` is the cluster's
     (``None``: ``RAY_ADDRESS``, else a Ray instance of this machine's own). Restarts, logs and
-    the summary are as above; the command must be reachable on every node.
+    the summary are as above. The command must be reachable on every node: it starts in this
+    process's working folder where the node has it (shared storage), or with ``working_dir``
+    in that folder as Ray ships it to each node (Ray's ``runtime_env`` ``working_dir``).
     """
     argv = _check_command(command)
     timeout_s = check_timeout_s(timeout_s, "timeout_s")
@@ -660,6 +664,7 @@ def run_command(
     output_format = _check_output_format(output_format)
     flag(expose, "expose")
     _check_backend(backend, address, ps)
+    folder = _check_working_dir(working_dir, backend)
     base_env = {**os.environ, **check_env(env), "TF_USE_LEGACY_KERAS": "1"}
     stream = _check_output(output)
     if shutil.which(argv[0], path=base_env.get("PATH", os.defpath)) is None:
@@ -681,11 +686,11 @@ def run_command(
     if backend == "ray":
         from graphdist._fleet.ray import connect_ray
 
-        owns_ray = connect_ray(address)
+        owns_ray = connect_ray(address, {"working_dir": folder} if folder else None)
     try:
         with SignalScope() as signals:
             try:
-                job = _Job(argv, workers, ps, chief, base_env, expose, backend)
+                job = _Job(argv, workers, ps, chief, base_env, expose, backend, folder)
                 return _run(job, procs, signals, run)
             except Interrupted as exc:  # the summary before the signal takes its course
                 run.end(f"stopped by {exc.name}", show=True)
@@ -705,6 +710,25 @@ def run_command(
             import ray
 
             ray.shutdown()
+
+
+def _check_working_dir(working_dir: object, backend: str) -> str | None:
+    """``working_dir``: an existing folder, for Ray runs only (a local run is in this one)."""
+    if working_dir is None:
+        return None
+    if backend != "ray":
+        raise ArgumentError(
+            "working_dir is shipped to Ray's nodes and needs backend='ray'",
+            name="working_dir",
+            value=working_dir,
+        )
+    if not isinstance(working_dir, (str, os.PathLike)) or not os.path.isdir(working_dir):
+        raise ArgumentError(
+            f"working_dir must be an existing folder, not {working_dir!r}",
+            name="working_dir",
+            value=working_dir,
+        )
+    return os.path.abspath(working_dir)
 
 
 def _check_backend(backend: object, address: object, ps: object) -> None:

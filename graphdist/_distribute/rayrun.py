@@ -14,10 +14,11 @@ Where the tasks' servers listen is decided as for a RayFleet (:func:`~graphdist.
 plan_hosts`): all on this machine, loopback; on other hosts only with ``expose``, each on its
 node's own address, letting in only the Ray cluster's nodes (the bind shim, inherited by the
 command's processes). The command runs in the same folder on every node: the script must be
-reachable there, in the same folder: each task starts in this process's working folder where
-its node has it (a shared file system; for a real cluster, Ray's ``runtime_env``
-``working_dir``, see README). Parameter-server runs (``ps``) are not run on Ray (their servers
-would be a RayFleet on the same reserved ports): refused before anything starts.
+reachable there: each task starts in this process's working folder where its node has it (a
+shared file system), or, with ``working_dir``, in that folder as Ray ships it to every node
+(Ray's ``runtime_env`` ``working_dir``: uploaded once per run, at most Ray's size limit).
+Parameter-server runs (``ps``) are not run on Ray (their servers would be a RayFleet on the same
+reserved ports): refused before anything starts.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ class _CommandActor:
         from graphdist._net.loopback import shim_env
 
         self._env = {**env, **shim_env(bind, env.get("LD_PRELOAD"), inherit=True)}
-        self._cwd = cwd if os.path.isdir(cwd) else None  # the driver's folder, where shared
+        # the driver's folder where the node has it; "" (a shipped working_dir): the actor's own
+        self._cwd = cwd if cwd and os.path.isdir(cwd) else None
         self._chunks: collections.deque[bytes] = collections.deque()
         self._ready = threading.Condition()
         self._code: int | None = None
@@ -254,12 +256,18 @@ def ray_attempt(job: _Job, procs: list[_TaskProcess], signals: Any, run: _Run) -
                 "GRAPHDIST_TASK": task.name,
                 "GRAPHDIST_RESTART": str(run.attempt - 1),
             }
-            actor = actor_class.options(
-                scheduling_strategy=on_bundle[i],
-                num_cpus=CPUS_PER_TASK,
-                max_concurrency=4,
-                max_restarts=0,
-            ).remote(list(job.command), env, hosts[i], task.name, os.getcwd())
+            options: dict[str, Any] = {
+                "scheduling_strategy": on_bundle[i],
+                "num_cpus": CPUS_PER_TASK,
+                "max_concurrency": 4,
+                "max_restarts": 0,
+            }
+            # with a working_dir, Ray shipped it (the job's runtime_env) and the actor starts in
+            # its copy; else the task starts in this folder, where its node has it
+            cwd = "" if job.working_dir is not None else os.getcwd()
+            actor = actor_class.options(**options).remote(
+                list(job.command), env, hosts[i], task.name, cwd
+            )
             log_path = None if folder is None else os.path.join(folder, f"{task.name}.log")
             procs.append(_RayTaskProcess(task, run, log_path, actor=actor, node=spots[i][2]))
         run.policy.started()

@@ -164,7 +164,7 @@ def plan_hosts(
     )
 
 
-def connect_ray(address: str | None) -> bool:
+def connect_ray(address: str | None, runtime_env: dict[str, Any] | None = None) -> bool:
     """Connect this process to Ray, as a RayFleet or a Ray run does: a runtime already up in
     this process is used as it is (returns False); else ``address``, ``RAY_ADDRESS`` or the
     latest local cluster, else a new Ray instance on loopback only (returns True: the caller
@@ -173,14 +173,23 @@ def connect_ray(address: str | None) -> bool:
     import ray
 
     if ray.is_initialized():
+        if runtime_env:
+            raise ArgumentError(
+                "Ray is already running in this process, so its job's runtime_env (a "
+                "working_dir to ship) cannot be set; call ray.shutdown() first",
+                name="working_dir",
+                value=runtime_env,
+            )
         return False
     if _starts_local_ray(address):
-        _init_loopback_ray()
+        _init_loopback_ray(runtime_env)
         return True
     where = address or os.environ.get("RAY_ADDRESS") or "auto"
     try:
         _check_reachable(where)
-        ray.init(address=address, log_to_driver=False, namespace="graphdist")
+        ray.init(
+            address=address, log_to_driver=False, namespace="graphdist", runtime_env=runtime_env
+        )
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ArgumentError(
             f"Cannot reach a Ray cluster at {where} ({type(exc).__name__}: "
@@ -298,7 +307,7 @@ def _starts_local_ray(address: str | None) -> bool:
         return False  # ray.init(address) says what is wrong with it
 
 
-def _init_loopback_ray() -> None:
+def _init_loopback_ray(runtime_env: dict[str, Any] | None = None) -> None:
     """Start a local Ray instance whose every process listens on loopback only.
 
     Ray binds its servers (GCS, raylet, agents, core workers) to loopback exactly when the node
@@ -319,6 +328,7 @@ def _init_loopback_ray() -> None:
             include_dashboard=False,
             log_to_driver=False,
             namespace="graphdist",
+            runtime_env=runtime_env,
         )
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved

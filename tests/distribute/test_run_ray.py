@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -59,6 +60,8 @@ def test_each_task_runs_in_a_ray_actor_with_its_tf_config(tmp_path: object) -> N
     ("argv", "named"),
     [
         (["--address", "10.0.0.1:6379"], "--address"),
+        (["--working-dir", "/"], "--working-dir"),
+        (["--backend", "ray", "--working-dir", "/no/such/dir"], "an existing folder"),
         (["--backend", "ray", "--chief", "--ps", "1"], "ps tasks are not run on Ray"),
         (["--backend", "ray", "--address", "127.0.0.1:1"], "Cannot reach a Ray cluster at"),
     ],
@@ -69,3 +72,16 @@ def test_bad_ray_runs_are_one_line_and_exit_2(argv: list[str], named: str) -> No
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("Error:")]
     assert len(errors) == 1 and named in errors[0], result.stderr[-3000:]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(180)
+def test_a_working_dir_is_shipped_to_the_tasks(tmp_path: Any) -> None:
+    """``--working-dir DIR``: Ray ships DIR to each task's node and the task starts in its copy,
+    so a relative script path works although the run itself is started in ``/``."""
+    (tmp_path / "hello.py").write_text("print('hello from the shipped folder')\n")
+    result = _graphdist(
+        "run", "--backend", "ray", "--workers", "1", "--working-dir", str(tmp_path), "--",
+        sys.executable, "hello.py",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "[worker-0] hello from the shipped folder" in result.stdout
