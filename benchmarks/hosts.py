@@ -42,28 +42,16 @@ try:
 except ImportError:  # run as a script
     import _common
 
+sys.path.insert(0, _common.REPO)
+from tests.net.test_hosts import SPLIT_GRAPH
+
 NAME = "hosts"
 LATENCY_TARGET = 2.0
 STARTUP_TARGET = 1.5
 QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
-SPLIT = r"""
-import json, sys, time
-import graphdist
-import tensorflow as tf
-
-tf.compat.v1.disable_eager_execution()
-graph = tf.Graph()
-with graph.as_default():
-    x = tf.constant(2)
-    with tf.device("/job:local/task:1"):
-        y2 = x - 66
-    with tf.device("/job:local/task:0"):
-        y = x + 300 + y2
-"""
-
 LATENCY = (
-    SPLIT
+    SPLIT_GRAPH
     + r"""
 steps = int(sys.argv[1])
 fleets = [graphdist.connect(path, timeout_s=120) for path in sys.argv[2:]]
@@ -87,7 +75,7 @@ for line in sys.stdin:  # one round per line: each side in turn, the order alter
 )
 
 STARTUP = (
-    SPLIT
+    SPLIT_GRAPH
     + r"""
 address, strategy = sys.argv[1], sys.argv[2]
 t = time.perf_counter()
@@ -256,7 +244,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     _common.add_report_options(parser)
     args = parser.parse_args(argv)
-    sys.path.insert(0, _common.REPO)
     from tests.hostbed import HostBed, HostBedError
 
     if os.geteuid() != 0:
