@@ -244,7 +244,9 @@ SLOW_TESTS_S = {
     "tests/net/test_hosts.py::test_members_run_the_split_graph": 24,
     "tests/net/test_hosts.py::test_an_allowed_host_runs": 15,
     "tests/net/test_ps_hosts.py": 25,
-    "tests/net/test_ray_hosts.py": 80,
+    "tests/net/test_ray_hosts.py::test_run_on_ray": 130,
+    "tests/net/test_ray_hosts.py::test_a_ps_run_on_ray": 60,
+    "tests/net/test_ray_hosts.py::test_a_two_node_ray_fleet": 40,
     "tests/net/test_deploy_hosts.py::test_the_slurm_script": 22,
     "tests/net/test_deploy_hosts.py::test_the_systemd_unit": 16,
 }
@@ -306,10 +308,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def hosts() -> Generator[Any, None, None]:
     """A :class:`tests.hostbed.HostBed` of three hosts, each a network namespace with an address
-    of its own on one bridge: made once per session (per xdist worker: tests that use it share
-    ``xdist_group("hosts")``), on first use, and closed at the end, which fails if anything of
-    it is left. Skips (a failure for a ``promise`` test) where network namespaces cannot be
-    made."""
+    of its own on one bridge: made once per session and xdist worker (0.2 s: each worker has a
+    bed of its own, on a subnet of its own), on first use, and closed at the end, which fails if
+    anything of it is left. Skips (a failure for a ``promise`` test) where network namespaces
+    cannot be made."""
     from tests.hostbed import HostBed, require_hostbed  # imports this module
 
     require_hostbed()

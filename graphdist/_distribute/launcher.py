@@ -663,7 +663,7 @@ def run_command(
     preemption_code = _check_preemption_code(preemption_exit_code)
     output_format = _check_output_format(output_format)
     flag(expose, "expose")
-    _check_backend(backend, address, ps)
+    _check_backend(backend, address)
     folder = _check_working_dir(working_dir, backend)
     base_env = {**os.environ, **check_env(env), "TF_USE_LEGACY_KERAS": "1"}
     stream = _check_output(output)
@@ -731,9 +731,9 @@ def _check_working_dir(working_dir: object, backend: str) -> str | None:
     return os.path.abspath(working_dir)
 
 
-def _check_backend(backend: object, address: object, ps: object) -> None:
-    """``backend`` is ``"local"`` or ``"ray"`` (with Ray installed); ``address`` only with Ray;
-    no ps tasks on Ray (see :mod:`graphdist._distribute.rayrun`)."""
+def _check_backend(backend: object, address: object) -> None:
+    """``backend`` is ``"local"`` or ``"ray"`` (with Ray installed); ``address`` only with
+    Ray."""
     if backend not in ("local", "ray"):
         raise ArgumentError(
             f"backend must be 'local' or 'ray', not {backend!r}", name="backend", value=backend
@@ -744,20 +744,12 @@ def _check_backend(backend: object, address: object, ps: object) -> None:
             name="address",
             value=address,
         )
-    if backend == "ray":
-        if ps:
-            raise ArgumentError(
-                "ps tasks are not run on Ray yet: run parameter-server jobs with the local "
-                "backend, or with graphdist serve on each host (see README)",
-                name="ps",
-                value=ps,
-            )
-        if importlib.util.find_spec("ray") is None:
-            raise ArgumentError(
-                "backend='ray' needs Ray: pip install 'graphdist[ray]'",
-                name="backend",
-                value=backend,
-            )
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ArgumentError(
+            "backend='ray' needs Ray: pip install 'graphdist[ray]'",
+            name="backend",
+            value=backend,
+        )
 
 
 def _run(job: _Job, procs: list[_TaskProcess], signals: SignalScope, run: _Run) -> list[TaskResult]:

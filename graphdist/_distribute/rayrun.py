@@ -17,8 +17,10 @@ command's processes). The command runs in the same folder on every node: the scr
 reachable there: each task starts in this process's working folder where its node has it (a
 shared file system), or, with ``working_dir``, in that folder as Ray ships it to every node
 (Ray's ``runtime_env`` ``working_dir``: uploaded once per run, at most Ray's size limit).
-Parameter-server runs (``ps``) are not run on Ray (their servers would be a RayFleet on the same
-reserved ports): refused before anything starts.
+In a parameter-server run (``ps``) the chief runs the command and the worker and ps tasks are
+servers, each a Ray actor as a RayFleet's (Ray brings a dead one back on its node and port; a
+worker then serves the coordinator again, a ps task's loss fails the coordinator and so restarts
+the run).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from graphdist._cluster import Cluster, Task
@@ -213,6 +215,45 @@ class _RayTaskProcess(_TaskProcess):
         return self.result
 
 
+def _start_servers(
+    cluster: Cluster,
+    served: set[str],
+    hosts: Sequence[str],
+    spots: Sequence[tuple[str, int, str]],
+    on_bundle: Sequence[Any],
+    members: Mapping[str, str],
+    signals: Any,
+) -> list[Any]:
+    """A parameter-server run's worker and ps servers, as a RayFleet's: a Ray actor each on its
+    bundle, brought back by Ray on the same node and port if it dies (a worker then serves the
+    coordinator again; a ps task's variables are lost and the coordinator fails, which restarts
+    the run); returns once every one answers."""
+    import ray
+
+    from graphdist._fleet.ray import _ServerActor
+    from graphdist._fleet.remote import RemoteFleet
+    from graphdist._net.loopback import shim_env
+
+    actor_class = ray.remote(_ServerActor)
+    servers = []
+    for i, task in enumerate(cluster):
+        if task.job not in served:
+            continue
+        signals.check()
+        env = {**shim_env(spots[i][0], inherit=True), **members}
+        servers.append(
+            actor_class.options(
+                scheduling_strategy=on_bundle[i],
+                num_cpus=CPUS_PER_TASK,
+                max_restarts=-1,
+                runtime_env={"env_vars": env},
+            ).remote(cluster.as_dict(), task.job, task.index, hosts[i])
+        )
+    with signals.interruptible():
+        RemoteFleet(cluster.subset(sorted(served)))._wait_answering(PLACE_TIMEOUT_S)
+    return servers
+
+
 def ray_attempt(job: _Job, procs: list[_TaskProcess], signals: Any, run: _Run) -> list[TaskResult]:
     """One attempt of a run on Ray (see the module docstring): the same contract as the
     launcher's local attempt (``procs`` gets every task's process; given back however it
@@ -223,13 +264,14 @@ def ray_attempt(job: _Job, procs: list[_TaskProcess], signals: Any, run: _Run) -
     from graphdist._distribute.tfconfig import tf_config
 
     counts = _counts(job.workers, job.ps, job.chief)
-    names = [(name, i) for name in ("chief", "worker") for i in range(counts.get(name, 0))]
+    names = [(name, i) for name in sorted(counts) for i in range(counts[name])]  # Cluster's order
     alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
     strategy = "STRICT_SPREAD" if len(alive) >= len(names) else "SPREAD"
     pg, on_bundle, spots = place_bundles(
         len(names), strategy, CPUS_PER_TASK, PLACE_TIMEOUT_S, "tasks"
     )
     results: list[TaskResult] = []
+    servers: list[Any] = []
     try:
         hosts = plan_hosts([(node, ip) for ip, _, node in spots], _driver_node(), expose=job.expose)
         jobs: dict[str, list[str]] = {}
@@ -237,17 +279,23 @@ def ray_attempt(job: _Job, procs: list[_TaskProcess], signals: Any, run: _Run) -
             jobs.setdefault(name, []).append(f"{host}:{port}")
         cluster = Cluster(jobs)
         members = ray_members(()) if job.expose else {}
+        served = {"worker", "ps"} if job.ps else set()  # a ps run: the chief runs the command
         run.emit(
             "attempt-started",
-            tasks=[t.name for t in cluster],
-            servers=[],
+            tasks=[t.name for t in cluster if t.job not in served],
+            servers=[t.name for t in cluster if t.job in served],
             restarts=run.attempt - 1,
             backend="ray",
             nodes={t.name: spot[2][:8] for t, spot in zip(cluster, spots, strict=True)},
+            cluster=cluster.as_dict(),
         )
         folder = None if run.logs is None else run.logs.attempt(run.attempt)
+        if served:
+            servers = _start_servers(cluster, served, hosts, spots, on_bundle, members, signals)
         actor_class = ray.remote(_CommandActor)
         for i, task in enumerate(cluster):
+            if task.job in served:
+                continue
             signals.check()
             env = {
                 **job.base_env,
@@ -274,6 +322,9 @@ def ray_attempt(job: _Job, procs: list[_TaskProcess], signals: Any, run: _Run) -
         return _supervise(procs, signals, run)
     finally:
         results = _end_tasks(procs, run)
+        for server in servers:
+            with contextlib.suppress(Exception):
+                ray.kill(server, no_restart=True)
         with contextlib.suppress(Exception):
             remove_placement_group(pg)
         if run.logs is not None:

@@ -62,7 +62,6 @@ def test_each_task_runs_in_a_ray_actor_with_its_tf_config(tmp_path: object) -> N
         (["--address", "10.0.0.1:6379"], "--address"),
         (["--working-dir", "/"], "--working-dir"),
         (["--backend", "ray", "--working-dir", "/no/such/dir"], "an existing folder"),
-        (["--backend", "ray", "--chief", "--ps", "1"], "ps tasks are not run on Ray"),
         (["--backend", "ray", "--address", "127.0.0.1:1"], "Cannot reach a Ray cluster at"),
     ],
 )

@@ -33,7 +33,7 @@ import pytest
 
 from tests.conftest import QUIET_TF, REPO
 
-pytestmark = [pytest.mark.promise, pytest.mark.xdist_group("hosts")]
+pytestmark = [pytest.mark.promise]
 
 SERVERS = os.path.join(REPO, "servers")
 READY_S = 90.0  # a server's TensorFlow import on a busy 2-core machine

@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import REPO, is_gone
 from tests.hostbed import Host, HostBed, require_hostbed, sweep_stale
 
-pytestmark = [pytest.mark.promise, pytest.mark.timeout(60), pytest.mark.xdist_group("hosts")]
+pytestmark = [pytest.mark.promise, pytest.mark.timeout(60)]
 
 # On a host: listen on ADDRESS (a free port, printed), wait up to TIMEOUT s for one connection,
 # print the address it came from ("none" without one).

@@ -25,7 +25,7 @@ import pytest
 
 from tests.conftest import QUIET_TF
 
-pytestmark = [pytest.mark.promise, pytest.mark.xdist_group("hosts")]
+pytestmark = [pytest.mark.promise]
 
 READY_S = 90.0  # a server's TensorFlow import on a busy 2-core machine
 

@@ -27,7 +27,7 @@ import pytest
 
 from tests.conftest import QUIET_TF, REPO, run_python, wait_gone
 
-pytestmark = [pytest.mark.promise, pytest.mark.xdist_group("hosts")]
+pytestmark = [pytest.mark.promise]
 
 READY_S = 90.0  # three servers importing TensorFlow at once on a busy 2-core machine
 CHIEF_S = 270.0  # the chief's TensorFlow, tf-keras and 150 steps, on the same 2 cores

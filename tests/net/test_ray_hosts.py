@@ -29,7 +29,7 @@ import pytest
 from tests.conftest import QUIET_TF, REPO, wait_gone
 from tests.net.test_hosts import SPLIT_GRAPH, _client
 
-pytestmark = [pytest.mark.promise, pytest.mark.xdist_group("hosts")]
+pytestmark = [pytest.mark.promise, pytest.mark.xdist_group("ray_hosts")]
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 
@@ -145,9 +145,9 @@ def test_run_on_ray_restarts_a_worker_killed_on_host_2_and_ends_with_the_same_we
     hosts: Any, ray_on_hosts: RayOnHosts, tmp_path: Any
 ) -> None:
     """``graphdist run --backend ray --address HEAD``: the seeds' MWMS script, one worker per
-    node (each TF_CONFIG names its node's address). worker-1's command killed on host 2 after
-    epoch 2: the group restarts, resumes from the chief's backup, and its final weights equal
-    an uninterrupted local run's, bit for bit."""
+    node (each TF_CONFIG names its node's address). The command on host 2 (whichever worker
+    Ray put there) killed after epoch 2: the group restarts, resumes from the chief's backup,
+    and its final weights equal an uninterrupted local run's, bit for bit."""
     script = os.path.join(EXAMPLES, "seed_mwms_training.py")
     train = [sys.executable, script, "--epochs", str(EPOCHS), "--out"]
     whole = subprocess.run(
@@ -160,49 +160,87 @@ def test_run_on_ray_restarts_a_worker_killed_on_host_2_and_ends_with_the_same_we
     )  # fmt: skip
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
 
+    killed: list[int] = []
+
+    def kill_after_epoch_2(event: dict[str, Any]) -> None:
+        text = event.get("text", "") if event.get("event") == "line" else ""
+        if not killed and event.get("task") == "worker-0" and text.startswith(f"epoch 2/{EPOCHS}"):
+            # the command itself, not its guard
+            killed.extend(p for p in hosts[1].pids() if _cmdline(p)[1:2] == [script])
+            os.kill(killed[0], signal.SIGKILL)
+
+    run_args = ["--workers", "2", "--max-restarts", "1", "--", *train, str(tmp_path / "killed")]
+    events, lines = _run_on_ray(hosts[0], ray_on_hosts, run_args, kill_after_epoch_2)
+    assert len(killed) == 1, "".join(lines[-60:])
+    started = [e for e in events if e.get("event") == "attempt-started"]
+    assert len(started) == 2, started
+    for attempt in started:  # one task per node: two nodes, two addresses
+        assert len(set(attempt["nodes"].values())) == 2, attempt
+    workers = started[0]["cluster"]["worker"]
+    [on_host2] = [f"worker-{i}" for i, a in enumerate(workers) if a.startswith(hosts[1].address)]
+    restarting = [e for e in events if e.get("event") == "restarting"]
+    assert len(restarting) == 1 and restarting[0]["cause"]["task"] == on_host2, restarting
+    assert any(e.get("event") == "resumed" for e in events), "".join(lines[-60:])
+    a = _weights(str(tmp_path / "whole" / "weights-worker-0.npz"))
+    b = _weights(str(tmp_path / "killed" / "weights-worker-0.npz"))
+    assert len(a) == 4 and all((x == y).all() for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.timeout(600)
+def test_a_ps_run_on_ray_survives_a_worker_server_killed_on_host_2(
+    hosts: Any, ray_on_hosts: RayOnHosts, tmp_path: Any
+) -> None:
+    """``graphdist run --backend ray --chief --ps 1 --workers 2``: the PS example's coordinator
+    in an actor, its ps and worker servers as Ray actors over the two nodes. A worker server on
+    host 2 killed (SIGKILL) mid-training: Ray brings it back on its node and port, the
+    coordinator carries on, and the run ends with the example's accuracy."""
+    killed: list[int] = []
+    target: list[str] = []
+
+    def kill_a_worker_server_on_host_2(event: dict[str, Any]) -> None:
+        if event.get("event") == "attempt-started":
+            on_2 = hosts[1].address + ":"
+            target.extend(a for a in event["cluster"]["worker"] if a.startswith(on_2))
+        text = event.get("text", "") if event.get("event") == "line" else ""
+        if not killed and target and text.startswith("step "):
+            port = target[0].rsplit(":", 1)[1]
+            out = hosts[1].run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True)
+            killed.append(int(out.stdout.split("pid=")[1].split(",")[0]))
+            os.kill(killed[0], signal.SIGKILL)
+
+    run_args = ["--chief", "--ps", "1", "--workers", "2", "--", sys.executable]
+    run_args += [os.path.join(EXAMPLES, "ps_training.py"), "--mode", "custom"]
+    events, lines = _run_on_ray(hosts[0], ray_on_hosts, run_args, kill_a_worker_server_on_host_2)
+    assert len(killed) == 1, "".join(lines[-60:])
+    outcome = [e for e in events if e.get("event") == "line" and "accuracy" in e.get("text", "")]
+    assert outcome and float(outcome[-1]["text"].split()[-1]) > 0.5, "".join(lines[-40:])
+
+
+def _run_on_ray(
+    host: Any, ray_on_hosts: RayOnHosts, args: list[str], on_event: Any
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """``graphdist run --backend ray --expose --output-format jsonl ARGS`` on ``host``, each
+    event handed to ``on_event`` as it comes; the events and every line, once it exited 0."""
     argv = [sys.executable, "-m", "graphdist", "run", "--backend", "ray", "--address"]
-    argv += [ray_on_hosts.address, "--expose", "--workers", "2", "--max-restarts", "1"]
-    argv += ["--output-format", "jsonl", "--", *train, str(tmp_path / "killed")]
-    driver = hosts[0].popen(
+    argv += [ray_on_hosts.address, "--expose", "--output-format", "jsonl", *args]
+    driver = host.popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ray_on_hosts.env
     )
     assert driver.stdout is not None
     events: list[dict[str, Any]] = []
     lines: list[str] = []
-    killed = None
     try:
         for raw in driver.stdout:
             lines.append(raw)
-            if not raw.startswith("{"):
-                continue
-            event = json.loads(raw)
-            events.append(event)
-            text = event.get("text", "") if event.get("event") == "line" else ""
-            if (
-                killed is None
-                and event.get("task") == "worker-0"
-                and text.startswith(f"epoch 2/{EPOCHS} done")
-            ):
-                [killed] = [
-                    p for p in hosts[1].pids() if _cmdline(p)[1:2] == [script]
-                ]  # the command itself, not its guard
-                os.kill(killed, signal.SIGKILL)
+            if raw.startswith("{"):
+                events.append(json.loads(raw))
+                on_event(events[-1])
         assert driver.wait(60) == 0, "".join(lines[-60:])
     finally:
         if driver.poll() is None:
             driver.kill()
             driver.wait(30)
-    assert killed is not None, "".join(lines[-60:])
-    started = [e for e in events if e.get("event") == "attempt-started"]
-    assert len(started) == 2, started
-    for attempt in started:  # one task per node: two nodes, two addresses
-        assert len(set(attempt["nodes"].values())) == 2, attempt
-    restarting = [e for e in events if e.get("event") == "restarting"]
-    assert len(restarting) == 1 and "worker-1" in json.dumps(restarting[0]), restarting
-    assert any(e.get("event") == "resumed" for e in events), "".join(lines[-60:])
-    a = _weights(str(tmp_path / "whole" / "weights-worker-0.npz"))
-    b = _weights(str(tmp_path / "killed" / "weights-worker-0.npz"))
-    assert len(a) == 4 and all((x == y).all() for x, y in zip(a, b, strict=True))
+    return events, lines
 
 
 def _cmdline(pid: int) -> list[str]:
