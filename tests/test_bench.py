@@ -343,7 +343,7 @@ def test_importing_every_benchmark_does_not_import_tensorflow():
     code = (
         "import sys; sys.path.insert(0, 'benchmarks')\n"
         "import _common, master_choice, mwms_throughput, seed_style_fleet, startup, suite\n"
-        "import accept_check, fast_failure, restart, transfer\n"
+        "import accept_check, fast_failure, hosts, restart, transfer\n"
         "assert 'tensorflow' not in sys.modules, 'a benchmark imports TensorFlow at import time'\n"
     )
     proc = run_python(["-c", code])
@@ -438,6 +438,17 @@ def test_side_by_side_warnings_join_the_run_warnings(monkeypatch):
     results["side_by_side"] = startup.side_by_side([8, 16], [16], repeats=3)
     (warning,) = suite.run_warnings(results)
     assert warning.startswith("Warning: side by side: noisy run: the floor (bare")
+
+
+def test_the_hosts_report_says_a_veth_pair_is_no_network_and_checks_both_targets():
+    import hosts
+
+    table, targets = hosts.report(
+        {"across_ms": 3.3, "one_host_ms": 3.0, "ratio": 1.1},
+        {"two_nodes_s": 20.0, "one_node_s": 10.0, "ratio": 2.0},
+    )
+    assert "a veth pair is not a network" in table and "| 1.10x |" in table and "| 2.00x |" in table
+    assert [met for _, met in targets] == [True, False]  # 1.1 <= 2.0; 2.0 > 1.5
 
 
 def test_benchmarks_run_as_modules_of_the_package():
