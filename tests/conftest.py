@@ -29,6 +29,11 @@ DOCUMENTED_START_TIMEOUT_S = 60.0
 # Set to 1 on a machine that cannot provide what a `promise` test needs (root, setpriv, network
 # namespaces, a git checkout): its skips stay skips. Unset, as in CI, such a skip is a failure.
 ALLOW_PROMISE_SKIPS = "GRAPHDIST_ALLOW_PROMISE_SKIPS"
+# A Ray cluster that a test starts on hosts of a bed (tests/net/test_ray_hosts.py) is visible to
+# Ray's "latest local cluster" lookup, which reads running gcs_server command lines: a RayFleet
+# or `run --backend ray` of another test, given no address, would then pick that cluster, which
+# it cannot reach from this namespace. Tests that want a cluster name its address.
+os.environ.setdefault("RAY_ADDRESS", "local")
 
 
 def is_gone(pid: int) -> bool:

@@ -186,7 +186,10 @@ def connect_ray(address: str | None, runtime_env: dict[str, Any] | None = None) 
         return True
     where = address or os.environ.get("RAY_ADDRESS") or "auto"
     try:
-        _check_reachable(where)
+        # "auto" is the cluster Ray finds on this machine (a running gcs_server's command line,
+        # which may belong to another network namespace): checked too, or ray.init would retry
+        # an address it cannot reach for minutes
+        _check_reachable(_resolved_address(where))
         ray.init(
             address=address, log_to_driver=False, namespace="graphdist", runtime_env=runtime_env
         )
@@ -200,6 +203,18 @@ def connect_ray(address: str | None, runtime_env: dict[str, Any] | None = None) 
             value=address,
         ) from None
     return True
+
+
+def _resolved_address(address: str) -> str:
+    """``address`` as Ray resolves it (``auto``: the cluster found on this machine), or as it
+    is where Ray cannot say."""
+    from ray._private import services as ray_services
+
+    services: Any = ray_services  # private API (ray>=2.60,<2.61 is pinned)
+    try:
+        return str(services.canonicalize_bootstrap_address(address) or address)
+    except Exception:
+        return address
 
 
 GCS_CONNECT_S = 5.0

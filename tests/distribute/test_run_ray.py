@@ -22,7 +22,7 @@ PRINT_TASK = "import json, os; print(json.dumps(json.loads(os.environ['TF_CONFIG
 
 
 def _graphdist(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = {**os.environ, "RAY_ADDRESS": "local"}  # never a cluster another test started
     return subprocess.run(
         [sys.executable, "-m", "graphdist", *argv],
         env={**env, **QUIET_TF},

@@ -26,14 +26,15 @@ def processes_of(marker: str) -> dict[int, psutil.Process]:
 
 @pytest.fixture
 def ray_env(monkeypatch):
-    """A private Ray temp folder and auth token, no RAY_ADDRESS; every process the test's Ray
-    started must be gone afterwards."""
+    """A private Ray temp folder and auth token, RAY_ADDRESS=local (a Ray instance of the
+    test's own, never a cluster that another test runs on this machine: see tests/conftest.py);
+    every process the test's Ray started must be gone afterwards."""
     # Short: Ray's socket paths live below it and AF_UNIX paths stop at 107 bytes.
     tmp = tempfile.mkdtemp(prefix="gdrx-")
     monkeypatch.setenv("RAY_TMPDIR", tmp)
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(16))
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", "local")
     import ray
 
     if ray.is_initialized():  # a connection an earlier test of this worker left open
