@@ -223,16 +223,6 @@ def _teardown(
     return f"namespaces {left_netns}, links {left_links}, processes {alive}"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not is_gone(pid)  # a zombie owner is a dead one
-
-
 def sweep_stale() -> list[str]:
     """Remove every bed whose creating process is dead (a crashed or killed test run's), its
     processes killed first; return their keys. Called whenever a bed is made, so that a crash
@@ -249,7 +239,7 @@ def sweep_stale() -> list[str]:
             beds.setdefault(m.group(1) + m.group(2), ([], []))[1].append(link)
     swept, failures = [], []
     for key, (namespaces, links) in sorted(beds.items()):
-        if _alive(int(key[:5], 36)):
+        if not is_gone(int(key[:5], 36)):  # a zombie owner is a dead one
             continue
         left = _teardown(namespaces, links, [])
         if left:

@@ -87,11 +87,11 @@ def start_server(
     ``config`` is a serialized ``ConfigProto`` for the server's default session config.
     Raises what TensorFlow raises; a taken port surfaces as ``tf.errors.UnknownError``.
     """
-    import tensorflow as tf
-
     from graphdist._net.members import check_enforced
 
     check_enforced(f"/job:{job}/task:{index}")  # members only, where asked: in force, or no server
+    import tensorflow as tf
+
     server_config = None
     if config:
         server_config = tf.compat.v1.ConfigProto.FromString(config)
