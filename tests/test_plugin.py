@@ -159,10 +159,28 @@ def test_a_frozen_worker_is_stopped_then_continued(graphdist_faults, train):
     assert out.lines_of("worker-1")[-1] == "done" and out.attempts == 1
 
 
+def test_a_worker_frozen_for_good_is_found_by_the_heartbeat_and_fails_the_run(
+    graphdist_faults, train
+):
+    # No restarts: the heartbeat (3 s by default) kills the stopped worker and the run fails as
+    # for a killed one, long before the timeout would have ended it.
+    out = keep(graphdist_faults.run(
+        train,
+        timeout_s=60,
+        faults=[graphdist_faults.freeze("worker-1", after="step 0", of="worker-0")],
+    ))
+    assert out.returncode == 128 + 9, out.describe()
+    first = out.stderr.splitlines()[0]
+    assert first.startswith("Error: Task worker-1 was frozen (stopped (state T) for "), first
+    assert first.split(" for ")[1].startswith("3."), first  # the default timeout, one look late
+    assert out.injected[0].confirmed and out.leftovers == []
+
+
 def test_a_worker_frozen_for_good_is_ended_by_the_timeout(graphdist_faults, train):
     out = keep(graphdist_faults.run(
         train,
         timeout_s=8,
+        launcher_args=["--heartbeat-timeout", "off"],
         faults=[graphdist_faults.freeze("worker-1", after="step 0", of="worker-0")],
     ))
     assert out.returncode == 1, out.describe()
@@ -213,7 +231,7 @@ def test_user_tests_inject_faults_into_a_run_and_nothing_is_left(pytester):
     os.environ["PIDFILE"], os.environ["GRAPHDIST_TEST_MARK"] = pidfile, mark
     try:
         result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
-        result.assert_outcomes(passed=7)
+        result.assert_outcomes(passed=8)
         with open(pidfile) as f:
             pids = [int(p) for p in f.read().split()]
     finally:

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 from graphdist._cluster import Cluster
 from graphdist._detached.supervisor import RESTART_POLICIES
+from graphdist._distribute.heartbeat import HEARTBEAT_TIMEOUT_S, MIN_HEARTBEAT_TIMEOUT_S
 from graphdist._exceptions import (
     ArgumentError,
     ClusterSpecError,
@@ -144,6 +145,14 @@ def _preemption_code(text: str) -> int | None:
 _int.__name__ = "int"  # argparse: "argument --task: invalid int value: '٣'"
 _float.__name__ = "float"
 _preemption_code.__name__ = "exit code"
+
+
+def _seconds_or_off(text: str) -> float | None:
+    """``off`` (None) or seconds; the library checks the floor."""
+    return None if text.strip().lower() == "off" else _float(text)
+
+
+_seconds_or_off.__name__ = "seconds"
 
 
 def _add_state_dir(p: argparse.ArgumentParser) -> None:
@@ -324,6 +333,17 @@ def build_parser() -> _Parser:
         help="an attempt whose every task exits with CODE was preempted (TensorFlow's "
         "PreemptionCheckpointHandler saved and exited): it restarts at once and spends no "
         "restart (default 42; none: off)",
+    )
+    run.add_argument(
+        "--heartbeat-timeout",
+        dest="heartbeat_timeout_s",
+        type=_seconds_or_off,
+        default=argparse.SUPPRESS,
+        metavar="S",
+        help="a task stopped (SIGSTOP) for S seconds, or whose server (every MWMS worker and PS "
+        "task serves one) has not answered for S seconds, is frozen: it is killed and fails "
+        f"or restarts the run as a killed task does (default {HEARTBEAT_TIMEOUT_S:g}, at least "
+        f"{MIN_HEARTBEAT_TIMEOUT_S:g}; off: no heartbeat)",
     )
     run.add_argument(
         "--log-dir",
@@ -655,6 +675,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     }
     if "preemption_exit_code" in vars(args):  # "none" is given too: None turns it off
         given["preemption_exit_code"] = args.preemption_exit_code
+    if "heartbeat_timeout_s" in vars(args):  # "off" is given too: None turns it off
+        given["heartbeat_timeout_s"] = args.heartbeat_timeout_s
     results = run_command(
         command,
         workers=args.workers,

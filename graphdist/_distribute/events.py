@@ -83,8 +83,11 @@ class Event:
 
 
 def _cause(data: Mapping[str, Any]) -> str:
+    """``worker-1 was killed by SIGKILL (exit status 137)``, or as the cause's ``how`` says
+    (``was frozen (...) and was killed``)."""
     cause = data["cause"]
-    return exited(cause["task"], cause.get("exitcode"))
+    how = cause.get("how")
+    return f"{cause['task']} {how}" if how else exited(cause["task"], cause.get("exitcode"))
 
 
 def render(event: Event, events: Sequence[Event] = ()) -> str | None:

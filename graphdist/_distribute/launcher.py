@@ -60,6 +60,11 @@ from typing import IO, Any
 
 from graphdist._cluster import Cluster, Task
 from graphdist._distribute.events import Event, render, summary
+from graphdist._distribute.heartbeat import (
+    HEARTBEAT_TIMEOUT_S,
+    Heartbeat,
+    check_heartbeat_timeout,
+)
 from graphdist._distribute.resume import RESUMED_PREFIX
 from graphdist._distribute.runlogs import RunLogs
 from graphdist._exceptions import (
@@ -70,11 +75,12 @@ from graphdist._exceptions import (
     TaskExitError,
     TaskOutcome,
 )
-from graphdist._failures import exited, how_ended
+from graphdist._failures import how_ended
 from graphdist._net.loopback import server_bind_address, shim_env
 from graphdist._net.ports import release_ports
 from graphdist._proc.process import (
     MARK_ENV,
+    NOW_SIGNAL,
     STOP_GRACE_S,
     TASK_STOP_GRACE_S,
     descendants,
@@ -132,6 +138,7 @@ class TaskResult:
     exitcode: int | None = None
     tail: list[str] = field(default_factory=list)
     value: Any = None
+    frozen: str | None = None  # why the run's heartbeat found it frozen (it was then killed)
 
     @property
     def name(self) -> str:
@@ -328,6 +335,11 @@ class _TaskProcess:
     def running(self) -> bool:
         return self.proc.poll() is None
 
+    def processes(self) -> list[int] | None:
+        """The task's live processes, for the heartbeat (its guard's descendants); None where
+        the launcher cannot see them (a task on another machine)."""
+        return descendants(self.proc.pid) if self.running() else []
+
     def signal(self, sig: int) -> None:
         """SIGTERM (or any catchable signal) goes to the guard, which stops its task; SIGKILL, the
         last resort for a guard that did not finish, goes to everything the guard has left."""
@@ -411,11 +423,32 @@ def _stop(procs: Sequence[_TaskProcess], grace_s: float) -> None:
     stop_all(procs, grace_s)
 
 
+def _stop_broken(procs: Sequence[_TaskProcess]) -> None:
+    """Stop an attempt that a failed or frozen task broke, at once: its survivors cannot go on
+    (a MultiWorkerMirroredStrategy collective without one of its workers) and some ignore SIGTERM
+    (MWMS installs its own handler), so a grace period would only delay the restart. Each guard
+    is told to end its tree with SIGKILL (:data:`graphdist._proc.process.NOW_SIGNAL`); the usual
+    escalation follows for a guard that does not. A stop someone asked for (a signal, the
+    timeout, the run's end) keeps the grace."""
+    for proc in procs:
+        if proc.running():
+            proc.signal(NOW_SIGNAL)
+    _stop(procs, TASK_STOP_GRACE_S)
+
+
+def _how(result: TaskOutcome) -> str:
+    """How a task ended, in words: as its exit code says, or frozen and killed."""
+    frozen = getattr(result, "frozen", None)
+    if frozen is not None:
+        return f"was frozen ({frozen}) and was killed"
+    return how_ended(result.exitcode)
+
+
 def _describe(result: TaskOutcome, then: str = "") -> str:
     """``NAME exited with code N`` (``then`` after it), its last lines and a hint."""
     tail = "\n".join(f"    [{result.name}] {_cut(line)}" for line in result.tail[-10:])
     return (
-        exited(result.name, result.exitcode)
+        f"{result.name} {_how(result)}"
         + then
         + (f"; its last lines:\n{tail}" if tail else "")
         + _interpreter_hint(result.tail)
@@ -478,6 +511,7 @@ class _Run:
         policy: RestartPolicy,
         timeout_s: float | None,
         preemption_code: int | None,
+        heartbeat_s: float | None = HEARTBEAT_TIMEOUT_S,
     ) -> None:
         self.out = out
         self.jsonl = output_format == "jsonl"
@@ -485,6 +519,7 @@ class _Run:
         self.policy = policy
         self.timeout_s = timeout_s
         self.preemption_code = preemption_code
+        self.heartbeat_s = heartbeat_s
         self.started = time.monotonic()
         self.attempt = 1
         self.events: list[Event] = []  # every event but the output lines
@@ -549,7 +584,7 @@ class _Run:
             "task": result.name,
             "pid": result.pid,
             "exitcode": result.exitcode,
-            "how": how_ended(result.exitcode),
+            "how": _how(result),
             "ended_at_s": round(ended_at_s, 3),
         }
 
@@ -617,6 +652,7 @@ def run_command(
     backend: str = "local",
     address: str | None = None,
     working_dir: str | os.PathLike[str] | None = None,
+    heartbeat_timeout_s: float | None = HEARTBEAT_TIMEOUT_S,
 ) -> list[TaskResult]:
     """Run ``command`` once per task of a fresh local cluster (see the module docstring).
 
@@ -646,6 +682,13 @@ def run_command(
     that restarted, or has a ``log_dir``, ends with a summary (attempts, which task failed how
     and when, what each attempt resumed from, the time) on ``output``, however it ended.
 
+    ``heartbeat_timeout_s`` (default :data:`HEARTBEAT_TIMEOUT_S`, at least 2 s; ``None``:
+    off): a task stopped (SIGSTOP) that long, or whose server (every MWMS worker and PS task
+    serves one) has not answered for that long, is frozen (:mod:`graphdist._distribute.heartbeat`):
+    the launcher kills it, and the run fails or restarts as for a killed task. A failed or
+    frozen task's attempt is stopped at once (its survivors cannot go on); a stop someone asked
+    for (a signal, the timeout) gives each task's processes their grace period.
+
     ``backend="ray"`` runs the tasks as processes on a Ray cluster's nodes, one per node where
     there are nodes enough (:mod:`graphdist._distribute.rayrun`); ``address`` is the cluster's
     (``None``: ``RAY_ADDRESS``, else a Ray instance of this machine's own). Restarts, logs and
@@ -660,6 +703,7 @@ def run_command(
         restart_window_s, "restart_window_s", DEFAULT_RESTART_WINDOW_S
     )
     min_uptime_s = check_min_uptime(min_uptime_s)
+    heartbeat_s = check_heartbeat_timeout(heartbeat_timeout_s)
     preemption_code = _check_preemption_code(preemption_exit_code)
     output_format = _check_output_format(output_format)
     flag(expose, "expose")
@@ -680,7 +724,9 @@ def run_command(
     policy = RestartPolicy(
         max_restarts, restart_window_s, what="the run", min_uptime_s=min_uptime_s
     )
-    run = _Run(_Output(stream), output_format, logs, policy, timeout_s, preemption_code)
+    run = _Run(
+        _Output(stream), output_format, logs, policy, timeout_s, preemption_code, heartbeat_s
+    )
     procs: list[_TaskProcess] = []
     owns_ray = False
     if backend == "ray":
@@ -897,6 +943,23 @@ def _exit_rows(results: Sequence[TaskResult], fleet: Any) -> list[dict[str, Any]
     ]
 
 
+def _heartbeat(procs: Sequence[_TaskProcess], run: _Run, fleet: Any) -> Heartbeat | None:
+    """The attempt's heartbeat (None when the run has none): every command task at its
+    TF_CONFIG address, and a ps run's servers."""
+    if run.heartbeat_s is None:
+        return None
+    heartbeat = Heartbeat(run.heartbeat_s)
+    for proc in procs:
+        heartbeat.watch(proc.result.name, proc.result.task.address, proc.processes)
+    for server in [] if fleet is None else fleet.tasks:
+        heartbeat.watch(server.name, server.address, _server_processes(server))
+    return heartbeat
+
+
+def _server_processes(server: Any) -> Callable[[], list[int]]:
+    return lambda: [server.pid] if server.pid is not None and server.alive else []
+
+
 def _supervise(
     procs: list[_TaskProcess],
     signals: SignalScope,
@@ -907,11 +970,45 @@ def _supervise(
     fleet of ps/worker servers and restarts allowed: a dead worker is restarted on its address
     (within the restart budget: the coordinator carries on), a dead ps task fails the attempt
     (the next one starts the ps tasks and the coordinator again, which resumes). A task that
-    exits with the preemption code waits for the others to do the same (a preemption)."""
+    exits with the preemption code waits for the others to do the same (a preemption). A task
+    the heartbeat finds frozen is killed, and counts as failed."""
+    heartbeat = _heartbeat(procs, run, fleet)
+    try:
+        return _watch(procs, signals, run, fleet, heartbeat)
+    finally:
+        if heartbeat is not None:
+            heartbeat.close()
+
+
+def _kill_frozen(procs: Sequence[_TaskProcess], frozen: Mapping[str, str]) -> None:
+    """Kill every frozen command task (SIGKILL reaches a stopped process; its guard may be
+    stopped too) and remember why."""
+    for proc in procs:
+        why = frozen.get(proc.result.name)
+        if why is not None and proc.result.frozen is None:
+            proc.result.frozen = why
+            proc.signal(signal.SIGKILL)
+
+
+def _watch(
+    procs: list[_TaskProcess],
+    signals: SignalScope,
+    run: _Run,
+    fleet: Any,
+    heartbeat: Heartbeat | None,
+) -> list[TaskResult]:
     deadline = run.deadline
     while True:
-        if fleet is not None and run.policy.max_restarts:  # else as TensorFlow has it: the
-            _check_servers(fleet, signals, run)  # coordinator carries on without a dead worker
+        frozen = {} if heartbeat is None else heartbeat.frozen()
+        if fleet is not None:
+            killed = _kill_frozen_servers(fleet, frozen)
+            if run.policy.max_restarts:  # else as TensorFlow has it: the coordinator carries
+                try:  # on without a worker
+                    _check_servers(fleet, signals, run, heartbeat, killed)
+                except TaskExitError:
+                    _stop_broken(procs)
+                    raise
+        _kill_frozen(procs, frozen)
         codes = [p.ended() for p in procs]
         failed = next((p for p, c in zip(procs, codes, strict=True) if c not in (None, 0)), None)
         if failed is not None:
@@ -924,7 +1021,7 @@ def _supervise(
                 _stop(procs, TASK_STOP_GRACE_S)
                 raise _Preempted(code, [p.finish() for p in procs])
             ended_at = failed.ended_at_s()
-            _stop(procs, TASK_STOP_GRACE_S)  # the failed one's guard may still be ending its tree
+            _stop_broken(procs)  # the failed one's guard may still be ending its tree
             results = [p.finish() for p in procs]
             error = TaskExitError(
                 f"Task {_describe(failed.result)}\n  the other tasks were stopped",
@@ -962,13 +1059,34 @@ def _all_preempted(procs: Sequence[_TaskProcess], signals: SignalScope, run: _Ru
             time.sleep(0.05)
 
 
-def _check_servers(fleet: Any, signals: SignalScope, run: _Run) -> None:
+def _kill_frozen_servers(fleet: Any, frozen: Mapping[str, str]) -> dict[str, str]:
+    """Kill a ps run's frozen servers: a dead one is what the coordinator and the restarts
+    know how to handle (a frozen one holds the coordinator's steps until their timeout).
+    ``{server: why}`` for those killed now."""
+    killed = {}
+    for server in fleet.tasks:
+        if server.name in frozen and server.alive:
+            killed[server.name] = frozen[server.name]
+            fleet.kill(server.job, server.index)
+    return killed
+
+
+def _check_servers(
+    fleet: Any,
+    signals: SignalScope,
+    run: _Run,
+    heartbeat: Heartbeat | None = None,
+    frozen: Mapping[str, str] | None = None,
+) -> None:
     """A parameter-server run's dead servers: restart a worker on its address (the coordinator
     re-schedules its work and uses it again once back) while the policy allows; a dead ps task,
-    or a worker beyond the budget, fails the attempt (TaskExitError)."""
+    or a worker beyond the budget, fails the attempt (TaskExitError). ``frozen``: the servers
+    just killed because they were frozen, and why."""
+    frozen = frozen or {}
     for server in fleet.dead_tasks():
         result = TaskResult(server.task, pid=server.pid, exitcode=server.exitcode)
         result.tail = server.log_tail()
+        result.frozen = frozen.get(server.name)
         decision: Decision | None = None
         if server.job == "worker":
             decision = run.policy.failed(what=f"the server of {server.name}", startup=False)
@@ -992,6 +1110,8 @@ def _check_servers(fleet: Any, signals: SignalScope, run: _Run) -> None:
         )
         run.backoff(decision.wait_s, signals, f"the server of {server.name}")
         fleet.restart(server.job, server.index)
+        if heartbeat is not None:
+            heartbeat.watch(server.name, server.address, _server_processes(server))
         run.policy.restarted(decision)
 
 

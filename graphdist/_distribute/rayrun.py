@@ -197,6 +197,9 @@ class _RayTaskProcess(_TaskProcess):
     def running(self) -> bool:
         return self.command_exit is None
 
+    def processes(self) -> list[int] | None:
+        return None  # on its node: the heartbeat probes its server only
+
     def signal(self, sig: int) -> None:
         with contextlib.suppress(Exception):
             self.actor.signal.remote(sig)

@@ -12,6 +12,10 @@ a subprocess, reads its output line by line and injects each :class:`Fault` when
   stuck NFS mount), and SIGCONT ``for_s`` seconds later, or never during the run. Whatever is
   still stopped when the launcher ends gets SIGCONT, then SIGKILL if it is still there, so
   nothing is left stopped.
+- ``hang(task, ..., for_s=None)``: freeze them with a cgroup v2 freezer
+  (:mod:`graphdist._faults.freezer`): a worker hung in native code, which no process state
+  shows (they stay in state ``S``) and only a heartbeat finds; thawed and the cgroup removed as
+  a freeze is. Needs a writable cgroup v2 hierarchy (root): ArgumentError otherwise.
 
 When a fault is due:
 
@@ -78,10 +82,11 @@ __all__ = [
     "OutputLine",
     "RunOutcome",
     "freeze",
+    "hang",
     "kill",
 ]
 
-Action = Literal["kill", "freeze"]
+Action = Literal["kill", "freeze", "hang"]
 
 MARK_ENV = "GRAPHDIST_FAULTS_RUN"
 """Every process of one :meth:`FaultInjector.run` has this in its environment, set to the run's
@@ -248,6 +253,30 @@ def freeze(
     """SIGSTOP ``task``'s processes, and SIGCONT them ``for_s`` seconds later (default: not
     during the run; at its end in any case). Raises ArgumentError for a bad value."""
     return _make("freeze", task, after, after_s, attempt, of, for_s)
+
+
+def hang(
+    task: str,
+    *,
+    after: str | re.Pattern[str] | None = None,
+    after_s: float | None = None,
+    attempt: int = 0,
+    of: str | None = None,
+    for_s: float | None = None,
+) -> Fault:
+    """Freeze ``task``'s processes in a cgroup of their own (a hang in native code: no
+    ``T`` state), thawed ``for_s`` seconds later (default: at the run's end). Raises
+    ArgumentError for a bad value, or where no writable cgroup v2 hierarchy exists."""
+    from graphdist._faults.freezer import freezer_root
+
+    if freezer_root() is None:
+        raise ArgumentError(
+            "hang() freezes a task with a cgroup v2 freezer and needs a writable cgroup v2 "
+            "hierarchy (root, with cgroup2 mounted); use freeze() for a SIGSTOP instead",
+            name="hang",
+            value=task,
+        )
+    return _make("hang", task, after, after_s, attempt, of, for_s)
 
 
 # --- what happened --------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import IO, TYPE_CHECKING
 from graphdist._cluster import MAX_TASKS, MAX_TASKS_PER_JOB
 from graphdist._distribute.events import Event, render
 from graphdist._exceptions import ArgumentError
+from graphdist._faults.freezer import Freezer
 from graphdist._proc.process import marked
 from graphdist._validate import check_argv, check_env, count, flag, show
 from graphdist._validate import timeout_s as check_timeout_s
@@ -45,6 +46,7 @@ from graphdist._faults.faults import (
     RunOutcome,
     _marks,
     freeze,
+    hang,
     kill,
 )
 
@@ -253,6 +255,15 @@ class _Frozen:
     record: Injected
     procs: list[psutil.Process]
     thaw_at: float | None  # monotonic
+    freezer: Freezer | None = None  # a hang's cgroup; None: a freeze (SIGSTOP)
+
+    def thaw(self) -> bool:
+        """SIGCONT (a freeze) or thaw the cgroup (a hang); whether anything was left."""
+        live = [p for p in self.procs if _alive(p)]
+        if self.freezer is not None:
+            self.freezer.thaw()
+            return bool(live)
+        return bool(_signal(live, signal.SIGCONT))
 
 
 @dataclass
@@ -298,6 +309,7 @@ class FaultInjector:
 
     kill = staticmethod(kill)
     freeze = staticmethod(freeze)
+    hang = staticmethod(hang)
 
     def __init__(self) -> None:
         self._runs: list[_Run] = []
@@ -531,7 +543,7 @@ class FaultInjector:
         for frozen in run.frozen:
             if frozen.thaw_at is not None and now >= frozen.thaw_at:
                 frozen.thaw_at = None
-                if _signal([p for p in frozen.procs if _alive(p)], signal.SIGCONT):
+                if frozen.thaw():
                     frozen.record.thawed_at_s = run.now()
 
     def _fire_due(self, run: _Run, pending: list[_Pending]) -> None:
@@ -561,9 +573,17 @@ class FaultInjector:
         self, run: _Run, fault: Fault, found: list[psutil.Process], line: str | None
     ) -> None:
         head = found[0]
+        freezer = None
         if fault.action == "kill":
             pids = _signal(found, signal.SIGKILL)
             confirmed = not _wait_gone(found, GONE_WAIT_S)
+        elif fault.action == "hang":
+            freezer = Freezer()
+            pids = freezer.add(p.pid for p in found)
+            more = [c for c in self._tree(run, found) if c.pid not in {p.pid for p in found}]
+            pids += freezer.add(p.pid for p in more)
+            found = [*found, *more]
+            confirmed = freezer.freeze()
         else:
             pids = _signal(found, signal.SIGSTOP)
             # a child forked while its parent was being stopped: stop it too
@@ -582,9 +602,9 @@ class FaultInjector:
             confirmed,
         )
         run.injected.append(record)
-        if fault.action == "freeze":
+        if fault.action in ("freeze", "hang"):
             thaw_at = None if fault.for_s is None else time.monotonic() + fault.for_s
-            run.frozen.append(_Frozen(record, found, thaw_at))
+            run.frozen.append(_Frozen(record, found, thaw_at, freezer))
 
     @staticmethod
     def _seen_stopped(proc: psutil.Process) -> bool:
@@ -720,8 +740,7 @@ class FaultInjector:
         """SIGCONT whatever this run froze and did not thaw (a stopped process takes no
         SIGTERM: it would be left stopped)."""
         for frozen in run.frozen:
-            live = [p for p in frozen.procs if _alive(p)]
-            if frozen.record.thawed_at_s is None and _signal(live, signal.SIGCONT):
+            if frozen.thaw() and frozen.record.thawed_at_s is None:
                 frozen.record.thawed_at_s = run.now()
             frozen.thaw_at = None
 
@@ -745,7 +764,11 @@ class FaultInjector:
         live = [p for p in procs.values() if _alive(p)]
         _signal(live, signal.SIGCONT)
         _signal(live, signal.SIGKILL)
-        return sorted(p.pid for p in _wait_gone(live, GONE_WAIT_S))
+        left = sorted(p.pid for p in _wait_gone(live, GONE_WAIT_S))
+        for frozen in run.frozen:  # a hang's cgroup goes once its processes have
+            if frozen.freezer is not None:
+                frozen.freezer.remove()
+        return left
 
     def _sweep(self, run: _Run) -> list[int]:
         """After the launcher has exited: the pids of the run's processes still there after

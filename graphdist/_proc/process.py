@@ -28,7 +28,8 @@ one looks for them. So the guard
   anyone do the same;
 - then, and also when the command exits (its leftovers go with it), ends every descendant: SIGTERM,
   ``grace_s`` (:data:`STOP_GRACE_S`) for them to exit, SIGKILL for the rest (a TensorFlow program
-  may catch or ignore SIGTERM), reaping as it goes; it exits only once none is left, with the
+  may catch or ignore SIGTERM), reaping as it goes; :data:`NOW_SIGNAL` (SIGUSR1), at any time,
+  cuts the grace: SIGKILL at once; it exits only once none is left, with the
   command's exit code, or dying of the signal that killed the command, so the owner sees the
   command's status as if it had started the command itself.
 """
@@ -48,6 +49,7 @@ from typing import Protocol, TypeVar
 __all__ = [
     "KILL_WAIT_S",
     "MARK_ENV",
+    "NOW_SIGNAL",
     "STOP_GRACE_S",
     "TASK_STOP_GRACE_S",
     "Stoppable",
@@ -73,6 +75,10 @@ _PR_SET_CHILD_SUBREAPER = 36
 #: What the guard's owner's death sends the guard: catchable, unlike SIGKILL, so it can clean up.
 GUARD_DEATH_SIGNAL = signal.SIGTERM
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+#: What tells a guard to end its task at once, without the grace period: its owner found the
+#: task's group broken (another task failed), where waiting would only delay the restart.
+NOW_SIGNAL = signal.SIGUSR1
+_GUARD_SIGNALS = _STOP_SIGNALS | {NOW_SIGNAL, signal.SIGCHLD}
 
 
 class Stoppable(Protocol):
@@ -293,6 +299,7 @@ class _Guard:
         self.pid = os.getpid()
         self.child = 0
         self.status: int | None = None  # the command's wait status, once reaped
+        self.now = False  # NOW_SIGNAL came: no grace period
 
     def reap(self) -> None:
         """Reap every child that has exited: the command, and orphans re-parented to us."""
@@ -341,8 +348,9 @@ class _Guard:
 
     def end_tree(self) -> None:
         """SIGTERM every descendant, give them grace_s, then SIGKILL until none is left."""
-        self._send(signal.SIGTERM)
-        self._wait(self.grace_s)
+        if not self.now:
+            self._send(signal.SIGTERM)
+            self._wait(self.grace_s)
         deadline = time.monotonic() + KILL_WAIT_S
         while self._send(signal.SIGKILL) and time.monotonic() < deadline:
             self._wait(_POLL_S * 5)
@@ -360,10 +368,12 @@ class _Guard:
         while True:
             self.reap()
             left = deadline - time.monotonic()
-            if left <= 0 or not descendants(self.pid):
+            if left <= 0 or self.now or not descendants(self.pid):
                 return
             # wakes up for our children's exits; grandchildren's are polled
-            signal.sigtimedwait(_STOP_SIGNALS | {signal.SIGCHLD}, min(left, _POLL_S * 5))
+            info = signal.sigtimedwait(_GUARD_SIGNALS, min(left, _POLL_S * 5))
+            if info is not None and info.si_signo == NOW_SIGNAL:
+                self.now = True
 
     def exit_code(self, stop: int) -> int:
         """The command's exit code; for a command killed by a signal, die of that signal."""
@@ -410,7 +420,7 @@ def _guard_main(args: Sequence[str]) -> int:
         return 2
     owner, grace_s, command = int(args[0]), float(args[1]), args[3:]
     # Signals first: from here on a stop request waits for us instead of killing us.
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS | {signal.SIGCHLD})
+    signal.pthread_sigmask(signal.SIG_BLOCK, _GUARD_SIGNALS)
     set_parent_death_signal(GUARD_DEATH_SIGNAL)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     if os.getppid() != owner:  # the owner died before the death signal was armed
@@ -423,9 +433,11 @@ def _guard_main(args: Sequence[str]) -> int:
     _report(report_fd, f"pid {guard.child}")
     stop = 0
     while guard.status is None and not stop:
-        info = signal.sigtimedwait(_STOP_SIGNALS | {signal.SIGCHLD}, 1.0)
+        info = signal.sigtimedwait(_GUARD_SIGNALS, 1.0)
         guard.reap()
-        if info is not None and info.si_signo in _STOP_SIGNALS:
+        if info is not None and info.si_signo == NOW_SIGNAL:
+            guard.now, stop = True, signal.SIGKILL
+        elif info is not None and info.si_signo in _STOP_SIGNALS:
             stop = info.si_signo
         elif os.getppid() != owner:
             stop = GUARD_DEATH_SIGNAL

@@ -12,9 +12,10 @@ The rules, with their numbers in one place (:data:`BACKOFF`, :data:`DEFAULT_REST
 
 - at most ``max_restarts`` restarts within any ``window_s`` seconds (a sliding window); the
   next failure within it is final (``"budget"``);
-- a back-off before each restart: 0.5 s after a failure, doubling with each further failure in
-  a row, at most 30 s; something that ran for a whole window before it failed starts again from
-  0.5 s;
+- a back-off before each restart: none after a first failure (most failures are one-offs: a
+  killed or frozen task, a lost node, and each second of waiting is a second of lost training),
+  then 0.5 s after a second failure in a row, doubling with each further one, at most 30 s;
+  something that ran for a whole window before it failed starts again at once;
 - a *preemption* (the thing was asked to stop and said so: every task of a run exited with the
   preemption exit code after a SIGTERM) restarts at once and spends no restart;
 - a *start-up failure*: something that failed :data:`STARTUP_FAILURES` times in a row, each
@@ -59,28 +60,32 @@ STARTUP_FAILURES = 3
 
 @dataclass(frozen=True)
 class Backoff:
-    """Seconds to wait before a restart: ``min_s`` after the first failure in a row, times
-    ``factor`` for each further one, at most ``max_s``."""
+    """Seconds to wait before a restart: ``first_s`` after the first failure in a row,
+    ``min_s`` after the second, times ``factor`` for each further one, at most ``max_s``."""
 
     min_s: float = 0.5
     factor: float = 2.0
     max_s: float = 30.0
+    first_s: float = 0.0
 
     def delay(self, failures: int) -> float:
         """The wait before restarting something that failed ``failures`` times in a row."""
-        return min(self.min_s * self.factor ** min(max(failures, 1) - 1, 64), self.max_s)
+        if failures <= 1:
+            return min(self.first_s, self.max_s)
+        return min(self.min_s * self.factor ** min(failures - 2, 64), self.max_s)
 
     def describe(self) -> str:
-        """``"0.5 s, doubling, at most 30 s"``, for help texts and docstrings."""
+        """``"at once, then 0.5 s, doubling, at most 30 s"``, for help texts and docstrings."""
         grows = "doubling" if self.factor == 2 else f"times {self.factor:g}"
-        return f"{self.min_s:g} s, {grows}, at most {self.max_s:g} s"
+        first = "at once" if self.first_s == 0 else f"{self.first_s:g} s"
+        return f"{first}, then {self.min_s:g} s, {grows}, at most {self.max_s:g} s"
 
 
 BACKOFF = Backoff()
 
 
 def backoff_s(failures: int) -> float:
-    """:data:`BACKOFF`'s wait after ``failures`` failures in a row (0.5, 1, 2 ... 30 s)."""
+    """:data:`BACKOFF`'s wait after ``failures`` failures in a row (0, 0.5, 1, 2 ... 30 s)."""
     return BACKOFF.delay(failures)
 
 
@@ -115,10 +120,8 @@ class Decision:
         if self.reason == "preempted":
             return f"restarting {self.what} at once (a preemption spends no restart)"
         if self.restart:
-            return (
-                f"restarting {self.what} in {self.wait_s:g} s (restart {self.restart_number} "
-                f"of {limit})"
-            )
+            when = "at once" if self.wait_s == 0 else f"in {self.wait_s:g} s"
+            return f"restarting {self.what} {when} (restart {self.restart_number} of {limit})"
         if self.reason == "startup":
             return (
                 f"gave up on {self.what}: it failed {self.startup_failures} times in a row "

@@ -250,7 +250,7 @@ def test_the_lock_refuses_at_once_or_waits_and_survives_the_folder_being_removed
 
 
 def test_backoff_doubles_from_half_a_second_and_is_capped():
-    assert [backoff_s(n) for n in range(1, 10)] == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
+    assert [backoff_s(n) for n in range(1, 10)] == [0, 0.5, 1, 2, 4, 8, 16, 30, 30]
     assert backoff_s(10_000) == 30
 
 
@@ -531,21 +531,22 @@ def test_restarts_back_off_and_status_fails_once_the_supervisor_gave_up(state_di
         while not supervisor_events(state_dir, "gave up on local-1"):
             assert time.monotonic() < deadline, "the supervisor did not give up"
             time.sleep(0.2)
-        scheduled = supervisor_events(state_dir, "); restarting local-1 in ")
+        scheduled = supervisor_events(state_dir, "); restarting local-1 ")
         attempts = supervisor_events(state_dir, "local-1: restarting it (restart ")
         gave_up = supervisor_events(state_dir, "gave up on local-1")
         assert (len(scheduled), len(attempts), len(gave_up)) == (3, 3, 1)
         with open(os.path.join(state_dir, "supervisor.log"), encoding="utf-8") as f:
             log = f.read()
-        delays = [float(d) for d in re.findall(r"restarting local-1 in ([\d.]+) s", log)]
-        assert delays == [0.5, 1.0, 2.0]
+        found = re.findall(r"restarting local-1 (at once|in ([\d.]+) s)", log)
+        delays = [float(d) if d else 0.0 for _, d in found]
+        assert delays == [0.0, 0.5, 1.0]  # the first restart at once, then 0.5 s, doubling
         # Each attempt comes at least its backoff after the death it follows, so the gaps
         # between attempts grow (the log's millisecond stamps; lower bounds only: a slow machine
         # only makes the gaps longer).
         for sched, delay, attempt in zip(scheduled, delays, attempts, strict=True):
             assert attempt - sched >= delay - 0.05
-        assert attempts[1] - attempts[0] >= 1.0 - 0.05
-        assert attempts[2] - attempts[1] >= 2.0 - 0.05
+        assert attempts[1] - attempts[0] >= 0.5 - 0.05
+        assert attempts[2] - attempts[1] >= 1.0 - 0.05
         assert gave_up[0] >= attempts[2]
         assert "gave up on local-1 after 3 restart(s) (at most 3 within 60 s)" in log
 

@@ -85,7 +85,7 @@ def test_a_timeout_below_the_floor_or_not_a_finite_number_is_refused_naming_both
 def test_run_command_refuses_a_bad_heartbeat_before_anything_starts():
     from graphdist._distribute.launcher import run_command
 
-    with pytest.raises(ArgumentError, match="at least 2 s, not 1.5"):
+    with pytest.raises(ArgumentError, match=r"at least 2 s, not 1\.5"):
         run_command([sys.executable, "-c", "raise SystemExit(3)"], heartbeat_timeout_s=1.5)
 
 

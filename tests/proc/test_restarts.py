@@ -31,11 +31,11 @@ def _policy(max_restarts: int, window_s: float, **kwargs) -> tuple[RestartPolicy
     return RestartPolicy(max_restarts, window_s, what="the run", clock=clock, **kwargs), clock
 
 
-def test_backoff_doubles_from_half_a_second_up_to_thirty_and_says_so():
-    assert [backoff_s(n) for n in range(1, 10)] == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
+def test_backoff_restarts_at_once_then_doubles_from_half_a_second_up_to_thirty_and_says_so():
+    assert [backoff_s(n) for n in range(1, 10)] == [0, 0.5, 1, 2, 4, 8, 16, 30, 30]
     assert backoff_s(10_000) == 30
-    assert BACKOFF.describe() == "0.5 s, doubling, at most 30 s"
-    assert Backoff(1.0, 3.0, 10.0).describe() == "1 s, times 3, at most 10 s"
+    assert BACKOFF.describe() == "at once, then 0.5 s, doubling, at most 30 s"
+    assert Backoff(1.0, 3.0, 10.0, 2.0).describe() == "2 s, then 1 s, times 3, at most 10 s"
 
 
 def test_a_burst_gets_n_restarts_within_the_window_then_a_give_up_in_the_window_s_words():
@@ -49,7 +49,7 @@ def test_a_burst_gets_n_restarts_within_the_window_then_a_give_up_in_the_window_
         policy.restarted(decision)
     clock.now += 1
     final = policy.failed()
-    assert waits == [(0.5, 1), (1.0, 2)]
+    assert waits == [(0, 1), (0.5, 2)]
     assert not final.restart and final.reason == "budget" and final.in_window == 2
     assert final.words() == "gave up on the run after 2 restart(s) (at most 2 within 60 s)"
 
@@ -61,23 +61,21 @@ def test_failures_spread_over_more_than_the_window_never_give_up_and_count_the_w
     for _ in range(5):
         clock.now += 12
         decision = policy.failed()
-        assert decision.restart and decision.wait_s == 0.5  # ran a whole window: back to 0.5 s
-        assert (
-            decision.words() == "restarting the run in 0.5 s (restart 1 of at most 1 within 10 s)"
-        )
+        assert decision.restart and decision.wait_s == 0  # ran a whole window: at once again
+        assert decision.words() == "restarting the run at once (restart 1 of at most 1 within 10 s)"
         policy.restarted(decision)
     assert policy.restarts == 5
 
 
 def test_the_back_off_is_capped_and_resets_after_a_stable_window():
-    policy, clock = _policy(20, 1000.0, backoff=Backoff(1.0, 2.0, 8.0))
+    policy, clock = _policy(20, 1000.0, backoff=Backoff(1.0, 2.0, 8.0, first_s=1.0))
     waits = []
     for _ in range(6):
         clock.now += 1
         decision = policy.failed()
         waits.append(decision.wait_s)
         policy.restarted(decision)
-    assert waits == [1, 2, 4, 8, 8, 8]
+    assert waits == [1, 1, 2, 4, 8, 8]
     clock.now += 1000  # ran a whole window without failing
     assert policy.failed().wait_s == 1
 
@@ -127,7 +125,7 @@ def test_a_part_spends_the_same_budget_in_its_own_words_without_touching_start_u
     policy, clock = _policy(1, 60.0, min_uptime_s=10.0)
     clock.now += 1
     decision = policy.failed(what="the server of worker-1", startup=False)
-    assert decision.words().startswith("restarting the server of worker-1 in 0.5 s (restart 1 ")
+    assert decision.words().startswith("restarting the server of worker-1 at once (restart 1 ")
     assert decision.startup_failures == 0
     policy.restarted(decision)
     clock.now += 1
@@ -142,13 +140,13 @@ def test_a_restart_by_hand_resets_the_back_off_but_not_the_window():
     policy.reset()
     clock.now += 1
     decision = policy.failed()
-    assert decision.wait_s == 0.5 and decision.restart_number == 3
+    assert decision.wait_s == 0 and decision.restart_number == 3  # at once, as a first failure
 
 
 def test_the_module_default_back_off_is_read_when_a_policy_is_made(monkeypatch):
-    monkeypatch.setattr(restarts, "BACKOFF", Backoff(0.0, 2.0, 0.0))
+    monkeypatch.setattr(restarts, "BACKOFF", Backoff(0.0, 2.0, 5.0, first_s=5.0))
     policy, _clock = _policy(1, 60.0)
-    assert policy.failed().wait_s == 0.0
+    assert policy.failed().wait_s == 5.0
 
 
 @pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "10", True, None])
