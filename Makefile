@@ -1,4 +1,5 @@
-# Two entry points for users: `make demo` (the main job) and `make test` (the whole suite).
+# Two entry points for users: `make demo` (the main job) and `make test` (the whole suite);
+# `make docs` builds the documentation site.
 # Both create .venv on first use: `demo` installs graphdist and its runtime dependencies only,
 # `test` adds the test extras (and Ray, whose backend the suite covers). Nothing here installs
 # system packages: without Graphviz, placement pictures are written as .dot (the message says
@@ -7,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint corners bench bench-full bench-smoke clean
+.PHONY: demo test lint corners docs bench bench-full bench-smoke clean
 
 $(VENV)/.installed: setup.cfg setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,24 +36,35 @@ test: lint
 corners: $(VENV)/.test-installed
 	$(BIN)/nox -t corners
 
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[docs]'
+	touch $@
+
+# The documentation site, offline (no intersphinx, nothing fetched) and strict: every warning is
+# an error (-W), all of them reported (--keep-going). The tutorial notebook runs on every build, on
+# a real fleet (docs/conf.py): a failing cell fails the build; -E reads every page afresh, so
+# the notebook runs on every `make docs`, not only when it changed. Output: docs/_build/html.
+docs: $(VENV)/.docs-installed
+	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/sphinx-build -E -W --keep-going -b html docs docs/_build/html
+
 $(VENV)/.bench-installed: $(VENV)/.test-installed
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	touch $@
 
-# The benchmark suite, quick mode (three interleaved rounds; 675 s on this 2-core machine on
-# 2026-12-01, with other jobs running): prints its tables and writes them to bench-results/ (ignored by git), then each
-# target as met or MISSED, and fails on a miss. README=1 updates the record instead: README's
-# section `suite` and benchmarks/results/. bench-smoke runs every measurement once at its
-# smallest size (what tests/test_bench.py runs; its figures mean nothing).
+# The benchmark suite, quick mode (three interleaved rounds; the record in docs/benchmarks.md says
+# how long its run took): prints its tables and writes them to bench-results/ (ignored by git),
+# then each target as met or MISSED, and fails on a miss. README=1 updates the record instead:
+# the section `suite` of docs/benchmarks.md and benchmarks/results/. bench-smoke runs every
+# measurement once at its smallest size (what tests/test_bench.py runs; its figures mean nothing).
 bench: $(VENV)/.bench-installed
-	$(BIN)/python benchmarks/suite.py $(if $(README),--readme README.md)
+	$(BIN)/python benchmarks/suite.py $(if $(README),--readme docs/benchmarks.md)
 
 bench-full: $(VENV)/.bench-installed
-	$(BIN)/python benchmarks/suite.py --full $(if $(README),--readme README.md)
+	$(BIN)/python benchmarks/suite.py --full $(if $(README),--readme docs/benchmarks.md)
 	$(BIN)/python benchmarks/mwms_throughput.py
 
 bench-smoke: $(VENV)/.bench-installed
 	$(BIN)/python benchmarks/suite.py --smoke
 
 clean:
-	rm -rf $(VENV) .nox *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .nox *.egg-info .mypy_cache .ruff_cache .pytest_cache docs/_build docs/jupyter_execute

@@ -108,6 +108,11 @@ def write_json(path: str | None, data: Any) -> None:
             f.write("\n")
 
 
+RECORD_PAGE = "docs/benchmarks.md"
+"""The page that holds every benchmark's section, relative to the repository root: what
+``--readme`` is given to update the record (the option kept its name from when README held it)."""
+
+
 def section_markers(name: str) -> tuple[str, str]:
     """The two comment lines that enclose the README section benchmark ``name`` writes."""
     return f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
@@ -117,8 +122,9 @@ def add_readme_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--readme",
         metavar="PATH",
-        help="also rewrite this README's section of this benchmark (between its "
-        "<!-- bench:NAME:start --> and <!-- bench:NAME:end --> lines) with this run's output",
+        help="also rewrite this page's section of this benchmark (the record is "
+        f"{RECORD_PAGE}: between its <!-- bench:NAME:start --> and <!-- bench:NAME:end --> "
+        "lines) with this run's output",
     )
 
 

@@ -10,10 +10,10 @@ connections (2 rows each) held open by that process. The baseline is the same pr
 ``LD_PRELOAD``; the shim's bind rewrite only runs at ``bind()``, so the difference is the check.
 Runs of the two alternate, so a change in the machine's load hits both. README states no target
 for this cost (only that connections are long-lived), so none is checked; with ``--readme`` the
-figures become README's sentence ``accept_check``.
+figures become the sentence ``accept_check`` of docs/benchmarks.md.
 
     python benchmarks/accept_check.py [--connections 200] [--repeats 5] [--extra 0 500]
-        [--json FILE] [--readme README.md]
+        [--json FILE] [--readme docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ except ImportError:  # run as a script
     import _common
 
 NAME = "accept_check"
-"""This benchmark's README sentence (``<!-- bench:accept_check:start -->``)."""
+"""This benchmark's sentence in docs/benchmarks.md (``<!-- bench:accept_check:start -->``)."""
 
 WORKER = textwrap.dedent(
     """

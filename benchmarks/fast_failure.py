@@ -16,13 +16,13 @@ ever in the cases where it waits the whole timeout here (printed as ``timeout``)
 graphdist's seconds over raw TensorFlow's; ``of timeout`` is graphdist's seconds as a fraction
 of the ten minutes TensorFlow alone would wait under the fleet's own timeout.
 
-Targets (README, "Failures in a second"): a dead or killed task, transfers and the master
+Targets (docs/fleets.md, "Failures in a second"): a dead or killed task, transfers and the master
 included, is reported within ``DEAD_TARGET_S``; a frozen task within ``frozen_target_s()``
 (three missed gRPC probes); closing the session then takes at most ``CLOSE_TARGET_S``. A missed
 target prints MISSED and the script exits 1 (``--no-check``: exit 0 all the same).
 
     python benchmarks/fast_failure.py [--repeats 3] [--case NAME ...] [--raw-timeout-s 30]
-        [--json out.json] [--readme README.md]
+        [--json out.json] [--readme docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ except ImportError:  # run as a script
 sys.path.insert(0, _common.REPO)
 
 NAME = "fast_failure"
-"""This benchmark's README section (``<!-- bench:fast_failure:start -->``)."""
+"""This benchmark's section of docs/benchmarks.md (``<!-- bench:fast_failure:start -->``)."""
 DEAD_TARGET_S = 1.0
 """A dead or killed task (worker or master) is reported within this many seconds."""
 CLOSE_TARGET_S = 1.0

@@ -17,7 +17,8 @@ network stack between hosts and of graphdist's members-only check, not that of a
 Targets (met / MISSED, exit 1 on a miss): latency across <= 2.0x one host, start-up two nodes
 <= 1.5x one node.
 
-    python benchmarks/hosts.py [--steps 200] [--rounds 3] [--json FILE] [--readme README.md]
+    python benchmarks/hosts.py [--steps 200] [--rounds 3] [--json FILE]
+        [--readme docs/benchmarks.md]
 """
 
 from __future__ import annotations

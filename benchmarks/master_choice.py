@@ -10,11 +10,12 @@ every kind in turn, in a new order each round); figures are the median, p99 and 
 steps. The targets are checked: graphdist's session costs at most 1.05x a raw session's median
 step on either master, and graphdist's choice of master is at least 1.8x faster than the seed's.
 A missed target prints MISSED and the script exits 1 (``--no-check``: exit 0 all the same).
-With ``--readme``, the table and the target lines become README's section ``master_choice`` (or
-``master_choice_ray``), and the two masters' medians its line ``master_choice_line``.
+With ``--readme``, the table and the target lines become the section ``master_choice`` (or
+``master_choice_ray``) of docs/benchmarks.md, and the two masters' medians its line
+``master_choice_line``.
 
     python benchmarks/master_choice.py [--steps 2000] [--rounds 200] [--warmup 200]
-        [--backend local|ray] [--json FILE] [--readme README.md] [--no-check]
+        [--backend local|ray] [--json FILE] [--readme docs/benchmarks.md] [--no-check]
 """
 
 from __future__ import annotations

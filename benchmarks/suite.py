@@ -1,7 +1,7 @@
 """The benchmark suite: every speed and memory figure, beside what a user would otherwise do, in
 one run on this machine, and every target checked.
 
-    python benchmarks/suite.py [--full | --smoke] [--out DIR] [--readme README.md]
+    python benchmarks/suite.py [--full | --smoke] [--out DIR] [--readme docs/benchmarks.md]
     python -m benchmarks.suite [...]
 
 It reuses ``startup.py`` (fleet start-up and memory vs size: LocalFleet, the seed's spawned
@@ -17,13 +17,14 @@ of TensorFlow's warm floor at 8 and 16 servers, master_choice's step-latency tar
 1 if one was missed.
 
 The record is never overwritten by accident. A plain run writes ``bench-results/`` at the
-repository root, which git ignores, and touches no README: a quick run on a busy laptop cannot
-replace the figures that are committed. Updating the record is explicit: ``--readme README.md``
-replaces that README's section ``suite`` (between ``<!-- bench:suite:start -->`` and ``<!--
-bench:suite:end -->``, ``_common.update_readme_section``, which names the command and the date)
+repository root, which git ignores, and touches no page: a quick run on a busy laptop cannot
+replace the figures that are committed. Updating the record is explicit: ``--readme
+docs/benchmarks.md`` replaces that page's section ``suite`` (between ``<!--
+bench:suite:start -->`` and ``<!-- bench:suite:end -->``, ``_common.update_readme_section``,
+which names the command and the date)
 and, unless ``--out`` says otherwise, writes the tracked ``benchmarks/results/`` whose start-up
 plot the section shows, so the two always agree; ``--out benchmarks/results`` alone updates the
-files without the README.
+files without the page.
 
 Every start-up figure is measured in interleaved rounds (each round runs every method at every
 size and both floors, in a rotated order: ``_common.interleaved``) and is a ratio against the
@@ -404,8 +405,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     start, end = section_markers(SECTION)
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0].replace("\n", " "),
-        epilog="Without --readme no README is read or written; --readme is the only way this "
-        "suite rewrites a README's benchmark section.",
+        epilog="Without --readme no page is read or written; --readme is the only way this "
+        "suite rewrites the benchmark section of a page (the record: docs/benchmarks.md).",
     )
     modes = parser.add_mutually_exclusive_group()
     modes.add_argument(
@@ -429,13 +430,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="DIR",
         help="folder for results.json, results.md and the plots (default: "
         f"{os.path.relpath(SCRATCH, REPO)}/ at the repository root, ignored by git; with "
-        f"--readme: {os.path.relpath(RECORD, REPO)}/, the tracked record the README shows)",
+        f"--readme: {os.path.relpath(RECORD, REPO)}/, the tracked record docs/benchmarks.md shows)",
     )
     parser.add_argument(
         "--readme",
         metavar="PATH",
-        help="explicitly rewrite this README's benchmark section (between "
-        f"'{start}' and '{end}') with the results; nothing else touches a README",
+        help="explicitly rewrite this page's benchmark section (docs/benchmarks.md: between "
+        f"'{start}' and '{end}') with the results; nothing else touches it",
     )
     args = parser.parse_args(argv)
     if args.out is None:

@@ -331,12 +331,42 @@ def test_readme_is_rewritten_only_with_the_flag_and_shows_the_warnings(
     assert "Warning: noisy run" in capsys.readouterr().err
 
 
-def test_help_names_readme_as_the_explicit_way_to_rewrite_readme(capsys):
+def test_help_names_readme_as_the_explicit_way_to_rewrite_the_record(capsys):
     with pytest.raises(SystemExit):
         suite.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "Without --readme no README is read or written" in text
-    assert "--readme PATH explicitly rewrite this README's benchmark section" in text
+    assert "Without --readme no page is read or written" in text
+    assert "--readme PATH explicitly rewrite this page's benchmark section" in text
+    assert _common.RECORD_PAGE in text
+
+
+# Every section or sentence a benchmark rewrites with --readme, and the page that holds them all
+# (the docs' benchmarks page): a run with --readme docs/benchmarks.md finds each exactly once.
+RECORD_SECTIONS = (
+    "suite",
+    "hosts",
+    "fast_failure",
+    "master_choice",
+    "master_choice_ray",
+    "restart",
+)
+RECORD_SENTENCES = ("master_choice_line", "accept_check")
+
+
+def test_the_record_page_holds_every_benchmark_section_once():
+    page = Path(REPO, _common.RECORD_PAGE).read_text(encoding="utf-8")
+    for name in RECORD_SECTIONS + RECORD_SENTENCES:
+        start, end = _common.section_markers(name)
+        assert page.count(start) == 1 and page.count(end) == 1, name
+        assert page.index(start) < page.index(end), name
+        body = page[page.index(start) + len(start) : page.index(end)]
+        assert "Printed by `python benchmarks/" in body or "(`python benchmarks/" in body, name
+    for name in RECORD_SENTENCES:  # update_readme_inline replaces within one line
+        start, end = _common.section_markers(name)
+        [line] = [ln for ln in page.splitlines() if start in ln]
+        assert end in line, name
+    readme = Path(REPO, "README.md").read_text(encoding="utf-8")
+    assert "<!-- bench:" not in readme  # the front page holds no record
 
 
 def test_importing_every_benchmark_does_not_import_tensorflow():
