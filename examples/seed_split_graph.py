@@ -2,7 +2,8 @@
 
 First the seed's plain local version, then the same graph split over a two-task fleet, run
 through the seed's master (``grpc://`` of task 0). Constant folding is switched off so the split
-is real, and a traced run shows where each op ran.
+is real, and a traced run shows where each op ran. It prints ``local result: 238``, ``split
+result: 238`` and the table of where each op ran.
 """
 
 import tensorflow.compat.v1 as tf
@@ -20,7 +21,7 @@ def main(fleet):
     y = y1 + y2
     with tf.Session() as sess:
         result = sess.run(y)
-        print(result)
+        print(f"local result: {result}")
 
     tf.reset_default_graph()
     x = tf.constant(2)
@@ -34,7 +35,7 @@ def main(fleet):
     # Run session on one of the workers (the seed's grpc://localhost:2020 is task 0)
     with fleet.session("local", 0, config=no_folding_config()) as sess:
         result, placement = run_traced(sess, y)
-        print(result)
+        print(f"split result: {result}")
     print(placement.table())
 
 
