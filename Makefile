@@ -24,7 +24,7 @@ demo: $(VENV)/.installed
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/graphdist demo
 
 lint: $(VENV)/.test-installed
-	$(BIN)/ruff check graphdist tests examples benchmarks noxfile.py
+	$(BIN)/ruff check graphdist tests examples benchmarks noxfile.py docs/conf.py
 	$(BIN)/ruff format --check graphdist
 	$(BIN)/mypy graphdist
 

@@ -21,7 +21,7 @@ import graphdist  # noqa: E402
 
 project = "graphdist"
 author = "the graphdist authors"
-copyright = "the graphdist authors, Apache-2.0"  # noqa: A001 (Sphinx's name)
+copyright = "the graphdist authors, Apache-2.0"
 release = version = graphdist.__version__
 
 extensions = [
@@ -61,7 +61,29 @@ smartquotes = False  # help texts say --flag: no en dashes, no curly quotes in c
 html_theme = "alabaster"
 html_title = f"graphdist {release}"
 html_static_path: list[str] = []
-html_theme_options = {"description": "TensorFlow's graph-mode distributed runtime, without the fragile parts"}
+html_theme_options = {
+    "description": "TensorFlow's graph-mode distributed runtime, without the fragile parts"
+}
 
 # The kernel that runs the tutorial: quiet TensorFlow, as `make demo` does.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _data_docstring(app, what, name, obj, options, lines):
+    """A public constant (``graphdist.X``, :data:`graphdist._WHERE` says where it lives) gets the
+    ``#:`` comment of the module that defines it, never the docstring of its type (``int``'s):
+    autodoc would look for that comment in ``graphdist/__init__.py``, which only re-exports it."""
+    if what != "data" or not name.startswith("graphdist."):
+        return
+    short = name.split(".", 1)[1]
+    module = "graphdist._version" if short == "__version__" else graphdist._WHERE.get(short)
+    comment: list[str] = []
+    if module:
+        from sphinx.pycode import ModuleAnalyzer
+
+        comment = list(ModuleAnalyzer.for_module(module).find_attr_docs().get(("", short), []))
+    lines[:] = [ln for ln in comment if ln.strip()]
+
+
+def setup(app):
+    app.connect("autodoc-process-docstring", _data_docstring)
