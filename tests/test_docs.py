@@ -89,3 +89,12 @@ def test_the_docs_name_only_shipped_files_and_no_private_module():
         assert not re.search(r"\bgraphdist\._[a-z]", text.replace("graphdist._cli.main", "")), page
         for path in re.findall(r"`(examples/[\w.]+)`", text):
             assert Path(REPO, path).exists(), (page.name, path)
+
+
+def test_every_name_the_docs_show_is_public():
+    # test_api's check of README, for the pages README's guide material moved to
+    shown: set[str] = set()
+    for page in DOCS.glob("*.md"):
+        shown |= set(re.findall(r"\bgraphdist\.([A-Za-z][A-Za-z0-9_]*)", page.read_text("utf-8")))
+    shown -= {"pytest_plugin", "NAME"}  # the plugin module; api.md's "graphdist.NAME"
+    assert shown <= set(graphdist.__all__), shown - set(graphdist.__all__)
