@@ -11,7 +11,9 @@ kind               fields
 =================  ===========================================================================
 attempt-started    ``tasks`` (the command tasks), ``servers`` (ps runs: the server tasks),
                    ``restarts`` (the value of ``GRAPHDIST_RESTART`` in this attempt)
-line               ``text``: one line of a task's output (cut at the launcher's line limit)
+line               ``text``: one line of a task's output (cut at the launcher's line limit);
+                   the console leaves out TensorFlow's own log lines unless
+                   ``GRAPHDIST_TF_LOGS=1`` (:mod:`graphdist._tflog`)
 task-exited        ``pid``, ``exitcode`` (Popen's: -9 for SIGKILL), ``how`` (in words),
                    ``ended_at_s`` (when the task's command ended, which may be before the
                    launcher saw it), ``server`` (true for a ps run's server task)
@@ -34,13 +36,15 @@ object a line on stdout (:meth:`Event.to_json`), in the order they happened; the
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from graphdist._failures import exited
+from graphdist._tflog import LOOKBACK, is_tf_log, tf_logs_live
 
-__all__ = ["KINDS", "Event", "render", "summary"]
+__all__ = ["KINDS", "ConsoleLines", "Event", "render", "summary"]
 
 KINDS = (
     "attempt-started",
@@ -90,12 +94,47 @@ def _cause(data: Mapping[str, Any]) -> str:
     return f"{cause['task']} {how}" if how else exited(cause["task"], cause.get("exitcode"))
 
 
+def _shown(task: str | None, text: str, before: Sequence[str]) -> str | None:
+    """A task's line as the console shows it, or None for one of TensorFlow's own (kept in the
+    task's log and in jsonl; ``GRAPHDIST_TF_LOGS=1`` shows them); ``before``: its last lines."""
+    if not tf_logs_live(check=False) and is_tf_log(text, before):
+        return None
+    return f"[{task}] {text}"
+
+
+class ConsoleLines:
+    """The console's rendering of task lines as they come, which keeps each task's last
+    :data:`~graphdist._tflog.LOOKBACK` lines (what makes a line a continuation of TensorFlow's)
+    instead of the events (a run keeps no line events: a chatty task's lines add up)."""
+
+    def __init__(self) -> None:
+        self._before: dict[str, deque[str]] = {}
+
+    def render(self, task: str, text: str) -> str | None:
+        """``[task] text``, or None for one of TensorFlow's own lines (see :func:`render`)."""
+        before = self._before.setdefault(task, deque(maxlen=LOOKBACK))
+        shown = _shown(task, text, before)
+        before.append(text)
+        return shown
+
+
+def _lines_before(task: str | None, events: Sequence[Event]) -> list[str]:
+    """The last few lines ``task`` wrote, oldest first (what can make a line a continuation)."""
+    lines: list[str] = []
+    for e in reversed(events[-200:]):
+        if e.kind == "line" and e.task == task:
+            lines.append(e.data["text"])
+            if len(lines) == LOOKBACK:
+                break
+    return lines[::-1]
+
+
 def render(event: Event, events: Sequence[Event] = ()) -> str | None:
     """The console's words for ``event`` (``None``: it shows nothing); ``events``, every event
     of the run so far, for the summary that ``run-ended`` shows."""
     data = event.data
     if event.kind == "line":
-        return f"[{event.task}] {data['text']}"
+        return _shown(event.task, data["text"], _lines_before(event.task, events))
     if event.kind == "restarting":
         if data.get("scope") == "server":
             return (

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from graphdist._cluster import Cluster, Task
-from graphdist._distribute.events import Event, render, summary
+from graphdist._distribute.events import ConsoleLines, Event, render, summary
 from graphdist._distribute.heartbeat import (
     HEARTBEAT_TIMEOUT_S,
     Heartbeat,
@@ -523,6 +523,7 @@ class _Run:
         self.started = time.monotonic()
         self.attempt = 1
         self.events: list[Event] = []  # every event but the output lines
+        self.console = ConsoleLines()  # TensorFlow's own lines stay in the logs (issue 29)
         self._lock = threading.Lock()
 
     @property
@@ -536,8 +537,8 @@ class _Run:
                 "line", time.monotonic() - self.started, self.attempt, task, {"text": text}
             )
             self.out.write(event.to_json())
-        else:
-            self.out.write(f"[{task}] {text}")
+        elif (shown := self.console.render(task, text)) is not None:
+            self.out.write(shown)
 
     def emit(self, kind: str, task: str | None = None, **data: Any) -> Event:
         with self._lock:

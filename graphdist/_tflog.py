@@ -1,0 +1,155 @@
+"""TensorFlow's own log lines: which lines they are, and keeping them out of graphdist's output.
+
+TensorFlow writes a dozen lines on every start (absl's pre-init warning, "Could not find cuda
+drivers", the CPU-instructions notice, ``failed call to cuInit``, the coordination service's
+progress...), most of them straight from C++ to file descriptor 2, before and regardless of
+``TF_CPP_MIN_LOG_LEVEL``. graphdist keeps them out of its own output unless
+``GRAPHDIST_TF_LOGS=1`` (:data:`TF_LOGS_ENV`): every task's and server's log file, and
+``graphdist run --output-format jsonl``, keep every line either way.
+
+- :func:`is_tf_log` tells such a line from any other: ``graphdist run``'s console
+  (:func:`graphdist._distribute.events.render`) drops them. Its patterns are anchored to
+  TensorFlow's formats (a C++ log prefix with a ``file.cc:NN]`` part, the ``tensorflow`` Python
+  logger, a warning raised in a ``tensorflow`` module, a few fixed texts), because dropping one of
+  the user's own lines is worse than showing one of TensorFlow's.
+- :func:`import_tensorflow_quietly` imports TensorFlow in a graphdist command's own process with
+  file descriptor 2 read through :func:`is_tf_log` meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from graphdist._exceptions import ArgumentError
+
+__all__ = ["LOOKBACK", "TF_LOGS_ENV", "import_tensorflow_quietly", "is_tf_log", "tf_logs_live"]
+
+TF_LOGS_ENV = "GRAPHDIST_TF_LOGS"
+"""``1``: show TensorFlow's own log lines live; unset, empty or ``0``: keep them to the logs."""
+
+LOOKBACK = 8  # previous lines of the same task that can make this one a continuation
+
+# absl/glog (TF >= 2.16): "I0000 00:00:1796229802.870706    3727 cudart_stub.cc:31] ..."
+_ABSL_RE = re.compile(
+    r"[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.+-]+\.(?:cc|cpp|cxx|c|h|hpp):\d+\] "
+)
+# TensorFlow's own format before: "2023-05-01 12:00:00.123456: I tensorflow/core/.../port.cc:110] "
+_TF_CC_RE = re.compile(
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] [\w./+-]+\.(?:cc|cpp|cxx|c|h|hpp):\d+\] "
+)
+_PRE_INIT = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+_CPU_NOTICE_RE = re.compile(
+    r"To enable the following instructions: .*, in other operations, rebuild TensorFlow with the "
+    r"appropriate compiler flags\.$"
+)
+# TensorFlow's Python logger without absl's handler: "WARNING:tensorflow:From /...: ... deprecated"
+_TF_LOGGER_RE = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|FATAL):tensorflow:")
+# warnings.showwarning for a warning raised in a tensorflow module:
+# "/.../site-packages/tensorflow/python/x.py:12: UserWarning: ...", then its source line
+_TF_WARNING_RE = re.compile(r"/\S*/(?:site|dist)-packages/tensorflow/\S+\.py:\d+: \w+: ")
+# the coordination service's task lists, one a line after "...stragglers:"
+_TASK_RE = re.compile(r"/job:[\w-]+/replica:\d+/task:\d+")
+
+
+def tf_logs_live(environ: Mapping[str, str] | None = None, *, check: bool = True) -> bool:
+    """Whether :data:`TF_LOGS_ENV` asks for TensorFlow's own log lines live (``1``) or not
+    (unset, empty or ``0``); raises ArgumentError naming any other value (``check=False``: any
+    other value is not ``1``)."""
+    value = (os.environ if environ is None else environ).get(TF_LOGS_ENV, "").strip()
+    if check and value not in ("", "0", "1"):
+        raise ArgumentError(
+            f"{TF_LOGS_ENV} must be 1 (show TensorFlow's own log lines live) or 0, not {value!r}",
+            name=TF_LOGS_ENV,
+            value=value,
+        )
+    return value == "1"
+
+
+def _step(line: str, state: str | None) -> tuple[bool, str | None]:
+    """(is ``line`` TensorFlow's, the state the next line is read in)."""
+    if _ABSL_RE.match(line) or _TF_CC_RE.match(line):
+        return True, "task-list" if line.endswith(":") else None
+    if state == "task-list" and _TASK_RE.fullmatch(line):
+        return True, "task-list"
+    if line == _PRE_INIT or _CPU_NOTICE_RE.match(line):
+        return True, None
+    if _TF_LOGGER_RE.match(line):
+        return True, "tf-logger"
+    if state == "tf-logger" and line == "Instructions for updating:":
+        return True, "instructions"
+    if state == "instructions" and line.strip():
+        return True, None
+    if _TF_WARNING_RE.match(line):
+        return True, "warning-source"
+    if state == "warning-source" and line.startswith("  ") and line.strip():
+        return True, None
+    return False, None
+
+
+def is_tf_log(line: str, before: Sequence[str] = ()) -> bool:
+    """Whether ``line`` (no newline) is one of TensorFlow's own log lines; ``before``: the lines
+    the same process wrote just before it, oldest first, for the few continuation lines
+    (``Instructions for updating:`` and the line after it, a warning's source line, the task
+    list after the coordination service's "stragglers:")."""
+    state: str | None = None
+    for previous in list(before)[-LOOKBACK:]:  # a deque too
+        state = _step(previous, state)[1]
+    return _step(line, state)[0]
+
+
+def _forward(read_fd: int, out_fd: int) -> None:
+    """Copy ``read_fd`` to ``out_fd`` line by line until EOF, leaving out TensorFlow's lines."""
+    before: list[str] = []
+    with open(read_fd, "rb", closefd=True) as source:
+        for raw in source:
+            text = raw.decode("utf-8", "replace").rstrip("\r\n")
+            tf_line = is_tf_log(text, before)
+            before = [*before[-LOOKBACK:], text]
+            if not tf_line:
+                with contextlib.suppress(OSError):
+                    os.write(out_fd, raw)
+
+
+def import_tensorflow_quietly() -> Any:
+    """``import tensorflow`` in this process, its log lines left out unless :func:`tf_logs_live`.
+
+    TensorFlow writes them from C++ to file descriptor 2 while it loads, which no log level
+    stops. Meanwhile fd 2 is a pipe that a thread copies to the real stderr, leaving out what
+    :func:`is_tf_log` says is TensorFlow's: the program's own lines (other threads', a child's
+    started meanwhile, which keeps the pipe) still arrive, in order. Neither the environment
+    nor ``TF_CPP_MIN_LOG_LEVEL`` changes, so processes started from this one log everything.
+    Also quiets the ``tensorflow`` Python logger and TensorFlow's Python warnings here."""
+    if "tensorflow" in sys.modules or tf_logs_live():
+        import tensorflow
+
+        return tensorflow
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    import warnings
+
+    warnings.filterwarnings("ignore", module=r"tensorflow(\.|$)")
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    saved = os.dup(2)
+    read_fd, write_fd = os.pipe()
+    os.set_inheritable(saved, False)
+    thread = threading.Thread(
+        target=_forward, args=(read_fd, saved), name="tf-log-filter", daemon=True
+    )
+    thread.start()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    try:
+        import tensorflow
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe ends when every process that holds it has closed it
+        thread.join(0.2)  # what TensorFlow's import left in the pipe, shown before what follows
+    return tensorflow
