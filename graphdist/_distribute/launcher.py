@@ -464,8 +464,16 @@ def _cut(line: str) -> str:
 
 def _interpreter_hint(tail: Sequence[str]) -> str:
     """What to do when a task's Python lacks TensorFlow or graphdist: most often the command's
-    ``python`` is another interpreter than the one graphdist runs in."""
-    missing = [m for m in ("tensorflow", "graphdist") if f"No module named '{m}'" in "".join(tail)]
+    ``python`` is another interpreter than the one graphdist runs in; or tf-keras, which the
+    run's ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras``: the ``distribute`` extra has it."""
+    text = "".join(tail)
+    missing = [m for m in ("tensorflow", "graphdist") if f"No module named '{m}'" in text]
+    if not missing and ("Keras cannot be imported" in text or "No module named 'tf_keras'" in text):
+        return (
+            "\n  the task's Python has no tf-keras, tf.keras in a run (graphdist run sets "
+            "TF_USE_LEGACY_KERAS=1: Keras 3 cannot fit under MultiWorkerMirroredStrategy); install "
+            f"it: `{sys.executable} -m pip install 'graphdist[distribute]'` (or tf-keras alone)"
+        )
     if not missing:
         return ""
     return (
