@@ -434,13 +434,23 @@ class Fleet(Generic[_TaskT]):
             time.sleep(self.watch_interval_s)
 
     def _repr_html_(self) -> str:
-        """Jupyter's view of a fleet: its state and one row per task."""
+        """Jupyter's view of a fleet: its state and one row per task: green while it runs, grey
+        once the fleet stopped it (or before it started), red for a task that died. Every
+        coloured row sets its text colour too, so a dark theme's light text stays readable."""
         rows = []
+        closed = self.state in (FleetState.CLOSING, FleetState.CLOSED)
         for t in self._tasks.values():
-            alive = t.alive
-            state = "running" if alive else f"exited {t.exitcode}" if t.pid else "not started"
+            alive, code = t.alive, t.exitcode
+            if alive:
+                state, colour = "running", "#d9f2d9"
+            elif not t.pid:
+                state, colour = "not started", "#e8e8e8"
+            elif closed and code in (-signal.SIGTERM, 0):
+                state, colour = "stopped", "#e8e8e8"  # by close(); a task killed before is not
+            else:
+                state, colour = dead_detail(code), "#f8d0d0"
             rows.append(
-                f'<tr style="background:{"#d9f2d9" if alive else "#f8d0d0"}">'
+                f'<tr style="background:{colour};color:#1a1a1a">'
                 f"<td>{html.escape(t.job)}:{t.index}</td><td>{html.escape(t.address)}</td>"
                 f"<td>{t.pid}</td><td>{state}</td><td>{t.restarts}</td></tr>"
             )
@@ -460,5 +470,14 @@ class Fleet(Generic[_TaskT]):
         )
 
     def _require_running(self) -> None:
-        if self.state is not FleetState.RUNNING:
-            raise FleetClosedError(f"The fleet is {self.state.value}; start it first")
+        if self.state is FleetState.RUNNING:
+            return
+        if self.state is FleetState.CREATED:
+            what = "has not been started yet; call start() first, or use it in a `with` block"
+        elif self.state is FleetState.STARTING:
+            what = "is still starting; use it once start() has returned"
+        elif self.state is FleetState.FAILED:
+            what = "failed to start; close() it and start a new fleet"
+        else:
+            what = f"is {self.state.value}; start a new fleet"
+        raise FleetClosedError(f"The fleet {what}")

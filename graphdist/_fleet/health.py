@@ -62,9 +62,11 @@ class HealthReport(list[TaskHealth]):
         return "\n".join(map(str, self))
 
     def _repr_html_(self) -> str:
+        """One row per task in its health's colour, with a text colour of its own (a dark
+        theme's light text on a light background is unreadable)."""
         colours = {ALIVE: "#d9f2d9", DEAD: "#f8d0d0", NOT_ANSWERING: "#fbe8c0"}
         rows = "".join(
-            f'<tr style="background:{colours.get(h.status, "#eee")}">'
+            f'<tr style="background:{colours.get(h.status, "#eee")};color:#1a1a1a">'
             f"<td>{task_name(h.job, h.index)}</td>"
             f"<td>{html.escape(h.address)}</td><td>{h.pid}</td><td>{h.status}</td>"
             f"<td>{html.escape(h.detail)}</td></tr>"

@@ -83,12 +83,14 @@ class Placement(Mapping[str, str]):
         )
 
     def _repr_html_(self) -> str:
-        """Jupyter's view: the table, each row in its task's colour, and the placed graph as an
-        inline SVG picture (drawn here: no Graphviz needed)."""
+        """Jupyter's view: the table, each row in its task's colour (and a dark text colour, for
+        dark themes), and the placed graph as an inline SVG picture (drawn here: no Graphviz
+        needed)."""
         tasks = self.tasks()
         colour = {t: _PALETTE[i % len(_PALETTE)] for i, t in enumerate(tasks)}
         rows = "".join(
-            f'<tr style="background:{colour[self.task_of(n)]}"><td>{html.escape(n)}</td>'
+            f'<tr style="background:{colour[self.task_of(n)]};color:#1a1a1a">'
+            f"<td>{html.escape(n)}</td>"
             f"<td>{html.escape(self.requested.get(n) or '-')}</td><td>{html.escape(d)}</td></tr>"
             for n, d in sorted(self.executed.items())
         )
@@ -135,7 +137,8 @@ class Placement(Mapping[str, str]):
             x = 10 + i * 110
             parts.append(
                 f'<rect x="{x}" y="6" width="100" height="18" rx="4" fill="{colour[task]}"/>'
-                f'<text x="{x + 50}" y="19" text-anchor="middle">{html.escape(task)}</text>'
+                f'<text x="{x + 50}" y="19" text-anchor="middle" fill="#1a1a1a">'
+                f"{html.escape(task)}</text>"
             )
         for name, parents in inputs.items():
             x2, y2 = where[name]
@@ -151,7 +154,7 @@ class Placement(Mapping[str, str]):
             parts.append(
                 f'<rect x="{x}" y="{y}" width="{box_w}" height="{box_h}" rx="6" '
                 f'fill="{colour[task]}" stroke="#333"/>'
-                f'<text x="{x + 6}" y="{y + 16}">{html.escape(name[:22])}</text>'
+                f'<text x="{x + 6}" y="{y + 16}" fill="#1a1a1a">{html.escape(name[:22])}</text>'
                 f'<text x="{x + 6}" y="{y + 32}" fill="#333">{html.escape(kind)} @ '
                 f"{html.escape(task)}</text>"
             )
