@@ -228,11 +228,28 @@ class Cluster:
             return cls.from_counts(_parse_counts(text), host=host)
         if os.path.exists(text) or text.endswith(".json"):
             return cls._from_file(text)
+        counts = _colon_counts(text)
+        hint = f"; did you mean {counts!r}?" if counts else ""
         raise ClusterSpecError(
             f"Cannot read a cluster from {show(spec)}: it is not JSON, not 'job=N[,job=N...]' "
-            "and not an existing file",
+            f"and not an existing file{hint}",
             spec,
         )
+
+    @classmethod
+    def parse_addresses(cls, spec: ClusterLike, *, what: str = "This cluster") -> Cluster:
+        """:meth:`parse` for a cluster that several processes must each read the same (one
+        task's TF_CONFIG, one server of ``graphdist serve``): ``job=N`` text is refused, since it
+        picks new free ports in every process that parses it (so no two tasks would describe
+        one cluster), as is a file or text that names no addresses."""
+        if isinstance(spec, str) and _looks_like_counts(spec.strip()):
+            raise ClusterSpecError(
+                f"{what} must name every task's address, and {show(spec)} picks new free ports "
+                "on every call (so no two tasks would describe the same cluster); pass JSON text "
+                'or a JSON file path, e.g. \'{"worker": ["host1:2222", "host2:2222"]}\'',
+                spec,
+            )
+        return cls.parse(spec)
 
     @classmethod
     def _from_file(cls, path: str) -> Cluster:
@@ -577,6 +594,14 @@ def _looks_like_counts(text: str) -> bool:
         if not sep or "=" in count or not job or any(c.isspace() for c in job):
             return False
     return True
+
+
+def _colon_counts(text: str) -> str | None:
+    """``"local=2"`` for ``"local:2"`` (counts written as addresses are), else None."""
+    parts = [part.strip().partition(":") for part in text.split(",")]
+    if all(JOB_NAME_RE.fullmatch(job) and sep and _WHOLE_RE.fullmatch(n) for job, sep, n in parts):
+        return ",".join(f"{job}={n}" for job, _, n in parts)
+    return None
 
 
 def _parse_counts(text: str) -> dict[str, int]:

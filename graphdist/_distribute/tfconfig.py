@@ -76,11 +76,13 @@ def tf_config(
     """The TF_CONFIG of ``task_type:task_index`` (``task_type`` may be ``"worker:1"``).
 
     Raises :class:`TFConfigError` for an unknown type, an index out of range, or a cluster with
-    more than one chief or with an ``evaluator`` job inside the cluster map.
+    more than one chief or with an ``evaluator`` job inside the cluster map, and
+    :class:`ClusterSpecError` for ``job=N`` text (each call would pick other ports: every task's
+    TF_CONFIG must name the same addresses).
     """
     if task_index is None:
         task_type, task_index = _parse_task(task_type)
-    checked = _check_cluster(Cluster.parse(cluster))
+    checked = _check_cluster(Cluster.parse_addresses(cluster, what="A TF_CONFIG's cluster"))
     _check_task(checked, task_type, task_index)
     return TFConfig(checked, task_type, task_index)
 
