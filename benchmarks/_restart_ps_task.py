@@ -81,7 +81,10 @@ def main():
         chunk = min(args.save_every - done % args.save_every, args.steps - done)
         results = [coordinator.schedule(step, args=(iterator,)) for _ in range(chunk)]
         for result in results:
-            result.fetch()
+            try:
+                result.fetch()
+            except (tf.errors.UnavailableError, tf.errors.CancelledError):
+                pass  # its loss was on a worker that died since: the step ran, its value is lost
             done += 1
             print(f"step {done}", flush=True)
         coordinator.join()

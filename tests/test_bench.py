@@ -349,6 +349,7 @@ RECORD_SECTIONS = (
     "master_choice",
     "master_choice_ray",
     "restart",
+    "soak",
 )
 RECORD_SENTENCES = ("master_choice_line", "accept_check")
 
@@ -373,7 +374,7 @@ def test_importing_every_benchmark_does_not_import_tensorflow():
     code = (
         "import sys; sys.path.insert(0, 'benchmarks')\n"
         "import _common, master_choice, mwms_throughput, seed_style_fleet, startup, suite\n"
-        "import accept_check, fast_failure, hosts, restart, transfer\n"
+        "import accept_check, fast_failure, hosts, restart, soak, transfer\n"
         "assert 'tensorflow' not in sys.modules, 'a benchmark imports TensorFlow at import time'\n"
     )
     proc = run_python(["-c", code])

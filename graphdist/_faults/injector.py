@@ -765,9 +765,7 @@ class FaultInjector:
         _signal(live, signal.SIGCONT)
         _signal(live, signal.SIGKILL)
         left = sorted(p.pid for p in _wait_gone(live, GONE_WAIT_S))
-        for frozen in run.frozen:  # a hang's cgroup goes once its processes have
-            if frozen.freezer is not None:
-                frozen.freezer.remove()
+        _remove_freezers(run)
         return left
 
     def _sweep(self, run: _Run) -> list[int]:
@@ -778,6 +776,7 @@ class FaultInjector:
         left = _wait_gone(procs.values(), GONE_WAIT_S)
         if left:
             self._kill_all(run)
+        _remove_freezers(run)
         return sorted(p.pid for p in left)
 
     def close(self) -> list[int]:
@@ -794,6 +793,13 @@ class FaultInjector:
             survivors += self._kill_all(run)
         self._closed = True
         return survivors
+
+
+def _remove_freezers(run: _Run) -> None:
+    """A hang's cgroup goes once its processes have (or they go back to the root cgroup)."""
+    for frozen in run.frozen:
+        if frozen.freezer is not None:
+            frozen.freezer.remove()
 
 
 def _started(proc: psutil.Process) -> float:

@@ -391,7 +391,7 @@ def test_a_folder_named_like_the_run_s_is_stepped_over(tmp_path):
 
 
 def test_the_deadline_holds_during_the_back_off_and_the_summary_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(restarts, "BACKOFF", restarts.Backoff(min_s=30.0, max_s=30.0))
+    monkeypatch.setattr(restarts, "BACKOFF", restarts.Backoff(min_s=30.0, max_s=30.0, first_s=30.0))
     out = io.StringIO()
     started = time.monotonic()
     with pytest.raises(graphdist.LaunchTimeoutError) as info:
