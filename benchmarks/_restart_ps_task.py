@@ -14,6 +14,7 @@ again after a worker died) and ``training done``.
 """
 
 import argparse
+import contextlib
 import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # before TensorFlow: Keras 3 cannot fit here
@@ -81,10 +82,9 @@ def main():
         chunk = min(args.save_every - done % args.save_every, args.steps - done)
         results = [coordinator.schedule(step, args=(iterator,)) for _ in range(chunk)]
         for result in results:
-            try:
+            # its loss may be on a worker that died since: the step ran, its value is lost
+            with contextlib.suppress(tf.errors.UnavailableError, tf.errors.CancelledError):
                 result.fetch()
-            except (tf.errors.UnavailableError, tf.errors.CancelledError):
-                pass  # its loss was on a worker that died since: the step ran, its value is lost
             done += 1
             print(f"step {done}", flush=True)
         coordinator.join()
