@@ -17,8 +17,10 @@ two ways, on one thread (:class:`Heartbeat`), every :data:`PROBE_INTERVAL_S`:
   (5-8 ms mid-training, TF_FACTS). Once a task's server has answered once, a task whose server
   has not answered for ``timeout_s`` is frozen — if at least :data:`MISSES` probes sent to it in
   that time got no answer by their deadline (so a launcher that was itself descheduled for a
-  while, and sent nothing, does not blame its tasks). A task that never serves is watched only
-  for being stopped.
+  while, and sent nothing, does not blame its tasks). A frozen process keeps its listening
+  socket, so its calls time out; a refused one means nothing listens any more (the task's
+  server has gone, a next program of the task is starting): the watch starts again from "never
+  served". A task that never serves is watched only for being stopped.
 
 ``timeout_s`` is the run's ``heartbeat_timeout_s`` (:data:`HEARTBEAT_TIMEOUT_S` by default, at
 least :data:`MIN_HEARTBEAT_TIMEOUT_S`, ``None``: off): a frozen task is found within about
@@ -209,6 +211,11 @@ class Heartbeat:
             task.inflight = None
             if answered:
                 task.answered_at, task.misses = now, []
+            elif not (task.prober.last_error or "").startswith("DEADLINE_EXCEEDED"):
+                # refused, reset: nothing listens (the server is gone, or another program of
+                # the task starts next, as in `sh -c 'python a.py; python b.py'`): not frozen,
+                # which holds its socket and leaves every call unanswered
+                task.answered_at, task.misses = None, []
             elif task.answered_at is not None:
                 task.misses.append(now)
         if task.answered_at is not None:

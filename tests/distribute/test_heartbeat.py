@@ -146,3 +146,21 @@ def test_a_silent_server_is_frozen_and_an_answering_one_never_is(processes):
     assert found >= 2.0  # never before the timeout
     assert "worker-2" not in frozen
     release_ports(ports)
+
+
+def test_a_server_that_goes_away_is_not_frozen_but_a_task_between_two_programs(processes):
+    """`sh -c 'python a.py; python b.py'`: a.py's server answered, then nothing listens while
+    b.py starts. Refused calls are no freeze (a frozen process keeps its socket and times out)."""
+    [port] = pick_free_ports(1)
+    address = f"127.0.0.1:{port}"
+    server = processes([sys.executable, "-c", SERVER, address])
+    assert server.stdout is not None and server.stdout.readline() == "serving\n"
+    sleeper = processes(["sleep", "60"])  # the task's processes live on
+    with Heartbeat(2.0, interval_s=0.2) as heartbeat:
+        heartbeat.watch("worker-1", address, lambda: [sleeper.pid])
+        time.sleep(1.0)
+        server.kill()
+        server.wait()
+        time.sleep(4.0)  # twice the timeout with every call refused
+        assert heartbeat.frozen() == {}
+    release_ports([port])
