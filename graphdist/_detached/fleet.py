@@ -269,26 +269,34 @@ def start_detached(spec: SupervisorSpec, *, note: Note | None = None) -> FleetRe
             raise
         log_path = os.path.join(state_dir, SUPERVISOR_LOG)
         env = {**os.environ, MARK_ENV: fleet_mark(state_dir)}
-        with open(log_path, "ab") as log_file:
-            proc = subprocess.Popen(
-                spec.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-                env=env,
-            )
+        proc: subprocess.Popen[bytes] | None = None
+        also: list[ProcessRef] = []
         try:
-            ref = ProcessRef.of(proc.pid)
-        except Exception:  # psutil.Error: it is gone already; the wait below says why
-            ref = ProcessRef(proc.pid, 0.0)
-        try:
+            with open(log_path, "ab") as log_file:
+                proc = subprocess.Popen(
+                    spec.command(),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                    env=env,
+                )
+            try:
+                also.append(ProcessRef.of(proc.pid))
+            except Exception:  # psutil.Error: it is gone already; the wait below says why
+                also.append(ProcessRef(proc.pid, 0.0))
             return _wait_ready(spec, proc, log_path)
         except BaseException:
-            _stop_all(state_dir, None, also=[ref])
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(1.0)
+            # a failed start, or Ctrl-C at any moment of it (a supervisor started before its
+            # Popen returned carries the marker): nothing runs after it, and nothing is left in
+            # the folder for `down` or the next `up` to wonder about
+            left = _stop_all(state_dir, None, also=also)
+            if proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(1.0)
+            if not left:
+                clear_state(state_dir)
             raise
 
 
@@ -340,7 +348,7 @@ def stop_detached(state_dir: str, *, note: Note | None = None) -> str:
                 corrupt = exc
         marked = marked_processes(state_dir)
         if record is None and corrupt is None and not marked:
-            found = leftovers(state_dir) if locked else []
+            found = _start_leftovers(state_dir) if locked else []
             if not found:
                 raise no_fleet(state_dir)
             clear_state(state_dir)
@@ -365,6 +373,15 @@ def stop_detached(state_dir: str, *, note: Note | None = None) -> str:
     if stale:
         return "cleaned up a stale fleet"
     return f"stopped {len(record.tasks)} server(s)"
+
+
+def _start_leftovers(state_dir: str) -> list[str]:
+    """What an earlier fleet, or a start that did not finish, left in ``state_dir``: the
+    :func:`leftovers` and the supervisor's log (the folder and its lock are graphdist's own)."""
+    found = leftovers(state_dir)
+    if os.path.lexists(os.path.join(state_dir, SUPERVISOR_LOG)):
+        found.append(SUPERVISOR_LOG)
+    return found
 
 
 class DetachedTask(TaskView):
