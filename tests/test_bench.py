@@ -563,3 +563,40 @@ def test_suite_smoke_run(tmp_path):
     assert "**Targets**" in md and "(`benchmarks/startup.py --side-by-side`, 1 interleaved" in md
     for name in ("startup.png", "memory.png", "latency.png", "bandwidth.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_restart_report_holds_recovery_to_1_1x_a_cold_start_plus_5_s_when_frozen(capsys):
+    import restart
+
+    def figures(case, **median):
+        return {"case": case, "median": median, "worst_redone": 3, "save_every": 25}
+
+    def verdicts(fig):
+        lines, missed = restart.check(fig)
+        return [line.split()[0] for line in lines], missed
+
+    assert restart.RECOVERY_TARGET == 1.1 and restart.FREEZE_NOTICE_S == 5.0
+    assert verdicts(figures("mwms-kill", ratio=1.09, cold_s=10))[0] == ["met", "met"]
+    kept, missed = verdicts(figures("mwms-kill", ratio=1.12, cold_s=10))
+    assert kept == ["MISSED", "met"] and "target <= 1.10" in missed[0]
+    # frozen: 1.1 + 5 s / cold start (10 s: 1.6x)
+    assert verdicts(figures("mwms-hang", ratio=1.59, cold_s=10))[0] == ["met", "met"]
+    kept, missed = verdicts(figures("ps-freeze", ratio=1.61, cold_s=10))
+    assert kept[0] == "MISSED" and "target <= 1.60" in missed[0]
+    # a server restarted in place: no ratio, the freeze to its restart line within 5 s
+    kept, _ = verdicts(figures("ps-worker-freeze", restart_line_s=4.9, cold_s=10))
+    assert kept == ["met", "met"]
+    kept, missed = verdicts(figures("ps-worker-freeze", restart_line_s=5.2, cold_s=10))
+    assert kept == ["MISSED", "met"] and "freeze to the restart line: 5.20 s" in missed[0]
+    assert set(restart.CASES) >= {"mwms-hang", "ps-freeze", "ps-worker-freeze"}
+
+
+def test_the_soak_report_fails_on_any_restart(capsys):
+    import soak
+
+    healthy = {"minutes": 10.2, "returncode": 0, "restarts": 0, "attempts": 1, "steps": 15}
+    healthy |= {"step_median_s": 40.0, "heartbeat_s": 3.0, "burners": 4}
+    lines, missed = soak.report(healthy)
+    assert missed == [] and "steps done (worker-0):" in lines[1]
+    _, missed = soak.report({**healthy, "restarts": 1, "attempts": 2})
+    assert [m.split(":")[1].strip() for m in missed] == ["false restarts", "attempts"]
