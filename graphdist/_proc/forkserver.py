@@ -8,6 +8,13 @@ without the ``LD_PRELOAD`` bind shim) gets its own fork server, started on first
 not re-run the owner's ``__main__`` either: a server needs nothing from it, and re-running a user's
 script (or failing to, for a notebook) in every server would be slow and surprising.
 
+Its loop is :func:`graphdist._proc.forkserver_pool.main`: ``multiprocess``'s, with a pool of
+*spares*, children forked ahead of time that wait for a server's definition, so that a warm start
+or a restart hands each request to a process that is already there (``GRAPHDIST_SPARES``: how
+many, 0 for none). Its own output (TensorFlow's import-time lines) goes to
+:data:`FORK_SERVER_LOG` in the owner's fork-server folder, not to the owner's stderr, unless
+``GRAPHDIST_TF_LOGS=1``.
+
 A fork server exits at once when its owner is gone (:mod:`graphdist._proc.forkserver_exit`, its
 first preload). One that died under its owner is found at the next start: that start raises
 :class:`ForkServerDiedError` (LocalFleet turns it into a ``FleetStartError`` naming the task) and
@@ -31,6 +38,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import stat
 import tempfile
 import threading
@@ -38,9 +46,12 @@ import time
 from typing import Any
 
 from graphdist._net.loopback import with_preload
-from graphdist._proc.forkserver_exit import FOLDER_ENV, IN_FORK_SERVER, OWNER_ENV
+from graphdist._proc.forkserver_exit import FOLDER_ENV, IN_FORK_SERVER, LOG_ENV, OWNER_ENV
+from graphdist._proc.forkserver_pool import spares_wanted
+from graphdist._tflog import tf_logs_live
 
 __all__ = [
+    "FORK_SERVER_LOG",
     "PRELOAD",
     "ForkServerDiedError",
     "owned_temp_dir",
@@ -58,6 +69,11 @@ PRELOAD = [
     "graphdist._proc.server",
     "graphdist._proc.forkserver",
 ]
+FORK_SERVER_LOG = "forkserver.log"
+"""The fork server's own output (TensorFlow's import-time log lines, a spare's before it has a
+task) goes to this file in the owner's fork-server folder, not to the owner's stderr; with
+``GRAPHDIST_TF_LOGS=1`` (:data:`graphdist._tflog.TF_LOGS_ENV`, the CLI's switch too) it stays
+live. A server's own output always goes to its ``JOB-INDEX.log``."""
 _STALE_DIR = re.compile(r"^graphdist-(?:fleet|forkserver)-(\d+)-")
 _DEATH_WAIT_S = 1.0
 # Longest socket folder path used: a socket path (folder + "/listener-XXXXXXXX") must fit in
@@ -145,6 +161,8 @@ def _new_fork_server(preload_library: str) -> Any:
             # user's own entries kept) and the owner's pid for that moment only, so this
             # process and its other children stay untouched. Its socket goes in our own
             # folder, not multiprocess's pymp-* (swept when the owner dies; see above).
+            spares = spares_wanted()  # checked here, in the owner: a bad value names itself
+            live_logs = tf_logs_live()
             with _env_lock:
                 saved = os.environ.pop("LD_PRELOAD", None)
                 if preload_library:
@@ -156,18 +174,62 @@ def _new_fork_server(preload_library: str) -> Any:
                 if len(sockets_dir) <= _MAX_SOCKET_DIR:
                     config["tempdir"] = sockets_dir
                     os.environ[FOLDER_ENV] = sockets_dir  # removed by it if we die first
+                if not live_logs:  # TensorFlow's import-time lines: not in the owner's stderr
+                    os.environ[LOG_ENV] = os.path.join(sockets_dir, FORK_SERVER_LOG)
                 try:
-                    super().ensure_running()
+                    self._ensure_running(spares)
                 finally:
                     if saved_tempdir is None:
                         config.pop("tempdir", None)
                     else:
                         config["tempdir"] = saved_tempdir
-                    os.environ.pop(OWNER_ENV, None)
-                    os.environ.pop(FOLDER_ENV, None)
-                    os.environ.pop("LD_PRELOAD", None)
+                    for name in (OWNER_ENV, FOLDER_ENV, LOG_ENV, "LD_PRELOAD"):
+                        os.environ.pop(name, None)
                     if saved is not None:
                         os.environ["LD_PRELOAD"] = saved
+
+        def _ensure_running(self, spares: int) -> None:
+            # multiprocess's ForkServer.ensure_running, running graphdist's loop (a pool of
+            # spares: forkserver_pool) instead of multiprocess's, and without __main__.
+            from multiprocess import connection, resource_tracker, spawn, util
+
+            state: Any = self  # multiprocess's attributes, untyped
+            with state._lock:
+                resource_tracker.ensure_running()
+                if state._forkserver_pid is not None:
+                    pid, _ = os.waitpid(state._forkserver_pid, os.WNOHANG)
+                    if not pid:
+                        return  # still running
+                    os.close(state._forkserver_alive_fd)
+                    state._forkserver_address = None
+                    state._forkserver_alive_fd = None
+                    state._forkserver_pid = None
+                with socket.socket(socket.AF_UNIX) as listener:
+                    address = connection.arbitrary_address("AF_UNIX")
+                    listener.bind(address)
+                    if not util.is_abstract_socket_namespace(address):
+                        os.chmod(address, 0o600)
+                    listener.listen()
+                    # every owner holds the write end of "alive": when all are gone, the read
+                    # end sees EOF and the fork server exits
+                    alive_r, alive_w = os.pipe()
+                    try:
+                        cmd = (
+                            "from graphdist._proc.forkserver_pool import main; "
+                            f"main({listener.fileno()}, {alive_r}, "
+                            f"{list(state._preload_modules)!r}, spares={spares})"
+                        )
+                        exe = spawn.get_executable()
+                        args = [exe, *util._args_from_interpreter_flags(), "-c", cmd]
+                        pid = util.spawnv_passfds(exe, args, [listener.fileno(), alive_r])
+                    except BaseException:
+                        os.close(alive_w)
+                        raise
+                    finally:
+                        os.close(alive_r)
+                    state._forkserver_address = address
+                    state._forkserver_alive_fd = alive_w
+                    state._forkserver_pid = pid
 
         def discard(self) -> None:
             """Forget a fork server that failed a start (waiting briefly for it to be gone,

@@ -36,12 +36,22 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["FOLDER_ENV", "IN_FORK_SERVER", "OWNER_ENV", "exit_when_gone", "register_exit_hook"]
+__all__ = [
+    "FOLDER_ENV",
+    "IN_FORK_SERVER",
+    "LOG_ENV",
+    "OWNER_ENV",
+    "exit_when_gone",
+    "register_exit_hook",
+]
 
 #: The environment variable that carries the fork server's owner pid.
 OWNER_ENV = "GRAPHDIST_FORKSERVER_OWNER"
 #: The environment variable that carries the owner's folder of the fork server's socket.
 FOLDER_ENV = "GRAPHDIST_FORKSERVER_DIR"
+#: The environment variable that carries the file for the fork server's own output (unset: the
+#: owner's stdout and stderr, as with ``GRAPHDIST_TF_LOGS=1``).
+LOG_ENV = "GRAPHDIST_FORKSERVER_LOG"
 _POLL_S = 0.05
 _OWNER_EXIT_WAIT_S = 1.0
 
@@ -143,6 +153,27 @@ def _remove_owner_folder() -> None:
         shutil.rmtree(_FOLDER, ignore_errors=True)
 
 
+def _log_to_file(owner: int) -> None:
+    """Send fds 1 and 2 to the file :data:`LOG_ENV` names (popped), before TensorFlow is imported:
+    its import-time lines (absl, oneDNN, cuInit) and those of spares before they have a task stay
+    out of the owner's stderr (a notebook cell that starts a fleet). Only a plain file in the
+    owner's fork-server folder; anything else leaves the output where it is."""
+    value = os.environ.pop(LOG_ENV, "")
+    folder = os.path.basename(os.path.dirname(value))
+    if not os.path.isabs(value) or not folder.startswith(f"graphdist-forkserver-{owner}-"):
+        return
+    try:
+        fd = os.open(value, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 _OWNER = _owner_pid()
 #: True only inside a fork server: the owner imports this module too (for :data:`OWNER_ENV`),
 #: and an ``os._exit(0)`` hook there would turn every exit status of the owner into 0.
@@ -153,5 +184,6 @@ _OWNER_PIDFD: int | None = None
 if IN_FORK_SERVER:
     assert _OWNER is not None
     _FOLDER = _owner_folder(_OWNER)
+    _log_to_file(_OWNER)
     _OWNER_PIDFD = exit_when_gone(_OWNER, before_exit=_remove_owner_folder)
     register_exit_hook()

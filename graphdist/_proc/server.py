@@ -23,6 +23,7 @@ __all__ = [
     "PROCESS_TITLE_PREFIX",
     "READY_MARKER",
     "fleet_child",
+    "prepare_spare",
     "run_server",
     "start_server",
 ]
@@ -33,6 +34,7 @@ READY_MARKER = "graphdist: server ready"
 _OWNER_POLL_S = 0.25
 # The pid of the process that imported this module: in a server, the fork server (a preload).
 _IMPORT_PID = os.getpid()
+_watched_owner: int | None = None  # the owner this process already exits with (a spare's)
 
 
 def _redirect_output(log_path: str) -> None:
@@ -54,9 +56,13 @@ def _exit_with(owner_pid: int) -> None:
     do: it covers the fork server dying, and a watcher thread covers the owner. The watcher waits
     on a pidfd (exact, no polling, immune to pid reuse) and falls back to polling.
     """
+    global _watched_owner
+    if _watched_owner == owner_pid:
+        return  # a spare: set before its task came
     set_parent_death_signal(signal.SIGKILL)
     if os.getpid() != _IMPORT_PID and os.getppid() != _IMPORT_PID:
         os._exit(EXIT_START_FAILED)  # the fork server died before the death signal was set
+    _watched_owner = owner_pid
     exit_when_gone(
         owner_pid,
         already_gone_status=EXIT_START_FAILED,
@@ -71,12 +77,42 @@ PROCESS_TITLE_PREFIX = "graphdist "
 
 def _name_process(task: str, owner_pid: int) -> None:
     """Name this process by its task in ``ps`` and ``top`` (its command line would otherwise
-    be the fork server's ``python -B -c from multiprocess.forkserver import main...``)."""
+    be the fork server's ``python -B -c from graphdist._proc.forkserver_pool import main...``);
+    a spare is ``graphdist spare (fleet of pid N)`` until its task comes."""
     try:
         import setproctitle
     except ImportError:  # a dependency; its C part may be missing on an odd platform
         return
     setproctitle.setproctitle(f"{PROCESS_TITLE_PREFIX}{task} (fleet of pid {owner_pid})")
+
+
+def _own_signals() -> None:
+    """A fresh signal state, out of the owner's process group (see :func:`fleet_child`)."""
+    # A server dies on SIGTERM (the fleet's close). The owner may block signals (the
+    # supervisor does, to sigwait); masks survive fork and exec.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Ctrl-C and Jupyter's "interrupt kernel" signal the owner's whole process group
+    # (jupyter_client uses os.killpg): a server leaves that group and ignores SIGINT, so an
+    # interrupt stops the owner's step, not the fleet (its variables live on). It still dies
+    # with its owner (above) and on the fleet's SIGTERM.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def prepare_spare() -> None:
+    """In a spare of a fork server's pool (:mod:`graphdist._proc.forkserver_pool`): what
+    :func:`fleet_child` does before it knows its task, done ahead (it exits with the fork
+    server's owner, leaves the owner's process group, ignores SIGINT, names itself)."""
+    from graphdist._proc import forkserver_exit
+
+    owner = forkserver_exit._OWNER
+    if owner is None:  # not in a fork server: nothing to tie to
+        return
+    _exit_with(owner)
+    _own_signals()
+    _name_process("spare", owner)
 
 
 def start_server(
@@ -121,17 +157,7 @@ def fleet_child(spec: dict[str, Any]) -> None:
     """
     _redirect_output(spec["log_path"])
     _exit_with(spec["owner_pid"])
-    # A fresh signal state: a server dies on SIGTERM (the fleet's close). The owner may block
-    # signals (the supervisor does, to sigwait); masks survive fork and exec.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    # Ctrl-C and Jupyter's "interrupt kernel" signal the owner's whole process group
-    # (jupyter_client uses os.killpg): a server leaves that group and ignores SIGINT, so an
-    # interrupt stops the owner's step, not the fleet (its variables live on). It still dies
-    # with its owner (above) and on the fleet's SIGTERM.
-    with contextlib.suppress(OSError):
-        os.setpgid(0, 0)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _own_signals()
     os.environ.update(spec.get("env") or {})
     _name_process(f"{spec['job']}:{spec['index']}", spec["owner_pid"])
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "(unset: every GPU)")
@@ -158,6 +184,23 @@ def fleet_child(spec: dict[str, Any]) -> None:
         os._exit(EXIT_PORT_IN_USE if in_use else EXIT_START_FAILED)
 
 
+def _warm_up() -> None:
+    """In the fork server, once: what every server would otherwise load by itself after its fork
+    (TensorFlow's lazily loaded modules behind ``tf.distribute.Server``, its protos, the members
+    check, setproctitle). Nothing here starts a thread: forking stays safe."""
+    import tensorflow as tf
+
+    from graphdist._net import members  # noqa: F401
+
+    with contextlib.suppress(ImportError):
+        import setproctitle  # noqa: F401
+    tf.compat.v1.ConfigProto.FromString(tf.compat.v1.ConfigProto().SerializeToString())
+    tf.train.ClusterSpec({"warm": ["localhost:1"]}).as_cluster_def()
+    _ = tf.distribute.Server
+
+
 _exit_module = sys.modules.get("graphdist._proc.forkserver_exit")
 if _exit_module is not None and _exit_module.IN_FORK_SERVER:  # preloaded in a fork server
     _exit_module.register_exit_hook()  # again, after TensorFlow's handlers: it runs first
+    with contextlib.suppress(Exception):  # an optimisation only: a server loads them itself
+        _warm_up()

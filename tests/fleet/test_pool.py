@@ -1,0 +1,190 @@
+"""The fork server's pool of spares (graphdist._proc.forkserver_pool): a warm start and a
+restart take pre-forked children, the pool refills, spares never accumulate and die with their
+owner, and the fork server's own output stays out of the owner's stderr.
+
+Each scenario runs in a fresh process: a pool's size depends on its fork server's history, and
+killing an owner must not touch the test process's own fleets."""
+
+from __future__ import annotations
+
+import json
+import signal
+import textwrap
+
+import pytest
+
+from graphdist._exceptions import ArgumentError
+from graphdist._proc.forkserver_pool import DEFAULT_SPARES, MAX_SPARES, SPARES_ENV, spares_wanted
+from tests.conftest import EVENTUALLY_S, is_gone, run_python, start_python, wait_gone
+
+pytestmark = pytest.mark.integration
+
+# Helpers for the scripts: the fork server's children, read from the OS (psutil).
+HELPERS = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import psutil
+    import graphdist
+    from graphdist._proc import forkserver
+
+    def fork_server():
+        (server,) = forkserver._servers.values()
+        return psutil.Process(server._forkserver_pid)
+
+    def title(proc):
+        return " ".join(proc.cmdline())
+
+    def spares():
+        return {c.pid for c in fork_server().children() if title(c).startswith("graphdist spare")}
+
+    def wait_spares(n, timeout=30):
+        deadline = time.monotonic() + timeout
+        while len(spares()) != n:
+            assert time.monotonic() < deadline, (n, spares())
+            time.sleep(0.05)
+        return spares()
+    """
+)
+
+MECHANISM = HELPERS + textwrap.dedent(
+    """
+    with graphdist.LocalFleet("local=1"):  # the fork server is up: the pool fills
+        pass
+    before = wait_spares(4)  # GRAPHDIST_SPARES=4
+    with graphdist.LocalFleet("local=3") as fleet:
+        assert set(fleet.pids) <= before, (fleet.pids, before)  # handed over, not forked
+        for pid in fleet.pids:
+            proc = psutil.Process(pid)
+            assert proc.ppid() == fork_server().pid
+            assert title(proc).startswith("graphdist local:"), title(proc)
+        with fleet.session("local", 0) as sess:
+            assert sess.list_devices()
+        ready = wait_spares(4)  # refilled while the fleet runs
+        assert not ready & set(fleet.pids)
+        fleet.restart("local", 1)
+        new = fleet.pids[1]
+        assert new in ready, (new, ready)  # a restart takes a spare too
+        with open(os.path.join(fleet.log_dir, "local-1.log")) as f:
+            assert "graphdist: server ready" in f.read()
+        print("SERVERS", json.dumps(fleet.pids))
+    for _ in range(20):  # fleets come and go: the spares do not accumulate
+        with graphdist.LocalFleet("local=2"):
+            pass
+    left = wait_spares(4)
+    time.sleep(0.6)  # longer than the refill's idle wait: nothing more is forked
+    assert fork_server().children() and {c.pid for c in fork_server().children()} == left
+    assert len(forkserver._servers) == 1
+    print("OK")
+    """
+)
+
+
+@pytest.mark.timeout(240)
+def test_warm_start_and_restart_hand_over_spares_that_refill_and_never_accumulate():
+    result = run_python(["-c", MECHANISM], timeout=220, env={SPARES_ENV: "4"})
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
+    servers = json.loads(result.stdout.split("SERVERS", 1)[1].splitlines()[0])
+    assert wait_gone(servers, EVENTUALLY_S) == []
+
+
+OWNER = HELPERS + textwrap.dedent(
+    """
+    fleet = graphdist.LocalFleet("local=2").start()
+    wait_spares(3)
+    print(json.dumps([fork_server().pid, *fleet.pids, *spares()]), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.timeout(180)
+def test_spares_die_with_their_owner(monkeypatch):
+    monkeypatch.setenv(SPARES_ENV, "3")
+    proc = start_python("-c", OWNER)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.communicate(timeout=30)
+        pids = json.loads(line)
+        assert len(pids) == 1 + 2 + 3 and not any(is_gone(p) for p in pids)
+        proc.send_signal(signal.SIGKILL)  # no exit hook runs
+        proc.wait(30)
+        assert wait_gone(pids, EVENTUALLY_S) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+CLOSED = HELPERS + textwrap.dedent(
+    """
+    with graphdist.LocalFleet("local=1"):
+        pass
+    print(json.dumps([fork_server().pid, *wait_spares(2)]), flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(180)
+def test_spares_are_gone_when_their_owner_exits():
+    result = run_python(["-c", CLOSED], timeout=160, env={SPARES_ENV: "2"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    pids = json.loads(result.stdout.splitlines()[-1])
+    assert len(pids) == 3
+    assert wait_gone(pids, EVENTUALLY_S) == []
+
+
+NO_POOL = HELPERS + textwrap.dedent(
+    """
+    with graphdist.LocalFleet("local=2") as fleet:
+        assert len(fleet.pids) == 2
+        time.sleep(1.0)  # longer than the refill's idle wait
+        assert spares() == set(), spares()
+    print("OK")
+    """
+)
+
+
+@pytest.mark.timeout(180)
+def test_no_spares_with_zero():
+    result = run_python(["-c", NO_POOL], timeout=160, env={SPARES_ENV: "0"})
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
+
+
+def test_spares_setting_is_checked():
+    assert spares_wanted({}) == DEFAULT_SPARES
+    assert spares_wanted({SPARES_ENV: "0"}) == 0
+    assert spares_wanted({SPARES_ENV: str(MAX_SPARES)}) == MAX_SPARES
+    for bad in ("-1", "two", "1.5", str(MAX_SPARES + 1)):
+        with pytest.raises(ArgumentError, match=repr(bad)) as info:
+            spares_wanted({SPARES_ENV: bad})
+        assert info.value.name == SPARES_ENV and info.value.value == bad
+
+
+# TensorFlow's import-time lines come from the fork server (and absl prints its pre-init
+# warning whatever TF_CPP_MIN_LOG_LEVEL says).
+QUIET = textwrap.dedent(
+    """
+    import os
+    import graphdist
+    from graphdist._proc import forkserver
+    with graphdist.LocalFleet("local=1") as fleet:
+        log = os.path.join(forkserver._sockets_dir(), forkserver.FORK_SERVER_LOG)
+        print("LOG", os.path.exists(log) and "absl::InitializeLog" in open(log).read())
+        with open(os.path.join(fleet.log_dir, "local-0.log")) as f:
+            print("SERVER_LOG", "graphdist: server ready" in f.read())
+    """
+)
+PRE_INIT = "absl::InitializeLog"
+
+
+@pytest.mark.timeout(240)
+def test_fork_server_output_goes_to_its_log_unless_asked_for():
+    env = {"TF_CPP_MIN_LOG_LEVEL": "0"}
+    quiet = run_python(["-c", QUIET], timeout=110, env={**env, "GRAPHDIST_TF_LOGS": "0"})
+    assert quiet.returncode == 0, quiet.stdout + quiet.stderr
+    assert PRE_INIT not in quiet.stderr and "cuda" not in quiet.stderr.lower(), quiet.stderr
+    assert "LOG True" in quiet.stdout and "SERVER_LOG True" in quiet.stdout, quiet.stdout
+    live = run_python(["-c", QUIET], timeout=110, env={**env, "GRAPHDIST_TF_LOGS": "1"})
+    assert live.returncode == 0, live.stdout + live.stderr
+    assert PRE_INIT in live.stderr and "LOG False" in live.stdout, live.stdout + live.stderr
