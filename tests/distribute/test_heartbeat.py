@@ -164,3 +164,30 @@ def test_a_server_that_goes_away_is_not_frozen_but_a_task_between_two_programs(p
         time.sleep(4.0)  # twice the timeout with every call refused
         assert heartbeat.frozen() == {}
     release_ports([port])
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [("1", "at least 2 s, not 1.0"), ("nan", "finite number"), ("inf", "finite number")],
+)
+def test_the_cli_refuses_a_heartbeat_below_the_floor_in_one_line(value, words):
+    proc = subprocess.run(
+        [sys.executable, "-m", "graphdist", "run", "--heartbeat-timeout", value, "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("Error: --heartbeat-timeout must be") and words in line, line
+
+
+def test_the_cli_takes_off_for_no_heartbeat():
+    launcher = [sys.executable, "-m", "graphdist", "run", "--workers", "1"]
+    proc = subprocess.run(
+        [*launcher, "--heartbeat-timeout", "off", "--", sys.executable, "-c", "pass"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
