@@ -1,7 +1,9 @@
 """LocalFleet: a fleet of TensorFlow gRPC servers on this machine, one OS process each.
 
 Every server process is forked from one fork server (``multiprocess``'s ``forkserver`` context)
-that imported TensorFlow once, so a fleet of 8 costs about one TensorFlow import instead of 8.
+that imported TensorFlow once, so a fleet of 8 costs about one TensorFlow import instead of 8;
+once it is up, its pool of spares (:mod:`graphdist._proc.forkserver_pool`) serves a warm start
+or a ``restart()`` with processes forked ahead of time.
 A fleet is ready only when every server has answered a real gRPC call; a failed start stops what
 did start and raises an error naming the task, its address and the last lines of its log. Each
 server exits by itself as soon as the fleet's owner process is gone, however it died.
@@ -57,7 +59,15 @@ from graphdist._validate import flag, timeout_ms, timeout_s
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["DEFAULT_START_TIMEOUT_S", "STOP_GRACE_S", "FleetState", "FleetTask", "LocalFleet"]
+__all__ = [
+    "DEFAULT_START_TIMEOUT_S",
+    "GRPC_QUEUES_ENV",
+    "STOP_GRACE_S",
+    "FleetState",
+    "FleetTask",
+    "LocalFleet",
+    "grpc_queues",
+]
 
 log = logging.getLogger("graphdist.fleet")
 
@@ -66,6 +76,24 @@ LOG_TAIL_LINES = 12
 LOST_PORT_WAIT_S = 10.0
 """How long, at most, a start waits for a server that another process answered for to exit
 (it lost its port: it exits with EXIT_PORT_IN_USE) or to listen on its port after all."""
+
+
+GRPC_QUEUES_ENV = "TF_GRPC_WORKER_CACHE_QUEUES"
+"""TensorFlow's setting of how many gRPC completion queues (one polling thread each) a server's
+client side keeps for its calls to the other tasks: 64 by default, whatever the machine, which is
+62 of a server's 97 threads on two cores and most of its start-up (TF_FACTS, "Start-up"). A
+LocalFleet gives each server one per CPU it may run on (:func:`grpc_queues`), unless ``env`` or
+the owner's environment sets it."""
+
+
+def grpc_queues() -> str:
+    """The :data:`GRPC_QUEUES_ENV` value a LocalFleet's servers get by default: this process's
+    CPUs (its affinity), at most TensorFlow's own default of 64."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return str(max(1, min(64, cpus)))
 
 
 def read_log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -239,7 +267,9 @@ class LocalFleet(OwnedFleet[FleetTask]):
     - ``start_timeout_s`` (``None``: :data:`DEFAULT_START_TIMEOUT_S`, 60 s): how long
       :meth:`start` waits for every server.
     - ``log_dir``: where ``JOB-INDEX.log`` files go; default a temporary folder removed at close.
-    - ``env``: extra environment variables for every server process.
+    - ``env``: extra environment variables for every server process. Unless it or this
+      process's environment sets ``TF_GRPC_WORKER_CACHE_QUEUES``, each server gets one gRPC
+      completion queue per CPU instead of TensorFlow's 64 (:data:`GRPC_QUEUES_ENV`).
     - ``server_config``: a ``ConfigProto`` for the servers' default session config.
     - ``operation_timeout_ms``: the timeout :meth:`session` puts in every config
       (default :data:`graphdist.FLEET_OPERATION_TIMEOUT_MS`, ten minutes: the fleet itself
@@ -401,6 +431,8 @@ class LocalFleet(OwnedFleet[FleetTask]):
 
     def _task_env(self, task: Task) -> dict[str, str]:
         env = dict(self._env)
+        if GRPC_QUEUES_ENV not in os.environ:  # the user's setting, in env or here, wins
+            env.setdefault(GRPC_QUEUES_ENV, grpc_queues())
         # the fork server carries the shim; this tells it the address (exposed: keep the
         # wildcard) and, exposed, which other machines it lets in
         env[BIND_ADDR_ENV] = server_bind_address(task, expose=self.expose) or KEEP_WILDCARD
