@@ -25,8 +25,14 @@ at each size, and a warm LocalFleet ``start()`` (a second fleet in a process who
 already up) beside TensorFlow's own warm floor (``WARM_TF``: the same number of servers built by
 ``create_local_cluster`` in one process that built one already, timed without any probe). Each
 round also measures both floors, and every figure is the median over the rounds. Its target is
-checked: a warm start within ``WARM_TARGET`` (1.25x) of the warm floor at every warm size; a miss
-prints MISSED and the script exits 1.
+checked: a warm start within ``WARM_TARGET`` (1.25x) of the warm floor at every warm size, and one
+task's ``restart()`` in that warm fleet back to serving within ``RESTART_TARGET_S`` (0.25 s); a
+miss prints MISSED and the script exits 1. A LocalFleet gives its servers one gRPC completion queue
+per CPU (``TF_GRPC_WORKER_CACHE_QUEUES``, not TensorFlow's 64): both create_local_cluster runs get
+the same setting (``SAME_GRPC``), so that both sides start the same threads. The warm child
+pauses ``SETTLE_S`` before each start and restart (its fork server refills its pool of spares
+when idle), and runs once more with the pool off (``warm_forked``): the same run's figures of
+every server forked when asked.
 
     python benchmarks/startup.py [--sizes 1 4 8] [--repeats 3] [--json out.json]
     python benchmarks/startup.py --side-by-side [--sizes 8 16] [--repeats 3]
@@ -78,6 +84,9 @@ except ImportError:  # run as a script, or imported with benchmarks/ on sys.path
         spread,
         write_json,
     )
+
+from graphdist._fleet.local import GRPC_QUEUES_ENV, grpc_queues
+from graphdist._proc.forkserver_pool import SPARES_ENV
 
 QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
@@ -139,13 +148,18 @@ FLOOR_LABELS = {
 
 
 def run_child(
-    code: str, *args: str, timeout_s: float = 180.0, then_json: bool = False
+    code: str,
+    *args: str,
+    timeout_s: float = 180.0,
+    then_json: bool = False,
+    env: dict[str, str] | None = None,
 ) -> tuple[float, float, dict[str, Any]]:
     """Launch ``python -c code`` (or ``python FILE`` when ``code`` is a path) and return the
     seconds until it printed READY, the seconds until it exited, and the JSON it printed on the
     READY line or, with ``then_json``, on the line after it (may be empty). Raises RuntimeError,
     with the end of the child's stderr, if it exits before READY, fails after it, prints no
-    JSON where ``then_json`` expects it, or takes over ``timeout_s``."""
+    JSON where ``then_json`` expects it, or takes over ``timeout_s``. ``env``: variables added
+    to its (quiet) environment."""
     argv = [code] if code.endswith(".py") else ["-c", code]
     with tempfile.TemporaryFile("w+") as stderr:
         start = time.perf_counter()
@@ -154,7 +168,7 @@ def run_child(
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
-            env=QUIET,
+            env={**QUIET, **(env or {})},
         )
         assert proc.stdout is not None
         timer = threading.Timer(timeout_s, proc.kill)
@@ -315,21 +329,41 @@ COLD_LABELS = {
     "local_fleet": "cold LocalFleet (launch, start, close, exit)",
     "create_local_cluster": "cold tf.test.create_local_cluster (launch, ready, exit)",
 }
+SETTLE_S = 1.0
+"""The pause before each warm start and each restart: a fleet's fork server refills its pool of
+spares (``graphdist._proc.forkserver_pool``) once it has been idle for a moment, as it is between
+a notebook's cells; TensorFlow's floor gets nothing from it and is timed without it."""
 WARM = textwrap.dedent(
-    """
+    f"""
     import json, sys, time
     import graphdist
     graphdist.LocalFleet("local=1").start().close()  # the fork server is up from here on
-    out = {}
+    out = {{}}
     for n in sys.argv[1:]:
+        time.sleep({SETTLE_S})
         start = time.perf_counter()
-        fleet = graphdist.LocalFleet(f"local={n}").start()
+        fleet = graphdist.LocalFleet(f"local={{n}}").start()
         started = time.perf_counter()
+        time.sleep({SETTLE_S})
+        begun = time.perf_counter()
+        fleet.restart("local", 0)  # returns once the new server answers (and listens right)
+        restarted = time.perf_counter()
         fleet.close()
-        out[n] = {"start_s": started - start, "close_s": time.perf_counter() - started}
+        out[n] = {{
+            "start_s": started - start,
+            "restart_s": restarted - begun,
+            "close_s": time.perf_counter() - restarted,
+        }}
     print("READY", json.dumps(out), flush=True)
     """
 )
+SAME_GRPC = {GRPC_QUEUES_ENV: grpc_queues()}
+"""What a LocalFleet's servers get by default (one gRPC completion queue per CPU, not
+TensorFlow's 64): create_local_cluster, cold, and TensorFlow's warm floor get it too, so that
+both sides start the same threads."""
+FORKED = {SPARES_ENV: "0"}
+"""The environment of ``warm_forked``: the same warm child with the pool off (every server and
+restart forked when asked, as before the pool), the same run's baseline of the pool's gain."""
 
 # TensorFlow's own floor for a warm start: servers built by create_local_cluster in a process
 # that has TensorFlow imported and built one already (its one-time costs paid), all in that one
@@ -355,6 +389,9 @@ WARM_TF = textwrap.dedent(
 WARM_TARGET = 1.25
 """A warm LocalFleet ``start()`` / TensorFlow's warm floor (``WARM_TF``), at each warm size: at
 most this (the issue's target, at 8 and 16 servers)."""
+RESTART_TARGET_S = 0.25
+"""One task's ``restart()`` in a warm fleet, to serving again (its new server answers and listens
+on loopback), at each warm size: at most this many seconds (the issue's target)."""
 
 
 class Timing(TypedDict):
@@ -378,15 +415,24 @@ class ColdRow(TypedDict):
     create_local_cluster_ready: Timing
 
 
-class WarmRow(TypedDict):
-    """A warm LocalFleet at one size: ``start()`` and ``close()`` of a fleet in a process whose
-    fork server is already up; and TensorFlow's own floor, the same number of servers built in
-    one process that has TensorFlow imported (``WARM_TF``). Ratios against that floor."""
-
+class _WarmFigures(TypedDict):
     servers: int
     start: Timing
     close: Timing
     tf_in_process: Timing
+
+
+class WarmRow(_WarmFigures, total=False):
+    """A warm LocalFleet at one size: ``start()``, one task's ``restart()`` and ``close()`` of a
+    fleet in a process whose fork server is already up; with ``--without-pool``, the same with
+    the fork server's pool of spares off (``*_forked``: every server forked when asked); and
+    TensorFlow's own floor, the same number of servers built in one process that has TensorFlow
+    imported (``WARM_TF``). Ratios against that floor. (A figure the warm child did not report,
+    as in an older run's JSON, is left out.)"""
+
+    restart: Timing
+    start_forked: Timing
+    restart_forked: Timing
 
 
 class SideBySide(TypedDict):
@@ -405,14 +451,18 @@ class SideBySide(TypedDict):
 
 def measure_side(key: str, servers: int, warm_sizes: list[int]) -> dict[str, float]:
     """One measurement of the side-by-side (``key``: a floor of ``FLOOR_KEYS``, "warm",
-    "warm_tf" or a method of ``COLD``)."""
+    "warm_forked", "warm_tf" or a method of ``COLD``)."""
     if key in FLOOR_KEYS:
         ready, _ = time_to_ready(CHILDREN[key], then_json=True)
         return {"ready_s": ready}
-    if key in ("warm", "warm_tf"):
-        _, _, out = run_child(WARM if key == "warm" else WARM_TF, *map(str, warm_sizes))
+    if key in ("warm", "warm_forked", "warm_tf"):
+        code, env = (WARM_TF, SAME_GRPC) if key == "warm_tf" else (WARM, None)
+        if key == "warm_forked":
+            env = FORKED
+        _, _, out = run_child(code, *map(str, warm_sizes), env=env)
         return {f"{k}[{n}]": v for n, figures in out.items() for k, v in figures.items()}
-    ready, exited, _ = run_child(COLD[key], str(servers))
+    env = SAME_GRPC if key == "create_local_cluster" else None
+    ready, exited, _ = run_child(COLD[key], str(servers), env=env)
     return {"ready_s": ready, "exit_s": exited}
 
 
@@ -422,8 +472,24 @@ def _timing(runs: list[float], floor_s: float) -> Timing:
 
 
 def warm_targets(warm: list[WarmRow]) -> list[tuple[str, bool]]:
-    """(text, met) of the warm-start target (:data:`WARM_TARGET`) at each warm size."""
-    return [
+    """(text, met) of the warm-start target (:data:`WARM_TARGET`) and the restart target
+    (:data:`RESTART_TARGET_S`) at each warm size."""
+
+    def without_pool(w: WarmRow) -> str:
+        forked = w.get("restart_forked")
+        return "" if forked is None else f", without the pool of spares {forked['seconds']:.3f} s"
+
+    restarts = [
+        (
+            f"warm LocalFleet restart() of one task, {w['servers']} servers: "
+            f"{w['restart']['seconds']:.3f} s to serving ({without_pool(w)[2:] or 'absolute'}; "
+            f"target <= {RESTART_TARGET_S} s; benchmarks/startup.py --side-by-side)",
+            w["restart"]["seconds"] <= RESTART_TARGET_S,
+        )
+        for w in warm
+        if "restart" in w
+    ]
+    starts = [
         (
             f"warm LocalFleet start(), {w['servers']} servers: {w['start']['ratio']:.2f}x "
             f"TensorFlow's warm floor ({w['start']['seconds']:.2f} s vs "
@@ -433,16 +499,21 @@ def warm_targets(warm: list[WarmRow]) -> list[tuple[str, bool]]:
         )
         for w in warm
     ]
+    return starts + restarts
 
 
-def side_by_side(sizes: list[int], warm_sizes: list[int], repeats: int = 3) -> SideBySide:
+def side_by_side(
+    sizes: list[int], warm_sizes: list[int], repeats: int = 3, *, without_pool: bool = False
+) -> SideBySide:
     """Cold LocalFleet vs cold ``create_local_cluster`` at each of ``sizes`` and a warm
     LocalFleet at each of ``warm_sizes``, with both floors, in ``repeats`` interleaved rounds
-    (``_common.interleaved``); medians over rounds."""
+    (``_common.interleaved``); medians over rounds. ``without_pool``: each round also runs the
+    warm child with the fork server's pool of spares off (``warm_forked``)."""
     plan = [
         *((k, 0) for k in FLOOR_KEYS),
         *((m, n) for n in sizes for m in COLD),
         ("warm", 0),
+        *([("warm_forked", 0)] if without_pool else []),
         ("warm_tf", 0),
     ]
     runs = interleaved(plan, repeats, lambda key: measure_side(*key, warm_sizes))
@@ -464,12 +535,21 @@ def side_by_side(sizes: list[int], warm_sizes: list[int], repeats: int = 3) -> S
 
     def warm_row(n: int) -> WarmRow:
         tf_floor = statistics.median(m[f"start_s[{n}]"] for m in runs[("warm_tf", 0)])
-        return {
+        row: WarmRow = {
             "servers": n,
             "start": timing(("warm", 0), f"start_s[{n}]", tf_floor),
             "close": timing(("warm", 0), f"close_s[{n}]", tf_floor),
             "tf_in_process": timing(("warm_tf", 0), f"start_s[{n}]", tf_floor),
         }
+        optional = {
+            "restart": ("warm", "restart_s"),
+            "start_forked": ("warm_forked", "start_s"),
+            "restart_forked": ("warm_forked", "restart_s"),
+        }
+        for name, (key, figure) in optional.items():
+            if all(f"{figure}[{n}]" in m for m in runs.get((key, 0), [{}])):
+                row[name] = timing((key, 0), f"{figure}[{n}]", tf_floor)  # type: ignore[literal-required]
+        return row
 
     cold = [cold_row(n) for n in sizes]
     warm = [warm_row(n) for n in warm_sizes]
@@ -554,6 +634,14 @@ def side_by_side_lines(r: SideBySide) -> list[str]:
         + warm_cells("start")
         + f" | {per:.3f} |"
     )
+    optional = {
+        "start_forked": ("| ... without the pool of spares (every server forked when asked)", True),
+        "restart": ("| warm LocalFleet `restart()` of one task, to serving", False),
+        "restart_forked": ("| ... without the pool of spares", False),
+    }
+    for figure, (label, with_ratio) in optional.items():
+        if all(figure in row for row in r["warm"]):
+            out.append(f"{label} | " + warm_cells(figure, ratio=with_ratio) + " | |")
     out.append("| warm LocalFleet `close()` | " + warm_cells("close", ratio=False) + " | |")
     out.append(
         "| TensorFlow's warm floor: `create_local_cluster(n, 0)` in a process that built one "
@@ -564,6 +652,13 @@ def side_by_side_lines(r: SideBySide) -> list[str]:
         f"{m} {row['servers']}: {spread(row[m]['runs_s']):.0%}" for row in r["cold"] for m in COLD
     )
     out += ["", f"Spread of the cold figures over the rounds ((max - min) / median): {spreads}."]
+    warm_spreads = ", ".join(
+        f"{figure} {row['servers']}: {spread(row[figure]['runs_s']):.0%}"
+        for row in r["warm"]
+        for figure in ("start", "restart", "tf_in_process")
+        if figure in row
+    )
+    out.append(f"Spread of the warm figures: {warm_spreads}.")
     return out
 
 
@@ -617,10 +712,18 @@ def main(argv: list[str] | None = None) -> Any:
         "LocalFleet at --warm-sizes, in --repeats interleaved rounds",
     )
     parser.add_argument("--warm-sizes", type=int, nargs="+", default=[8, 16])
+    parser.add_argument(
+        "--without-pool",
+        action="store_true",
+        help="side by side: also run the warm fleet with its fork server's pool of spares off "
+        f"({SPARES_ENV}=0), the same run's figures of every server forked when asked",
+    )
     add_json_option(parser)
     args = parser.parse_args(argv)
     if args.side_by_side:
-        side = side_by_side(args.sizes or [8, 16], args.warm_sizes, args.repeats)
+        side = side_by_side(
+            args.sizes or [8, 16], args.warm_sizes, args.repeats, without_pool=args.without_pool
+        )
         print("\n".join(side_by_side_lines(side)))
         for line in side["warnings"]:
             print(line)
