@@ -122,10 +122,12 @@ def import_tensorflow_quietly() -> Any:
 
     TensorFlow writes them from C++ to file descriptor 2 while it loads, which no log level
     stops. Meanwhile fd 2 is a pipe that a thread copies to the real stderr, leaving out what
-    :func:`is_tf_log` says is TensorFlow's: the program's own lines (other threads', a child's
-    started meanwhile, which keeps the pipe) still arrive, in order. Neither the environment
-    nor ``TF_CPP_MIN_LOG_LEVEL`` changes, so processes started from this one log everything.
-    Also quiets the ``tensorflow`` Python logger and TensorFlow's Python warnings here."""
+    :func:`is_tf_log` says is TensorFlow's (a child started meanwhile keeps the pipe, and its
+    lines are read the same way); Python's ``sys.stderr`` writes to the real stderr directly, so
+    the program's own messages (an error another thread prints just before the process exits)
+    never wait in the pipe. Neither the environment nor ``TF_CPP_MIN_LOG_LEVEL`` changes, so
+    processes started from this one log everything. Also quiets the ``tensorflow`` Python
+    logger and TensorFlow's Python warnings here."""
     if "tensorflow" in sys.modules or tf_logs_live():
         import tensorflow
 
@@ -137,19 +139,44 @@ def import_tensorflow_quietly() -> Any:
     with contextlib.suppress(Exception):
         sys.stderr.flush()
     saved = os.dup(2)
-    read_fd, write_fd = os.pipe()
     os.set_inheritable(saved, False)
+    python_stderr = sys.stderr
+    direct = _direct_stderr(saved, python_stderr)
+    read_fd, write_fd = os.pipe()
     thread = threading.Thread(
         target=_forward, args=(read_fd, saved), name="tf-log-filter", daemon=True
     )
     thread.start()
+    if direct is not None:
+        sys.stderr = direct
     os.dup2(write_fd, 2)
     os.close(write_fd)
     try:
         import tensorflow
     finally:
-        with contextlib.suppress(Exception):
-            sys.stderr.flush()
         os.dup2(saved, 2)  # the pipe ends when every process that holds it has closed it
+        if direct is not None and sys.stderr is direct:
+            with contextlib.suppress(Exception):
+                direct.flush()
+            sys.stderr = python_stderr
         thread.join(0.2)  # what TensorFlow's import left in the pipe, shown before what follows
     return tensorflow
+
+
+def _direct_stderr(fd: int, like: Any) -> Any:
+    """A text stream on ``fd`` (the real stderr) that writes as ``like`` (``sys.stderr``) does;
+    None where ``sys.stderr`` is not the process's fd 2 (pytest's capture, a notebook)."""
+    try:
+        if like is None or like.fileno() != 2:
+            return None
+    except (AttributeError, OSError, ValueError):
+        return None
+    # never closed: it lives as long as the process (TensorFlow's log handlers may keep it)
+    return open(
+        fd,
+        "w",
+        encoding=getattr(like, "encoding", None) or "utf-8",
+        errors=getattr(like, "errors", None) or "backslashreplace",
+        buffering=1,
+        closefd=False,
+    )
