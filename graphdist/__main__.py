@@ -1,7 +1,8 @@
-"""``python -m graphdist`` runs the command-line interface."""
+"""``python -m graphdist`` runs the command-line interface (Ctrl-C while it still imports is one
+line too: :mod:`graphdist._cli.entry`)."""
 
 import sys
 
-from graphdist._cli.main import main
+from graphdist._cli.entry import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""The ``graphdist`` command: a thin layer over the library.
+"""The ``graphdist`` command: it parses, calls the library and prints, with no logic of its own.
 
 Parsing (:func:`build_parser`) is separate from running (:func:`main`), so both can be tested.
 Each option's ``dest`` is the library argument it becomes (``--timeout`` -> ``timeout_s``): values
@@ -11,11 +11,12 @@ shows a traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import re
+import signal
 import sys
+import textwrap
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
@@ -51,7 +52,8 @@ from graphdist._proc.restarts import (
     DEFAULT_RESTART_WINDOW_S,
     STARTUP_FAILURES,
 )
-from graphdist._proc.signals import stop_on_signals
+from graphdist._proc.signals import STOP_SIGNALS
+from graphdist._tflog import TF_LOGS_ENV, tf_logs_live
 from graphdist._validate import is_ascii_digits
 from graphdist._version import __version__
 
@@ -207,14 +209,101 @@ def _add_backend_options(p: argparse.ArgumentParser) -> None:
         )
 
 
+DESCRIPTION = (
+    "Start TensorFlow's distributed runtime (tf.compat.v1 servers, tf.distribute tasks) on "
+    "this machine or a Ray cluster: fleets of gRPC servers that stay on loopback, sessions that "
+    "never hang, and tf.distribute runs with one process per task."
+)
+_HELP_WIDTH = 92  # descriptions are wrapped here: the epilogs' examples keep their own lines
+ENVIRONMENT = f"""environment:
+  {TF_LOGS_ENV}=1  show TensorFlow's own log lines live (its C++ start-up notices,
+                       cuInit, the coordination service...); by default they are only in each
+                       task's and server's log file (and in `run --output-format jsonl`)
+  GRAPHDIST_STATE_DIR  where detached fleets keep their state (see --state-dir)"""
+EXAMPLES = {
+    "": """examples:
+  graphdist demo                                  the seeds' split graph on a two-task fleet
+  graphdist up --cluster worker=2,ps=1            a fleet in the foreground; Ctrl-C stops it
+  graphdist up --cluster worker=2 --detach        ...kept by a supervisor: `status`, `down`
+  graphdist run --workers 2 -- python train.py    one process per task, each with its TF_CONFIG
+  graphdist tf-config --cluster cluster.json --task worker:1
+  graphdist serve --cluster cluster.json --job worker --task 0
+
+`graphdist COMMAND --help` describes each command.""",
+    "up": """examples:
+  graphdist up --cluster local=2                  two servers on free ports; Ctrl-C stops them
+  graphdist up --cluster worker=2,ps=1 --json     the tasks as JSON
+  graphdist up --cluster '{"worker": ["localhost:2222", "localhost:2223"]}'
+  graphdist up --cluster worker=2 --detach --restart on-failure
+  graphdist status; graphdist down                the detached fleet's tasks; stop it""",
+    "status": """examples:
+  graphdist status
+  graphdist status --json --state-dir /tmp/fleet-a""",
+    "down": """examples:
+  graphdist down
+  graphdist down --state-dir /tmp/fleet-a""",
+    "run": """examples:
+  graphdist run --workers 2 -- python train.py
+  graphdist run --workers 2 --max-restarts 2 --log-dir /tmp/logs -- python train.py
+  graphdist run --chief --ps 1 --workers 2 -- python ps_training.py
+  graphdist run --workers 2 --output-format jsonl -- python train.py | jq .event
+
+The command's Python needs TensorFlow and tf-keras (pip install 'graphdist[distribute]').""",
+    "serve": """examples (one per host; the same cluster file on every host):
+  graphdist serve --cluster cluster.json --job worker --task 0
+  srun graphdist serve --slurm worker=2,ps=1      inside a Slurm step
+
+cluster.json names every task's address, e.g.
+  {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"], "ps": ["10.0.0.3:2222"]}""",
+    "tf-config": """examples:
+  graphdist tf-config --cluster cluster.json --task worker:1
+  export TF_CONFIG="$(graphdist tf-config --cluster cluster.json --task chief:0)"
+
+Every task's TF_CONFIG must describe the same cluster, so --cluster names addresses (JSON text
+or a file); job=N, which picks new free ports on each call, is refused.""",
+    "demo": """examples:
+  graphdist demo
+  graphdist demo --master 1 --picture placed.svg""",
+}
+
+
+def _command(
+    sub: Any, name: str, help: str, description: str | None = None
+) -> argparse.ArgumentParser:
+    """A subcommand with its one-line ``help``, a ``description`` (default: the help as a
+    sentence), its examples and the environment it reads."""
+    text = description or help[0].upper() + help[1:] + "."
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help,
+        description=textwrap.fill(text, _HELP_WIDTH),
+        epilog=f"{EXAMPLES[name]}\n\n{ENVIRONMENT}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
+
+
 def build_parser() -> _Parser:
-    parser = _Parser(prog="graphdist", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = _Parser(
+        prog="graphdist",
+        description=textwrap.fill(DESCRIPTION, _HELP_WIDTH),
+        epilog=f"{EXAMPLES['']}\n\n{ENVIRONMENT}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     parser.commands = sub.choices
 
-    up = sub.add_parser("up", help="start a fleet of TensorFlow servers on this machine")
+    up = _command(
+        sub,
+        "up",
+        "start a fleet of TensorFlow servers on this machine",
+        "Start a fleet of TensorFlow servers (one process each) and print its tasks once every "
+        "server answers. In the foreground it runs until Ctrl-C, SIGTERM or SIGHUP; with "
+        "--detach a supervisor keeps it and the command returns. Ctrl-C at any moment stops "
+        "everything it started and exits 130 (SIGTERM or SIGHUP once it runs: 0).",
+    )
     up.add_argument(
         "--cluster",
         required=True,
@@ -266,10 +355,11 @@ def build_parser() -> _Parser:
     _add_restart_window(up)
     _add_state_dir(up)
 
-    status = sub.add_parser(
+    status = _command(
+        sub,
         "status",
-        help="show the detached fleet's tasks",
-        description="Show the detached fleet's tasks. Exit status: 0 the fleet runs (a task may "
+        "show the detached fleet's tasks",
+        "Show the detached fleet's tasks. Exit status: 0 the fleet runs (a task may "
         "be waiting for its scheduled restart); 1 a task is dead for good (the supervisor gave "
         "up on it, or --restart is no); 2 no fleet, a stale one (cleaned up) or an unreadable "
         "state file (`graphdist down` still stops its processes).",
@@ -277,21 +367,27 @@ def build_parser() -> _Parser:
     status.add_argument("--json", action="store_true", help="print a JSON list of tasks")
     _add_state_dir(status)
 
-    down = sub.add_parser(
+    down = _command(
+        sub,
         "down",
-        help="stop the detached fleet and remove its state (its processes are found by a "
-        "marker too, so an unreadable state file still stops everything)",
+        "stop the detached fleet and remove its state",
+        "Stop the detached fleet (every process its supervisor started: they are found by a "
+        "marker too, so an unreadable state file still stops everything), check they are gone "
+        "and remove its state folder, also the leftovers of an interrupted `up --detach`.",
     )
     _add_state_dir(down)
 
-    run = sub.add_parser(
+    run = _command(
+        sub,
         "run",
-        help="run a multi-worker command: one process per task, each with its TF_CONFIG",
-        description="Start a local cluster and run COMMAND once per chief/worker task with its "
+        "run a multi-worker command: one process per task, each with its TF_CONFIG",
+        "Start a local cluster and run COMMAND once per chief/worker task with its "
         "TF_CONFIG and TF_USE_LEGACY_KERAS=1; with --ps, the chief runs COMMAND as coordinator "
         "while workers and ps tasks are plain servers. Exits 0 only if every task does. On "
         "Ctrl-C, SIGTERM or SIGHUP every process the tasks started is stopped first (exit "
-        "130, 143, 129); if it is SIGKILLed, each task's guard stops them.",
+        "130, 143, 129); if it is SIGKILLed, each task's guard stops them. The console shows "
+        "the tasks' own lines, prefixed [worker-1], without TensorFlow's log lines "
+        f"({TF_LOGS_ENV}=1 shows them; --log-dir and --output-format jsonl keep every line).",
     )
     run.add_argument("--workers", type=_int, default=2, metavar="N", help="worker tasks (2)")
     run.add_argument("--ps", type=_int, default=0, metavar="M", help="parameter servers (0)")
@@ -384,11 +480,19 @@ def build_parser() -> _Parser:
     )
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
-    srv = sub.add_parser(
+    srv = _command(
+        sub,
         "serve",
-        help="run one server of a cluster in the foreground (for systemd, Kubernetes, Slurm)",
+        "run one server of a cluster in the foreground (for systemd, Kubernetes, Slurm)",
+        "Run one TensorFlow server of a cluster in the foreground, on a real host: it binds only "
+        "its own task's address (--bind-all: every interface), lets in only the cluster's hosts "
+        "and --allow, logs one line when ready and exits 0 on SIGTERM or SIGINT.",
     )
-    srv.add_argument("--cluster", metavar="SPEC", help="JSON text or a JSON file path")
+    srv.add_argument(
+        "--cluster",
+        metavar="SPEC",
+        help="every task's address: JSON text or a JSON file path (the same on every host)",
+    )
     srv.add_argument("--job", help="this server's job name")
     srv.add_argument("--task", type=_int, metavar="INDEX", help="this server's task index")
     srv.add_argument(
@@ -404,13 +508,31 @@ def build_parser() -> _Parser:
     )
     _add_allow(srv, "")
 
-    tfc = sub.add_parser("tf-config", help="print a task's TF_CONFIG for a cluster, as JSON")
-    tfc.add_argument("--cluster", required=True, metavar="SPEC", help="as for `up`")
+    tfc = _command(
+        sub,
+        "tf-config",
+        "print a task's TF_CONFIG for a cluster, as JSON",
+        "Print the TF_CONFIG of one task of a cluster, as JSON, for a tf.distribute program "
+        "started by other means than `graphdist run` (which sets every task's itself).",
+    )
+    tfc.add_argument(
+        "--cluster",
+        required=True,
+        metavar="SPEC",
+        help="every task's address: JSON text or a JSON file path",
+    )
     tfc.add_argument(
         "--task", required=True, metavar="TYPE:INDEX", help="chief:0, worker:1, ps:0, evaluator:0"
     )
 
-    demo = sub.add_parser("demo", help="run the seeds' split graph (238) on a two-task fleet")
+    demo = _command(
+        sub,
+        "demo",
+        "run the seeds' split graph (238) on a two-task fleet",
+        "Start a two-task fleet, run the seeds' split graph (x=2; x-66 on task 0, x+300 and the "
+        "sum on task 1) through one task's session, print the result (238) and where each op "
+        "ran, and stop the fleet.",
+    )
     demo.add_argument(
         "--seed-ports",
         action="store_true",
@@ -512,8 +634,28 @@ def _cmd_up(args: argparse.Namespace) -> int:
         allow=parse_allow(_allow(args)) or None,
         **options,
     )
-    stop = stop_on_signals()
+    # A stop signal while it starts is only noted (a KeyboardInterrupt in the middle of
+    # starting processes could leave one unrecorded): the start ends, or fails because the same
+    # SIGINT killed a fork server still importing TensorFlow, and then the fleet is closed and
+    # the command ends as interrupted (exit 130 for Ctrl-C, 128 + N for another signal).
+    stop = threading.Event()
+    received: list[int] = []
+
+    def note(signum: int, frame: Any) -> None:
+        received.append(signum)
+        stop.set()
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, note)
+    try:
+        fleet.start()
+    except GraphdistError:
+        if received:
+            raise _Interrupted(received[0]) from None
+        raise
     with fleet:
+        if received:
+            raise _Interrupted(received[0])
         rows = [
             {"job": t.job, "task": t.index, "address": t.address, "pid": t.pid, "alive": t.alive}
             for t in fleet.tasks
@@ -523,7 +665,17 @@ def _cmd_up(args: argparse.Namespace) -> int:
         fleet.watch(_report_death)
         stop.wait()
         print("graphdist: stopping the fleet", file=sys.stderr, flush=True)
-    return 0
+    # Ctrl-C ends it as a shell expects of an interrupted command (a loop of them stops);
+    # SIGTERM and SIGHUP, a service manager's stop, are a normal end
+    return 128 + signal.SIGINT if received[0] == signal.SIGINT else 0
+
+
+class _Interrupted(Exception):
+    """A stop signal ended a command before it was done (:func:`main`: one line, 128 + N)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 def _report_death(task: Any) -> None:
@@ -621,13 +773,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from graphdist._graph.graphs import split_graph
     from graphdist._graph.trace import no_folding_config, run_traced
     from graphdist._proc import lean
+    from graphdist._tflog import import_tensorflow_quietly
 
     lean.install()  # this client only builds and runs a graph: TensorFlow without Keras
     # The client's TensorFlow import (seconds) overlaps the fleet's start, which is mostly the
     # fork server's own import; the graph below waits for it (the import lock).
-    threading.Thread(
-        target=importlib.import_module, args=("tensorflow",), name="import-tf", daemon=True
-    ).start()
+    # TensorFlow's own log lines stay out of the demo's output (GRAPHDIST_TF_LOGS=1 shows them).
+    threading.Thread(target=import_tensorflow_quietly, name="import-tf", daemon=True).start()
     spec: Any = {"local": ["localhost:2020", "localhost:2021"]} if args.seed_ports else "local=2"
     with LocalFleet(spec) as fleet:
         print(
@@ -716,7 +868,8 @@ def _cmd_serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
     else:
         if not args.cluster or not args.job or args.task is None:
             raise UsageError("serve needs --cluster, --job and --task (or --slurm)")
-        cluster, job, index = Cluster.parse(args.cluster), args.job, args.task
+        cluster = Cluster.parse_addresses(args.cluster, what="A served cluster")
+        job, index = args.job, args.task
     return serve(cluster, job, index, bind_all=args.bind_all, argv=argv, allow=_allow(args))
 
 
@@ -767,6 +920,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = parser.parse_args(argv)
+        tf_logs_live()  # a bad value is one line here, before anything starts
         command = args.command
         if args.command == "serve":
             return _cmd_serve(args, argv)
@@ -780,6 +934,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("Error: interrupted", file=sys.stderr)
         return 130
+    except _Interrupted as exc:
+        by = "" if exc.signum == signal.SIGINT else f" by {exc}"
+        print(f"Error: interrupted{by}", file=sys.stderr)
+        return 128 + exc.signum
 
 
 if __name__ == "__main__":

@@ -1,0 +1,117 @@
+"""Ctrl-C at any moment of `graphdist up` (issue 29): SIGINT to the command's process group, as a
+terminal sends it, once the interpreter runs (graphdist's imports not done yet), while the fork
+server imports TensorFlow, while the servers start, and once the fleet is up. Each ends with exit
+130 and one line, no traceback, no process left (found by a mark in their environment, whoever
+adopted them) and, for `up --detach`, no state folder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, processes_marked, wait_gone
+
+LEFT_S = 20.0  # a fleet's processes exit with their owner: at once, or after a stop's grace
+_startup: list[float] = []
+
+
+def _interpreter_start_s() -> float:
+    """How long this machine's Python takes to start (its site import): Ctrl-C before that is
+    the interpreter's own business (a "Fatal Python error: init_import_site"), not graphdist's.
+    The moments below count from there; on a loaded machine the start alone took over 1 s."""
+    if not _startup:
+        began = time.monotonic()
+        subprocess.run([sys.executable, "-c", "pass"], check=True, timeout=60)
+        _startup.append(time.monotonic() - began)
+    return _startup[0]
+
+
+def _start(*args: str) -> tuple[subprocess.Popen[str], str]:
+    mark = f"interrupt-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, **QUIET_TF, "GRAPHDIST_TEST_MARK": mark}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "graphdist", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+        start_new_session=True,  # a group of its own, as a terminal's foreground job
+    )
+    return proc, mark
+
+
+def _interrupt(proc: subprocess.Popen[str], mark: str) -> tuple[int, str, str]:
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    left = wait_gone(processes_marked(mark), LEFT_S)
+    for pid in left:  # only ours: they carry this test's mark
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], f"processes {left} were left behind"
+    return proc.returncode, out, err
+
+
+def _assert_interrupted(code: int, err: str) -> None:
+    assert code == 130, err
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == "Error: interrupted", err
+    assert [line for line in err.splitlines() if line.startswith("Error")] == ["Error: interrupted"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("after_s", [0.3, 1.0, 2.5])
+def test_ctrl_c_while_up_starts_is_one_line_and_leaves_nothing(after_s):
+    start_s = _interpreter_start_s()
+    proc, mark = _start("up", "--cluster", "local=2")
+    time.sleep(start_s + after_s)
+    code, _out, err = _interrupt(proc, mark)
+    _assert_interrupted(code, err)
+    # TensorFlow's own lines (a fork server killed while importing it) are not the command's
+    assert "WARNING: All log messages" not in err and "cudart_stub" not in err, err
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_once_up_runs_stops_the_fleet_with_130():
+    proc, mark = _start("up", "--cluster", "local=2")
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    while line and "fleet running" not in line:
+        line = proc.stderr.readline()
+    assert "fleet running" in line
+    code, out, err = _interrupt(proc, mark)
+    assert code == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines() == ["graphdist: stopping the fleet"]
+    assert "local" in out  # the table of tasks came first
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("after_s", [1.0, 3.0])
+def test_ctrl_c_while_up_detach_starts_leaves_no_state_folder(tmp_path, after_s):
+    state_dir = str(tmp_path / "fleet")
+    start_s = _interpreter_start_s()
+    proc, mark = _start("up", "--cluster", "local=2", "--detach", "--state-dir", state_dir)
+    time.sleep(start_s + after_s)
+    code, _out, err = _interrupt(proc, mark)
+    if code == 0:  # it was up already on a fast machine: then `down` is the way out
+        result = subprocess.run(
+            [sys.executable, "-m", "graphdist", "down", "--state-dir", state_dir],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+    else:
+        _assert_interrupted(code, err)
+    assert not os.path.exists(state_dir), os.listdir(state_dir)
+    assert wait_gone(processes_marked(mark), EVENTUALLY_S) == []
