@@ -431,7 +431,9 @@ class LocalFleet(OwnedFleet[FleetTask]):
 
     def _task_env(self, task: Task) -> dict[str, str]:
         env = dict(self._env)
-        if GRPC_QUEUES_ENV not in os.environ:  # the user's setting, in env or here, wins
+        # the user's setting, in env or here, wins; an empty one is none (TensorFlow reads an
+        # empty value as 0 queues and dies of SIGFPE at its first call to another task)
+        if not os.environ.get(GRPC_QUEUES_ENV, "").strip():
             env.setdefault(GRPC_QUEUES_ENV, grpc_queues())
         # the fork server carries the shim; this tells it the address (exposed: keep the
         # wildcard) and, exposed, which other machines it lets in

@@ -188,3 +188,38 @@ def test_fork_server_output_goes_to_its_log_unless_asked_for():
     live = run_python(["-c", QUIET], timeout=110, env={**env, "GRAPHDIST_TF_LOGS": "1"})
     assert live.returncode == 0, live.stdout + live.stderr
     assert PRE_INIT in live.stderr and "LOG False" in live.stdout, live.stdout + live.stderr
+
+
+# One gRPC completion queue per CPU (graphdist._fleet.local.GRPC_QUEUES_ENV), not TensorFlow's 64:
+# a server's threads show it; an empty setting counts as none (TensorFlow would read it as 0
+# queues and die of SIGFPE at its first call to another task).
+QUEUES = textwrap.dedent(
+    """
+    import psutil
+    import graphdist
+    import tensorflow as tf
+    from graphdist._fleet.local import grpc_queues
+    tf.compat.v1.disable_eager_execution()
+    with graphdist.LocalFleet("local=2") as fleet, graphdist.LocalFleet(
+        "local=1", env={"TF_GRPC_WORKER_CACHE_QUEUES": "64"}
+    ) as tf_default:
+        ours = psutil.Process(fleet.pids[0]).num_threads()  # idle, as theirs
+        theirs = psutil.Process(tf_default.pids[0]).num_threads()
+        with tf.device(fleet.device("local", 0)):
+            x = tf.constant(2.0) * 3
+        with tf.device(fleet.device("local", 1)):
+            y = x + 1
+        with fleet.session("local", 0) as sess:
+            assert sess.run(y) == 7.0  # task 0 called task 1
+        print("THREADS", ours, theirs, grpc_queues())
+    """
+)
+
+
+@pytest.mark.timeout(180)
+def test_servers_get_one_grpc_queue_per_cpu_and_an_empty_setting_is_none():
+    result = run_python(["-c", QUEUES], timeout=160, env={"TF_GRPC_WORKER_CACHE_QUEUES": ""})
+    assert result.returncode == 0, result.stdout + result.stderr
+    ours, theirs, queues = map(int, result.stdout.split("THREADS", 1)[1].split())
+    # one polling thread per queue (give or take gRPC's own few, started as it needs them)
+    assert theirs - ours >= 64 - queues - 4, (ours, theirs, queues)
