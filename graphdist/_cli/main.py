@@ -634,28 +634,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         allow=parse_allow(_allow(args)) or None,
         **options,
     )
-    # A stop signal while it starts is only noted (a KeyboardInterrupt in the middle of
-    # starting processes could leave one unrecorded): the start ends, or fails because the same
-    # SIGINT killed a fork server still importing TensorFlow, and then the fleet is closed and
-    # the command ends as interrupted (exit 130 for Ctrl-C, 128 + N for another signal).
-    stop = threading.Event()
-    received: list[int] = []
-
-    def note(signum: int, frame: Any) -> None:
-        received.append(signum)
-        stop.set()
-
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, note)
-    try:
-        fleet.start()
-    except GraphdistError:
-        if received:
-            raise _Interrupted(received[0]) from None
-        raise
+    stop, received = _start_noting_signals(fleet, keep=True)
     with fleet:
-        if received:
-            raise _Interrupted(received[0])
         rows = [
             {"job": t.job, "task": t.index, "address": t.address, "pid": t.pid, "alive": t.alive}
             for t in fleet.tasks
@@ -668,6 +648,37 @@ def _cmd_up(args: argparse.Namespace) -> int:
     # Ctrl-C ends it as a shell expects of an interrupted command (a loop of them stops);
     # SIGTERM and SIGHUP, a service manager's stop, are a normal end
     return 128 + signal.SIGINT if received[0] == signal.SIGINT else 0
+
+
+def _start_noting_signals(fleet: Any, *, keep: bool) -> tuple[threading.Event, list[int]]:
+    """``fleet.start()`` with stop signals only noted meanwhile (a KeyboardInterrupt in the
+    middle of starting processes could leave one unrecorded, or fail its cleanup): the start
+    ends, or fails because the same SIGINT killed a fork server still importing TensorFlow;
+    then the fleet is closed and :class:`_Interrupted` raised (exit 130 for Ctrl-C, 128 + N for
+    another signal). Returns the event a later stop signal sets and the signals received, with
+    the handlers kept (``keep``) or given back (a later Ctrl-C is a KeyboardInterrupt again)."""
+    stop = threading.Event()
+    received: list[int] = []
+
+    def note(signum: int, frame: Any) -> None:
+        received.append(signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, note) for sig in STOP_SIGNALS}
+    try:
+        fleet.start()
+    except GraphdistError:
+        if received:
+            raise _Interrupted(received[0]) from None
+        raise
+    finally:
+        if not keep:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    if received:
+        fleet.close()
+        raise _Interrupted(received[0])
+    return stop, received
 
 
 class _Interrupted(Exception):
@@ -781,7 +792,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     # TensorFlow's own log lines stay out of the demo's output (GRAPHDIST_TF_LOGS=1 shows them).
     threading.Thread(target=import_tensorflow_quietly, name="import-tf", daemon=True).start()
     spec: Any = {"local": ["localhost:2020", "localhost:2021"]} if args.seed_ports else "local=2"
-    with LocalFleet(spec) as fleet:
+    fleet = LocalFleet(spec)
+    _start_noting_signals(fleet, keep=False)
+    with fleet:
         print(
             "graphdist demo: "
             + ", ".join(f"{t.name} at {t.address} (pid {t.pid})" for t in fleet.tasks),
@@ -915,9 +928,9 @@ def exit_status(exc: GraphdistError) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``graphdist`` command; returns the exit status."""
-    parser = build_parser()
     command = None
     try:
+        parser = build_parser()  # it imports the backends: Ctrl-C may come meanwhile
         argv = list(sys.argv[1:] if argv is None else argv)
         args = parser.parse_args(argv)
         tf_logs_live()  # a bad value is one line here, before anything starts
