@@ -72,8 +72,9 @@ def tf_logs_live(environ: Mapping[str, str] | None = None, *, check: bool = True
     return value == "1"
 
 
-def _step(line: str, state: str | None) -> tuple[bool, str | None]:
-    """(is ``line`` TensorFlow's, the state the next line is read in)."""
+def classify(line: str, state: str | None = None) -> tuple[bool, str | None]:
+    """(whether ``line`` is TensorFlow's, the state to read the same process's next line in):
+    :func:`is_tf_log` one line at a time, for a reader that keeps the state (``None`` at first)."""
     if _ABSL_RE.match(line) or _TF_CC_RE.match(line):
         return True, "task-list" if line.endswith(":") else None
     if state == "task-list" and _TASK_RE.fullmatch(line):
@@ -100,18 +101,17 @@ def is_tf_log(line: str, before: Sequence[str] = ()) -> bool:
     list after the coordination service's "stragglers:")."""
     state: str | None = None
     for previous in list(before)[-LOOKBACK:]:  # a deque too
-        state = _step(previous, state)[1]
-    return _step(line, state)[0]
+        state = classify(previous, state)[1]
+    return classify(line, state)[0]
 
 
 def _forward(read_fd: int, out_fd: int) -> None:
     """Copy ``read_fd`` to ``out_fd`` line by line until EOF, leaving out TensorFlow's lines."""
-    before: list[str] = []
+    state: str | None = None
     with open(read_fd, "rb", closefd=True) as source:
         for raw in source:
             text = raw.decode("utf-8", "replace").rstrip("\r\n")
-            tf_line = is_tf_log(text, before)
-            before = [*before[-LOOKBACK:], text]
+            tf_line, state = classify(text, state)
             if not tf_line:
                 with contextlib.suppress(OSError):
                     os.write(out_fd, raw)

@@ -36,13 +36,12 @@ object a line on stdout (:meth:`Event.to_json`), in the order they happened; the
 from __future__ import annotations
 
 import json
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from graphdist._failures import exited
-from graphdist._tflog import LOOKBACK, is_tf_log, tf_logs_live
+from graphdist._tflog import LOOKBACK, classify, is_tf_log, tf_logs_live
 
 __all__ = ["KINDS", "ConsoleLines", "Event", "render", "summary"]
 
@@ -103,19 +102,19 @@ def _shown(task: str | None, text: str, before: Sequence[str]) -> str | None:
 
 
 class ConsoleLines:
-    """The console's rendering of task lines as they come, which keeps each task's last
-    :data:`~graphdist._tflog.LOOKBACK` lines (what makes a line a continuation of TensorFlow's)
-    instead of the events (a run keeps no line events: a chatty task's lines add up)."""
+    """The console's rendering of task lines as they come: it keeps each task's reading state
+    (what makes a line a continuation of TensorFlow's), not its lines and not the events (a run
+    keeps no line events: a chatty task's lines add up), so each line is read once."""
 
     def __init__(self) -> None:
-        self._before: dict[str, deque[str]] = {}
+        self._state: dict[str, str | None] = {}
 
     def render(self, task: str, text: str) -> str | None:
         """``[task] text``, or None for one of TensorFlow's own lines (see :func:`render`)."""
-        before = self._before.setdefault(task, deque(maxlen=LOOKBACK))
-        shown = _shown(task, text, before)
-        before.append(text)
-        return shown
+        tf_line, self._state[task] = classify(text, self._state.get(task))
+        if tf_line and not tf_logs_live(check=False):
+            return None
+        return f"[{task}] {text}"
 
 
 def _lines_before(task: str | None, events: Sequence[Event]) -> list[str]:
