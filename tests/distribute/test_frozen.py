@@ -67,7 +67,9 @@ def test_a_worker_hung_in_native_code_is_found_by_its_silence_and_the_run_resume
     assert "did not answer for " in line.text and "and was killed" in line.text
     assert line.at_s - hung.at_s < NOTICED_BOUND_S, (line.at_s - hung.at_s, line.text)
     assert SAVE_EVERY <= _resumed_after(out, "worker-0") <= FAULT_AT
-    assert out.lines_of("worker-0", attempt=1)[-1] == "training done"
+    # (TensorFlow may log after it: the coordination service of a worker that ends last says
+    # the other "crashed" when it simply exited first)
+    assert "training done" in out.lines_of("worker-0", attempt=1)
     _check_clean(out)
     assert set(os.listdir(freezer_root())) == before  # the hang's cgroup is gone
 
@@ -84,7 +86,7 @@ def test_a_frozen_ps_task_is_killed_and_the_run_resumes_from_its_checkpoint(
     assert "ps-0 was frozen (stopped (state T) for " in line.text, line.text
     assert line.at_s - frozen.at_s < NOTICED_BOUND_S, (line.at_s - frozen.at_s, line.text)
     assert SAVE_EVERY <= _resumed_after(out, "chief-0") <= FAULT_AT
-    assert out.lines_of("chief-0", attempt=1)[-1] == "training done"
+    assert "training done" in out.lines_of("chief-0", attempt=1)
     _check_clean(out)
 
 
@@ -99,5 +101,5 @@ def test_a_frozen_ps_worker_server_is_killed_and_restarted_under_the_coordinator
     line = _restart_line(out, "on its address")
     assert "the server of worker-1 was frozen (stopped (state T) for " in line.text, line.text
     assert line.at_s - frozen.at_s < NOTICED_BOUND_S, (line.at_s - frozen.at_s, line.text)
-    assert out.lines_of("chief-0")[-1] == "training done"
+    assert "training done" in out.lines_of("chief-0")
     _check_clean(out)
