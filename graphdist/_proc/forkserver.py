@@ -214,14 +214,25 @@ def _new_fork_server(preload_library: str) -> Any:
                     # end sees EOF and the fork server exits
                     alive_r, alive_w = os.pipe()
                     try:
+                        # SIGINT: a Ctrl-C to the owner's group must not kill the fork server
+                        # while it starts (with Python's traceback on the owner's stderr), as
+                        # its loop ignores SIGINT later: it is born with SIGINT blocked (the
+                        # mask survives exec, before Python has a handler), and ignores it,
+                        # discarding one that came meanwhile, before anything else
                         cmd = (
+                            "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                            "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
                             "from graphdist._proc.forkserver_pool import main; "
                             f"main({listener.fileno()}, {alive_r}, "
                             f"{list(state._preload_modules)!r}, spares={spares})"
                         )
                         exe = spawn.get_executable()
                         args = [exe, *util._args_from_interpreter_flags(), "-c", cmd]
-                        pid = util.spawnv_passfds(exe, args, [listener.fileno(), alive_r])
+                        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                        try:
+                            pid = util.spawnv_passfds(exe, args, [listener.fileno(), alive_r])
+                        finally:  # a SIGINT meanwhile stays pending for this process
+                            signal.pthread_sigmask(signal.SIG_SETMASK, old)
                     except BaseException:
                         os.close(alive_w)
                         raise

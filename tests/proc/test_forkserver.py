@@ -251,3 +251,47 @@ def test_a_run_launcher_killed_by_sigterm_leaves_no_fork_server_folder(short_tmp
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert not glob.glob(pattern), os.listdir(short_tmpdir)
+
+
+# A Ctrl-C to the owner's process group reaches the fork server too: one sent the moment it is
+# spawned (while its interpreter and TensorFlow are still starting) must not kill it, and the
+# owner's own SIGINT handling is untouched (its mask is given back).
+SIGINT_WHILE_STARTING = textwrap.dedent(
+    """
+    import os, signal, threading, time
+    import graphdist
+    from graphdist._proc import forkserver
+
+    sent = []
+
+    def interrupt_when_spawned():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for server in list(forkserver._servers.values()):
+                pid = server._forkserver_pid
+                if pid:
+                    for _ in range(5):  # at once, and on through its start
+                        os.kill(pid, signal.SIGINT)
+                        sent.append(pid)
+                        time.sleep(0.2)
+                    return
+            time.sleep(0.0005)
+
+    sender = threading.Thread(target=interrupt_when_spawned)
+    sender.start()
+    with graphdist.LocalFleet("local=2") as fleet:
+        sender.join()
+        assert sent and fleet.state is graphdist.FleetState.RUNNING
+        with open(f"/proc/{sent[0]}/status") as f:
+            status = dict(line.split(":\\t", 1) for line in f.read().splitlines())
+        assert int(status["SigIgn"], 16) & (1 << (signal.SIGINT - 1)), status["SigIgn"]
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    print("OK")
+    """
+)
+
+
+def test_a_sigint_while_the_fork_server_starts_does_not_kill_it():
+    proc = run_python(["-c", SIGINT_WHILE_STARTING], timeout=180)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
