@@ -12,6 +12,7 @@ TensorFlow already), those that launch training runs in a child marked with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -24,6 +25,7 @@ from typing import Any
 import psutil
 import pytest
 
+from graphdist._proc.forkserver_pool import SPARE_TITLE
 from tests.conftest import EVENTUALLY_S, REPO, processes_marked, run_python, wait_gone
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
@@ -60,11 +62,17 @@ def section(text: str, name: str) -> str:
     return text.split(start, 1)[1].split(end, 1)[0]
 
 
+def _is_spare(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return " ".join(proc.cmdline()).startswith(SPARE_TITLE)
+    return False
+
+
 @pytest.fixture
 def no_process_left() -> Iterator[None]:
-    """Every process this test starts under this one is gone once it ends, but for the two
-    helpers every fleet of this process shares and keeps: graphdist's fork servers and
-    multiprocess's resource tracker."""
+    """Every process this test starts under this one is gone once it ends, but for the
+    helpers every fleet of this process shares and keeps: graphdist's fork servers (and the
+    spares of their pools) and multiprocess's resource tracker."""
     from multiprocess import resource_tracker
 
     from graphdist._proc import forkserver
@@ -74,6 +82,9 @@ def no_process_left() -> Iterator[None]:
     yield
     keep = {getattr(s, "_forkserver_pid", None) for s in forkserver._servers.values()}
     keep.add(getattr(resource_tracker._resource_tracker, "_pid", None))
+    for pid in [p for p in keep if p]:  # a fork server's spares wait for the next fleet
+        with contextlib.suppress(psutil.Error):
+            keep |= {c.pid for c in psutil.Process(pid).children() if _is_spare(c)}
     left = {p.pid for p in me.children(recursive=True)} - before - keep
     assert wait_gone(left, EVENTUALLY_S) == []
 

@@ -199,6 +199,13 @@ class Heartbeat:
             task.stopped_since = now
         elif now - task.stopped_since >= self.timeout_s:
             task.frozen = f"stopped (state T) for {now - task.stopped_since:.1f} s"
+        if stopped:  # its state tells, and says why: its server's silence would say less;
+            # once it runs again, its silence counts from then (a short stop is no freeze)
+            if task.answered_at is not None:
+                task.answered_at, task.misses = now, []
+            if task.inflight is not None:
+                task.inflight.cancel()
+                task.inflight = None
             return
         if task.address is not None and (pids is None or pids):  # not a task that has ended
             self._probe(task, task.address, now)

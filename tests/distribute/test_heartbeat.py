@@ -191,3 +191,28 @@ def test_the_cli_takes_off_for_no_heartbeat():
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_stopped_server_is_named_by_its_state_and_a_short_stop_is_no_freeze(processes):
+    """A SIGSTOPped task is silent too: its state names it (not its silence), and once it runs
+    again after a stop shorter than the timeout, its silence counts from then."""
+    [port] = pick_free_ports(1)
+    address = f"127.0.0.1:{port}"
+    server = processes([sys.executable, "-c", SERVER, address])
+    assert server.stdout is not None and server.stdout.readline() == "serving\n"
+    with Heartbeat(2.0, interval_s=0.2) as heartbeat:
+        heartbeat.watch("worker-1", address, lambda: [server.pid])
+        time.sleep(1.0)
+        server.send_signal(signal.SIGSTOP)
+        time.sleep(1.6)  # under the timeout: a pause
+        server.send_signal(signal.SIGCONT)
+        time.sleep(2.5)
+        assert heartbeat.frozen() == {}
+        server.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 10.0
+        while not heartbeat.frozen():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        frozen = heartbeat.frozen()
+    assert frozen["worker-1"].startswith("stopped (state T) for "), frozen
+    release_ports([port])
