@@ -62,9 +62,12 @@ def section(text: str, name: str) -> str:
     return text.split(start, 1)[1].split(end, 1)[0]
 
 
-def _is_spare(proc: psutil.Process) -> bool:
+def _is_spare(proc: psutil.Process, parent: psutil.Process) -> bool:
+    """A spare of fork server ``parent``: titled so, or just forked (its parent's command line
+    still, before it titles itself)."""
     with contextlib.suppress(psutil.Error):
-        return " ".join(proc.cmdline()).startswith(SPARE_TITLE)
+        line = proc.cmdline()
+        return " ".join(line).startswith(SPARE_TITLE) or line == parent.cmdline()
     return False
 
 
@@ -84,7 +87,8 @@ def no_process_left() -> Iterator[None]:
     keep.add(getattr(resource_tracker._resource_tracker, "_pid", None))
     for pid in [p for p in keep if p]:  # a fork server's spares wait for the next fleet
         with contextlib.suppress(psutil.Error):
-            keep |= {c.pid for c in psutil.Process(pid).children() if _is_spare(c)}
+            server = psutil.Process(pid)
+            keep |= {c.pid for c in server.children() if _is_spare(c, server)}
     left = {p.pid for p in me.children(recursive=True)} - before - keep
     assert wait_gone(left, EVENTUALLY_S) == []
 
