@@ -29,7 +29,7 @@ import os
 import signal
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from graphdist._exceptions import (
@@ -159,15 +159,20 @@ class OwnedFleet(Fleet[_TaskT]):
         *,
         each_round: Callable[[list[int]], None] | None = None,
         may_answer: Callable[[int], bool] | None = None,
+        hints: Callable[[float], Iterable[int]] | None = None,
         budget_s: float | None = None,
     ) -> None:
         """Return once every task in ``tasks`` answers over gRPC (:func:`probe.wait_answering`,
-        which takes ``each_round`` and ``may_answer``), else raise StartTimeoutError naming the
-        first still silent, with the count of those that answered; ``budget_s`` is the whole
-        start timeout the message names (default: ``timeout_s``), where part of it was spent
-        before."""
+        which takes ``each_round``, ``may_answer`` and ``hints``), else raise StartTimeoutError
+        naming the first still silent, with the count of those that answered; ``budget_s`` is
+        the whole start timeout the message names (default: ``timeout_s``), where part of it was
+        spent before."""
         silent = wait_answering(
-            [t.address for t in tasks], timeout_s, each_round=each_round, may_answer=may_answer
+            [t.address for t in tasks],
+            timeout_s,
+            each_round=each_round,
+            may_answer=may_answer,
+            hints=hints,
         )
         if silent is None:
             return

@@ -45,9 +45,11 @@ from graphdist._net.ports import (
     release_claims,
     release_ports,
 )
+from graphdist._net.ready import READY_SOCKET_KEY, ReadyNotices
 from graphdist._proc.forkserver import (
     ForkServerDiedError,
     owned_temp_dir,
+    owner_socket_dir,
     process_class,
     sweep_stale_temp_dirs,
 )
@@ -108,6 +110,22 @@ def read_log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> list[str]:
     except OSError:
         return []
     return [line for line in data.splitlines() if line.strip()][-lines:]
+
+
+def ready_notices() -> ReadyNotices | None:
+    """A start's notice socket (:mod:`graphdist._net.ready`) in this process's private
+    fork-server folder; None where it cannot be made (the start then probes in rounds)."""
+    try:
+        return ReadyNotices(owner_socket_dir())
+    except (OSError, ValueError) as exc:
+        log.debug("no ready notices (%s): the start probes in rounds", exc)
+        return None
+
+
+def pid_may_be(task: FleetTask, pid: int) -> bool:
+    """Whether a notice from ``pid`` may be ``task``'s current process (one from a process it
+    had before a restart is not; where its pid is not read yet, any may be)."""
+    return not task.forked() or task.pid == pid
 
 
 def _local_addresses() -> set[str]:
@@ -366,6 +384,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
         self.log_dir = os.fspath(log_dir) if log_dir is not None else ""
         self._process_class: Any = None
         self._members: dict[str, str] = {}
+        self._notices: ReadyNotices | None = None
 
     # -- the backend's primitives (the lifecycle is Fleet's) -----------------------------------
 
@@ -379,6 +398,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
             self.log_dir = owned_temp_dir("fleet")  # graphdist-fleet-<pid>-*: swept if we die
         os.makedirs(self.log_dir, exist_ok=True)
         self._process_class = process_class(self._bind_shim())
+        self._notices = ready_notices()
         # exposed: the members are resolved once, before any server starts (members only)
         self._members = members_env(self.cluster, self.allow) if self.expose else {}
         for task in self.served:
@@ -402,6 +422,8 @@ class LocalFleet(OwnedFleet[FleetTask]):
 
     def _teardown(self) -> None:
         release_claims(self)  # a failed start: its servers are stopped, the ports are free
+        if self._notices is not None:
+            self._notices.close()
         self._remove_own_logs()
 
     def _kill_task(self, task: FleetTask, sig: int) -> None:
@@ -452,6 +474,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
             "owner_pid": self._owner_pid,
             "env": self._task_env(ft.task),
             "config": self._server_config,
+            READY_SOCKET_KEY: self._notices.path if self._notices is not None else None,
         }
 
     def _bind_shim(self) -> str:
@@ -511,7 +534,23 @@ class LocalFleet(OwnedFleet[FleetTask]):
         def may_answer(i: int) -> bool:  # forked: each_round read its pid (not None) this round
             return pending[i].forked()
 
-        self._wait_answering(pending, timeout_s, each_round=each_round, may_answer=may_answer)
+        places = {ft.name: i for i, ft in enumerate(pending)}
+
+        def hints(wait_s: float) -> list[int]:  # the servers that said they serve
+            notices = self._notices.wait(wait_s) if self._notices is not None else []
+            return [
+                places[name]
+                for name, pid in notices
+                if name in places and pid_may_be(pending[places[name]], pid)
+            ]
+
+        self._wait_answering(
+            pending,
+            timeout_s,
+            each_round=each_round,
+            may_answer=may_answer,
+            hints=hints if self._notices is not None else None,
+        )
         for ft in pending:
             self._confirm_started(ft)
 

@@ -55,6 +55,7 @@ __all__ = [
     "PRELOAD",
     "ForkServerDiedError",
     "owned_temp_dir",
+    "owner_socket_dir",
     "process_class",
     "sweep_stale_temp_dirs",
 ]
@@ -130,6 +131,12 @@ def sweep_stale_temp_dirs(root: str | None = None) -> list[str]:
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
+
+
+def owner_socket_dir() -> str:
+    """This process's private folder for its sockets: its fork servers' and its fleets' ready
+    notices (:mod:`graphdist._net.ready`); made on first use, removed at exit."""
+    return _sockets_dir()
 
 
 def _sockets_dir() -> str:
