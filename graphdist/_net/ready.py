@@ -75,8 +75,8 @@ class ReadyNotices:
                 os.unlink(self.path)
 
     def __del__(self) -> None:
-        if self._sock is None:
-            return  # closed (a fleet closes its own): at interpreter exit, modules may be gone
+        if getattr(self, "_sock", None) is None:
+            return  # closed (a fleet closes its own), or never made (its path too long)
         try:  # noqa: SIM105 - contextlib may be None at interpreter exit
             self.close()
         except Exception:
