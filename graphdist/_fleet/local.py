@@ -534,22 +534,19 @@ class LocalFleet(OwnedFleet[FleetTask]):
         def may_answer(i: int) -> bool:  # forked: each_round read its pid (not None) this round
             return pending[i].forked()
 
-        places = {ft.name: i for i, ft in enumerate(pending)}
+        hints = None
+        if self._notices is not None:
+            notices, places = self._notices, {ft.name: i for i, ft in enumerate(pending)}
 
-        def hints(wait_s: float) -> list[int]:  # the servers that said they serve
-            notices = self._notices.wait(wait_s) if self._notices is not None else []
-            return [
-                places[name]
-                for name, pid in notices
-                if name in places and pid_may_be(pending[places[name]], pid)
-            ]
+            def hints(wait_s: float) -> list[int]:  # the servers that said they serve
+                return [
+                    places[name]
+                    for name, pid in notices.wait(wait_s)
+                    if name in places and pid_may_be(pending[places[name]], pid)
+                ]
 
         self._wait_answering(
-            pending,
-            timeout_s,
-            each_round=each_round,
-            may_answer=may_answer,
-            hints=hints if self._notices is not None else None,
+            pending, timeout_s, each_round=each_round, may_answer=may_answer, hints=hints
         )
         for ft in pending:
             self._confirm_started(ft)

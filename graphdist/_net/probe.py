@@ -163,7 +163,8 @@ def wait_answering(
     try:
         pending = list(range(len(addresses)))
         hinted: set[int] = set()
-        next_round = start + fallback_s if hints is not None else start
+        gap = fallback_s if hints is not None else 0.0  # between rounds: with notices, fallback
+        next_round = start + gap
         while True:
             if each_round is not None:
                 each_round(pending)
@@ -177,7 +178,7 @@ def wait_answering(
                 answered = dict(zip(now, probe_many([each[i] for i in now], probe_s), strict=True))
                 pending = [i for i in pending if not answered.get(i, False)]
                 hinted.difference_update(now)  # one that failed waits for the next round
-                next_round = time.monotonic() + (fallback_s if hints is not None else 0.0)
+                next_round = time.monotonic() + gap
             if not pending:
                 return None
             if time.monotonic() > deadline:

@@ -136,11 +136,6 @@ def sweep_stale_temp_dirs(root: str | None = None) -> list[str]:
 def owner_socket_dir() -> str:
     """This process's private folder for its sockets: its fork servers' and its fleets' ready
     notices (:mod:`graphdist._net.ready`); made on first use, removed at exit."""
-    return _sockets_dir()
-
-
-def _sockets_dir() -> str:
-    """This process's folder for its fork servers' sockets (removed at exit)."""
     global _socket_dir
     if _socket_dir is None or _socket_dir[0] != os.getpid() or not os.path.isdir(_socket_dir[1]):
         path = owned_temp_dir("forkserver")
@@ -177,7 +172,7 @@ def _new_fork_server(preload_library: str) -> Any:
                 os.environ[OWNER_ENV] = str(os.getpid())
                 config = process.current_process()._config
                 saved_tempdir = config.get("tempdir")
-                sockets_dir = _sockets_dir()
+                sockets_dir = owner_socket_dir()
                 if len(sockets_dir) <= _MAX_SOCKET_DIR:
                     config["tempdir"] = sockets_dir
                     os.environ[FOLDER_ENV] = sockets_dir  # removed by it if we die first

@@ -14,6 +14,7 @@ import sys
 import traceback
 from typing import Any
 
+from graphdist._failures import task_name
 from graphdist._net.ready import READY_SOCKET_KEY, notify
 from graphdist._proc.forkserver_exit import exit_when_gone
 from graphdist._proc.process import set_parent_death_signal
@@ -171,7 +172,7 @@ def fleet_child(spec: dict[str, Any]) -> None:
         server = start_server(
             spec["cluster"], spec["job"], spec["index"], config=spec.get("config")
         )
-        notify(spec.get(READY_SOCKET_KEY), f"{spec['job']}-{spec['index']}")
+        notify(spec.get(READY_SOCKET_KEY), task_name(spec["job"], spec["index"]))
         print(
             f"{READY_MARKER}: /job:{spec['job']}/task:{spec['index']} at {server.target}",
             flush=True,

@@ -169,7 +169,7 @@ QUIET = textwrap.dedent(
     import graphdist
     from graphdist._proc import forkserver
     with graphdist.LocalFleet("local=1") as fleet:
-        log = os.path.join(forkserver._sockets_dir(), forkserver.FORK_SERVER_LOG)
+        log = os.path.join(forkserver.owner_socket_dir(), forkserver.FORK_SERVER_LOG)
         print("LOG", os.path.exists(log) and "absl::InitializeLog" in open(log).read())
         with open(os.path.join(fleet.log_dir, "local-0.log")) as f:
             print("SERVER_LOG", "graphdist: server ready" in f.read())
