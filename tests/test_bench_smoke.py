@@ -83,13 +83,17 @@ def no_process_left() -> Iterator[None]:
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     yield
+    # The test's processes are listed before the spares: a fork server refills its pool once it
+    # is idle, as when a test ends, and a spare forked between the two listings was counted as
+    # left (a red clean-clone CI run: one child outlived EVENTUALLY_S, as only a spare does).
+    now = {p.pid for p in me.children(recursive=True)}
     keep = {getattr(s, "_forkserver_pid", None) for s in forkserver._servers.values()}
     keep.add(getattr(resource_tracker._resource_tracker, "_pid", None))
     for pid in [p for p in keep if p]:  # a fork server's spares wait for the next fleet
         with contextlib.suppress(psutil.Error):
             server = psutil.Process(pid)
             keep |= {c.pid for c in server.children() if _is_spare(c, server)}
-    left = {p.pid for p in me.children(recursive=True)} - before - keep
+    left = now - before - keep
     assert wait_gone(left, EVENTUALLY_S) == []
 
 
