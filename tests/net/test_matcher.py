@@ -1,0 +1,267 @@
+"""The bind shim's members matcher (graphdist/_net/loopback.c), tested as C: whether a peer from
+another machine is in ``GRAPHDIST_ALLOW``, which the shim asks at every ``accept()`` of a server
+on a host address. Prefixes of every length (0..32 for IPv4, 0..128 for IPv6), the bits on both
+sides of each prefix's end (so a matcher one bit short, or one that skips a prefix's partial
+byte, is caught), IPv4 peers as an IPv6 socket sees them (``::ffff:a.b.c.d``) against IPv4
+entries, and the list as the shim reads it: an empty list lets in no other machine, an
+unparsable entry matches nothing.
+
+The matcher is ``static`` in the shim (a preloaded library must export nothing but what it
+interposes, and ``graphdist_members``), so it cannot be called through ctypes. The test compiles
+a small C driver that ``#include``s the very ``loopback.c`` the shim is built from (the same
+translation unit: the static functions are in scope) and feeds it cases on stdin; Python's
+:mod:`ipaddress` is the oracle. The driver builds each peer as the shim's ``accept()`` does for
+an IPv4 socket (the address v4-mapped) or an IPv6 one (as the kernel gives it), and asks both
+the matcher of one entry (``in_entry``) and the shim's decision for a peer from another machine
+(``member``, which walks the whole list). A compiler is what the shim needs anyway: without one
+the shim does not exist, and this test skips, which fails it as a ``promise`` in CI.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import random
+import shutil
+import subprocess
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.promise, pytest.mark.timeout(60)]
+
+DRIVER = r"""
+#include "loopback.c"
+
+/* A peer as permitted() sees it: an IPv4 socket's peer (v4 set, v4-mapped in peer6), or an
+ * IPv6 socket's (peer6 as given; v4 where it is v4-mapped, as both ends then are). */
+static int peer_ends(const char *text, struct ends *e) {
+    memset(e, 0, sizeof *e);
+    if (inet_pton(AF_INET, text, &e->peer4) == 1) {
+        e->v4 = 1;
+        map_v4(&e->peer6, &e->peer4);
+        return 1;
+    }
+    if (inet_pton(AF_INET6, text, &e->peer6) == 1) {
+        e->v4 = IN6_IS_ADDR_V4MAPPED(&e->peer6);
+        memcpy(&e->peer4, &e->peer6.s6_addr[12], 4);
+        return 1;
+    }
+    return 0;
+}
+
+/* One case a line: "E ENTRY PEER" (in_entry: 1, 0, -1), "M PEER" (member: 1 let in, 0
+ * refused), "S LIST" (set GRAPHDIST_ALLOW; "S" alone: the empty list), "U" (unset it),
+ * "C" (graphdist_members). Answers one line each; "?" for a line it cannot read. */
+int main(void) {
+    char line[1024];
+    while (fgets(line, sizeof line, stdin) != NULL) {
+        line[strcspn(line, "\n")] = '\0';
+        char *arg = line[1] == ' ' ? line + 2 : line + 1;
+        struct ends e;
+        if (line[0] == 'E') {
+            char *space = strrchr(arg, ' '); /* a peer has no space; an entry may */
+            if (space == NULL || !peer_ends(space + 1, &e)) { puts("?"); continue; }
+            printf("%d\n", in_entry(arg, (size_t)(space - arg), &e.peer6));
+        } else if (line[0] == 'M') {
+            if (!peer_ends(arg, &e)) { puts("?"); continue; }
+            printf("%d\n", member(&e));
+        } else if (line[0] == 'S') {
+            setenv("GRAPHDIST_ALLOW", arg, 1);
+            puts("ok");
+        } else if (line[0] == 'U') {
+            unsetenv("GRAPHDIST_ALLOW");
+            puts("ok");
+        } else if (line[0] == 'C') {
+            printf("%d\n", graphdist_members());
+        } else {
+            puts("?");
+        }
+    }
+    return 0;
+}
+"""
+
+V4_BASE = ipaddress.IPv4Address("203.0.113.77")  # TEST-NET-3: parsed here, never contacted
+V6_BASE = ipaddress.IPv6Address("2001:db8:a5c3:1234:5678:9abc:def0:1357")
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _source() -> Path:
+    return Path(str(resources.files("graphdist._net").joinpath("loopback.c")))
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler: the bind shim cannot be built here either")
+    folder = tmp_path_factory.mktemp("matcher")
+    (folder / "driver.c").write_text(DRIVER, encoding="utf-8")
+    exe = folder / "driver"
+    flags = ["-O1", "-Wall", "-Werror", "-Wno-unused-function", "-I", str(_source().parent)]
+    result = subprocess.run(
+        [compiler, *flags, "-o", str(exe), str(folder / "driver.c"), "-ldl"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return exe
+
+
+def _ask(driver: Path, lines: list[str], env: dict[str, str] | None = None) -> list[str]:
+    result = subprocess.run(
+        [str(driver)],
+        input="".join(f"{line}\n" for line in lines),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": os.environ.get("PATH", ""), **(env or {})},
+    )
+    assert result.returncode == 0, result.stderr
+    answers = result.stdout.splitlines()
+    assert len(answers) == len(lines), (answers, result.stderr)
+    return answers
+
+
+def _expected(network: Network, peer: Address) -> bool:
+    """The oracle: ``peer`` in ``network``, an IPv4 peer seen over IPv6 being ::ffff:a.b.c.d."""
+    if isinstance(network, ipaddress.IPv4Network):
+        v4 = peer if isinstance(peer, ipaddress.IPv4Address) else peer.ipv4_mapped
+        return v4 is not None and v4 in network
+    if isinstance(peer, ipaddress.IPv4Address):
+        peer = ipaddress.IPv6Address(f"::ffff:{peer}")
+    return peer in network
+
+
+def _flip(address: Address, bit: int) -> Address:
+    """``address`` with bit ``bit`` flipped, counting from the most significant (bit 0)."""
+    width = address.max_prefixlen
+    return type(address)(int(address) ^ (1 << (width - 1 - bit)))
+
+
+def _peers(base: Address, length: int, rng: random.Random) -> Iterator[Address]:
+    """Peers on both sides of a prefix of ``length`` bits over ``base``: the base, the last bit
+    inside the prefix flipped (out), the first bit past it flipped (in), the network's first and
+    last addresses, each bit of the prefix flipped, and a few random addresses."""
+    width = base.max_prefixlen
+    network = ipaddress.ip_network(f"{base}/{length}", strict=False)
+    yield base
+    yield network.network_address
+    yield network.broadcast_address
+    for bit in range(width):  # every bit: those inside the prefix take the peer out
+        yield _flip(base, bit)
+    for _ in range(4):
+        yield type(base)(rng.getrandbits(width))
+        yield type(base)(int(network.network_address) | rng.getrandbits(width - length))
+
+
+def _cases() -> list[tuple[str, Address]]:
+    rng = random.Random(41)
+    cases: list[tuple[str, Address]] = []
+    for length in range(33):
+        for peer in _peers(V4_BASE, length, rng):
+            cases.append((f"{V4_BASE}/{length}", peer))
+            cases.append((f"{V4_BASE}/{length}", ipaddress.IPv6Address(f"::ffff:{peer}")))
+    for length in range(129):
+        for peer in _peers(V6_BASE, length, rng):
+            cases.append((f"{V6_BASE}/{length}", peer))
+    return cases
+
+
+def test_every_prefix_length_of_both_families_matches_what_ipaddress_says(driver: Path) -> None:
+    cases = _cases()
+    answers = _ask(driver, [f"E {entry} {peer}" for entry, peer in cases])
+    wrong = [
+        (entry, str(peer), answer)
+        for (entry, peer), answer in zip(cases, answers, strict=True)
+        if answer != str(int(_expected(ipaddress.ip_network(entry, strict=False), peer)))
+    ]
+    assert not wrong, f"{len(wrong)} of {len(cases)} wrong, e.g. {wrong[:10]}"
+    # each prefix length was decided both ways, by the bit on each side of its end
+    assert set(answers) == {"0", "1"}
+
+
+@pytest.mark.parametrize(
+    ("entry", "peer", "answer"),
+    [
+        ("10.0.1.0/25", "10.0.1.100", "1"),  # the partial byte: 100 < 128
+        ("10.0.1.0/25", "10.0.1.200", "0"),  # 200 has the 25th bit set
+        ("10.0.1.0/25", "::ffff:10.0.1.100", "1"),  # the same peer on an IPv6 socket
+        ("10.0.1.0/25", "::ffff:10.0.1.200", "0"),
+        ("10.0.1.128/25", "10.0.1.200", "1"),
+        ("10.0.1.0/31", "10.0.1.1", "1"),
+        ("10.0.1.0/31", "10.0.1.2", "0"),  # one bit short would let it in
+        ("10.0.0.3", "10.0.0.3", "1"),  # an address is a /32
+        ("10.0.0.3", "10.0.0.2", "0"),
+        ("10.0.0.3", "::ffff:10.0.0.3", "1"),
+        ("10.0.0.3", "::10.0.0.3", "0"),  # IPv4-compatible is not v4-mapped
+        ("10.0.0.3", "64:ff9b::10.0.0.3", "0"),  # nor is NAT64
+        ("10.0.0.0/8", "fd00::a00:3", "0"),  # an IPv6 peer is never in an IPv4 entry
+        ("fd00::/64", "fd00::1:2:3:4", "1"),
+        ("fd00::/64", "fd00:0:0:1::1", "0"),
+        ("fd00::1", "fd00::1", "1"),  # a /128
+        ("fd00::1", "10.0.0.1", "0"),
+        ("::ffff:10.0.0.0/104", "10.1.2.3", "1"),  # a v4-mapped IPv6 entry holds IPv4 peers
+        ("::ffff:10.0.0.0/104", "11.1.2.3", "0"),
+        ("10.0.0.0/0", "1.2.3.4", "1"),  # /0: every IPv4 peer (parse_allow refuses it)
+        ("10.0.0.0/0", "fd00::1", "0"),
+        ("10.0.0.0/33", "10.0.0.1", "-1"),  # unparsable: matches nothing
+        ("fd00::/129", "fd00::1", "-1"),
+        ("10.0.0.0/", "10.0.0.1", "-1"),
+        ("10.0.0.0/-1", "10.0.0.1", "-1"),
+        ("10.0.0.0/8x", "10.0.0.1", "-1"),
+        ("10.0.0", "10.0.0.1", "-1"),
+        ("host.example", "10.0.0.1", "-1"),
+        (" 10.0.0.1", "10.0.0.1", "-1"),  # the list has no spaces: one is a broken entry
+    ],
+)
+def test_the_examples_that_name_each_rule(driver: Path, entry: str, peer: str, answer: str) -> None:
+    assert _ask(driver, [f"E {entry} {peer}"]) == [answer]
+
+
+PEERS = ["10.0.0.1", "10.0.1.100", "192.168.7.9", "::ffff:10.0.0.1", "fd00::1", "2001:db8::5"]
+
+
+def test_an_empty_member_list_lets_in_no_other_machine(driver: Path) -> None:
+    """``GRAPHDIST_ALLOW=""``: what an exposed fleet on loopback hosts sets (its hosts are all
+    loopback, so it has no members): every peer from another machine is refused, and the shim
+    reads the list as 0 entries (what check_enforced compares with)."""
+    answers = _ask(driver, ["S", "C", *(f"M {p}" for p in PEERS)])
+    assert answers == ["ok", "0", *["0"] * len(PEERS)]
+
+
+def test_the_list_is_walked_whole_and_a_broken_entry_matches_nothing(driver: Path) -> None:
+    lines = ["S 10.0.0.1,,bogus,10.0.1.0/25,fd00::/64", "C"]
+    lines += [f"M {p}" for p in PEERS]
+    answers = _ask(driver, lines)
+    assert answers[:2] == ["ok", "-1"]  # check_enforced refuses to start a server on this
+    assert answers[2:] == ["1", "1", "0", "1", "1", "0"]
+    answers = _ask(driver, ["S 10.0.0.1,10.0.1.0/25", "C", "M 10.0.1.200", "M 10.0.0.2"])
+    assert answers == ["ok", "2", "0", "0"]
+
+
+def test_without_a_list_the_shim_asks_nothing_of_other_machines(driver: Path) -> None:
+    """No ``GRAPHDIST_ALLOW``: a server on loopback, which no other machine reaches, or one
+    started without members asked (check_enforced then has nothing to check)."""
+    answers = _ask(driver, ["U", "C", *(f"M {p}" for p in PEERS)])
+    assert answers == ["ok", "-2", *["1"] * len(PEERS)]
+
+
+def test_a_refused_peer_is_logged_with_its_address(driver: Path) -> None:
+    result = subprocess.run(
+        [str(driver)],
+        input="S 10.0.0.1\nM 10.0.1.200\nM ::ffff:10.0.1.201\nM fd00::7\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
+    assert result.stdout.split() == ["ok", "0", "0", "0"]
+    for peer in ("10.0.1.200", "10.0.1.201", "fd00::7"):  # a v4-mapped peer in IPv4 words
+        assert f"refused a connection from {peer}: not a member" in result.stderr, result.stderr
+        assert f"--allow {peer}" in result.stderr
