@@ -226,3 +226,77 @@ def test_an_exposed_fleet_lets_in_its_allow_list_only(hosts: Any, tmp_path: Any)
     for pid in facts["pids"]:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# An exposed LocalFleet of one server on a loopback host (local=1: localhost and a free port) on
+# host 1: no host of its cluster is another machine, so its member list is empty. Prints the
+# port, pids and logs; keeps the fleet until its stdin closes.
+EXPOSED_LOOPBACK_FLEET = r"""
+import json, sys
+import graphdist
+
+with graphdist.LocalFleet("local=1", expose=True) as fleet:
+    print(json.dumps({"port": fleet.tasks[0].task.port, "pids": fleet.pids,
+                      "logs": [t.log_path for t in fleet]}), flush=True)
+    sys.stdin.read()
+"""
+
+# What a gRPC server answers a client's HTTP/2 preface with, from the host this runs on: its own
+# SETTINGS frame ("settings"), or a connection closed at once ("closed"). argv: address, port.
+H2_HELLO = r"""
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+try:
+    head = s.recv(9)
+except (ConnectionResetError, socket.timeout) as exc:
+    head = b""
+print("settings" if len(head) == 9 and head[3] == 4 else f"closed {head!r}")
+"""
+
+
+def _hello(host: Any, address: str, port: int) -> str:
+    result = host.run(
+        [sys.executable, "-c", H2_HELLO, address, str(port)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip()
+
+
+@pytest.mark.timeout(240)
+def test_an_exposed_fleet_on_loopback_hosts_has_no_members_and_lets_in_no_other_machine(
+    hosts: Any,
+) -> None:
+    """``LocalFleet("local=1", expose=True)`` on host 1 listens on every interface with an empty
+    member list: host 2's connection to host 1's address is closed at accept and logged, while
+    host 1's own processes get the server's answer (the same-user rule), on loopback and on its
+    address. What an empty list must never be: no members asked (every machine let in)."""
+    fleet = hosts[0].popen(
+        [sys.executable, "-c", EXPOSED_LOOPBACK_FLEET],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **QUIET_TF},
+    )
+    facts: dict[str, Any] = {"pids": []}
+    try:
+        line = fleet.stdout.readline() if fleet.stdout else ""
+        assert line, f"the fleet did not start (exit {fleet.poll()})"
+        facts = json.loads(line)
+        port = facts["port"]
+        assert _hello(hosts[0], "127.0.0.1", port) == "settings"
+        assert _hello(hosts[0], hosts[0].address, port) == "settings"  # exposed: every interface
+        assert _hello(hosts[1], hosts[0].address, port).startswith("closed")
+        with open(facts["logs"][0], errors="replace") as f:
+            log = f.read()
+        assert f"refused a connection from {hosts[1].address}: not a member" in log, log[-2000:]
+    finally:
+        if fleet.stdin:
+            fleet.stdin.close()
+        fleet.wait(60)
+    for pid in facts["pids"]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

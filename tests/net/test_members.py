@@ -72,6 +72,25 @@ def test_a_server_process_without_the_shim_refuses_to_start(
     check_enforced("/job:w/task:0")  # nothing asked: nothing to check
 
 
+def test_an_empty_member_list_without_the_shim_refuses_to_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``GRAPHDIST_ALLOW=""`` is members asked with none to let in (an exposed fleet on loopback
+    hosts), not nothing asked: without the shim its server would serve every machine on the
+    wildcard, so it is refused like any other list."""
+    monkeypatch.setenv(ALLOW_ENV, "")
+    with pytest.raises(graphdist.LoopbackUnavailableError, match="shim is not loaded"):
+        check_enforced("/job:w/task:0")
+
+
+def test_an_exposed_fleet_on_loopback_hosts_asks_for_an_empty_member_list() -> None:
+    """Its hosts are all loopback (no member) and it allows nobody: the list is set, and empty,
+    so the shim lets no other machine in and check_enforced insists on the shim."""
+    cluster = Cluster.parse({"local": ["localhost:2222", "127.0.0.1:2223", "[::1]:2224"]})
+    assert members_env(cluster) == {ALLOW_ENV: ""}
+    assert members_env(cluster, parse_allow("10.0.0.3")) == {ALLOW_ENV: "10.0.0.3/32"}
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("allow", "outcome"),
