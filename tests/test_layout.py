@@ -1,6 +1,7 @@
 """The package's layout shows its architecture (ARCHITECTURE.md): no import circle between its
-modules, counting the imports made only for type checking, and no folder holding more than 40 %
-of its lines."""
+modules at any level (at import, for type checking, or inside a function, where a lazy import
+would only hide a circle), no folder holding more than 40 % of its lines, and no module of the
+run machinery (``_distribute/``) over 600 lines."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import graphdist
 
 PACKAGE = pathlib.Path(graphdist.__file__).parent
 MAX_FOLDER_SHARE = 0.40
+MAX_DISTRIBUTE_LINES = 600
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -35,13 +37,20 @@ def _top_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Each graphdist module -> the graphdist modules it imports at import or type-check time."""
+def _all_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import of a module, wherever it is: in functions and classes too."""
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+
+
+def import_graph(*, lazy: bool = False) -> dict[str, set[str]]:
+    """Each graphdist module -> the graphdist modules it imports at import or type-check time
+    (``lazy``: anywhere, inside functions too)."""
     modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
+    find = _all_imports if lazy else _top_level_imports
     for name, path in modules.items():
         edges: set[str] = set()
-        for node in _top_level_imports(ast.parse(path.read_text())):
+        for node in find(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -104,6 +113,36 @@ def test_no_import_circle_even_for_type_checking():
     graph = import_graph()
     assert "graphdist._fleet.local" in graph  # the walk found the package
     assert cycles(graph) == []
+
+
+def test_no_import_circle_even_through_lazy_imports():
+    """A run backend that imported the launcher's names, which imports it back inside a
+    function, was such a circle (issue 37)."""
+    graph = import_graph(lazy=True)
+    assert "graphdist._distribute.launcher" in graph["graphdist._cli.main"]  # lazy: counted
+    assert cycles(graph) == []
+
+
+def test_run_backends_know_only_the_contract():
+    """A run backend imports neither the launcher nor the attempt loop (at any level): the loop
+    calls it through :mod:`graphdist._distribute.runbackends`, so a fourth backend is one module."""
+    from graphdist._distribute.runbackends import BUILTIN
+
+    graph = import_graph(lazy=True)
+    above = {"graphdist._distribute.launcher", "graphdist._distribute.supervise"}
+    assert {m: graph[m] & above for m in BUILTIN} == {m: set() for m in BUILTIN}
+
+
+def test_lazy_imports_are_found_where_top_level_ones_are_not(tmp_path):
+    tree = ast.parse("import os\ndef f():\n    import graphdist._fleet.local\n")
+    assert len(_all_imports(tree)) == 2 and len(_top_level_imports(tree)) == 1
+
+
+def test_no_module_of_the_run_machinery_is_over_600_lines():
+    sizes = {
+        p.name: len(p.read_text().splitlines()) for p in (PACKAGE / "_distribute").glob("*.py")
+    }
+    assert {n: s for n, s in sizes.items() if s > MAX_DISTRIBUTE_LINES} == {}
 
 
 def test_no_folder_holds_more_than_40_percent_of_the_lines():

@@ -24,6 +24,9 @@ from typing import Any, NoReturn
 from graphdist._cluster import Cluster
 from graphdist._detached.supervisor import RESTART_POLICIES
 from graphdist._distribute.heartbeat import HEARTBEAT_TIMEOUT_S, MIN_HEARTBEAT_TIMEOUT_S
+from graphdist._distribute.runbackends import describe as describe_run_backend
+from graphdist._distribute.runbackends import names as run_backend_names
+from graphdist._distribute.runbackends import run_backend
 from graphdist._exceptions import (
     ArgumentError,
     ClusterSpecError,
@@ -193,11 +196,18 @@ def _allow(args: argparse.Namespace) -> str | None:
 
 
 def _add_backend_options(p: argparse.ArgumentParser) -> None:
-    """A flag for every backend's own options (``--address`` for ray); the chosen backend gets
-    only its own (:func:`_backend_options`)."""
+    """A flag for every fleet backend's own options (``--address`` for ray); the chosen backend
+    gets only its own (:func:`_backend_options`)."""
+    _add_options(p, {n: backend(n, check=False).options for n in backend_names()})
+
+
+def _add_options(
+    p: argparse.ArgumentParser, options: Mapping[str, Sequence[BackendOption]]
+) -> None:
+    """A flag for each option of ``{backend: its options}``, saying whose it is."""
     owners: dict[str, tuple[BackendOption, list[str]]] = {}
-    for name in backend_names():
-        for option in backend(name, check=False).options:
+    for name, own in options.items():
+        for option in own:
             owners.setdefault(option.name, (option, []))[1].append(name)
     for option, names in owners.values():
         p.add_argument(
@@ -459,25 +469,11 @@ def build_parser() -> _Parser:
     )
     run.add_argument(
         "--backend",
-        choices=("local", "ray"),
+        choices=run_backend_names(),
         default="local",
-        help="local: every task a process of this machine (default); ray: every task a process "
-        "on a node of a Ray cluster, one per node where there are nodes enough (the command "
-        "must be reachable on every node)",
+        help="; ".join(describe_run_backend(n) for n in run_backend_names()),
     )
-    run.add_argument(
-        "--address",
-        metavar="HOST:PORT",
-        help="with --backend ray: the Ray cluster (default: RAY_ADDRESS, else a Ray instance of "
-        "this machine's own)",
-    )
-    run.add_argument(
-        "--working-dir",
-        dest="working_dir",
-        metavar="DIR",
-        help="with --backend ray: a folder Ray ships to every node, where each task starts "
-        "(default: this folder, which every node must have)",
-    )
+    _add_options(run, {n: run_backend(n, check=False).options for n in run_backend_names()})
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     srv = _command(
@@ -600,14 +596,18 @@ def _backend(name: str) -> Any:
         raise UsageError(f"--backend {name}: {exc}") from None
 
 
-def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The backend options given on the command line, refused unless the chosen backend's own."""
-    given = {
+def _given_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The backend options given on the command line (each flag's dest is backend_option_NAME)."""
+    return {
         key.removeprefix("backend_option_"): value
         for key, value in vars(args).items()
         if key.startswith("backend_option_") and value is not None
     }
-    return check_options(args.backend, given)
+
+
+def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The backend options given on the command line, refused unless the chosen backend's own."""
+    return check_options(args.backend, _given_options(args))
 
 
 def _refuse_unused(args: argparse.Namespace, needs: str, *dests: str) -> None:
@@ -852,9 +852,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         log_dir=args.log_dir,
         output_format=args.output_format,
         backend=args.backend,
-        address=args.address,
-        working_dir=args.working_dir,
         **given,
+        **_given_options(args),
     )
     if args.output_format == "text":
         ran = ", ".join(r.name for r in results)

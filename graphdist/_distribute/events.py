@@ -4,13 +4,17 @@ launcher's human text: its words are one rendering of these events (:func:`rende
 
 An :class:`Event` has a ``kind``, the seconds since the run started (``at_s``), the ``attempt``
 it belongs to (from 1, as everywhere graphdist shows attempts), the ``task`` it is about (if any,
-named ``worker-1``) and the kind's own fields:
+named ``worker-1``) and the kind's own fields. Each kind is one frozen dataclass (its
+:attr:`Event.payload`: :class:`AttemptStarted`, :class:`Line`, ...), which every run backend
+emits with the same fields; :meth:`Event.from_json` checks a line's fields against it:
 
 =================  ===========================================================================
 kind               fields
 =================  ===========================================================================
 attempt-started    ``tasks`` (the command tasks), ``servers`` (ps runs: the server tasks),
-                   ``restarts`` (the value of ``GRAPHDIST_RESTART`` in this attempt)
+                   ``restarts`` (the value of ``GRAPHDIST_RESTART`` in this attempt),
+                   ``backend`` (the run backend's name), ``nodes`` (task -> the host or node
+                   it runs on), ``cluster`` (every task's address, as TF_CONFIG has it)
 line               ``text``: one line of a task's output (cut at the launcher's line limit);
                    the console leaves out TensorFlow's own log lines unless
                    ``GRAPHDIST_TF_LOGS=1`` (:mod:`graphdist._tflog`)
@@ -20,12 +24,13 @@ task-exited        ``pid``, ``exitcode`` (Popen's: -9 for SIGKILL), ``how`` (in 
 resumed            ``text``: what the attempt said it resumed from
 restarting         ``cause`` (the task, ``how``, ``ended_at_s``), ``wait_s``, ``scope`` ("run" or
                    "server"), ``decision`` (the restart policy's words)
-preempted          ``code`` (the preemption exit code every task exited with)
+preempted          ``code`` (the preemption exit code every task exited with), ``decision``
 gave-up            ``cause`` as above, ``reason`` ("budget", "startup", "failed": no restarts
                    allowed), ``decision``
 run-ended          ``outcome`` ("succeeded", "failed", "timed out", "stopped by SIGTERM" ...),
-                   ``attempts``
-output-lost        ``sink`` ("output" or a log file's path), ``error``
+                   ``attempts``, ``logs`` (the run's log folder, or None), ``show`` (whether
+                   the console showed the summary)
+output-lost        ``sink`` (the log file's path), ``error``
 =================  ===========================================================================
 
 ``graphdist run --output-format jsonl`` writes every event, task lines included, as one JSON
@@ -35,38 +40,186 @@ object a line on stdout (:meth:`Event.to_json`), in the order they happened; the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from graphdist._failures import exited
 from graphdist._tflog import LOOKBACK, classify, is_tf_log, tf_logs_live
 
-__all__ = ["KINDS", "ConsoleLines", "Event", "render", "summary"]
+__all__ = [
+    "KINDS",
+    "AttemptStarted",
+    "Cause",
+    "ConsoleLines",
+    "Event",
+    "GaveUp",
+    "Line",
+    "OutputLost",
+    "Payload",
+    "Preempted",
+    "Restarting",
+    "Resumed",
+    "RunEnded",
+    "TaskExited",
+    "render",
+    "summary",
+]
 
-KINDS = (
-    "attempt-started",
-    "line",
-    "task-exited",
-    "resumed",
-    "restarting",
-    "preempted",
-    "gave-up",
-    "run-ended",
-    "output-lost",
+
+# -- one dataclass per kind: every backend emits the same fields -------------------------------
+
+
+@dataclass(frozen=True)
+class AttemptStarted:
+    """An attempt's tasks are placed (their addresses known) and about to start."""
+
+    KIND: ClassVar[str] = "attempt-started"
+    tasks: list[str]  # the command tasks
+    servers: list[str]  # a ps run's server tasks
+    restarts: int  # GRAPHDIST_RESTART in this attempt
+    backend: str  # the run backend's name
+    nodes: dict[str, str]  # task -> where it runs (a host name, a Ray node's id)
+    cluster: dict[str, list[str]]  # every task's address, as TF_CONFIG names it
+
+
+@dataclass(frozen=True)
+class Line:
+    KIND: ClassVar[str] = "line"
+    text: str
+
+
+@dataclass(frozen=True)
+class TaskExited:
+    KIND: ClassVar[str] = "task-exited"
+    pid: int | None
+    exitcode: int | None
+    how: str
+    ended_at_s: float | None = None  # when the command ended (None for a server)
+    server: bool = False
+
+
+@dataclass(frozen=True)
+class Resumed:
+    KIND: ClassVar[str] = "resumed"
+    text: str
+
+
+@dataclass(frozen=True)
+class Cause:
+    """The failed task that a restarting or gave-up event is about."""
+
+    task: str
+    pid: int | None
+    exitcode: int | None
+    how: str
+    ended_at_s: float
+
+
+@dataclass(frozen=True)
+class Restarting:
+    KIND: ClassVar[str] = "restarting"
+    cause: Cause
+    wait_s: float
+    scope: str  # "run" or "server"
+    decision: str
+
+
+@dataclass(frozen=True)
+class Preempted:
+    KIND: ClassVar[str] = "preempted"
+    code: int
+    decision: str
+
+
+@dataclass(frozen=True)
+class GaveUp:
+    KIND: ClassVar[str] = "gave-up"
+    cause: Cause
+    reason: str  # "budget", "startup", "failed" (no restarts allowed)
+    decision: str
+
+
+@dataclass(frozen=True)
+class RunEnded:
+    KIND: ClassVar[str] = "run-ended"
+    outcome: str
+    attempts: int
+    logs: str | None = None
+    show: bool = True
+
+
+@dataclass(frozen=True)
+class OutputLost:
+    KIND: ClassVar[str] = "output-lost"
+    sink: str | None
+    error: str
+
+
+Payload = (
+    AttemptStarted
+    | Line
+    | TaskExited
+    | Resumed
+    | Restarting
+    | Preempted
+    | GaveUp
+    | RunEnded
+    | OutputLost
 )
+_TYPES: dict[str, type[Any]] = {
+    t.KIND: t
+    for t in (
+        AttemptStarted,
+        Line,
+        TaskExited,
+        Resumed,
+        Restarting,
+        Preempted,
+        GaveUp,
+        RunEnded,
+        OutputLost,
+    )
+}
+KINDS = tuple(_TYPES)
+
+
+def _payload(kind: str, data: Mapping[str, Any]) -> Any:
+    """The typed payload of ``kind`` from its JSON fields; ValueError for a field too many or
+    one missing."""
+    cls = _TYPES[kind]
+    fields = dict(data)
+    if isinstance(fields.get("cause"), Mapping):
+        fields["cause"] = Cause(**fields["cause"])
+    try:
+        return cls(**fields)
+    except TypeError as exc:
+        raise ValueError(f"a {kind} event with other fields than {cls.__name__}'s: {exc}") from None
 
 
 @dataclass(frozen=True)
 class Event:
-    """One thing a run did (see the module docstring for the kinds and their fields)."""
+    """One thing a run did (see the module docstring for the kinds and their fields): its kind,
+    when, in which attempt, about which task, and its payload's fields as ``data`` (what the
+    JSON line carries, and what :func:`render` and :func:`summary` read)."""
 
     kind: str
     at_s: float
     attempt: int
     task: str | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, payload: Payload, at_s: float, attempt: int, task: str | None = None) -> Event:
+        """The event of a typed payload."""
+        return cls(payload.KIND, at_s, attempt, task, dataclasses.asdict(payload))
+
+    @property
+    def payload(self) -> Any:
+        """The typed payload (:data:`Payload`); ValueError when ``data`` is not its kind's."""
+        return _payload(self.kind, self.data)
 
     def to_json(self) -> str:
         head = {"event": self.kind, "at_s": round(self.at_s, 3), "attempt": self.attempt}
@@ -76,12 +229,14 @@ class Event:
 
     @classmethod
     def from_json(cls, text: str) -> Event:
-        """The event :meth:`to_json` wrote; ValueError for anything else."""
+        """The event :meth:`to_json` wrote, its fields checked against its kind's dataclass;
+        ValueError for anything else."""
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("event") not in KINDS:
             raise ValueError(f"not a graphdist run event: {text[:200]!r}")
         kind, at_s, attempt = data.pop("event"), data.pop("at_s"), data.pop("attempt")
         task = data.pop("task", None)
+        _payload(kind, data)
         return cls(kind, float(at_s), int(attempt), task, data)
 
 

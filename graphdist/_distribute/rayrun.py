@@ -32,24 +32,18 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
-from graphdist._distribute.launcher import (
-    LINE_LIMIT,
-    TaskResult,
-    _counts,
-    _end_tasks,
-    _exit_rows,
-    _Job,
-    _Run,
-    _supervise,
-    _TaskProcess,
-)
-from graphdist._fleet.ray import _driver_node, place_bundles, plan_hosts, ray_members
+from graphdist._distribute.runbackends import register
+from graphdist._distribute.runspec import RunSpec, check_folder
+from graphdist._distribute.taskproc import LINE_LIMIT, RunSink, TaskOutput, TaskResult
+from graphdist._exceptions import ArgumentError
 from graphdist._proc.process import guarded_argv
+from graphdist._proc.signals import SignalScope
+from graphdist._registry import Option
 
-__all__ = ["ray_attempt"]
+__all__ = ["RayRun"]
 
 POLL_WAIT_S = 0.2
 """How long one poll of a task's actor waits for output before it answers with none."""
@@ -132,19 +126,19 @@ class _CommandActor:
                 os.kill(self._pid, sig)
 
 
-class _RayTaskProcess(_TaskProcess):
+class _RayTaskProcess(TaskOutput):
     """A command task on a Ray node: what the launcher reads of a local task (its exit and
     when, its output, stop and finish), from the task's actor."""
 
     def __init__(
-        self, task: Task, run: _Run, log_path: str | None, *, actor: Any, node: str
+        self, task: Task, run: RunSink, log_path: str | None, *, actor: Any, node: str
     ) -> None:
         import ray
 
         self._start_output(task, run, log_path)
         self.mark = ""
-        self.command_pid = None
-        self.command_exit = None
+        self.command_pid: int | None = None
+        self.command_exit: tuple[int, float] | None = None
         self.actor = actor
         self.node = node
         self._done = threading.Event()
@@ -218,117 +212,160 @@ class _RayTaskProcess(_TaskProcess):
         return self.result
 
 
-def _start_servers(
-    cluster: Cluster,
-    served: set[str],
-    hosts: Sequence[str],
-    spots: Sequence[tuple[str, int, str]],
-    on_bundle: Sequence[Any],
-    members: Mapping[str, str],
-    signals: Any,
-) -> list[Any]:
-    """A parameter-server run's worker and ps servers, as a RayFleet's: a Ray actor each on its
-    bundle, brought back by Ray on the same node and port if it dies (a worker then serves the
-    coordinator again; a ps task's variables are lost and the coordinator fails, which restarts
-    the run); returns once every one answers."""
-    import ray
-
-    from graphdist._fleet.ray import _ServerActor
-    from graphdist._fleet.remote import RemoteFleet
-    from graphdist._net.loopback import shim_env
-
-    actor_class = ray.remote(_ServerActor)
-    servers = []
-    for i, task in enumerate(cluster):
-        if task.job not in served:
-            continue
-        signals.check()
-        env = {**shim_env(spots[i][0], inherit=True), **members}
-        servers.append(
-            actor_class.options(
-                scheduling_strategy=on_bundle[i],
-                num_cpus=CPUS_PER_TASK,
-                max_restarts=-1,
-                runtime_env={"env_vars": env},
-            ).remote(cluster.as_dict(), task.job, task.index, hosts[i])
+def _address(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ArgumentError(
+            f"address must be a Ray cluster's HOST:PORT, not {value!r}", name="address", value=value
         )
-    with signals.interruptible():
-        RemoteFleet(cluster.subset(sorted(served)))._wait_answering(PLACE_TIMEOUT_S)
-    return servers
+    return value
 
 
-def ray_attempt(job: _Job, procs: list[_TaskProcess], signals: Any, run: _Run) -> list[TaskResult]:
-    """One attempt of a run on Ray (see the module docstring): the same contract as the
-    launcher's local attempt (``procs`` gets every task's process; given back however it
-    ends)."""
-    import ray
-    from ray.util.placement_group import remove_placement_group
+class RayRun:
+    """The ``ray`` run backend (see the module docstring): every task a process on a node of a
+    Ray cluster, one per node where there are nodes enough."""
 
-    from graphdist._distribute.tfconfig import tf_config
-
-    counts = _counts(job.workers, job.ps, job.chief)
-    names = [(name, i) for name in sorted(counts) for i in range(counts[name])]  # Cluster's order
-    alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
-    strategy = "STRICT_SPREAD" if len(alive) >= len(names) else "SPREAD"
-    pg, on_bundle, spots = place_bundles(
-        len(names), strategy, CPUS_PER_TASK, PLACE_TIMEOUT_S, "tasks"
+    name: ClassVar[str] = "ray"
+    summary: ClassVar[str] = (
+        "every task a process on a node of a Ray cluster, one per node where there are nodes "
+        "enough (the command must be reachable on every node)"
     )
-    results: list[TaskResult] = []
-    servers: list[Any] = []
-    try:
-        hosts = plan_hosts([(node, ip) for ip, _, node in spots], _driver_node(), expose=job.expose)
-        jobs: dict[str, list[str]] = {}
-        for (name, _), host, (_, port, _) in zip(names, hosts, spots, strict=True):
-            jobs.setdefault(name, []).append(f"{host}:{port}")
-        cluster = Cluster(jobs)
-        members = ray_members(()) if job.expose else {}
-        served = {"worker", "ps"} if job.ps else set()  # a ps run: the chief runs the command
-        run.emit(
-            "attempt-started",
-            tasks=[t.name for t in cluster if t.job not in served],
-            servers=[t.name for t in cluster if t.job in served],
-            restarts=run.attempt - 1,
-            backend="ray",
-            nodes={t.name: spot[2][:8] for t, spot in zip(cluster, spots, strict=True)},
-            cluster=cluster.as_dict(),
+    requires: ClassVar[tuple[str, str] | None] = ("ray", "pip install 'graphdist[ray]'")
+    options: ClassVar[tuple[Option, ...]] = (
+        Option(
+            "address",
+            "the Ray cluster (default: RAY_ADDRESS, else a Ray instance of this machine's own)",
+            "HOST:PORT",
+        ),
+        Option(
+            "working_dir",
+            "a folder Ray ships to every node, where each task starts (default: this folder, "
+            "which every node must have)",
+            "DIR",
+        ),
+    )
+
+    @classmethod
+    def check_options(cls, spec: RunSpec, options: Mapping[str, Any]) -> dict[str, Any]:
+        checked: dict[str, Any] = {}
+        if options.get("address") is not None:
+            checked["address"] = _address(options["address"])
+        if options.get("working_dir") is not None:
+            checked["working_dir"] = check_folder(options["working_dir"], "working_dir")
+        return checked
+
+    def __init__(self, spec: RunSpec) -> None:
+        from graphdist._fleet.ray import connect_ray
+
+        self.spec = spec
+        folder = spec.options.get("working_dir")
+        self._owns_ray = connect_ray(
+            spec.options.get("address"), {"working_dir": folder} if folder else None
         )
-        folder = None if run.logs is None else run.logs.attempt(run.attempt)
-        if served:
-            servers = _start_servers(cluster, served, hosts, spots, on_bundle, members, signals)
-        actor_class = ray.remote(_CommandActor)
-        for i, task in enumerate(cluster):
-            if task.job in served:
+
+    def place(self, attempt: int, signals: SignalScope) -> _RayPlacement:
+        return _RayPlacement(self.spec)
+
+    def close(self) -> None:
+        if self._owns_ray:
+            import ray
+
+            ray.shutdown()
+
+
+class _RayPlacement:
+    """One attempt on Ray: a bundle per task (STRICT_SPREAD where there are nodes enough), a
+    free port reserved on each bundle's node, every task's address decided before any starts."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        import ray
+
+        from graphdist._fleet.ray import _driver_node, place_bundles, plan_hosts, ray_members
+
+        self.spec = spec
+        names = [(n, i) for n in sorted(spec.jobs) for i in range(spec.jobs[n])]  # Cluster's
+        alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+        strategy = "STRICT_SPREAD" if len(alive) >= len(names) else "SPREAD"
+        self._pg, self._on_bundle, self._spots = place_bundles(
+            len(names), strategy, CPUS_PER_TASK, PLACE_TIMEOUT_S, "tasks"
+        )
+        self._servers: list[Any] = []
+        try:
+            self._hosts = plan_hosts(
+                [(node, ip) for ip, _, node in self._spots], _driver_node(), expose=spec.expose
+            )
+            jobs: dict[str, list[str]] = {}
+            for (name, _), host, (_, port, _) in zip(names, self._hosts, self._spots, strict=True):
+                jobs.setdefault(name, []).append(f"{host}:{port}")
+            self.cluster = Cluster(jobs)
+            self._members = ray_members(()) if spec.expose else {}
+        except BaseException:
+            self.close()
+            raise
+        self._index = {t.name: i for i, t in enumerate(self.cluster)}  # the bundle of each
+        self.nodes = {t.name: self._spots[i][2][:8] for i, t in enumerate(self.cluster)}
+
+    def start_servers(self, jobs: Sequence[str], log_folder: str | None, signals: Any) -> None:
+        """A parameter-server run's worker and ps servers, as a RayFleet's: a Ray actor each on
+        its bundle, brought back by Ray on the same node and port if it dies (a worker then
+        serves the coordinator again; a ps task's variables are lost and the coordinator fails,
+        which restarts the run); returns once every one answers. Ray supervises them: None."""
+        import ray
+
+        from graphdist._fleet.ray import _ServerActor
+        from graphdist._fleet.remote import RemoteFleet
+        from graphdist._net.loopback import shim_env
+
+        actor_class = ray.remote(_ServerActor)
+        for i, task in enumerate(self.cluster):
+            if task.job not in jobs:
                 continue
             signals.check()
-            env = {
-                **job.base_env,
-                **members,
-                "TF_CONFIG": tf_config(cluster, task.job, task.index).to_json(),
-                "GRAPHDIST_TASK": task.name,
-                "GRAPHDIST_RESTART": str(run.attempt - 1),
-            }
-            options: dict[str, Any] = {
-                "scheduling_strategy": on_bundle[i],
-                "num_cpus": CPUS_PER_TASK,
-                "max_concurrency": 4,
-                "max_restarts": 0,
-            }
-            # with a working_dir, Ray shipped it (the job's runtime_env) and the actor starts in
-            # its copy; else the task starts in this folder, where its node has it
-            cwd = "" if job.working_dir is not None else os.getcwd()
-            actor = actor_class.options(**options).remote(
-                list(job.command), env, hosts[i], task.name, cwd
+            env = {**shim_env(self._spots[i][0], inherit=True), **self._members}
+            self._servers.append(
+                actor_class.options(
+                    scheduling_strategy=self._on_bundle[i],
+                    num_cpus=CPUS_PER_TASK,
+                    max_restarts=-1,
+                    runtime_env={"env_vars": env},
+                ).remote(self.cluster.as_dict(), task.job, task.index, self._hosts[i])
             )
-            log_path = None if folder is None else os.path.join(folder, f"{task.name}.log")
-            procs.append(_RayTaskProcess(task, run, log_path, actor=actor, node=spots[i][2]))
-        run.policy.started()
-        return _supervise(procs, signals, run)
-    finally:
-        results = _end_tasks(procs, run)
-        for server in servers:
+        with signals.interruptible():
+            RemoteFleet(self.cluster.subset(sorted(jobs)))._wait_answering(PLACE_TIMEOUT_S)
+
+    def task_env(self, task: Task) -> Mapping[str, str]:
+        return dict(self._members)  # the shim itself is set on the node (_CommandActor)
+
+    def start_task(
+        self, task: Task, env: Mapping[str, str], run: RunSink, log_path: str | None
+    ) -> _RayTaskProcess:
+        import ray
+
+        i = self._index[task.name]
+        options: dict[str, Any] = {
+            "scheduling_strategy": self._on_bundle[i],
+            "num_cpus": CPUS_PER_TASK,
+            "max_concurrency": 4,
+            "max_restarts": 0,
+        }
+        # with a working_dir, Ray shipped it (the job's runtime_env) and the actor starts in its
+        # copy; else the task starts in this folder, where its node has it
+        cwd = "" if self.spec.options.get("working_dir") else os.getcwd()
+        actor = (
+            ray.remote(_CommandActor)
+            .options(**options)
+            .remote(list(self.spec.command), dict(env), self._hosts[i], task.name, cwd)
+        )
+        return _RayTaskProcess(task, run, log_path, actor=actor, node=self._spots[i][2])
+
+    def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for server in self._servers:
             with contextlib.suppress(Exception):
                 ray.kill(server, no_restart=True)
         with contextlib.suppress(Exception):
-            remove_placement_group(pg)
-        if run.logs is not None:
-            run.logs.record_exits(run.attempt, _exit_rows(results, None))
+            remove_placement_group(self._pg)
+
+
+register(RayRun)

@@ -23,15 +23,10 @@ sees, or has to refuse, another backend's option.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from importlib import metadata
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from graphdist._exceptions import ArgumentError
+from graphdist._registry import Option, Registry
 
 if TYPE_CHECKING:
     from graphdist._fleet.lifecycle import OwnedFleet
@@ -49,31 +44,13 @@ __all__ = [
     "start_timeouts",
 ]
 
-log = logging.getLogger("graphdist.fleet")
-
 BUILTIN = ("graphdist._fleet.local", "graphdist._fleet.ray")
 """The modules of the backends graphdist ships (each registers its backend when imported)."""
 ENTRY_POINT_GROUP = "graphdist.backends"
 """Entry points of this group name the modules of other backends (``name = package.module``)."""
 
-_registry: dict[str, type[Backend]] = {}
-_loaded = False
-
-
-@dataclass(frozen=True)
-class BackendOption:
-    """An option of one backend's own: ``name`` is the keyword its ``for_command`` takes (and a
-    supervisor spec's ``options`` key), ``flag`` the command line's (``--address``), ``parse``
-    turns the command line's text into the value."""
-
-    name: str
-    help: str
-    metavar: str = "VALUE"
-    parse: Callable[[str], Any] = str
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+BackendOption = Option
+"""An option of one backend's own (:class:`graphdist._registry.Option`)."""
 
 
 class Backend(Protocol):
@@ -122,88 +99,36 @@ class Backend(Protocol):
         ...
 
 
+_registry: Registry[Backend] = Registry("backend", BUILTIN, ENTRY_POINT_GROUP, "backend_name")
+
+
 def register(cls: type[Backend]) -> type[Backend]:
     """Register backend ``cls`` under ``cls.backend_name`` (usable as a class decorator)."""
-    known = _registry.get(cls.backend_name)
-    if known is not None and known is not cls:
-        raise ArgumentError(
-            f"Two backends are named {cls.backend_name!r}: "
-            f"{known.__module__}.{known.__qualname__} and {cls.__module__}.{cls.__qualname__}",
-            name="backend_name",
-            value=cls.backend_name,
-        )
-    _registry[cls.backend_name] = cls
-    return cls
-
-
-def _load() -> None:
-    global _loaded
-    if _loaded:
-        return
-    modules = list(BUILTIN)
-    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        modules.append(entry.value.partition(":")[0])
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:  # a third party's backend that cannot load: skip, say why
-            log.warning("backend module %s cannot be imported: %s", module, exc)
-    _loaded = True
+    return _registry.register(cls)
 
 
 def names() -> tuple[str, ...]:
     """Every registered backend's name, the built-in ones first."""
-    _load()
-    return tuple(_registry)
+    return _registry.names()
 
 
 def backend(name: str, *, check: bool = True) -> type[Backend]:
     """The backend registered as ``name``; ArgumentError names the known ones, or (``check``)
     says what to install when the backend's engine is missing."""
-    _load()
-    cls = _registry.get(name)
-    if cls is None:
-        raise ArgumentError(
-            f"No backend is named {name!r}; the backends are {', '.join(_registry)}",
-            name="backend",
-            value=name,
-        )
-    if check and cls.requires is not None and importlib.util.find_spec(cls.requires[0]) is None:
-        raise ArgumentError(
-            f"The {name} backend needs {cls.requires[0]}: {cls.requires[1]}",
-            name="backend",
-            value=name,
-        )
-    return cls
+    return _registry.get(name, check=check)
 
 
 def check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` if every one is an option of backend ``name``; ArgumentError naming the one
     that is not, and whose it is."""
-    kind = backend(name, check=False)
-    own = {o.name for o in kind.options}
-    for option in options:
-        if option in own:
-            continue
-        owners = [n for n, b in _registry.items() if option in {o.name for o in b.options}]
-        whose = f"an option of the {', '.join(owners)} backend" if owners else "no backend's"
-        takes = ", ".join(sorted(own)) or "none"
-        raise ArgumentError(
-            f"{option} is {whose}, not of {name} (whose options are: {takes})",
-            name=option,
-            value=options[option],
-        )
-    return dict(options)
+    return _registry.check_options(name, options)
 
 
 def describe(name: str) -> str:
     """``"ray: Ray actors ... (needs `pip install 'graphdist[ray]'`)"``, for help texts."""
-    cls = backend(name, check=False)
-    needs = f" (needs `{cls.requires[1]}`)" if cls.requires else ""
-    return f"{name}: {cls.summary}{needs}"
+    return _registry.describe(name)
 
 
 def start_timeouts() -> str:
     """``"local 60 s, ray 180 s"``: every backend's default start timeout, for help texts."""
-    _load()
-    return ", ".join(f"{n} {b.DEFAULT_START_TIMEOUT_S:g} s" for n, b in _registry.items())
+    return ", ".join(f"{n} {b.DEFAULT_START_TIMEOUT_S:g} s" for n, b in _registry.classes().items())

@@ -13,7 +13,7 @@ import pytest
 
 import graphdist
 from graphdist._cli.main import EXAMPLES, build_parser
-from graphdist._distribute.launcher import _interpreter_hint
+from graphdist._distribute.taskproc import interpreter_hint
 from graphdist._exceptions import FleetClosedError
 from graphdist._fleet.health import HealthReport, TaskHealth
 from graphdist._fleet.local import LocalFleet
@@ -102,12 +102,12 @@ def test_a_missing_tf_keras_gets_the_extra_to_install():
         '  File "train.py", line 3, in <module>',
         "ImportError: Keras cannot be imported. Check that it is installed.",
     ]
-    hint = _interpreter_hint(tail)
+    hint = interpreter_hint(tail)
     assert "no tf-keras" in hint and "pip install 'graphdist[distribute]'" in hint
     assert "TF_USE_LEGACY_KERAS=1" in hint
-    assert "no tf-keras" in _interpreter_hint(["ModuleNotFoundError: No module named 'tf_keras'"])
-    assert "no tensorflow" in _interpreter_hint(["No module named 'tensorflow'"])
-    assert _interpreter_hint(["epoch 1 done"]) == ""
+    assert "no tf-keras" in interpreter_hint(["ModuleNotFoundError: No module named 'tf_keras'"])
+    assert "no tensorflow" in interpreter_hint(["No module named 'tensorflow'"])
+    assert interpreter_hint(["epoch 1 done"]) == ""
 
 
 # -- a fleet before it started, HTML tables -------------------------------------------------------

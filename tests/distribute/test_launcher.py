@@ -325,9 +325,9 @@ def test_a_preempted_attempt_restarts_at_once_and_spends_no_restart(tmp_path):
 
 
 def test_one_task_exiting_with_the_preemption_code_alone_is_a_failure(monkeypatch):
-    from graphdist._distribute import launcher
+    from graphdist._distribute import supervise
 
-    monkeypatch.setattr(launcher, "PREEMPTION_WAIT_S", 1.0)
+    monkeypatch.setattr(supervise, "PREEMPTION_WAIT_S", 1.0)
     code = (
         "import os, sys, time\n"
         "if os.environ['GRAPHDIST_TASK'] == 'worker-1':\n"

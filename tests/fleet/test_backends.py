@@ -29,7 +29,7 @@ def test_an_unknown_backend_names_the_known_ones():
 
 
 def test_a_third_backend_is_one_module_that_registers_itself(monkeypatch):
-    monkeypatch.setattr(backends, "_registry", dict(backends._registry))
+    monkeypatch.setattr(backends._registry, "_classes", backends._registry.classes())
 
     class CopyFleet(LocalFleet):
         backend_name = "copy"

@@ -1,0 +1,475 @@
+"""The attempts of a run and their supervision, for every run backend.
+
+:func:`run_attempts` loops over attempts until one succeeds or the restart policy gives up:
+each :func:`attempt` asks the backend to place it (:mod:`graphdist._distribute.runbackends`),
+tells it (``attempt-started``), starts a parameter-server run's servers, then one process per
+command task with its environment and log, and supervises them (:func:`supervise`) until every
+one exits 0. Nothing here knows a backend: the placement starts what runs where.
+
+- **The policy decides** (:mod:`graphdist._proc.restarts`): the loop, the ps-worker restarts
+  (:func:`check_servers`) and the detached supervisor only act on its decisions.
+- **Events tell** (:mod:`graphdist._distribute.events`): :class:`RunState` renders each for the
+  console, records it in the log folder and, with ``--output-format jsonl``, prints it.
+- **The heartbeat finds frozen tasks** (:mod:`graphdist._distribute.heartbeat`): a frozen
+  command task is killed and fails as a killed one; a frozen server is killed, then handled
+  as a dead one.
+- **A broken attempt stops at once** (:func:`stop_broken`); a stop someone asked for (a signal,
+  the deadline, the run's end, a preemption) keeps the grace.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from graphdist._distribute.events import (
+    AttemptStarted,
+    Cause,
+    ConsoleLines,
+    Event,
+    GaveUp,
+    Line,
+    Payload,
+    Preempted,
+    Restarting,
+    RunEnded,
+    TaskExited,
+    render,
+    summary,
+)
+from graphdist._distribute.heartbeat import Heartbeat
+from graphdist._distribute.runlogs import RunLogs
+from graphdist._distribute.runspec import RunSpec
+from graphdist._distribute.taskproc import Output, TaskProcess, TaskResult, describe, how
+from graphdist._exceptions import LaunchTimeoutError, TaskExitError, TaskOutcome
+from graphdist._failures import how_ended
+from graphdist._proc.process import NOW_SIGNAL, TASK_STOP_GRACE_S, stop_all
+from graphdist._proc.restarts import Decision, RestartPolicy
+from graphdist._proc.signals import SignalScope
+
+if TYPE_CHECKING:
+    from graphdist._distribute.runbackends import RunBackend, ServerGroup
+
+__all__ = ["PREEMPTION_WAIT_S", "RunState", "attempt", "run_attempts", "supervise"]
+
+#: Seconds the other tasks get to exit with the preemption code once one has (they save a
+#: checkpoint at a step they agree on first); past it, the first one's exit is a failure.
+PREEMPTION_WAIT_S = 30.0
+
+
+def _stop(procs: Sequence[TaskProcess], grace_s: float) -> None:
+    stop_all(procs, grace_s)
+
+
+def stop_broken(procs: Sequence[TaskProcess]) -> None:
+    """Stop an attempt that a failed or frozen task broke, at once: its survivors cannot go on
+    (a MultiWorkerMirroredStrategy collective without one of its workers) and some ignore SIGTERM
+    (MWMS installs its own handler), so a grace period would only delay the restart. Each guard
+    is told to end its tree with SIGKILL (:data:`graphdist._proc.process.NOW_SIGNAL`); the usual
+    escalation follows for a guard that does not. A stop someone asked for (a signal, the
+    timeout, the run's end) keeps the grace."""
+    for proc in procs:
+        if proc.running():
+            proc.signal(NOW_SIGNAL)
+    _stop(procs, TASK_STOP_GRACE_S)
+
+
+class _Preempted(Exception):
+    """Every command task of an attempt exited with the preemption code."""
+
+    def __init__(self, code: int, results: Sequence[TaskResult]) -> None:
+        super().__init__(code)
+        self.code = code
+        self.results = list(results)
+
+
+class RunState:
+    """What a run keeps across its attempts: its spec, where its output goes and in which
+    format, its log folder, its restart policy and deadline, which attempt it is in (from 1),
+    and its events, which it renders and records as they happen (:mod:`graphdist._distribute.
+    events`)."""
+
+    def __init__(self, spec: RunSpec, logs: RunLogs | None) -> None:
+        self.spec = spec
+        self.out = Output(spec.output)
+        self.jsonl = spec.jsonl
+        self.logs = logs
+        self.policy = RestartPolicy(
+            spec.max_restarts,
+            spec.restart_window_s,
+            what="the run",
+            min_uptime_s=spec.min_uptime_s,
+        )
+        self.timeout_s = spec.timeout_s
+        self.preemption_code = spec.preemption_code
+        self.heartbeat_s = spec.heartbeat_s
+        self.started = time.monotonic()
+        self.attempt = 1
+        self.events: list[Event] = []  # every event but the output lines
+        self.console = ConsoleLines()  # TensorFlow's own lines stay in the logs (issue 29)
+        self.ended = False
+        self._lock = threading.Lock()
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.timeout_s is None else self.started + self.timeout_s
+
+    def line(self, task: str, text: str) -> None:
+        """One line of a task's output: shown, never kept (a chatty task's lines add up)."""
+        if self.jsonl:
+            event = Event.of(Line(text), time.monotonic() - self.started, self.attempt, task)
+            self.out.write(event.to_json())
+        elif (shown := self.console.render(task, text)) is not None:
+            self.out.write(shown)
+
+    def emit(self, payload: Payload, task: str | None = None) -> Event:
+        with self._lock:
+            event = Event.of(payload, time.monotonic() - self.started, self.attempt, task)
+            self.events.append(event)
+            events = list(self.events)
+        if self.logs is not None:
+            self.logs.record_event(event)
+        if self.jsonl:
+            self.out.note(event.to_json())
+        else:
+            text = render(event, events[:-1])
+            if text is not None:
+                self.out.note(text)
+        return event
+
+    def end(self, outcome: str, *, show: bool) -> None:
+        """The run's last event, with its summary: to the log folder always, to the output
+        where ``show``. Once only: the first ending is the run's."""
+        if self.ended:
+            return
+        self.ended = True
+        logs = None if self.logs is None else self.logs.path
+        event = self.emit(RunEnded(outcome, self.attempt, logs, show))
+        if self.logs is not None:
+            self.logs.write_summary(summary(self.events[: self.events.index(event) + 1]))
+
+    def timed_out(self, results: Sequence[TaskOutcome], doing: str) -> LaunchTimeoutError:
+        return LaunchTimeoutError(
+            f"The run did not finish within {self.timeout_s:g} s ({doing}); every task was "
+            "stopped; raise timeout_s if it needs longer",
+            results,
+        )
+
+    def backoff(self, wait: float, signals: SignalScope, what: str) -> None:
+        """Wait ``wait`` seconds before restarting ``what``; the deadline holds meanwhile."""
+        deadline = self.deadline
+        left = None if deadline is None else deadline - time.monotonic()
+        with signals.interruptible():
+            time.sleep(wait if left is None else max(0.0, min(wait, left)))
+        if left is not None and left < wait:
+            raise self.timed_out([], f"it was waiting {wait:g} s to restart {what}")
+
+    def cause(self, result: TaskOutcome, ended_at_s: float) -> Cause:
+        """A failed task, as the restarting and gave-up events carry it."""
+        return Cause(result.name, result.pid, result.exitcode, how(result), round(ended_at_s, 3))
+
+
+def run_attempts(
+    backend: RunBackend, procs: list[TaskProcess], signals: SignalScope, run: RunState
+) -> list[TaskResult]:
+    """The attempts of a run, until one succeeds or the restart policy gives up; ``procs``
+    holds the attempt's command tasks as they start (for the caller's stop on a signal)."""
+    policy = run.policy
+    while True:
+        procs.clear()
+        try:
+            results = attempt(backend, procs, signals, run)
+        except _Preempted as exc:
+            decision = policy.failed(preempted=True)
+            run.emit(Preempted(exc.code, decision.words()))
+            policy.restarted(decision)
+            run.attempt += 1
+            continue
+        except TaskExitError as exc:
+            ended_at = getattr(exc, "ended_at_s", time.monotonic() - run.started)
+            cause = run.cause(exc.failed, ended_at)
+            decision = policy.failed()
+            if not decision.restart:
+                reason = decision.reason if policy.max_restarts else "failed"
+                run.emit(GaveUp(cause, reason, decision.words()))
+                if not policy.max_restarts:
+                    run.end("failed", show=run.logs is not None)
+                    raise
+                run.end("failed", show=True)
+                gave_up = f" in attempt {run.attempt}; {decision.words()}"
+                hint = (
+                    "; raise max_restarts or restart_window_s to allow more"
+                    if decision.reason == "budget"
+                    else "; read its last lines, or raise min_uptime_s if its start takes longer"
+                )
+                raise TaskExitError(
+                    f"Task {describe(exc.failed, gave_up + hint)}\n  the other tasks were stopped",
+                    exc.results,
+                    exc.failed,
+                ) from None
+            run.emit(Restarting(cause, decision.wait_s, "run", decision.words()))
+            run.backoff(decision.wait_s, signals, f"the run after attempt {run.attempt} failed")
+            policy.restarted(decision)
+            run.attempt += 1
+            continue
+        run.end("every task exited 0", show=run.attempt > 1 or run.logs is not None)
+        return results
+
+
+def attempt(
+    backend: RunBackend, procs: list[TaskProcess], signals: SignalScope, run: RunState
+) -> list[TaskResult]:
+    """One attempt of a run: placed by the backend, its servers (a ps run's), one process per
+    command task (appended to ``procs``), supervised until every one exits. Its ports,
+    processes and files are all given back when it ends, however it ends."""
+    from graphdist._distribute.tfconfig import tf_config
+
+    spec = run.spec
+    placement = backend.place(run.attempt, signals)
+    servers: ServerGroup | None = None
+    results: list[TaskResult] = []
+    try:
+        cluster = placement.cluster
+        served = spec.served
+        runners = [t for t in cluster if t.job not in served]
+        run.emit(
+            AttemptStarted(
+                tasks=[t.name for t in runners],
+                servers=[t.name for t in cluster if t.job in served],
+                restarts=run.attempt - 1,
+                backend=spec.backend,
+                nodes=dict(placement.nodes),
+                cluster=cluster.as_dict(),
+            )
+        )
+        folder = None if run.logs is None else run.logs.attempt(run.attempt)
+        if served:
+            servers = placement.start_servers(served, folder, signals)
+        for task in runners:
+            signals.check()
+            env = {
+                **spec.base_env,
+                **placement.task_env(task),
+                "TF_CONFIG": tf_config(cluster, task.job, task.index).to_json(),
+                "GRAPHDIST_TASK": task.name,
+                "GRAPHDIST_RESTART": str(run.attempt - 1),
+            }
+            log_path = None if folder is None else os.path.join(folder, f"{task.name}.log")
+            procs.append(placement.start_task(task, env, run, log_path))
+        run.policy.started()
+        return supervise(procs, signals, run, servers)
+    finally:  # no signal interrupts this: it is deferred to the end of the scope
+        results = end_tasks(procs, run)
+        if servers is not None:
+            servers.close()
+            for server in servers.tasks:
+                run.emit(
+                    TaskExited(
+                        server.pid, server.exitcode, how_ended(server.exitcode), server=True
+                    ),
+                    server.name,
+                )
+        placement.close()
+        if run.logs is not None:
+            run.logs.record_exits(run.attempt, exit_rows(results, servers))
+
+
+def end_tasks(procs: Sequence[TaskProcess], run: RunState) -> list[TaskResult]:
+    """The end of an attempt's command tasks, whatever ended it: those still running stopped,
+    every one finished, and its exit told (``task-exited``)."""
+    _stop([p for p in procs if p.running()], TASK_STOP_GRACE_S)
+    results = [proc.finish() for proc in procs]
+    for proc in procs:
+        result = proc.result
+        run.emit(
+            TaskExited(
+                result.pid,
+                result.exitcode,
+                how_ended(result.exitcode),
+                ended_at_s=round(proc.ended_at_s(), 3),
+            ),
+            result.name,
+        )
+    return results
+
+
+def exit_rows(results: Sequence[TaskResult], servers: ServerGroup | None) -> list[dict[str, Any]]:
+    """How every task of an attempt ended, for the log folder's ``exits.json``."""
+    tasks: list[Any] = [*results, *([] if servers is None else servers.tasks)]
+    return [
+        {"task": t.name, "pid": t.pid, "exitcode": t.exitcode, "how": how_ended(t.exitcode)}
+        for t in tasks
+    ]
+
+
+def _heartbeat(
+    procs: Sequence[TaskProcess], run: RunState, fleet: ServerGroup | None
+) -> Heartbeat | None:
+    """The attempt's heartbeat (None when the run has none): every command task at its
+    TF_CONFIG address, and a ps run's servers."""
+    if run.heartbeat_s is None:
+        return None
+    heartbeat = Heartbeat(run.heartbeat_s)
+    for proc in procs:
+        heartbeat.watch(proc.result.name, proc.result.task.address, proc.processes)
+    for server in [] if fleet is None else fleet.tasks:
+        heartbeat.watch(server.name, server.address, _server_processes(server))
+    return heartbeat
+
+
+def _server_processes(server: Any) -> Callable[[], list[int]]:
+    return lambda: [server.pid] if server.pid is not None and server.alive else []
+
+
+def supervise(
+    procs: list[TaskProcess],
+    signals: SignalScope,
+    run: RunState,
+    fleet: ServerGroup | None = None,
+) -> list[TaskResult]:
+    """Wait for every task to exit 0; stop the others when one fails or the time is up. With a
+    fleet of ps/worker servers and restarts allowed: a dead worker is restarted on its address
+    (within the restart budget: the coordinator carries on), a dead ps task fails the attempt
+    (the next one starts the ps tasks and the coordinator again, which resumes). A task that
+    exits with the preemption code waits for the others to do the same (a preemption). A task
+    the heartbeat finds frozen is killed, and counts as failed."""
+    heartbeat = _heartbeat(procs, run, fleet)
+    try:
+        return _watch(procs, signals, run, fleet, heartbeat)
+    finally:
+        if heartbeat is not None:
+            heartbeat.close()
+
+
+def _kill_frozen(procs: Sequence[TaskProcess], frozen: Mapping[str, str]) -> None:
+    """Kill every frozen command task (SIGKILL reaches a stopped process; its guard may be
+    stopped too) and remember why."""
+    for proc in procs:
+        why = frozen.get(proc.result.name)
+        if why is not None and proc.result.frozen is None:
+            proc.result.frozen = why
+            proc.signal(signal.SIGKILL)
+
+
+def _watch(
+    procs: list[TaskProcess],
+    signals: SignalScope,
+    run: RunState,
+    fleet: ServerGroup | None,
+    heartbeat: Heartbeat | None,
+) -> list[TaskResult]:
+    deadline = run.deadline
+    while True:
+        frozen = {} if heartbeat is None else heartbeat.frozen()
+        if fleet is not None:
+            killed = _kill_frozen_servers(fleet, frozen)
+            if run.policy.max_restarts:  # else as TensorFlow has it: the coordinator carries
+                try:  # on without a worker
+                    check_servers(fleet, signals, run, heartbeat, killed)
+                except TaskExitError:
+                    stop_broken(procs)
+                    raise
+        _kill_frozen(procs, frozen)
+        codes = [p.ended() for p in procs]
+        failed = next((p for p, c in zip(procs, codes, strict=True) if c not in (None, 0)), None)
+        if failed is not None:
+            code = failed.ended()
+            if (
+                code is not None
+                and code == run.preemption_code
+                and _all_preempted(procs, signals, run)
+            ):
+                _stop(procs, TASK_STOP_GRACE_S)
+                raise _Preempted(code, [p.finish() for p in procs])
+            ended_at = failed.ended_at_s()
+            stop_broken(procs)  # the failed one's guard may still be ending its tree
+            results = [p.finish() for p in procs]
+            error = TaskExitError(
+                f"Task {describe(failed.result)}\n  the other tasks were stopped",
+                results,
+                failed.result,
+            )
+            error.ended_at_s = ended_at  # type: ignore[attr-defined]
+            raise error
+        if all(c == 0 for c in codes):
+            _stop(procs, TASK_STOP_GRACE_S)  # the guards end what the commands left behind
+            return [p.finish() for p in procs]
+        if deadline is not None and time.monotonic() > deadline:
+            running = [p.result.name for p, c in zip(procs, codes, strict=True) if c is None]
+            _stop(procs, TASK_STOP_GRACE_S)
+            raise run.timed_out([p.finish() for p in procs], f"still running: {', '.join(running)}")
+        with signals.interruptible():
+            time.sleep(0.05)
+
+
+def _all_preempted(procs: Sequence[TaskProcess], signals: SignalScope, run: RunState) -> bool:
+    """Whether every task exits with the preemption code, waiting up to PREEMPTION_WAIT_S (and
+    the run's deadline) for the others to save their checkpoint and exit."""
+    wait_until = time.monotonic() + PREEMPTION_WAIT_S
+    if run.deadline is not None:
+        wait_until = min(wait_until, run.deadline)
+    while True:
+        codes = [p.ended() for p in procs]
+        if any(c is not None and c != run.preemption_code for c in codes):
+            return False
+        if all(c == run.preemption_code for c in codes):
+            return True
+        if time.monotonic() > wait_until:
+            return False
+        with signals.interruptible():
+            time.sleep(0.05)
+
+
+def _kill_frozen_servers(fleet: ServerGroup, frozen: Mapping[str, str]) -> dict[str, str]:
+    """Kill a ps run's frozen servers: a dead one is what the coordinator and the restarts
+    know how to handle (a frozen one holds the coordinator's steps until their timeout).
+    ``{server: why}`` for those killed now."""
+    killed = {}
+    for server in fleet.tasks:
+        if server.name in frozen and server.alive:
+            killed[server.name] = frozen[server.name]
+            fleet.kill(server.job, server.index)
+    return killed
+
+
+def check_servers(
+    fleet: ServerGroup,
+    signals: SignalScope,
+    run: RunState,
+    heartbeat: Heartbeat | None = None,
+    frozen: Mapping[str, str] | None = None,
+) -> None:
+    """A parameter-server run's dead servers: restart a worker on its address (the coordinator
+    re-schedules its work and uses it again once back) while the policy allows; a dead ps task,
+    or a worker beyond the budget, fails the attempt (TaskExitError). ``frozen``: the servers
+    just killed because they were frozen, and why."""
+    frozen = frozen or {}
+    for server in fleet.dead_tasks():
+        result = TaskResult(server.task, pid=server.pid, exitcode=server.exitcode)
+        result.tail = server.log_tail()
+        result.frozen = frozen.get(server.name)
+        decision: Decision | None = None
+        if server.job == "worker":
+            decision = run.policy.failed(what=f"the server of {server.name}", startup=False)
+        if decision is None or not decision.restart:
+            why = (
+                " (its server)"
+                if server.job == "worker"
+                else " (its server: its variables are lost)"
+            )
+            raise TaskExitError(
+                f"Task {describe(result, why)}\n  the other tasks were stopped",
+                [result],
+                result,
+            )
+        cause = run.cause(result, time.monotonic() - run.started)
+        run.emit(Restarting(cause, decision.wait_s, "server", decision.words()))
+        run.backoff(decision.wait_s, signals, f"the server of {server.name}")
+        fleet.restart(server.job, server.index)
+        if heartbeat is not None:
+            heartbeat.watch(server.name, server.address, _server_processes(server))
+        run.policy.restarted(decision)

@@ -1,0 +1,409 @@
+"""A run's task processes and what they show: :class:`TaskResult` (how a task ended), the
+output machinery every backend's task shares (:class:`TaskOutput`: its pipe drained to its end
+whatever the sinks do, lines cut at :data:`LINE_LIMIT`, its log file, its tail), the local
+task under graphdist's guard (:class:`GuardedTask`), the console (:class:`Output`) and the words
+of a failed task (:func:`describe`).
+
+A backend's task is a :class:`TaskOutput` that also answers what the supervising loop asks
+(:class:`TaskProcess`): whether its command ended and when, its processes (for the heartbeat),
+a signal, and its result once it is gone.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, Protocol
+
+from graphdist._cluster import Task
+from graphdist._distribute.events import Event, OutputLost, Payload, Resumed
+from graphdist._distribute.resume import RESUMED_PREFIX
+from graphdist._distribute.runlogs import RunLogs
+from graphdist._exceptions import TaskOutcome
+from graphdist._failures import how_ended
+from graphdist._proc.process import (
+    MARK_ENV,
+    STOP_GRACE_S,
+    descendants,
+    end_marked,
+    guarded_argv,
+)
+
+__all__ = [
+    "LINE_LIMIT",
+    "GuardedTask",
+    "Output",
+    "RunSink",
+    "TaskOutput",
+    "TaskProcess",
+    "TaskResult",
+    "cut",
+    "describe",
+    "how",
+    "interpreter_hint",
+]
+
+TAIL_LINES = 20
+#: The longest output line, in bytes, the launcher holds: a longer one (a progress bar drawn with
+#: ``\r``, a dumped array) is shown and kept to this length, with a note of how much more it had;
+#: the task's log file gets it whole.
+LINE_LIMIT = 64 * 1024
+#: The most characters of one output line an error message quotes.
+MESSAGE_LINE_CHARS = 300
+#: Seconds to wait for a task's output to be drained once its process tree is gone.
+READER_JOIN_S = 5.0
+
+
+@dataclass
+class TaskResult:
+    """How one task of a run ended: its process ``pid``, ``exitcode`` (``None`` if it was still
+    running when the run was stopped), its last output lines, and (for :func:`run_function`) its
+    return ``value``."""
+
+    task: Task
+    pid: int | None = None  # the task's guard, the command's parent (see the module docstring)
+    exitcode: int | None = None
+    tail: list[str] = field(default_factory=list)
+    value: Any = None
+    frozen: str | None = None  # why the run's heartbeat found it frozen (it was then killed)
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+
+class RunSink(Protocol):
+    """What a task process tells its run: its lines, its events, graphdist's own notes."""
+
+    started: float  # the run's start, time.monotonic()
+    out: Output
+
+    def line(self, task: str, text: str) -> None: ...
+
+    def emit(self, payload: Payload, task: str | None = None) -> Event: ...
+
+
+class TaskProcess(Protocol):
+    """A command task as the supervising loop sees it, on any backend."""
+
+    result: TaskResult
+
+    def ended(self) -> int | None: ...
+
+    def ended_at_s(self) -> float: ...
+
+    def running(self) -> bool: ...
+
+    def processes(self) -> list[int] | None: ...
+
+    def signal(self, sig: int) -> None: ...
+
+    def finish(self) -> TaskResult: ...
+
+
+class TaskOutput:
+    """What every kind of task process keeps of its output: its result, its tail, its log file,
+    and the reading of its output in chunks (:meth:`_drain`), which a backend's task feeds from
+    wherever the output comes (a pipe, a Ray actor)."""
+
+    def _start_output(self, task: Task, run: RunSink, log_path: str | None) -> None:
+        self.result = TaskResult(task)
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._run = run
+        self._resumed = False
+        self._log = RunLogs.open(log_path) if log_path else None
+        self._log_path = log_path
+        self._finished = False
+
+    def _drain(self, chunks: Iterator[bytes]) -> None:
+        """The output, read in chunks of at most LINE_LIMIT bytes that end at a newline."""
+        first: bytes | None = None  # the start of a line longer than LINE_LIMIT
+        more = 0  # the bytes of that line after its start
+        while True:
+            chunk = next(chunks, b"")
+            if not chunk:
+                if first is not None:
+                    self._line(first, more)
+                return
+            self._to_log(chunk)
+            ended = chunk.endswith(b"\n")
+            if first is None and (ended or len(chunk) < LINE_LIMIT):
+                self._line(chunk, 0)
+            elif first is None:
+                first, more = chunk, 0
+            else:
+                more += len(chunk) - ended  # the newline is no part of the line
+                if ended:
+                    self._line(first, more)
+                    first = None
+
+    def _line(self, raw: bytes, more: int) -> None:
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        if more:
+            where = " (whole in its log file)" if self._log is not None else ""
+            line += f" [graphdist: line cut at {len(raw)} bytes; {more} more not shown{where}]"
+        self._tail.append(line)
+        self._run.line(self.result.name, line)
+        if not self._resumed and line.startswith(RESUMED_PREFIX):
+            self._resumed = True
+            self._run.emit(Resumed(line[len(RESUMED_PREFIX) :]), self.result.name)
+
+    def _to_log(self, chunk: bytes) -> None:
+        if self._log is None:
+            return
+        try:
+            self._log.write(chunk)
+        except (OSError, ValueError) as exc:  # a full disk, a file system gone read-only
+            self._close_log()
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self._run.emit(OutputLost(self._log_path, why), self.result.name)
+
+    def _close_log(self) -> None:
+        log, self._log = self._log, None
+        if log is not None:
+            with contextlib.suppress(OSError):
+                log.close()
+
+
+class GuardedTask(TaskOutput):
+    """A command task as a local process under graphdist's guard (:func:`graphdist._proc.
+    process.guarded_argv`): the guard's reports (the command's pid and when it ended), the
+    thread that drains its output, its log."""
+
+    def __init__(
+        self,
+        task: Task,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        run: RunSink,
+        log_path: str | None = None,
+    ) -> None:
+        self._start_output(task, run, log_path)
+        self.mark = secrets.token_hex(12)  # every process of the task carries it (MARK_ENV)
+        self.command_pid: int | None = None
+        self.command_exit: tuple[int, float] | None = None  # (code, when: run seconds)
+        report_r, report_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            self.proc = subprocess.Popen(
+                guarded_argv(argv, name=task.name, report_fd=report_w),
+                env={**env, MARK_ENV: self.mark},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(report_w,),
+            )
+        except BaseException:
+            os.close(report_r)
+            raise
+        finally:
+            os.close(report_w)
+        os.set_blocking(report_r, False)
+        self._report = report_r
+        self._report_buf = b""
+        self.result.pid = self.proc.pid
+        self._reader = threading.Thread(
+            target=self._pump, daemon=True, name=f"graphdist-run-{task.name}"
+        )
+        self._reader.start()
+
+    # -- the guard's reports ---------------------------------------------------------------
+
+    def _read_report(self) -> None:
+        if self._report < 0:
+            return
+        while True:
+            try:
+                chunk = os.read(self._report, 4096)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                os.close(self._report)
+                self._report = -1
+                break
+            self._report_buf += chunk
+        *lines, self._report_buf = self._report_buf.split(b"\n")
+        for line in lines:
+            words = line.decode("ascii", "replace").split()
+            if words[:1] == ["pid"] and len(words) == 2:
+                self.command_pid = int(words[1])
+            elif words[:1] == ["exit"] and len(words) == 3 and self.command_exit is None:
+                self.command_exit = (int(words[1]), float(words[2]) - self._run.started)
+
+    def ended(self) -> int | None:
+        """The task's exit code once its command has ended: as its guard reports it (before it
+        ends what the command left behind), or as the guard exits (a guard that was killed)."""
+        self._read_report()
+        if self.command_exit is not None:
+            return self.command_exit[0]
+        return self.proc.poll()
+
+    def ended_at_s(self) -> float:
+        """When the task's command ended (seconds into the run): as the guard saw it, else now."""
+        self._read_report()
+        if self.command_exit is not None:
+            return self.command_exit[1]
+        return time.monotonic() - self._run.started
+
+    def _pump(self) -> None:
+        """Drain the task's pipe to its end, whatever happens to the sinks: a task blocked on a
+        full pipe would never end."""
+        stdout = self.proc.stdout
+        assert stdout is not None
+        try:
+            self._drain(iter(lambda: stdout.readline(LINE_LIMIT), b""))
+        except Exception as exc:  # a bug here must not leave the task blocked on its pipe
+            self._run.out.note(f"graphdist: showing {self.result.name}'s output failed ({exc!r})")
+            with contextlib.suppress(Exception):
+                while stdout.read(LINE_LIMIT):
+                    pass
+        finally:
+            self._close_log()
+            with contextlib.suppress(OSError):
+                stdout.close()
+
+    # -- stopping --------------------------------------------------------------------------
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def processes(self) -> list[int] | None:
+        """The task's live processes, for the heartbeat (its guard's descendants); None where
+        the launcher cannot see them (a task on another machine)."""
+        return descendants(self.proc.pid) if self.running() else []
+
+    def signal(self, sig: int) -> None:
+        """SIGTERM (or any catchable signal) goes to the guard, which stops its task; SIGKILL, the
+        last resort for a guard that did not finish, goes to everything the guard has left."""
+        if self.proc.poll() is not None:
+            return
+        targets = [self.proc.pid]
+        if sig == signal.SIGKILL:
+            targets = [*reversed(descendants(self.proc.pid)), self.proc.pid]
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, sig)
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def finish(self) -> TaskResult:
+        """The task's result, once its guard has exited: what the guard could not end (it was
+        SIGKILLed, say) is ended here by its mark, so nothing of the task outlives it."""
+        if self._finished or self.proc.poll() is None:
+            return self.result
+        self._finished = True
+        end_marked(self.mark, STOP_GRACE_S)
+        self._reader.join(READER_JOIN_S)
+        code = self.ended()
+        self.result.exitcode = self.proc.poll() if code is None else code
+        self.result.tail = list(self._tail)
+        if self._report >= 0:
+            os.close(self._report)
+            self._report = -1
+        with contextlib.suppress(OSError):  # the pipe's end, if the reader still holds it
+            if not self._reader.is_alive() and self.proc.stdout is not None:
+                self.proc.stdout.close()
+        return self.result
+
+
+class Output:
+    """Serialises whole lines from several threads onto one stream. A stream that fails (its
+    reader went away: ``| head``; a full disk) is dropped with one line on stderr: the run goes
+    on, the tasks' pipes keep draining."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def write(self, line: str) -> None:
+        with self._lock:
+            stream = self._stream
+            if stream is None:
+                return
+            try:
+                stream.write(line + "\n")
+                stream.flush()
+            except (OSError, ValueError) as exc:
+                self._stream = None
+                self._lost(stream, exc)
+
+    def note(self, line: str) -> None:
+        """graphdist's own line about the run: on the stream, or on stderr once it failed."""
+        with self._lock:
+            lost = self._stream is None
+        if lost:
+            with contextlib.suppress(OSError, ValueError):
+                print(line, file=sys.stderr, flush=True)
+        else:
+            self.write(line)
+
+    @staticmethod
+    def _lost(stream: IO[str], exc: BaseException) -> None:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if stream is sys.stderr:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            print(
+                f"graphdist: cannot write the run's output any more ({why}); the run goes on "
+                "without it (its --log-dir keeps every line)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def how(result: TaskOutcome) -> str:
+    """How a task ended, in words: as its exit code says, or frozen and killed."""
+    frozen = getattr(result, "frozen", None)
+    if frozen is not None:
+        return f"was frozen ({frozen}) and was killed"
+    return how_ended(result.exitcode)
+
+
+def describe(result: TaskOutcome, then: str = "") -> str:
+    """``NAME exited with code N`` (``then`` after it), its last lines and a hint."""
+    tail = "\n".join(f"    [{result.name}] {cut(line)}" for line in result.tail[-10:])
+    return (
+        f"{result.name} {how(result)}"
+        + then
+        + (f"; its last lines:\n{tail}" if tail else "")
+        + interpreter_hint(result.tail)
+    )
+
+
+def cut(line: str) -> str:
+    """One output line as an error message quotes it: at most MESSAGE_LINE_CHARS characters."""
+    if len(line) <= MESSAGE_LINE_CHARS:
+        return line
+    return f"{line[:MESSAGE_LINE_CHARS]} [... {len(line) - MESSAGE_LINE_CHARS} more characters]"
+
+
+def interpreter_hint(tail: Sequence[str]) -> str:
+    """What to do when a task's Python lacks TensorFlow or graphdist: most often the command's
+    ``python`` is another interpreter than the one graphdist runs in; or tf-keras, which the
+    run's ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras``: the ``distribute`` extra has it."""
+    text = "".join(tail)
+    missing = [m for m in ("tensorflow", "graphdist") if f"No module named '{m}'" in text]
+    if not missing and ("Keras cannot be imported" in text or "No module named 'tf_keras'" in text):
+        return (
+            "\n  the task's Python has no tf-keras, tf.keras in a run (graphdist run sets "
+            "TF_USE_LEGACY_KERAS=1: Keras 3 cannot fit under MultiWorkerMirroredStrategy); install "
+            f"it: `{sys.executable} -m pip install 'graphdist[distribute]'` (or tf-keras alone)"
+        )
+    if not missing:
+        return ""
+    return (
+        f"\n  the task's Python has no {missing[0]}: is the command's `python` another "
+        f"interpreter than graphdist's ({sys.executable})? Run `graphdist run -- "
+        f"{sys.executable} ...` or activate the environment graphdist is installed in"
+    )
