@@ -154,3 +154,112 @@ def test_min_uptime_is_a_finite_number_of_seconds(bad):
     with pytest.raises(ArgumentError, match="min_uptime_s must be"):
         check_min_uptime(bad)
     assert check_min_uptime(0) == 0.0 and check_min_uptime(2.5) == 2.5
+
+
+# -- what mutation testing found unpinned (make mutants, docs/mutants.md) -----------------------
+
+
+def test_a_bad_min_uptime_names_the_argument_and_the_value():
+    with pytest.raises(ArgumentError) as info:
+        check_min_uptime("10")
+    assert str(info.value) == "min_uptime_s must be a finite number of seconds >= 0, not '10'"
+    assert (info.value.name, info.value.value) == ("min_uptime_s", "10")
+    with pytest.raises(ArgumentError) as info:
+        check_min_uptime(-1)
+    assert str(info.value) == "min_uptime_s must be >= 0 seconds, not -1"
+    assert (info.value.name, info.value.value) == ("min_uptime_s", -1)
+
+
+def test_the_back_offs_exponent_is_capped_so_a_long_run_of_failures_cannot_overflow():
+    unbounded = Backoff(1.0, 2.0, float("inf"))
+    assert unbounded.delay(66) == 2.0**64
+    assert unbounded.delay(10_000) == 2.0**64  # 2.0 ** 9998 would raise OverflowError
+
+
+def test_a_restart_after_a_wait_says_when_and_a_policy_names_it_by_default():
+    policy, clock = _policy(2, 60.0)
+    clock.now += 1
+    policy.restarted(policy.failed())
+    clock.now += 1
+    decision = policy.failed()
+    assert (decision.restart, decision.wait_s, decision.reason) == (True, 0.5, "failed")
+    assert decision.words() == "restarting the run in 0.5 s (restart 2 of at most 2 within 60 s)"
+    assert RestartPolicy(1, clock=Clock()).failed().words() == (
+        "restarting it at once (restart 1 of at most 1 within 60 s)"
+    )
+
+
+def test_a_restart_leaves_the_window_exactly_window_s_later():
+    policy, clock = _policy(1, 10.0)
+    policy.restarted(policy.failed())  # at 0
+    clock.now = 9.99
+    assert policy.in_window == 1
+    clock.now = 10.0
+    assert policy.in_window == 0
+    assert policy.failed().restart
+
+
+def test_giving_up_and_preempting_decide_with_every_field_set():
+    policy, _clock = _policy(1, 60.0, min_uptime_s=5.0)
+    policy.restarted(policy.failed())
+    preempted = policy.failed(preempted=True)
+    assert (preempted.restart, preempted.wait_s, preempted.in_window) == (True, 0.0, 1)
+    final = policy.failed()
+    assert (final.restart, final.wait_s, final.reason, final.in_window) == (False, 0.0, "budget", 1)
+    assert final.min_uptime_s == 5.0
+
+    policy, _clock = _policy(100, 60.0, min_uptime_s=5.0)
+    for _ in range(STARTUP_FAILURES - 1):
+        policy.restarted(policy.failed())
+    final = policy.failed()
+    assert (final.restart, final.wait_s, final.reason) == (False, 0.0, "startup")
+    assert (final.in_window, final.startup_failures) == (STARTUP_FAILURES - 1, STARTUP_FAILURES)
+    assert final.words() == (
+        f"gave up on the run: it failed {STARTUP_FAILURES} times in a row within 5 s of "
+        "starting, a start-up failure that restarts will not fix"
+    )
+
+
+def test_a_run_of_exactly_min_uptime_is_no_start_up_failure():
+    policy, clock = _policy(100, 60.0, min_uptime_s=10.0)
+    clock.now = 10.0
+    assert policy.failed().startup_failures == 0
+    policy.started()
+    clock.now = 19.99
+    assert policy.failed().startup_failures == 1
+
+
+def test_the_back_off_counts_from_the_last_start_whatever_the_clock_reads():
+    policy, clock = _policy(5, 60.0)
+    clock.now = 1000.0
+    policy.started()
+    waits = []
+    for _ in range(3):
+        clock.now += 1
+        decision = policy.failed()
+        waits.append(decision.wait_s)
+        policy.restarted(decision)
+    assert waits == [0, 0.5, 1]
+
+
+def test_a_restart_by_hand_starts_the_start_up_count_over():
+    policy, _clock = _policy(100, 600.0, min_uptime_s=10.0)
+    for _ in range(STARTUP_FAILURES - 1):
+        policy.restarted(policy.failed())
+    policy.reset()
+    for _ in range(STARTUP_FAILURES - 1):
+        decision = policy.failed()
+        assert decision.restart, decision
+        policy.restarted(decision)
+
+
+def test_a_parts_restart_keeps_the_wholes_uptime_and_the_wholes_restart_resets_it():
+    policy, clock = _policy(100, 600.0, min_uptime_s=10.0)
+    clock.now = 5.0
+    policy.restarted(policy.failed(what="the server of worker-1", startup=False))
+    clock.now = 12.0  # 12 s since the whole started, 7 s since the part's restart
+    decision = policy.failed()
+    assert decision.startup_failures == 0
+    policy.restarted(decision)  # the whole: its uptime counts from 12 s
+    clock.now = 14.0
+    assert policy.failed().startup_failures == 1
