@@ -146,3 +146,196 @@ def test_format_agrees_with_tensorflow(spec):
     assert theirs.to_string() == str(spec)
     built = tf.DeviceSpec(**{f: getattr(spec, f) for f in fields})  # and TensorFlow's own string
     assert parse_device(built.to_string()) == spec
+
+
+# -- every refusal in its exact words, with the device it names (what mutation testing found
+# unpinned: make mutants, docs/mutants.md) --------------------------------------------------------
+
+_INT = "is not a whole number >= 0 of ASCII digits (at most 2147483647)"
+_EXPECTED = "expected job:NAME, replica:N, task:N, device:TYPE:N or TYPE:N"
+_MEANT = "; did you mean job:, replica:, task: or device:?"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("/job:a/job:b", "Device '/job:a/job:b' names the job twice (at 'job:b')"),
+        (
+            "/gpu:0/device:CPU:0",
+            "Device '/gpu:0/device:CPU:0' names the device twice (at 'device:CPU:0')",
+        ),
+        ("/task:1/task:2", "Device '/task:1/task:2' names the task twice (at 'task:2')"),
+        (
+            "/replica:0/replica:1",
+            "Device '/replica:0/replica:1' names the replica twice (at 'replica:1')",
+        ),
+        ("/job:1a", "Device '/job:1a': job name '1a' is not valid"),
+        ("/replica:x", f"Device '/replica:x': replica 'x' {_INT}"),
+        ("/task:x", f"Device '/task:x': task 'x' {_INT}"),
+        ("/task:2147483648", f"Device '/task:2147483648': task '2147483648' {_INT}"),
+        ("/task:12345678901", f"Device '/task:12345678901': task '12345678901' {_INT}"),
+        ("/gpu:x", f"Device '/gpu:x': device index 'x' {_INT}"),
+        ("/device:GPU:x", f"Device '/device:GPU:x': device index 'x' {_INT}"),
+        ("/device:9x:0", "Device '/device:9x:0': device type '9x' is not valid"),
+        ("/gpu:0:1", f"Device '/gpu:0:1': unknown part 'gpu:0:1'; {_EXPECTED}"),
+        ("/foo:1", f"Device '/foo:1': unknown part 'foo:1'; {_EXPECTED}"),
+        ("/tsk:1", f"Device '/tsk:1': unknown part 'tsk:1'; {_EXPECTED}{_MEANT}"),
+        ("/tasks:1", f"Device '/tasks:1': unknown part 'tasks:1'; {_EXPECTED}{_MEANT}"),
+        ("/jobs:a", f"Device '/jobs:a': unknown part 'jobs:a'; {_EXPECTED}{_MEANT}"),
+        ("/replicas:0", f"Device '/replicas:0': unknown part 'replicas:0'; {_EXPECTED}{_MEANT}"),
+        ("/dev:GPU:0", f"Device '/dev:GPU:0': unknown part 'dev:GPU:0'; {_EXPECTED}{_MEANT}"),
+    ],
+)
+def test_every_malformed_part_is_named_in_exact_words(text, message):
+    with pytest.raises(PlacementError) as info:
+        parse_device(text)
+    assert str(info.value) == message
+    assert info.value.device == text
+
+
+def test_edges_of_the_numbers_and_the_length():
+    from graphdist._graph.placement import MAX_DEVICE_CHARS
+
+    assert parse_device("/task:2147483647").task == 2147483647
+    assert parse_device("/replica:0123456789").replica == 123456789  # ten digits
+    assert parse_device("/job:" + "a" * (MAX_DEVICE_CHARS - 5)).job == "a" * (MAX_DEVICE_CHARS - 5)
+    long = "/job:" + "a" * (MAX_DEVICE_CHARS - 4)
+    with pytest.raises(PlacementError) as info:
+        parse_device(long)
+    assert str(info.value) == "Device string of 1025 characters; at most 1024"
+    with pytest.raises(PlacementError) as info:
+        parse_device(5)  # type: ignore[arg-type]
+    assert str(info.value) == "A device must be a string, not int 5" and info.value.device is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "message", "named"),
+    [
+        (
+            {"job": "1a"},
+            "Job name '1a' is not valid: use a letter followed by letters, digits or '_'",
+            "1a",
+        ),
+        ({"job": 5}, "Job name 5 is not valid: use a letter followed by letters, digits or '_'", 5),
+        (
+            {"replica": -1},
+            "The replica must be a whole number >= 0 and <= 2147483647, not -1",
+            None,
+        ),
+        ({"task": True}, "The task must be a whole number >= 0 and <= 2147483647, not True", None),
+        ({"task": 1.0}, "The task must be a whole number >= 0 and <= 2147483647, not 1.0", None),
+        (
+            {"device_type": "GPU", "device_index": 2**31},
+            "The device index must be a whole number >= 0 and <= 2147483647, not 2147483648",
+            None,
+        ),
+        ({"device_type": "9x"}, "Device type '9x' is not valid", None),
+        ({"device_type": 5}, "Device type 5 is not valid", None),
+        ({"device_index": 0}, "A device index needs a device type (e.g. GPU)", None),
+    ],
+)
+def test_a_device_spec_refuses_bad_fields_in_exact_words(fields, message, named):
+    with pytest.raises(PlacementError) as info:
+        DeviceSpec(**fields)
+    assert str(info.value) == message
+    assert info.value.device == named
+
+
+def test_a_device_spec_keeps_the_largest_index_and_replaces_fields():
+    spec = DeviceSpec("w", 0, 2**31 - 1, "GPU", 2**31 - 1)
+    assert spec.replace(task=1) == DeviceSpec("w", 0, 1, "GPU", 2**31 - 1)
+    assert spec.replace() == spec
+
+
+def test_the_builder_names_what_it_cannot_build():
+    with pytest.raises(PlacementError) as info:
+        device("a", index=1)
+    assert str(info.value) == "index= needs device_type=; or use gpu=N / cpu=N"
+    with pytest.raises(PlacementError) as info:
+        device("a", gpu=0, cpu=0, device_type="TPU")
+    assert str(info.value) == "Give at most one of gpu=, cpu= or device_type=, not GPU, CPU, TPU"
+    with pytest.raises(PlacementError) as info:
+        device("a", device_type=5)  # type: ignore[arg-type]
+    assert str(info.value) == "Device type 5 is not a string"
+    with pytest.raises(PlacementError) as info:
+        device("a", device_type="9x")
+    assert str(info.value) == "Device '9x': device type '9x' is not valid"
+    assert info.value.device == "9x"
+    assert device("a", 1, device_type="gpu", index=2) == "/job:a/replica:0/task:1/device:GPU:2"
+    assert device("a", 1, device_type="XLA_GPU", index=0).endswith("/device:XLA_GPU:0")
+
+
+SEVERAL = Cluster({"local": ["h:1", "h:2"], "ps": ["h:3"], "sparse": {0: "h:4", 3: "h:5"}})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "/task:0",
+            "Device '/task:0' names a task but no job; add /job:NAME (jobs: local, ps, sparse)",
+        ),
+        (
+            "/job:w/task:0",
+            "Device '/job:w/task:0': no job 'w' in the cluster; its jobs are local, ps, sparse",
+        ),
+        (
+            "/job:local/task:2",
+            "Device '/job:local/task:2': no task with index 2 in job 'local' (it has tasks 0-1)",
+        ),
+        (
+            "/job:sparse/task:1",
+            "Device '/job:sparse/task:1': no task with index 1 in job 'sparse' (it has tasks 0, 3)",
+        ),
+        (
+            "/job:local/replica:1",
+            "Device '/job:local/replica:1': replica 1 does not exist; graphdist clusters have "
+            "only replica 0",
+        ),
+    ],
+)
+def test_a_device_outside_the_cluster_is_named_in_exact_words(text, message):
+    with pytest.raises(PlacementError) as info:
+        check_device(text, SEVERAL)
+    assert str(info.value) == message
+    assert info.value.device == text
+
+
+GPUS = {("local", 0): 2, ("local", 1): 0}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "/job:local/task:1/gpu:0",
+            "Device '/job:local/task:1/device:GPU:0': task local:1 has 0 GPU(s)",
+        ),
+        (
+            "/job:local/task:0/gpu:2",
+            "Device '/job:local/task:0/device:GPU:2': task local:0 has 2 GPU(s) (indices 0-1)",
+        ),
+        (
+            "/job:local/gpu:0",
+            "Device '/job:local/device:GPU:0': task local:1 has 0 GPU(s)",
+        ),  # each task
+        (
+            "/job:ps/gpu:0",
+            "Device '/job:ps/device:GPU:0': task ps:0 has 0 GPU(s)",
+        ),  # not listed: none
+    ],
+)
+def test_a_gpu_a_task_lacks_is_named_with_what_it_has(text, message):
+    with pytest.raises(PlacementError) as info:
+        check_device(text, SEVERAL, gpus=GPUS)
+    assert str(info.value) == message
+    assert info.value.device == parse_device(text).to_string()
+
+
+def test_gpus_the_tasks_have_pass_and_only_gpus_are_counted():
+    assert check_device("/job:local/task:0/gpu:1", SEVERAL, gpus=GPUS).device_index == 1
+    assert check_device("/job:local/task:0/gpu:*", SEVERAL, gpus=GPUS).device_index is None
+    assert check_device("/job:ps/cpu:0", SEVERAL, gpus=GPUS).device_type == "CPU"
+    assert check_device("/gpu:5", SEVERAL, gpus=GPUS).device_index == 5  # no job: not checked
+    assert check_device(None, SEVERAL, gpus=GPUS) == DeviceSpec()
+    assert check_device("/job:sparse/task:3/replica:0", SEVERAL).task == 3
