@@ -5,6 +5,7 @@ its server starts (graphdist/_net/members.py). The behaviour across hosts is in 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -13,7 +14,13 @@ import pytest
 import graphdist
 from graphdist._cluster import Cluster
 from graphdist._net.loopback import loopback_library
-from graphdist._net.members import ALLOW_ENV, check_enforced, members_env, parse_allow
+from graphdist._net.members import (
+    ALLOW_ENV,
+    check_enforced,
+    exposed_allow,
+    members_env,
+    parse_allow,
+)
 from tests.conftest import QUIET_TF
 
 
@@ -146,3 +153,128 @@ def test_a_detached_spec_carries_the_allow_list(tmp_path: object) -> None:
     assert again.allow == ("10.0.0.3/32",)
     with pytest.raises(graphdist.ArgumentError, match="expose=True"):
         SupervisorSpec(state_dir=str(tmp_path), cluster="local=1", allow=("10.0.0.3",))
+
+
+# -- what mutation testing found unpinned (make mutants, docs/mutants.md) -----------------------
+
+
+@pytest.mark.parametrize(
+    ("allow", "message", "value"),
+    [
+        (5, "allow must be addresses or networks (a list, or a comma-separated string), not 5", 5),
+        ([3], "allow entries must be strings such as '10.0.0.3' or '10.0.0.0/24', not 3", 3),
+        (
+            "10.0.0.300",
+            "allow: '10.0.0.300' is not an IP address or network (CIDR) such as '10.0.0.3' or "
+            "'10.0.0.0/24'",
+            "10.0.0.300",
+        ),
+        (
+            " 0.0.0.0",
+            "allow: '0.0.0.0' is a wildcard, which would let every machine run code in the "
+            "servers; name the clients' addresses or networks",
+            "0.0.0.0",
+        ),
+        (
+            "",
+            "allow is empty; name at least one address or network, or leave it out (the "
+            "cluster's own hosts are always let in)",
+            "",
+        ),
+    ],
+)
+def test_a_bad_allow_list_is_refused_in_exact_words(allow: object, message: str, value: object):
+    with pytest.raises(graphdist.ArgumentError) as info:
+        parse_allow(allow)  # type: ignore[arg-type]
+    assert str(info.value) == message
+    assert (info.value.name, info.value.value) == ("allow", value)
+
+
+def test_the_allow_list_is_bounded_and_named_as_the_caller_names_it():
+    most = ",".join(f"10.0.{i // 256}.{i % 256}" for i in range(4096))
+    assert len(parse_allow(most)) == 4096
+    with pytest.raises(graphdist.ArgumentError) as info:
+        parse_allow(most + ",10.1.0.0", name="--allow")
+    assert str(info.value) == "--allow has 4097 entries; at most 4096"
+    assert (info.value.name, info.value.value) == ("--allow", most + ",10.1.0.0")
+    with pytest.raises(graphdist.ArgumentError) as info:
+        parse_allow("bogus", name="--allow")
+    assert info.value.name == "--allow" and str(info.value).startswith("--allow: 'bogus' is not")
+
+
+def test_empty_entries_are_skipped_and_the_widest_networks_short_of_everything_are_kept():
+    assert parse_allow("10.0.0.1,,10.0.0.2") == ("10.0.0.1/32", "10.0.0.2/32")
+    assert parse_allow(["10.0.0.1", " ", "10.0.0.2"]) == ("10.0.0.1/32", "10.0.0.2/32")
+    assert parse_allow("128.0.0.0/1,8000::/1") == ("128.0.0.0/1", "8000::/1")
+    assert parse_allow("10.0.0.7/24") == ("10.0.0.0/24",)  # host bits: the network, not an error
+
+
+def test_allow_without_expose_is_refused_in_exact_words():
+    with pytest.raises(graphdist.ArgumentError) as info:
+        exposed_allow("10.0.0.3", False)
+    assert str(info.value) == (
+        "allow does nothing without expose=True: the servers stay on loopback, which no other "
+        "machine reaches; drop it, or pass expose=True as well"
+    )
+    assert (info.value.name, info.value.value) == ("allow", "10.0.0.3")
+    assert exposed_allow("10.0.0.3", True) == ("10.0.0.3/32",)
+    assert exposed_allow(None, False) == ()
+
+
+def test_member_addresses_are_resolved_once_each_without_their_zone():
+    cluster = Cluster.parse({"w": ["10.0.0.1:1", "10.0.0.1:2", "[fe80::1%lo]:3"]})
+    assert members_env(cluster) == {ALLOW_ENV: "10.0.0.1,fe80::1"}  # what the shim can parse
+    with pytest.raises(graphdist.ClusterSpecError) as info:
+        members_env(Cluster.parse({"w": ["X127.0.0.1X:1"]}))  # a name, not 127.0.0.1
+    assert re.fullmatch(
+        r"Host 'X127\.0\.0\.1X' of task w-0 does not resolve \(.+\), so its server could not be "
+        r"let in as a member of the cluster; name it by address",
+        str(info.value),
+    ), str(info.value)
+    assert info.value.value == "X127.0.0.1X:1"
+
+
+class _Shim:
+    """ctypes.CDLL(None) as a process with the shim loaded sees it: graphdist_members() is the
+    number of entries the shim read (-1: one unreadable, -2: no list)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __call__(self, name: object) -> _Shim:
+        return self
+
+    def graphdist_members(self) -> int:
+        return self.count
+
+
+@pytest.mark.parametrize(
+    ("allow", "count", "why"),
+    [
+        ("10.0.0.1,10.0.1.0/24", 2, None),
+        (",10.0.0.1,,", 1, None),  # empty entries are no entries, for both
+        ("", 0, None),
+        ("10.0.0.1,10.0.0.2", 1, "the shim reads 1 entries instead of 2"),
+        ("10.0.0.1", 2, "the shim reads 2 entries instead of 1"),
+        ("10.0.0.1", -1, "the shim cannot read an entry of the list"),
+        ("10.0.0.1", -2, "the shim does not see the list"),
+        ("", -2, "the shim does not see the list"),
+    ],
+)
+def test_the_server_starts_only_if_the_shim_reads_the_list_it_was_given(
+    monkeypatch: pytest.MonkeyPatch, allow: str, count: int, why: str | None
+) -> None:
+    import ctypes
+
+    monkeypatch.setattr(ctypes, "CDLL", _Shim(count))
+    monkeypatch.setenv(ALLOW_ENV, allow)
+    if why is None:
+        check_enforced("/job:w/task:0")
+        return
+    with pytest.raises(graphdist.LoopbackUnavailableError) as info:
+        check_enforced("/job:w/task:0")
+    assert str(info.value) == (
+        "The server of /job:w/task:0 would listen on a host address, but cannot enforce that "
+        f"only its cluster's hosts connect: {why}; it was not started. Is LD_PRELOAD honoured "
+        "here (a wrapper such as env or nice in between drops it)?"
+    )
