@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import io
 import json
 import os
+import socket
+import stat
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 
 import pytest
 
+from graphdist._exceptions import NoFreePortsError
+from graphdist._net import ports
 from graphdist._net.ports import is_port_free, pick_free_ports, release_ports
+from graphdist._private import runtime_dir
 from tests.conftest import REPO, start_python, wait_gone
 
 FLEETS = 8
@@ -113,3 +122,317 @@ def test_eight_fleets_started_at_once_by_eight_processes_all_come_up(tmp_path):
     addresses = [a for out, _ in outputs for a in json.loads(out)]
     assert len(addresses) == 2 * FLEETS
     assert len(set(addresses)) == 2 * FLEETS
+
+
+# -- the reservation machinery, unit by unit (what mutation testing found unpinned: make mutants,
+# docs/mutants.md). A lock held "by another process" is a second open file of the same lock:
+# flock refuses it to the first file's holder too, so no child process is needed. ------------------
+
+
+def _one_port() -> int:
+    """A port that is free now, not reserved by this process."""
+    (port,) = pick_free_ports(1)
+    release_ports([port])
+    return port
+
+
+def _lock_path(port: int) -> str:
+    return os.path.join(ports._lock_dir(), f"{port}.lock")
+
+
+def _foreign_lock(port: int, text: str) -> int:
+    """Hold ``port``'s lock through a file of its own, with ``text`` written in it."""
+    fd = os.open(_lock_path(port), os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, text.encode(), 0)
+    return fd
+
+
+def _lockable(port: int) -> bool:
+    fd = os.open(_lock_path(port), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[socket.socket, int]]:
+    """A socket listening on every interface, on a port that was free."""
+    sock = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET)
+    sock.bind(("", _one_port()))
+    sock.listen()
+    try:
+        yield sock, sock.getsockname()[1]
+    finally:
+        sock.close()
+
+
+def test_the_candidates_lie_below_the_ephemeral_range(monkeypatch):
+    read: list[str] = []
+
+    def fake_open(text):
+        def opener(path, *args, **kwargs):
+            read.append(path)
+            return io.StringIO(text)
+
+        return opener
+
+    for text, expected in [
+        ("32768\t60999\n", (10000, 32767)),
+        ("12001 60999", (10000, 12000)),
+        ("12000 60999", ports._FALLBACK_RANGE),  # too little room below it
+        ("garbage", ports._FALLBACK_RANGE),
+    ]:
+        monkeypatch.setattr(ports, "open", fake_open(text), raising=False)
+        assert ports._candidate_range() == expected, text
+    assert set(read) == {"/proc/sys/net/ipv4/ip_local_port_range"}
+
+    def unreadable(path, *args, **kwargs):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+
+    monkeypatch.setattr(ports, "open", unreadable, raising=False)
+    assert ports._candidate_range() == (20000, 32000)
+
+
+def test_the_lock_folder_is_the_users_private_ports_folder(monkeypatch):
+    asked: list[tuple[str, str]] = []
+    monkeypatch.setattr(ports, "private_dir", lambda path, what: asked.append((path, what)) or path)
+    assert ports._lock_dir() == os.path.join(runtime_dir(), "ports")
+    assert asked == [(os.path.join(runtime_dir(), "ports"), "graphdist's port-lock folder")]
+
+
+def test_a_reservation_is_a_private_lock_file_naming_its_holder_emptied_when_released():
+    port = _one_port()
+    fd, holder = ports._lock_file(port, "picked")
+    try:
+        assert fd is not None and holder == (None, None)
+        info = os.stat(_lock_path(port))
+        assert stat.S_IMODE(info.st_mode) == 0o600
+        with open(_lock_path(port)) as f:
+            assert f.read() == f"{os.getpid()} picked\n"
+        assert ports._lock_file(port, "picked") == (None, (os.getpid(), "picked"))
+    finally:
+        ports._unlock(fd)
+    assert os.path.getsize(_lock_path(port)) == 0 and _lockable(port)
+
+
+def test_a_lock_whose_holder_wrote_nothing_is_read_briefly_then_named_nobody():
+    port = _one_port()
+    fd = _foreign_lock(port, "")
+    try:
+        start = time.monotonic()
+        assert ports._lock_file(port, "picked") == (None, (None, None))
+        assert time.monotonic() - start < 1.0  # 20 reads 1 ms apart, not seconds
+    finally:
+        ports._unlock(fd)
+
+
+@pytest.mark.parametrize(
+    ("text", "holder"),
+    [
+        ("", (None, None)),
+        ("garbage picked", (None, None)),
+        ("0 picked", (None, None)),
+        ("-5 picked", (None, None)),
+        ("999999999 picked", (None, None)),  # no such process
+        ("{pid}", ("{pid}", None)),
+        ("{pid} starting\n", ("{pid}", "starting")),
+    ],
+)
+def test_what_a_holder_wrote_is_read_only_for_a_live_process(tmp_path, text, holder):
+    pid = str(os.getpid())
+    path = tmp_path / "lock"
+    path.write_text(text.format(pid=pid))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        expected = tuple(int(pid) if h == "{pid}" else h for h in holder)
+        assert ports._written(fd) == expected
+    finally:
+        os.close(fd)
+
+
+def test_marking_and_unlocking_a_file_that_cannot_be_written_is_no_error(tmp_path):
+    path = tmp_path / "lock"
+    path.write_text("1 picked\n")
+    fd = os.open(path, os.O_RDONLY)
+    ports._mark(fd, "picked")  # ftruncate fails on a read-only file: only the holder's name lost
+    ports._unlock(fd)  # and closes it
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
+def test_a_port_held_or_claimed_here_is_never_reserved_again(monkeypatch):
+    (port,) = pick_free_ports(1)
+    try:
+        assert not ports._reserve(port)
+
+        class AlwaysP:
+            def randint(self, low, high):
+                return port
+
+        monkeypatch.setattr(ports.random, "SystemRandom", AlwaysP)
+        with pytest.raises(NoFreePortsError) as info:
+            pick_free_ports(1)
+        low, high = ports._candidate_range()
+        assert str(info.value) == (
+            f"Could not find 1 free ports in {low}-{high} after 2000 tries; ask for fewer tasks, "
+            "or name the ports in the cluster spec"
+        )
+        assert (info.value.count, info.value.low, info.value.high) == (1, low, high)
+    finally:
+        release_ports([port])
+
+
+def test_a_port_in_use_is_not_reserved_and_its_lock_is_given_back(listener):
+    _sock, port = listener
+    assert not is_port_free(port)
+    assert not ports._reserve(port)
+    assert port not in ports._held and _lockable(port)
+    assert ports.port_holder(port) == os.getpid()
+    assert ports.port_holder(_one_port()) is None
+
+
+def test_a_failing_check_gives_the_lock_back(monkeypatch):
+    port = _one_port()
+
+    def broken(port):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(ports, "is_port_free", broken)
+    with pytest.raises(OSError):
+        ports._reserve(port)
+    assert port not in ports._held and _lockable(port)
+
+
+def test_running_out_of_lock_files_midway_releases_what_was_reserved(monkeypatch):
+    real = ports._reserve
+    got: list[int] = []
+
+    def reserve(port):
+        if got:
+            raise OSError(errno.EMFILE, "Too many open files")
+        reserved = real(port)
+        if reserved:
+            got.append(port)
+        return reserved
+
+    monkeypatch.setattr(ports, "_reserve", reserve)
+    with pytest.raises(NoFreePortsError) as info:
+        pick_free_ports(3)
+    low, high = ports._candidate_range()
+    assert str(info.value) == (
+        "Could not reserve 3 free ports: after 1, Too many open files; ask for fewer tasks, raise "
+        "the open-file limit (ulimit -n), or name the ports in the cluster spec"
+    )
+    assert (info.value.count, info.value.low, info.value.high) == (3, low, high)
+    assert got and got[0] not in ports._held and _lockable(got[0])
+
+
+class _Family:
+    """socket.socket as a machine without one address family, or whose bind fails, sees it."""
+
+    def __init__(self, real, refuse: dict[int, int], bind_errors: dict[int, int]) -> None:
+        self.real, self.refuse, self.bind_errors = real, refuse, bind_errors
+
+    def __call__(self, family, *args):
+        if family in self.refuse:
+            raise OSError(self.refuse[family], "refused")
+        if family in self.bind_errors:
+            return _Unbindable(self.bind_errors[family])
+        return self.real(family, *args)
+
+
+class _Unbindable:
+    def __init__(self, error: int) -> None:
+        self.error = error
+
+    def setsockopt(self, *args: object) -> None:
+        pass
+
+    def bind(self, address: object) -> None:
+        raise OSError(self.error, "bind")
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="needs IPv6")
+def test_a_missing_family_is_skipped_and_a_missing_address_is_no_conflict(monkeypatch, listener):
+    _sock, busy = listener  # listening on IPv6 (and v4-mapped IPv4)
+    free = _one_port()
+    real = socket.socket
+    v4, v6 = socket.AF_INET, socket.AF_INET6
+    monkeypatch.setattr(socket, "socket", _Family(real, {v4: errno.EAFNOSUPPORT}, {}))
+    assert not is_port_free(busy)  # the IPv6 check still runs after the missing IPv4
+    assert is_port_free(free)
+    monkeypatch.setattr(socket, "socket", _Family(real, {v4: errno.EMFILE}, {}))
+    with pytest.raises(OSError):
+        is_port_free(free)  # out of file descriptors: not checked, not free
+    monkeypatch.setattr(socket, "socket", _Family(real, {}, {v6: errno.EADDRNOTAVAIL}))
+    assert is_port_free(free)  # no IPv6 address here: nothing can conflict there
+    monkeypatch.setattr(socket, "socket", _Family(real, {}, {v4: errno.EACCES}))
+    assert not is_port_free(free)
+    monkeypatch.setattr(socket, "socket", _Family(real, {}, {v4: errno.EINVAL}))
+    with pytest.raises(OSError):
+        is_port_free(free)
+
+
+def test_a_claim_takes_over_this_processs_reservation_and_locks_any_other_port():
+    a, b = object(), object()
+    (picked,) = pick_free_ports(1)
+    fresh = _one_port()
+    try:
+        assert ports.claim_ports([fresh, picked, fresh], a) is None
+        assert ports._claims[fresh] == (a, "locked") and ports._claims[picked] == (a, "held")
+        for port in (fresh, picked):
+            with open(_lock_path(port)) as f:
+                assert f.read() == f"{os.getpid()} starting\n"
+        assert ports.claim_ports([picked], a) is None  # its own claim: nothing to do
+        assert ports.claim_ports([picked], b) == ports.PortTaken(picked, os.getpid(), True)
+        release_ports([fresh], owner=b)  # another fleet's claim: left to it
+        assert ports._claims[fresh][0] is a
+        ports.release_claims(a)  # a failed start: the lock it took is given back, the rest kept
+        assert fresh not in ports._claims and fresh not in ports._held and _lockable(fresh)
+        assert picked not in ports._claims and picked in ports._held
+        with open(_lock_path(picked)) as f:
+            assert f.read() == f"{os.getpid()} picked\n"
+        assert ports.claim_ports([picked], b) is None
+        release_ports([picked], owner=b)
+        assert picked not in ports._held and _lockable(picked)
+    finally:
+        release_ports([fresh, picked], owner=a)
+        release_ports([fresh, picked], owner=b)
+
+
+def test_a_claim_refuses_a_port_in_use_or_another_fleets_start_and_keeps_nothing(listener):
+    _sock, busy = listener
+    owner = object()
+    free = _one_port()
+    assert ports.claim_ports([free, busy], owner) == ports.PortTaken(busy, os.getpid(), False)
+    assert free not in ports._claims and busy not in ports._claims and _lockable(free)
+    starting = _one_port()
+    fd = _foreign_lock(starting, f"{os.getpid()} starting\n")
+    try:
+        assert ports.claim_ports([starting], owner) == ports.PortTaken(starting, os.getpid(), True)
+        assert starting not in ports._claims
+    finally:
+        ports._unlock(fd)
+
+
+def test_a_port_another_process_only_picked_is_this_fleets_to_serve():
+    owner = object()
+    port = _one_port()
+    fd = _foreign_lock(port, f"{os.getpid()} picked\n")  # a parent that picked it for us
+    try:
+        assert ports.claim_ports([port], owner) is None
+        assert ports._claims[port] == (owner, "handed") and port not in ports._held
+        ports.release_claims(owner)
+        assert port not in ports._claims
+        assert not _lockable(port)  # still the other process's
+    finally:
+        ports._unlock(fd)
