@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 
@@ -400,6 +401,8 @@ def test_nesting_is_counted_exactly_and_brackets_in_strings_do_not_count():
     assert load_json(closed, "x")
     with pytest.raises(ClusterSpecError, match="nests deeper than 32 levels"):
         load_json("[[]," + "[" * 32 + "]" * 32 + "]", "x")
+    with pytest.raises(ClusterSpecError, match="nests deeper than 32 levels"):
+        load_json("[[[[]," + "[" * 30 + "]" * 30 + "]]]", "x")  # a close is one level, not all
 
 
 def test_load_json_raises_the_callers_error_naming_what():
@@ -450,7 +453,7 @@ def test_cluster_files_are_regular_utf8_files_within_the_bound(tmp_path):
 
     exact = tmp_path / "exact.json"
     text = json.dumps(SEED)
-    exact.write_text(text + " " * (MAX_SPEC_BYTES - len(text)))  # exactly the bound: read whole
+    exact.write_text(" " * (MAX_SPEC_BYTES - len(text)) + text)  # exactly the bound: read whole
     assert Cluster.parse(exact) == Cluster(SEED)
     plain = tmp_path / "cluster"  # no .json: read because it exists
     plain.write_text("\ufeff" + text, encoding="utf-8")  # a byte order mark is dropped
@@ -497,9 +500,99 @@ def test_cluster_files_are_regular_utf8_files_within_the_bound(tmp_path):
 def test_a_path_that_cannot_be_opened_is_named_with_the_reason(tmp_path):
     long = "/" + "a" * 100 + ".json"  # longer than a message shows by default: shown whole
     assert _refusal(long) == (f"Cannot read cluster file {long!r}: No such file or directory", long)
-    too_long = "/" + "a" * 4096 + ".json"  # over 4096 characters: cut
+    too_long = "/" + "a" * 4091 + ".json"  # 4097 characters, one over what is shown: cut
     message, _ = _refusal(too_long)
     assert message.startswith("Cannot read cluster file '/aaa") and "..." in message
     assert message.endswith(": File name too long")
     nul = os.path.join(str(tmp_path), "a\0b.json")
     assert _refusal(nul) == (f"Cannot read cluster file {nul!r}: embedded null byte", nul)
+
+
+def test_an_index_of_exactly_int32s_largest_is_kept():
+    assert Cluster({"w": {"2147483647": "h:1"}}).task_indices("w") == (2147483647,)
+
+
+def test_different_clusters_hash_differently():
+    assert hash(Cluster({"a": ["h:1"]})) != hash(Cluster({"a": ["h:2"]}))
+
+
+def test_spec_text_over_the_bound_is_named_as_spec_text():
+    from graphdist._cluster import MAX_SPEC_BYTES
+
+    with pytest.raises(ClusterSpecError) as info:
+        Cluster.parse(" " * (MAX_SPEC_BYTES + 1))
+    assert str(info.value) == (
+        f"The cluster spec text takes more than {MAX_SPEC_BYTES} bytes (1 MiB) in UTF-8; at most "
+        f"{MAX_SPEC_BYTES}"
+    )
+
+
+def test_a_long_cluster_file_path_is_shown_whole(tmp_path):
+    listed = tmp_path / ("l" * 120 + ".json")
+    listed.write_text("[1]")
+    assert _refusal(listed) == (
+        f"Cluster file {str(listed)!r} holds list, not a JSON object",
+        str(listed),
+    )
+    broken = tmp_path / ("b" * 120 + ".json")
+    broken.write_text("{")
+    message, _ = _refusal(broken)
+    assert message.startswith(f"The cluster file {str(broken)!r} is not valid JSON")
+
+
+def test_a_cluster_file_is_opened_without_waiting_and_not_inherited(tmp_path, monkeypatch):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(SEED))
+    flags: list[int] = []
+    real = os.open
+
+    def spy(file, flag, *args):
+        flags.append(flag)
+        return real(file, flag, *args)
+
+    monkeypatch.setattr(os, "open", spy)
+    assert Cluster.parse(path) == Cluster(SEED)
+    assert flags and all(f & os.O_NONBLOCK and f & os.O_CLOEXEC for f in flags), flags
+    assert all(f & os.O_ACCMODE == os.O_RDONLY for f in flags)
+
+
+def test_a_cluster_file_is_read_within_the_bound_whatever_its_size_says(tmp_path, monkeypatch):
+    """A file whose size is not known up front (one in /proc, one that grows while it is read):
+    at most MAX_SPEC_BYTES + 1 bytes are read, in as many chunks as the system gives, and it is
+    refused; a read that fails is named."""
+    from graphdist._cluster import MAX_SPEC_BYTES
+
+    path = tmp_path / "growing.json"
+    path.write_text(" " * (2 * MAX_SPEC_BYTES) + "{}")
+    real_fstat, real_read = os.fstat, os.read
+    asked: list[int] = []
+
+    class Small:
+        def __init__(self, info: os.stat_result) -> None:
+            self.st_mode, self.st_size = info.st_mode, 10
+
+    def read(fd, n):
+        asked.append(n)
+        return real_read(fd, min(n, 65536))  # the system gives 64 KiB at a time
+
+    monkeypatch.setattr(os, "fstat", lambda fd: Small(real_fstat(fd)))
+    monkeypatch.setattr(os, "read", read)
+    assert _refusal(path) == (
+        f"The cluster file {str(path)!r} holds more than {MAX_SPEC_BYTES} bytes (1 MiB)",
+        str(path),
+    )
+    got = sum(min(n, 65536) for n in asked)
+    assert got == MAX_SPEC_BYTES + 1, got
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps(SEED, indent=40))
+    monkeypatch.setattr(os, "read", lambda fd, n: real_read(fd, min(n, 7)))  # chunks joined whole
+    assert Cluster.parse(small) == Cluster(SEED)
+
+    def broken(fd, n):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "read", broken)
+    assert _refusal(small) == (
+        f"Cannot read cluster file {str(small)!r}: Input/output error",
+        str(small),
+    )
