@@ -15,6 +15,7 @@ from graphdist import (
     normalize_device,
     parse_device,
 )
+from graphdist._validate import show
 
 CLUSTER = Cluster({"local": ["h:1", "h:2"], "ps": ["h:3"]})
 
@@ -165,6 +166,7 @@ _MEANT = "; did you mean job:, replica:, task: or device:?"
             "Device '/gpu:0/device:CPU:0' names the device twice (at 'device:CPU:0')",
         ),
         ("/task:1/task:2", "Device '/task:1/task:2' names the task twice (at 'task:2')"),
+        ("/device:CPU:0/gpu:1", "Device '/device:CPU:0/gpu:1' names the device twice (at 'gpu:1')"),
         (
             "/replica:0/replica:1",
             "Device '/replica:0/replica:1' names the replica twice (at 'replica:1')",
@@ -203,6 +205,7 @@ def test_edges_of_the_numbers_and_the_length():
     with pytest.raises(PlacementError) as info:
         parse_device(long)
     assert str(info.value) == "Device string of 1025 characters; at most 1024"
+    assert info.value.device == show(long)  # cut to a readable length, as in every message
     with pytest.raises(PlacementError) as info:
         parse_device(5)  # type: ignore[arg-type]
     assert str(info.value) == "A device must be a string, not int 5" and info.value.device is None
@@ -257,6 +260,7 @@ def test_the_builder_names_what_it_cannot_build():
     with pytest.raises(PlacementError) as info:
         device("a", device_type=5)  # type: ignore[arg-type]
     assert str(info.value) == "Device type 5 is not a string"
+    assert info.value.device == "5"  # shown: it was no string
     with pytest.raises(PlacementError) as info:
         device("a", device_type="9x")
     assert str(info.value) == "Device '9x': device type '9x' is not valid"
@@ -339,3 +343,12 @@ def test_gpus_the_tasks_have_pass_and_only_gpus_are_counted():
     assert check_device("/gpu:5", SEVERAL, gpus=GPUS).device_index == 5  # no job: not checked
     assert check_device(None, SEVERAL, gpus=GPUS) == DeviceSpec()
     assert check_device("/job:sparse/task:3/replica:0", SEVERAL).task == 3
+
+
+def test_a_task_without_a_job_in_a_one_job_cluster_is_checked_in_that_job():
+    single = Cluster({"local": ["h:1", "h:2"]})
+    with pytest.raises(PlacementError) as info:
+        check_device("/task:5", single)
+    assert str(info.value) == (
+        "Device '/task:5': no task with index 5 in job 'local' (it has tasks 0-1)"
+    )
