@@ -86,8 +86,14 @@ def test_an_empty_member_list_without_the_shim_refuses_to_start(
     hosts), not nothing asked: without the shim its server would serve every machine on the
     wildcard, so it is refused like any other list."""
     monkeypatch.setenv(ALLOW_ENV, "")
-    with pytest.raises(graphdist.LoopbackUnavailableError, match="shim is not loaded"):
+    with pytest.raises(graphdist.LoopbackUnavailableError) as info:
         check_enforced("/job:w/task:0")
+    assert str(info.value) == (
+        "The server of /job:w/task:0 would listen on a host address, but cannot enforce that "
+        "only its cluster's hosts connect: graphdist's shim is not loaded in its process; it was "
+        "not started. Is LD_PRELOAD honoured here (a wrapper such as env or nice in between "
+        "drops it)?"
+    )
 
 
 def test_an_exposed_fleet_on_loopback_hosts_asks_for_an_empty_member_list() -> None:
