@@ -1,9 +1,11 @@
 # Two entry points for users: `make demo` (the main job) and `make test` (the whole suite);
 # `make docs` builds the documentation site.
 # Both create .venv on first use: `demo` installs graphdist and its runtime dependencies only,
-# `test` adds the test extras (and Ray, whose backend the suite covers). Nothing here installs
-# system packages: without Graphviz, placement pictures are written as .dot (the message says
-# how to get SVG).
+# `test` adds the test extras (and Ray, whose backend the suite covers), and, as root with apt-get,
+# Debian's Slurm and munge for the Slurm bed of tests/slurm (tests/slurm/install-slurm.sh: a no-op
+# once installed; it leaves none of their services running). Nothing else installs system
+# packages: without Graphviz, placement pictures are written as .dot (the message says how to get
+# SVG).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -29,6 +31,7 @@ lint: $(VENV)/.test-installed
 	$(BIN)/mypy graphdist
 
 test: lint
+	sh tests/slurm/install-slurm.sh
 	$(BIN)/pytest
 
 # The oldest and newest corners of the support matrix (Python 3.10 + TensorFlow 2.16, Python

@@ -75,6 +75,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "graphdist._fleet.local": ("DEFAULT_START_TIMEOUT_S", "FleetTask", "LocalFleet"),
     "graphdist._fleet.ray": ("RayFleet", "RayTask"),
     "graphdist._fleet.remote": ("RemoteFleet", "RemoteTask", "connect"),
+    "graphdist._fleet.slurm": ("SlurmFleet", "SlurmTask"),
     "graphdist._graph.master": ("master_for",),
     "graphdist._graph.placement": (
         "DeviceSpec",
@@ -115,6 +116,7 @@ if _TYPE_CHECKING:
     from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
     from graphdist._fleet.ray import RayFleet, RayTask
     from graphdist._fleet.remote import RemoteFleet, RemoteTask, connect
+    from graphdist._fleet.slurm import SlurmFleet, SlurmTask
     from graphdist._fleet.task import TaskExit, TaskView
     from graphdist._graph.master import master_for
     from graphdist._graph.placement import (
@@ -184,6 +186,8 @@ __all__ = [
     "ReopeningSession",
     "RoundRobin",
     "SessionInterruptedError",
+    "SlurmFleet",
+    "SlurmTask",
     "SplitError",
     "SplitGraph",
     "StartTimeoutError",

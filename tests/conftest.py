@@ -258,6 +258,14 @@ SLOW_TESTS_S = {
     "tests/net/test_ray_hosts.py::test_a_two_node_ray_fleet": 40,
     "tests/net/test_deploy_hosts.py::test_the_slurm_script": 22,
     "tests/net/test_deploy_hosts.py::test_the_systemd_unit": 16,
+    "tests/slurm/test_slurm_run.py::test_a_worker_killed_on_its_node_restarts": 100,
+    "tests/slurm/test_slurm_run.py::test_a_frozen_worker": 45,
+    "tests/slurm/test_slurm_run.py::test_a_lost_node": 30,
+    "tests/slurm/test_slurm_run.py::test_a_ps_run_on_slurm": 36,
+    "tests/slurm/test_slurm_fleet.py": 45,
+    "tests/slurm/test_slurmbed.py::test_graphdist_serve_as_a_slurm_step": 60,
+    "tests/slurm/test_slurmbed.py::test_a_killed_node_is_noticed": 23,
+    "tests/slurm/test_slurmbed.py::test_the_warning_signal": 25,
 }
 
 

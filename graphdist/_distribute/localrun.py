@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
-from graphdist._distribute.runbackends import register
+from graphdist._distribute.runbackends import register, start_servers
 from graphdist._distribute.runspec import RunSpec, launch_cluster
 from graphdist._distribute.taskproc import GuardedTask, RunSink
 from graphdist._net.loopback import server_bind_address, shim_env
@@ -40,13 +40,7 @@ class _LocalPlacement:
         from graphdist._fleet.local import LocalFleet
 
         fleet = LocalFleet(self.cluster, jobs=jobs, expose=self.spec.expose, log_dir=log_folder)
-        try:
-            with signals.interruptible():
-                fleet.start()
-        except BaseException:
-            fleet.close()
-            raise
-        return fleet
+        return start_servers(fleet, signals)
 
     def task_env(self, task: Task) -> Mapping[str, str]:
         address = server_bind_address(task, expose=self.spec.expose)

@@ -40,11 +40,13 @@ __all__ = [
     "names",
     "register",
     "run_backend",
+    "start_servers",
 ]
 
 BUILTIN = (
     "graphdist._distribute.localrun",
     "graphdist._distribute.rayrun",
+    "graphdist._distribute.slurmrun",
 )
 """The modules of the run backends graphdist ships (each registers its backend on import)."""
 ENTRY_POINT_GROUP = "graphdist.run_backends"
@@ -155,6 +157,18 @@ def check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` if every one is run backend ``name``'s own; ArgumentError naming the one
     that is not, and whose it is (the backend then checks their values)."""
     return _registry.check_options(name, options)
+
+
+def start_servers(fleet: Any, signals: SignalScope) -> Any:
+    """Start a placement's fleet of servers (a stop signal interrupts the start); a failed or
+    interrupted start closes it before the error goes on. Returns the fleet."""
+    try:
+        with signals.interruptible():
+            fleet.start()
+    except BaseException:
+        fleet.close()
+        raise
+    return fleet
 
 
 def describe(name: str) -> str:

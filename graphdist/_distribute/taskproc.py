@@ -75,6 +75,7 @@ class TaskResult:
     tail: list[str] = field(default_factory=list)
     value: Any = None
     frozen: str | None = None  # why the run's heartbeat found it frozen (it was then killed)
+    lost: str | None = None  # its node was lost with it (a backend's words: Slurm's node failure)
 
     @property
     def name(self) -> str:
@@ -363,10 +364,14 @@ class Output:
 
 
 def how(result: TaskOutcome) -> str:
-    """How a task ended, in words: as its exit code says, or frozen and killed."""
+    """How a task ended, in words: as its exit code says, frozen and killed, or lost with its
+    node."""
     frozen = getattr(result, "frozen", None)
     if frozen is not None:
         return f"was frozen ({frozen}) and was killed"
+    lost = getattr(result, "lost", None)
+    if lost is not None:
+        return f"was lost with its node ({lost})"
     return how_ended(result.exitcode)
 
 

@@ -44,7 +44,7 @@ __all__ = [
     "start_timeouts",
 ]
 
-BUILTIN = ("graphdist._fleet.local", "graphdist._fleet.ray")
+BUILTIN = ("graphdist._fleet.local", "graphdist._fleet.ray", "graphdist._fleet.slurm")
 """The modules of the backends graphdist ships (each registers its backend when imported)."""
 ENTRY_POINT_GROUP = "graphdist.backends"
 """Entry points of this group name the modules of other backends (``name = package.module``)."""

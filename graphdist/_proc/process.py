@@ -277,9 +277,12 @@ def guarded_argv(
     *,
     name: str | None = None,
     report_fd: int | None = None,
+    parent: bool = False,
 ) -> list[str]:
     """The argv that runs ``command`` under a guard (see the module docstring) whose owner is
-    ``owner`` (default: this process), which must be the process that starts it. ``name`` (a
+    ``owner`` (default: this process), which must be the process that starts it; ``parent``:
+    whichever process starts it (a guard that another program starts for graphdist, as Slurm's
+    step daemon does on a node). ``name`` (a
     task's, ``worker-1``) shows in ``ps``; ``report_fd``, an inherited pipe, gets the guard's
     reports: ``pid PID`` once the command runs, ``exit CODE WHEN`` when it has exited (CODE as
     Popen gives it, WHEN the system's monotonic clock in seconds), before the guard ends what
@@ -288,7 +291,8 @@ def guarded_argv(
     script = os.path.abspath(__file__)
     options = [] if name is None else ["--name", name]
     options += [] if report_fd is None else ["--report", str(report_fd)]
-    head = [sys.executable, "-I", "-S", script, *options, str(owner), repr(float(grace_s))]
+    whose = "parent" if parent else str(owner)
+    head = [sys.executable, "-I", "-S", script, *options, whose, repr(float(grace_s))]
     return [*head, "--", *command]
 
 
@@ -405,7 +409,7 @@ def _report(fd: int | None, line: str) -> None:
 
 def _guard_main(args: Sequence[str]) -> int:
     """``[--name NAME] [--report FD] OWNER GRACE_S -- COMMAND...``: run COMMAND as a guard for
-    OWNER (module docstring)."""
+    OWNER (a pid, or ``parent``: whoever started it; module docstring)."""
     args = list(args)
     report_fd = None
     while args[:1] in (["--name"], ["--report"]) and len(args) > 1:
@@ -414,11 +418,12 @@ def _guard_main(args: Sequence[str]) -> int:
         args = args[2:]
     if len(args) < 4 or args[2] != "--":
         print(
-            "usage: process.py [--name NAME] [--report FD] OWNER_PID GRACE_S -- COMMAND...",
+            "usage: process.py [--name NAME] [--report FD] OWNER_PID|parent GRACE_S -- COMMAND...",
             file=sys.stderr,
         )
         return 2
-    owner, grace_s, command = int(args[0]), float(args[1]), args[3:]
+    owner = os.getppid() if args[0] == "parent" else int(args[0])
+    grace_s, command = float(args[1]), args[3:]
     # Signals first: from here on a stop request waits for us instead of killing us.
     signal.pthread_sigmask(signal.SIG_BLOCK, _GUARD_SIGNALS)
     set_parent_death_signal(GUARD_DEATH_SIGNAL)

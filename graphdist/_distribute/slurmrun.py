@@ -1,0 +1,233 @@
+"""``graphdist run --backend slurm``: every task of a tf.distribute run a Slurm job step on a node
+of the run's allocation, restarted inside the same allocation.
+
+The run is started inside an allocation (an ``sbatch`` script, ``salloc``: ``SLURM_JOB_ID``) or
+from a host outside it, a login node, with ``jobid=``. Before anything starts the allocation is
+read from Slurm (:func:`graphdist._proc.slurm.allocation`) and checked to fit the run
+(``ntasks_per_node`` tasks on each node, default 1). Each attempt places its tasks on the nodes
+Slurm does not call down or not responding (one per node first, then a second per node ...),
+reserves a free port for each with one step on those nodes, and so knows every TF_CONFIG before
+any task starts; a run whose nodes are too few for it after a node was lost ends with one line
+saying so.
+
+Each command task is ``srun --overlap`` of the command under graphdist's guard on its node
+(the guard there ends the task's whole tree when its step ends), and the step's output comes
+back through ``srun`` as a local task's does, under a local guard of its own. A stop asks
+``srun`` (SIGTERM, which it forwards); a broken attempt's and a frozen task's steps are
+cancelled with SIGKILL (``scancel``), and every step an attempt started is gone before the next
+starts. The tasks' servers listen on their node's address, with the bind shim letting in only
+the allocation's nodes and this host (whose heartbeat probes them). A parameter-server run's
+worker and ps tasks are ``graphdist serve`` steps, restarted on their node and port when one dies
+(the coordinator carries on, as on the other backends).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import secrets
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from graphdist._cluster import Cluster, Task
+from graphdist._distribute.runbackends import register, start_servers
+from graphdist._distribute.runspec import RunSpec
+from graphdist._distribute.taskproc import GuardedTask, RunSink
+from graphdist._exceptions import ArgumentError, LaunchError
+from graphdist._net.loopback import shim_env
+from graphdist._net.members import members_env, parse_allow
+from graphdist._proc.process import NOW_SIGNAL, TASK_STOP_GRACE_S, guarded_argv
+from graphdist._proc.signals import SignalScope
+from graphdist._proc.slurm import (
+    JOBID_HELP,
+    Allocation,
+    allocation,
+    cancel_steps,
+    dead_nodes,
+    free_ports,
+    host_addresses,
+    srun_argv,
+)
+from graphdist._registry import Option
+from graphdist._validate import count
+
+__all__ = ["SlurmRun"]
+
+
+def _host_port(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def _exit_code(code: int | None) -> int | None:
+    """srun's exit status as Popen's code: 128 + N (a task killed by signal N, as srun and the
+    guard say it) is -N, so the words are those of a local task's."""
+    if code is not None and 128 < code < 128 + signal.NSIG:
+        return -(code - 128)
+    return code
+
+
+class _SlurmTask(GuardedTask):
+    """A command task as a Slurm step: ``srun`` under a local guard, the command under a guard
+    on its node. Its processes are the node's (the heartbeat probes its server instead); a
+    SIGKILL (a frozen task, a broken attempt) cancels its step, which reaches a stopped one."""
+
+    def __init__(self, *args: Any, jobid: str, step: str, env: Mapping[str, str]) -> None:
+        self.jobid, self.step, self._slurm_env = jobid, step, env
+        super().__init__(*args)
+
+    def _line(self, raw: bytes, more: int) -> None:
+        if raw.startswith(b"srun: error: Node failure on "):  # srun then exits 0 (Slurm 22.05)
+            self.result.lost = raw.decode("utf-8", "replace").strip().removeprefix("srun: error: ")
+        super()._line(raw, more)
+
+    def ended(self) -> int | None:
+        """srun's exit, as a local task's code; a step whose node failed ended killed."""
+        code = _exit_code(super().ended())
+        if code == 0 and self.result.lost is None:
+            self._reader.join(2.0)  # srun's last words come before its exit: read them first
+        if code == 0 and self.result.lost is not None:
+            return -signal.SIGKILL
+        return code
+
+    def processes(self) -> list[int] | None:
+        return None
+
+    def signal(self, sig: int) -> None:
+        if sig in (signal.SIGKILL, NOW_SIGNAL) and self.running():
+            cancel_steps(self.jobid, self.step, wait_s=0.0, env=self._slurm_env)
+        super().signal(sig)
+
+
+class _SlurmPlacement:
+    def __init__(self, spec: RunSpec, alloc: Allocation, attempt: int, tag: str) -> None:
+        self.spec, self.alloc = spec, alloc
+        self.prefix = f"graphdist-{tag}-{attempt}-"
+        per_node = int(spec.options["ntasks_per_node"])
+        env = spec.base_env
+        dead = dead_nodes(alloc.nodes, env, alloc.addresses)
+        live = [n for n in alloc.nodes if n not in dead]
+        names = [(job, i) for job in sorted(spec.jobs) for i in range(spec.jobs[job])]
+        if len(live) * per_node < len(names):
+            lost = ", ".join(f"{n} ({s})" for n, s in dead.items())
+            raise LaunchError(
+                f"Attempt {attempt} cannot be placed: the run needs {len(names)} task(s) and "
+                f"{alloc.describe()} has {len(live)} node(s) left for {per_node} task(s) each "
+                f"(lost: {lost}); the run ends here",
+                [],
+            )
+        slots = [node for _ in range(per_node) for node in live][: len(names)]
+        ports = free_ports(alloc, collections.Counter(slots), self.prefix + "ports", env)
+        jobs: dict[str, list[str]] = {}
+        self.nodes: dict[str, str] = {}
+        for (job, i), node in zip(names, slots, strict=True):
+            jobs.setdefault(job, []).append(_host_port(alloc.addresses[node], ports[node].pop(0)))
+            self.nodes[f"{job}-{i}"] = node
+        self.cluster = Cluster(jobs)
+        self._allow = parse_allow([f"{a}/{128 if ':' in a else 32}" for a in host_addresses()])
+
+    def _node_env(self, task: Task) -> dict[str, str]:
+        """What the task's processes on its node get besides the run's env: the bind shim on
+        the node's address and the members (the allocation's nodes, this host)."""
+        return {
+            **shim_env(task.host.strip("[]"), None, inherit=True),
+            **members_env(self.cluster, self._allow),
+        }
+
+    def start_servers(
+        self, jobs: Sequence[str], log_folder: str | None, signals: SignalScope
+    ) -> Any:
+        from graphdist._fleet.slurm import SlurmFleet
+
+        fleet = SlurmFleet(
+            self.cluster,
+            jobs=jobs,
+            jobid=self.alloc.jobid,
+            log_dir=log_folder,
+            step_prefix=self.prefix,
+            allow=self._allow,
+            env=self.spec.base_env,
+        )
+        return start_servers(fleet, signals)
+
+    def task_env(self, task: Task) -> Mapping[str, str]:
+        return {}  # the node's part goes on srun's command line (_node_env): not srun's own
+
+    def start_task(
+        self, task: Task, env: Mapping[str, str], run: RunSink, log_path: str | None
+    ) -> _SlurmTask:
+        node_env = [f"{k}={v}" for k, v in self._node_env(task).items()]
+        on_node = ["env", *node_env, *guarded_argv(self.spec.command, name=task.name, parent=True)]
+        step = self.prefix + task.name
+        argv = srun_argv(
+            self.alloc.jobid, self.nodes[task.name], step, on_node, grace_s=TASK_STOP_GRACE_S
+        )
+        return _SlurmTask(
+            task, argv, env, run, log_path, jobid=self.alloc.jobid, step=step, env=env
+        )
+
+    def close(self) -> None:
+        env = self.spec.base_env
+        lost: dict[str, str] = {}
+        with contextlib.suppress(ArgumentError):
+            lost = dead_nodes(self.alloc.nodes, env, self.alloc.addresses)
+        left = cancel_steps(self.alloc.jobid, self.prefix, env=env, lost=lost)
+        if left:
+            print(
+                f"graphdist: Slurm steps {', '.join(left)} of job {self.alloc.jobid} did not end; "
+                f"`scancel {' '.join(left)}` ends them",
+                file=sys.stderr,
+            )
+
+
+class SlurmRun:
+    """The ``slurm`` run backend (see the module docstring)."""
+
+    name: ClassVar[str] = "slurm"
+    summary: ClassVar[str] = (
+        "every task a Slurm job step on a node of this allocation (run inside salloc or sbatch, "
+        "or name the job with --jobid), restarted inside the same allocation"
+    )
+    requires: ClassVar[tuple[str, str] | None] = None
+    options: ClassVar[tuple[Option, ...]] = (
+        Option("jobid", JOBID_HELP, "JOBID"),
+        Option(
+            "ntasks_per_node",
+            "tasks on each node of the allocation (default 1)",
+            "N",
+            parse=int,
+        ),
+    )
+
+    @classmethod
+    def check_options(cls, spec: RunSpec, options: Mapping[str, Any]) -> dict[str, Any]:
+        per_node = options.get("ntasks_per_node", 1)
+        count(per_node, "ntasks_per_node")
+        alloc = allocation(options.get("jobid"), spec.base_env)
+        tasks = sum(spec.jobs.values())
+        if len(alloc.nodes) * per_node < tasks:
+            raise ArgumentError(
+                f"The run needs {tasks} task(s) and Slurm {alloc.describe()} holds "
+                f"{len(alloc.nodes) * per_node} at ntasks_per_node={per_node}: ask salloc/sbatch "
+                "for more nodes, or raise ntasks_per_node",
+                name="ntasks_per_node",
+                value=per_node,
+            )
+        return {"jobid": alloc.jobid, "ntasks_per_node": per_node, "allocation": alloc}
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.alloc: Allocation = spec.options["allocation"]
+        self.tag = secrets.token_hex(4)
+
+    def place(self, attempt: int, signals: SignalScope) -> _SlurmPlacement:
+        return _SlurmPlacement(self.spec, self.alloc, attempt, self.tag)
+
+    def close(self) -> None:
+        with contextlib.suppress(ArgumentError, OSError, subprocess.SubprocessError):
+            cancel_steps(self.alloc.jobid, f"graphdist-{self.tag}-", env=self.spec.base_env)
+
+
+register(SlurmRun)

@@ -1,0 +1,403 @@
+"""The Slurm backend: a fleet whose servers are Slurm job steps on the nodes of an allocation.
+
+``SlurmFleet("worker=2")`` inside an allocation (``salloc``, ``sbatch``; or from a host outside
+it, a login node, with ``jobid=``) starts one ``graphdist serve`` step per server (``srun
+--overlap`` on one node), one per node first, on a port found free on that node
+(:func:`graphdist._proc.slurm.free_ports`), so every address is known before any server starts.
+A cluster of addresses names the nodes itself; a host that is not one of the allocation's nodes
+is refused, with the allocation's nodes in the message.
+
+Each server listens on its node's address only and lets in only the allocation's nodes, this
+host and ``allow`` (members only, :mod:`graphdist._net.members`): ``graphdist serve`` loads the
+bind shim and checks where its server listens before it says it is ready, which is the proof
+this fleet waits for (with a gRPC answer). A step's output goes to ``JOB-INDEX.log`` in
+``log_dir``. A server killed on its node ends its step: the fleet's watcher sees its ``srun``
+exit, and sessions fail with :class:`TaskFailedError` naming the task and its node; ``kill``
+and ``restart`` signal the step through Slurm (``scancel``) and start it again on its node and
+port; ``close()`` asks every step to stop (SIGTERM, forwarded by ``srun``), then cancels what is
+left, and returns once no step of the fleet is in Slurm's queue. ``scancel`` of the whole job
+ends every step: the tasks are then dead, never waited for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+from graphdist._cluster import Cluster, Task
+from graphdist._exceptions import ClusterSpecError, FleetStartError
+from graphdist._failures import DEAD
+from graphdist._fleet.backends import BackendOption, register
+from graphdist._fleet.lifecycle import OwnedFleet
+from graphdist._fleet.local import read_log_tail
+from graphdist._fleet.task import TaskView
+from graphdist._net.exposure import ListeningTable
+from graphdist._net.members import parse_allow
+from graphdist._proc.forkserver import owned_temp_dir
+from graphdist._proc.slurm import (
+    JOBID_HELP,
+    Allocation,
+    allocation,
+    cancel_steps,
+    dead_nodes,
+    free_ports,
+    host_addresses,
+    srun_argv,
+)
+from graphdist._validate import flag, timeout_ms, timeout_s
+
+__all__ = ["SlurmFleet", "SlurmTask"]
+
+log = logging.getLogger("graphdist.slurm")
+
+_READY_RE = re.compile(r"graphdist serve: /job:(\S+)/task:(\d+) ready at .*; pid (\d+)\)")
+#: Seconds a killed step gets to leave Slurm's queue before the kill is reported as not done.
+KILL_WAIT_S = 10.0
+
+
+class SlurmTask(TaskView):
+    """One server of a :class:`SlurmFleet`: its task, node, step name, the local ``srun`` that
+    runs its step, its log, and the server's pid on its node (from its ready line)."""
+
+    def __init__(self, task: Task, node: str, step: str, log_path: str) -> None:
+        self.task = task
+        self.node = node
+        self.step = step
+        self.log_path: str | None = log_path
+        self.restarts = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pid: int | None = None
+        self._log_start = 0  # where this start's lines begin in the log
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid on its node (its ready line, written since its step started, says
+        it); None before it is ready."""
+        if self._pid is None and self.log_path is not None:
+            with contextlib.suppress(OSError), open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                for line in f.read(1 << 20).decode("utf-8", "replace").splitlines():
+                    found = _READY_RE.search(line)
+                    if found and (found[1], int(found[2])) == (self.job, self.index):
+                        self._pid = int(found[3])
+        return self._pid
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        """How the step ended, as ``srun`` says it (a server killed by signal N: -N)."""
+        code = None if self._proc is None else self._proc.poll()
+        if code is not None and 128 < code < 128 + signal.NSIG:
+            return -(code - 128)
+        return code
+
+    def log_tail(self, lines: int = 12) -> list[str]:
+        return read_log_tail(self.log_path, lines)
+
+    def _start(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        self._pid = None
+        assert self.log_path is not None
+        with open(self.log_path, "ab") as out:
+            self._log_start = out.tell()
+            self._proc = subprocess.Popen(
+                list(argv),
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C to the owner's group is not the fleet's
+            )
+
+    def _wait(self, seconds: float) -> bool:
+        if self._proc is None:
+            return True
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(seconds)
+        return self._proc.poll() is not None
+
+    def __repr__(self) -> str:
+        return f"SlurmTask({self.name}, node={self.node!r}, alive={self.alive})"
+
+
+def _counts_or_cluster(cluster: object) -> dict[str, int] | Cluster:
+    if isinstance(cluster, Cluster):
+        return cluster
+    if isinstance(cluster, str) and ":" not in cluster and not cluster.lstrip().startswith("{"):
+        return dict(Cluster.parse_counts(cluster))
+    if isinstance(cluster, Mapping) and all(isinstance(v, int) for v in cluster.values()):
+        return Cluster.check_counts(cluster)
+    return Cluster.parse_addresses(cluster, what="A Slurm fleet's cluster")
+
+
+class SlurmFleet(OwnedFleet[SlurmTask]):
+    """A fleet of TensorFlow servers as Slurm job steps (see the module docstring).
+
+    ``cluster``: task counts (``"worker=2"``: one server per node of the allocation first, then
+    a second per node ...; ports picked free on each node) or every task's address (the hosts
+    must be the allocation's nodes, by name or address). ``jobs``: serve only these jobs of
+    ``cluster`` (the others are, say, a run's command tasks). ``jobid``: the Slurm job whose
+    allocation runs the servers (default ``SLURM_JOB_ID``). ``allow``: other machines let in
+    besides the allocation's nodes and this host. ``start_timeout_s`` (default 120 s: a step's
+    start and a TensorFlow import on its node). ``log_dir``: where ``JOB-INDEX.log`` go (default:
+    a private temporary folder, removed at close). ``env``: the environment of the steps
+    (default this process's). ``expose`` must stay True: a Slurm server listens on its node's
+    address (members only); it is there for the same signature as the other backends."""
+
+    backend_name: ClassVar[str] = "slurm"
+    DEFAULT_START_TIMEOUT_S: ClassVar[float] = 120.0
+    """Seconds: a step's start and a TensorFlow import on its node."""
+    summary: ClassVar[str] = (
+        "Slurm job steps on the nodes of an allocation (inside salloc/sbatch, or --jobid)"
+    )
+    requires: ClassVar[tuple[str, str] | None] = None
+    options: ClassVar[tuple[BackendOption, ...]] = (BackendOption("jobid", JOBID_HELP, "JOBID"),)
+
+    @classmethod
+    def parse_cluster(cls, spec: Any) -> dict[str, int]:
+        return Cluster.parse_counts(spec) if isinstance(spec, str) else Cluster.check_counts(spec)
+
+    @classmethod
+    def cluster_data(cls, cluster: Mapping[str, int]) -> dict[str, int]:
+        return dict(cluster)
+
+    @classmethod
+    def check_cluster(cls, cluster: Mapping[str, int], *, expose: bool) -> None:
+        """Only ``expose``: the allocation is read when the fleet starts."""
+        flag(expose, "expose")
+
+    @classmethod
+    def for_command(
+        cls,
+        cluster: Mapping[str, int],
+        *,
+        start_timeout_s: float | None,
+        expose: bool,
+        log_dir: str | None = None,
+        allow: Sequence[str] | None = None,
+        **options: Any,
+    ) -> SlurmFleet:
+        return cls(
+            cluster, start_timeout_s=start_timeout_s, log_dir=log_dir, allow=allow, **options
+        )
+
+    def __init__(
+        self,
+        cluster: str | Mapping[str, Any] | Cluster = "worker=2",
+        *,
+        jobs: Iterable[str] | None = None,
+        jobid: str | int | None = None,
+        start_timeout_s: float | None = None,
+        operation_timeout_ms: int | None = None,
+        expose: bool = True,
+        allow: Iterable[str] | str | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        step_prefix: str | None = None,
+    ) -> None:
+        expose = flag(expose, "expose")
+        if not expose:
+            raise ClusterSpecError(
+                "A Slurm fleet's servers listen on their nodes' addresses (members only): "
+                "expose=False cannot be kept on Slurm; drop it",
+                expose,
+            )
+        super().__init__()
+        self.expose = True
+        self.allow = parse_allow(allow)
+        self._wanted = _counts_or_cluster(cluster)
+        self._jobs = None if jobs is None else tuple(jobs)
+        self._env = dict(os.environ if env is None else env)
+        self.alloc: Allocation = allocation(jobid, self._env)  # checked before anything starts
+        self.cluster = self._place()
+        self.start_timeout_s = timeout_s(
+            start_timeout_s, "start_timeout_s", self.DEFAULT_START_TIMEOUT_S
+        )
+        self.operation_timeout_ms = timeout_ms(operation_timeout_ms, "operation_timeout_ms")
+        self.gpus = None
+        self._own_log_dir = log_dir is None
+        self.log_dir = "" if log_dir is None else os.fspath(log_dir)
+        self.prefix = step_prefix or f"graphdist-{secrets.token_hex(4)}-"
+        self._members = ",".join([*self.alloc.addresses.values(), *host_addresses(), *self.allow])
+
+    # -- where the servers go ------------------------------------------------------------------
+
+    def _place(self) -> Cluster:
+        if isinstance(self._wanted, Cluster):
+            return self._check_hosts(self._wanted)
+        names = [(job, i) for job in sorted(self._wanted) for i in range(self._wanted[job])]
+        dead = dead_nodes(self.alloc.nodes, self._env, self.alloc.addresses)
+        live = [n for n in self.alloc.nodes if n not in dead]
+        if not live:
+            raise ClusterSpecError(
+                f"Every node of Slurm {self.alloc.describe()} is down: {dead}", self._wanted
+            )
+        slots = [live[i % len(live)] for i in range(len(names))]
+        per_node: dict[str, int] = {}
+        for node in slots:
+            per_node[node] = per_node.get(node, 0) + 1
+        ports = free_ports(self.alloc, per_node, f"graphdist-{os.getpid()}-ports", self._env)
+        jobs: dict[str, list[str]] = {}
+        for (job, _), node in zip(names, slots, strict=True):
+            address = self.alloc.addresses[node]
+            host = f"[{address}]" if ":" in address else address
+            jobs.setdefault(job, []).append(f"{host}:{ports[node].pop(0)}")
+        return Cluster(jobs)
+
+    def _check_hosts(self, cluster: Cluster) -> Cluster:
+        by_address = {a: n for n, a in self.alloc.addresses.items()}
+        for task in cluster:
+            host = task.host.strip("[]")
+            if host not in self.alloc.nodes and host not in by_address:
+                raise ClusterSpecError(
+                    f"Task {task.name} is at {task.address}, which is not a node of Slurm "
+                    f"{self.alloc.describe()}; name one of them (by name or address: "
+                    f"{', '.join(f'{n}={a}' for n, a in self.alloc.addresses.items())})",
+                    task.address,
+                )
+        return cluster
+
+    def _node_of(self, task: Task) -> str:
+        host = task.host.strip("[]")
+        by_address = {a: n for n, a in self.alloc.addresses.items()}
+        return host if host in self.alloc.nodes else by_address[host]
+
+    # -- the backend's primitives --------------------------------------------------------------
+
+    def _serve_argv(self, task: SlurmTask) -> list[str]:
+        serve = [
+            sys.executable,
+            "-m",
+            "graphdist",
+            "serve",
+            "--cluster",
+            json.dumps(self.cluster.as_dict()),
+            "--job",
+            task.job,
+            "--task",
+            str(task.index),
+            "--allow",
+            self._members,
+        ]
+        return srun_argv(self.alloc.jobid, task.node, task.step, serve)
+
+    def _launch(self) -> None:
+        if self._own_log_dir:
+            self.log_dir = owned_temp_dir("fleet")
+        os.makedirs(self.log_dir, exist_ok=True)
+        jobs = self.cluster.jobs if self._jobs is None else self._jobs
+        for task in self.cluster:
+            if task.job not in jobs:
+                continue
+            handle = SlurmTask(
+                task,
+                self._node_of(task),
+                f"{self.prefix}{task.job}-{task.index}",
+                os.path.join(self.log_dir, f"{task.name}.log"),
+            )
+            self._tasks[(task.job, task.index)] = handle
+            handle._start(self._serve_argv(handle), self._env)
+
+    def _wait_ready(self, tasks: list[SlurmTask], timeout_s: float) -> None:
+        """Each step's ready line (``graphdist serve`` prints it once it checked where its
+        server listens), then a gRPC answer from every server; a step that ends first fails
+        the start with its log's last lines."""
+        deadline = time.monotonic() + timeout_s
+        waiting = list(tasks)
+        while waiting:
+            for task in list(waiting):
+                if task.pid is not None:
+                    waiting.remove(task)
+                elif not task.alive:
+                    raise FleetStartError(
+                        f"The Slurm step of {task.name} on node {task.node} ended "
+                        f"({task.exitcode}) before its server was ready; its last lines:\n"
+                        + "\n".join(f"    {line}" for line in task.log_tail()),
+                        task=task.name,
+                        address=task.address,
+                    )
+            if waiting and time.monotonic() > deadline:
+                self._wait_answering(waiting, 0.0, budget_s=timeout_s)  # raises, with counts
+            if waiting:
+                time.sleep(0.05)
+        self._wait_answering(tasks, max(0.1, deadline - time.monotonic()), budget_s=timeout_s)
+
+    def _check_listening(
+        self, task: SlurmTask, allowed: frozenset[str] | None, table: ListeningTable | None = None
+    ) -> None:
+        """Where a server on a node listens is checked on the node: ``graphdist serve`` reads its
+        own sockets and refuses to say it is ready unless its server listens on its task's
+        address only; its ready line is the proof (:meth:`_wait_ready` waited for it)."""
+        if task.pid is None:
+            raise FleetStartError(
+                f"The server of {task.name} never said where it listens; refusing it",
+                task=task.name,
+                address=task.address,
+            )
+
+    def _kill_task(self, task: SlurmTask, sig: int) -> None:
+        """``sig`` to the task's step through Slurm; with SIGKILL or SIGTERM, return once its
+        ``srun`` has ended (at most :data:`KILL_WAIT_S`)."""
+        name = signal.Signals(sig).name.removeprefix("SIG")
+        cancel_steps(self.alloc.jobid, task.step, signal_name=name, wait_s=0.0, env=self._env)
+        if sig in (signal.SIGKILL, signal.SIGTERM) and not task._wait(KILL_WAIT_S):
+            log.warning("The Slurm step of %r did not end within %g s", task, KILL_WAIT_S)
+
+    def _restart_task(self, task: SlurmTask) -> None:
+        if task.alive:
+            self._kill_task(task, signal.SIGKILL)
+        cancel_steps(self.alloc.jobid, task.step, env=self._env)
+        task.restarts += 1
+        task._start(self._serve_argv(task), self._env)
+
+    def _stop_tasks(self, tasks: list[SlurmTask], grace_s: float) -> None:
+        for task in tasks:
+            if task.alive and task._proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    task._proc.send_signal(signal.SIGTERM)  # srun forwards it to the server
+        deadline = time.monotonic() + grace_s
+        for task in tasks:
+            task._wait(max(0.0, deadline - time.monotonic()))
+        cancel_steps(self.alloc.jobid, self.prefix, env=self._env)
+        for task in tasks:
+            if task.alive and task._proc is not None:
+                task._proc.kill()
+            task._wait(KILL_WAIT_S)
+
+    def _teardown(self) -> None:
+        if self._own_log_dir and self.log_dir:
+            import shutil
+
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def _explain(self, task: SlurmTask, status: str, detail: str) -> tuple[str, str]:
+        """A failed task, told with its Slurm node (and the node's state, when Slurm says it is
+        lost: every task of this fleet on it is named)."""
+        try:
+            dead = dead_nodes([task.node], self._env, self.alloc.addresses)
+        except Exception:  # Slurm cannot be asked: say what is known
+            dead = {}
+        where = f"on Slurm node {task.node}"
+        if task.node not in dead:
+            return status, f"{detail}; {where}" if detail else where
+        on_it = [t.name for t in self._tasks.values() if t.node == task.node]
+        why = dead[task.node]
+        return DEAD, f"Slurm node {task.node} is lost ({why}); tasks on it: {', '.join(on_it)}"
+
+    def __repr__(self) -> str:
+        return f"<SlurmFleet {self.state.value} job {self.alloc.jobid} {self.cluster.as_dict()}>"
+
+
+register(SlurmFleet)

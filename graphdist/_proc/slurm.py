@@ -1,0 +1,352 @@
+"""Slurm, as graphdist's run backend and fleets use it: an allocation's nodes, which of them
+are alive, job steps started with ``srun`` on one node each, and steps cancelled by name.
+
+Everything goes through Slurm's own commands (``scontrol``, ``sinfo``, ``squeue``, ``srun``,
+``scancel``), with bounded timeouts, so graphdist works with any Slurm its user can reach, from
+inside an allocation (``sbatch``, ``salloc``) or from a host outside it (a login node, with the
+job's id). A step is named ``graphdist-TAG-TASK`` (``srun --job-name``), which is how leftovers
+are found and cancelled: a killed ``srun`` does not always take its step with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from graphdist._exceptions import ArgumentError
+
+__all__ = [
+    "JOBID_HELP",
+    "Allocation",
+    "allocation",
+    "cancel_steps",
+    "dead_nodes",
+    "free_ports",
+    "host_addresses",
+    "srun_argv",
+    "step_ids",
+]
+
+JOBID_HELP = (
+    "the Slurm job whose allocation runs the tasks (default: SLURM_JOB_ID, set inside salloc "
+    "and sbatch)"
+)
+"""The help of the ``jobid`` option of the Slurm backends (fleet and run)."""
+#: Seconds one query of Slurm's controller (scontrol, sinfo, squeue, scancel) may take.
+QUERY_TIMEOUT_S = 20.0
+#: Seconds the step that reserves ports on the nodes may take.
+PORTS_TIMEOUT_S = 60.0
+#: Node states in which a node runs nothing more (sinfo's short forms; ``*``: not responding).
+DEAD_STATES = ("down", "drain", "drng", "fail", "failg", "maint", "unk", "boot", "npc")
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A running Slurm job's allocation: its id, its nodes (Slurm's order) and their addresses."""
+
+    jobid: str
+    nodes: tuple[str, ...]
+    addresses: Mapping[str, str]
+
+    def describe(self) -> str:
+        return f"job {self.jobid} ({len(self.nodes)} node(s): {','.join(self.nodes)})"
+
+
+def _env(env: Mapping[str, str] | None) -> dict[str, str]:
+    return dict(os.environ if env is None else env)
+
+
+def _slurm(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """The output of a Slurm command; ArgumentError with its own words when it fails."""
+    try:
+        done = subprocess.run(
+            list(argv),
+            env=_env(env),
+            capture_output=True,
+            text=True,
+            timeout=QUERY_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except FileNotFoundError:
+        raise ArgumentError(
+            f"Slurm's {argv[0]} is not on PATH: run graphdist on a host of the Slurm cluster "
+            "(a login node, or inside salloc/sbatch)",
+            name="backend",
+            value="slurm",
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise ArgumentError(
+            f"Slurm's `{' '.join(argv)}` did not answer within {QUERY_TIMEOUT_S:g} s: is "
+            "slurmctld up (scontrol ping)?",
+            name="backend",
+            value="slurm",
+        ) from None
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        raise ArgumentError(
+            f"Slurm's `{' '.join(argv)}` failed: {said[-1] if said else done.returncode}",
+            name="backend",
+            value="slurm",
+        )
+    return done.stdout
+
+
+def expand_hostlist(hostlist: str, env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """``node[1-3]`` as ``("node1", "node2", "node3")``, by Slurm's own ``scontrol``."""
+    return tuple(_slurm(["scontrol", "show", "hostnames", hostlist], env).split())
+
+
+def _address(node: str) -> str:
+    try:
+        infos = socket.getaddrinfo(node, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ArgumentError(
+            f"Slurm node {node!r} does not resolve ({exc.strerror}) on this host; the run's "
+            "TF_CONFIG needs every node's address",
+            name="backend",
+            value=node,
+        ) from None
+    return str(infos[0][4][0])
+
+
+def allocation(jobid: object, env: Mapping[str, str] | None = None) -> Allocation:
+    """The allocation of running Slurm job ``jobid`` (``None``: ``SLURM_JOB_ID`` of ``env``);
+    ArgumentError, one line, when there is none, it is not running, or ``srun`` is missing."""
+    environ = _env(env)
+    if jobid is None:
+        jobid = environ.get("SLURM_JOB_ID")
+    if shutil.which("srun", path=environ.get("PATH", os.defpath)) is None:
+        raise ArgumentError(
+            "backend='slurm' needs Slurm's srun on PATH: run it on a host of the Slurm cluster "
+            "(inside salloc/sbatch, or a login node with jobid=)",
+            name="backend",
+            value="slurm",
+        )
+    if jobid is None:
+        raise ArgumentError(
+            "backend='slurm' runs inside a Slurm allocation, and SLURM_JOB_ID is not set: run "
+            "graphdist in an sbatch script or under salloc, or name the job with jobid=",
+            name="jobid",
+        )
+    text = str(jobid)
+    if not text.isascii() or not text.isdigit():
+        raise ArgumentError(
+            f"jobid must be a Slurm job's number, not {jobid!r}", name="jobid", value=jobid
+        )
+    fields = dict(
+        word.split("=", 1)
+        for word in _slurm(["scontrol", "show", "job", "--oneliner", text], environ).split()
+        if "=" in word
+    )
+    state = fields.get("JobState", "?")
+    if state != "RUNNING":
+        raise ArgumentError(
+            f"Slurm job {text} is {state}, not RUNNING: a run needs its allocation (salloc "
+            "waits for one)",
+            name="jobid",
+            value=jobid,
+        )
+    nodes = expand_hostlist(fields.get("NodeList", ""), environ)
+    if not nodes:
+        raise ArgumentError(f"Slurm job {text} has no nodes", name="jobid", value=jobid)
+    return Allocation(text, nodes, {n: _address(n) for n in nodes})
+
+
+def slurmd_port(env: Mapping[str, str] | None = None) -> int:
+    """The port every slurmd listens on (``SlurmdPort`` of Slurm's configuration)."""
+    for line in _slurm(["scontrol", "show", "config"], env).splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "SlurmdPort" and value.strip().isdigit():
+            return int(value.strip())
+    return 6818  # Slurm's default
+
+
+def dead_nodes(
+    nodes: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    addresses: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """``{node: why}`` for the nodes that run nothing more: those Slurm says are down, drained
+    or not responding (``*``), from one ``sinfo``, and (given their ``addresses``) those whose
+    slurmd refuses a connection now, which Slurm notices only after its pings time out (many
+    seconds): a lost node is found at once, as a Ray node by its raylet."""
+    out = _slurm(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t"], env)
+    dead: dict[str, str] = {}
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) == 2 and (words[1].endswith("*") or words[1].rstrip("*~#$@+") in DEAD_STATES):
+            dead[words[0]] = f"Slurm says {words[1]}"
+    if addresses:
+        port = slurmd_port(env)
+        for node in nodes:
+            if node in dead or node not in addresses:
+                continue
+            try:
+                socket.create_connection((addresses[node], port), timeout=1.0).close()
+            except OSError as exc:
+                dead[node] = f"its slurmd at {addresses[node]}:{port}: {exc.strerror or exc}"
+    return dead
+
+
+def srun_argv(
+    jobid: str, node: str, name: str, command: Sequence[str], *, grace_s: float = 2.0
+) -> list[str]:
+    """``srun`` of ``command`` as one task on ``node`` of job ``jobid``, a step named ``name``
+    that shares the allocation with the job's other steps (``--overlap``), whose output comes
+    back unbuffered, and whose tasks Slurm leaves alone when one fails (graphdist decides).
+    ``grace_s``: Slurm's wait between SIGTERM and SIGKILL when the step is cancelled."""
+    return [
+        "srun",
+        f"--jobid={jobid}",
+        f"--job-name={name}",
+        f"--nodelist={node}",
+        "--nodes=1",
+        "--ntasks=1",
+        "--overlap",
+        "--kill-on-bad-exit=0",
+        "--unbuffered",
+        "--quiet",
+        "--input=none",
+        f"--wait={max(1, int(grace_s))}",
+        *command,
+    ]
+
+
+def step_ids(
+    jobid: str,
+    prefix: str,
+    env: Mapping[str, str] | None = None,
+    *,
+    off: Collection[str] = (),
+) -> list[str]:
+    """The ids (``JOB.STEP``) of job ``jobid``'s steps whose name starts with ``prefix``, but
+    those on a node of ``off`` (lost nodes: Slurm ends their steps once it calls them down)."""
+    try:
+        out = _slurm(["squeue", "-h", "-s", "-j", jobid, "-o", "%i %j %N"], env)
+    except ArgumentError:  # the job is gone: so are its steps
+        return []
+    found = []
+    for words in (line.split() for line in out.splitlines()):
+        if len(words) >= 2 and words[1].startswith(prefix):
+            nodes = expand_hostlist(words[2], env) if len(words) > 2 and off else ()
+            if not set(nodes) & set(off):
+                found.append(words[0])
+    return found
+
+
+def cancel_steps(
+    jobid: str,
+    prefix: str,
+    *,
+    signal_name: str = "KILL",
+    wait_s: float = 10.0,
+    env: Mapping[str, str] | None = None,
+    lost: Collection[str] = (),
+) -> list[str]:
+    """Send ``signal_name`` to every step of ``jobid`` named ``prefix...`` and wait up to
+    ``wait_s`` for them to be gone, but for those on ``lost`` nodes (signalled, not waited
+    for: Slurm removes them once it calls the node down); the ids still there after that
+    (normally none)."""
+    steps = step_ids(jobid, prefix, env)
+    deadline = time.monotonic() + wait_s
+    while steps:
+        with contextlib.suppress(ArgumentError):
+            _slurm(["scancel", f"--signal={signal_name}", *steps], env)
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+        steps = step_ids(jobid, prefix, env, off=lost)
+    return steps
+
+
+_PORTS = (
+    "import socket\n"
+    "s=[socket.socket() for _ in range({k})]\n"
+    "[x.bind(('', 0)) for x in s]\n"
+    "print(socket.gethostname().split('.')[0], *[x.getsockname()[1] for x in s], flush=True)\n"
+)
+
+
+def free_ports(
+    alloc: Allocation,
+    per_node: Mapping[str, int],
+    name: str,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, list[int]]:
+    """``per_node[node]`` free ports on each node, found by one step on every node at once
+    (each binds port 0 and says which it got; taken again by the tasks a moment later)."""
+    nodes = [n for n in alloc.nodes if per_node.get(n)]
+    most = max(per_node.values())
+    argv = [
+        "srun",
+        f"--jobid={alloc.jobid}",
+        f"--job-name={name}",
+        f"--nodelist={','.join(nodes)}",
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes)}",
+        "--ntasks-per-node=1",
+        "--overlap",
+        "--quiet",
+        "--input=none",
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        _PORTS.format(k=most),
+    ]
+    try:
+        done = subprocess.run(
+            argv,
+            env=_env(env),
+            capture_output=True,
+            text=True,
+            timeout=PORTS_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        raise ArgumentError(
+            f"Slurm did not run graphdist's port step on {','.join(nodes)} within "
+            f"{PORTS_TIMEOUT_S:g} s",
+            name="backend",
+            value="slurm",
+        ) from None
+    found: dict[str, list[int]] = {}
+    for line in done.stdout.splitlines():
+        words = line.split()
+        if words and all(w.isdigit() for w in words[1:]):
+            found[words[0]] = [int(w) for w in words[1:]]
+    missing = [n for n in nodes if n not in found and n.split(".")[0] not in found]
+    if done.returncode != 0 or missing:
+        said = done.stderr.strip().splitlines()
+        raise ArgumentError(
+            f"Slurm could not run graphdist's port step on {','.join(missing or nodes)}"
+            + (f": {said[-1]}" if said else ""),
+            name="backend",
+            value="slurm",
+        )
+    return {n: found.get(n, found.get(n.split(".")[0], []))[: per_node[n]] for n in nodes}
+
+
+def host_addresses() -> list[str]:
+    """This host's own addresses (not loopback), which a run's servers on other nodes let in:
+    the launcher probes them, and may run on a login node outside the allocation."""
+    import psutil
+
+    found: list[str] = []
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            with contextlib.suppress(ValueError):
+                ip = ipaddress.ip_address(address.address.split("%", 1)[0])
+                if not ip.is_loopback and not ip.is_link_local and str(ip) not in found:
+                    found.append(str(ip))
+    return found

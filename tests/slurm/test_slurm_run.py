@@ -1,0 +1,364 @@
+"""``graphdist run --backend slurm`` on a real Slurm cluster (tests/slurmbed.py): the tasks are
+job steps on the allocation's nodes, restarted inside the same allocation (issue 37, point 3).
+
+The launcher runs on the bed's login host (the controller, outside every partition) with
+``--jobid`` of an allocation made by ``salloc --no-shell``, or inside an ``sbatch`` script."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.conftest import is_gone, wait_gone
+from tests.net.test_ray_hosts import _cmdline, _weights
+
+pytestmark = [pytest.mark.promise]
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLES = os.path.join(REPO, "examples")
+EPOCHS = 3
+QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+PRINT_CONFIG = (
+    "import json, os, socket; c = json.loads(os.environ['TF_CONFIG']); "
+    "print(json.dumps({'node': socket.gethostname(), 'task': c['task'], 'cluster': c['cluster'], "
+    "'restart': os.environ['GRAPHDIST_RESTART']}))"
+)
+
+
+def _graphdist(slurm: Any, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return slurm.run(
+        None, [sys.executable, "-m", "graphdist", *args], timeout=timeout, env=QUIET_TF
+    )
+
+
+def _run_jsonl(
+    slurm: Any, args: list[str], on_event: Callable[[dict[str, Any]], None], timeout: float = 300
+) -> tuple[int, list[dict[str, Any]], list[str]]:
+    """``graphdist run --backend slurm --output-format jsonl ARGS`` on the login host, each event
+    handed to ``on_event`` as it comes: its exit status, the events and every line."""
+    argv = [sys.executable, "-m", "graphdist", "run", "--backend", "slurm"]
+    driver = slurm.popen(
+        None,
+        [*argv, "--output-format", "jsonl", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=QUIET_TF,
+    )
+    assert driver.stdout is not None
+    events: list[dict[str, Any]] = []
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        for raw in driver.stdout:
+            lines.append(raw)
+            if raw.startswith("{"):
+                events.append(json.loads(raw))
+                on_event(events[-1])
+            assert time.monotonic() < deadline, "".join(lines[-60:])
+        code = driver.wait(60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(30)
+    return code, events, lines
+
+
+def _steps(slurm: Any, jobid: int, *, nodes: bool = False) -> list[str]:
+    """The graphdist steps of ``jobid`` in Slurm's queue (``nodes``: with their node list)."""
+    form = "%i %j %N" if nodes else "%i %j"
+    out = slurm.run(None, ["squeue", "-h", "-s", "-j", str(jobid), "-o", form]).stdout
+    return [line for line in out.splitlines() if "graphdist-" in line]
+
+
+@pytest.fixture
+def alloc(slurm: Any) -> Any:
+    """A 2-node allocation, cancelled after the test (and its processes checked gone)."""
+    jobid = slurm.salloc(2)
+    yield jobid
+    pids = slurm.job_pids(jobid)
+    slurm.scancel(jobid)
+    assert wait_gone(pids, 20) == []
+
+
+@pytest.mark.timeout(120)
+def test_each_task_runs_on_its_own_node_with_the_allocations_addresses(slurm, alloc):
+    result = _graphdist(
+        slurm, "run", "--backend", "slurm", "--jobid", str(alloc), "--workers", "2", "--",
+        sys.executable, "-c", PRINT_CONFIG,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [json.loads(ln.split("] ", 1)[1]) for ln in result.stdout.splitlines() if "] {" in ln]
+    assert sorted(r["task"]["index"] for r in rows) == [0, 1]
+    nodes = {r["task"]["index"]: r["node"] for r in rows}
+    job = slurm.job(alloc)
+    assert sorted(nodes.values()) == sorted(slurm.node(n).name for n in _expand(slurm, job))
+    addresses = rows[0]["cluster"]["worker"]
+    for i, address in enumerate(addresses):
+        assert address.startswith(slurm.node(nodes[i]).address + ":"), (address, nodes)
+    assert "graphdist: the run succeeded: 2 task(s) exited 0" in result.stdout
+    assert _steps(slurm, alloc) == []  # every step of the run is gone
+
+
+def _expand(slurm: Any, job: dict[str, str]) -> list[str]:
+    out = slurm.run(None, ["scontrol", "show", "hostnames", job["NodeList"]], check=True)
+    return out.stdout.split()
+
+
+@pytest.mark.timeout(120)
+def test_a_run_inside_an_sbatch_script_finds_its_allocation(slurm):
+    """No --jobid: SLURM_JOB_ID, set by sbatch, names the allocation; the batch script runs on
+    the allocation's first node, the launcher there."""
+    script = (
+        "#!/bin/bash\n"
+        f"export TF_CPP_MIN_LOG_LEVEL=2\n"
+        f"{sys.executable} -m graphdist run --backend slurm --workers 2 -- "
+        f'{sys.executable} -c "{PRINT_CONFIG}"\n'
+    )
+    jobid = slurm.sbatch(script, "-N", "2")
+    state = slurm.wait_job(jobid, ("COMPLETED", "FAILED", "CANCELLED"), timeout_s=90)
+    out = slurm.output(jobid)
+    assert state == "COMPLETED", out[-3000:]
+    rows = [json.loads(ln.split("] ", 1)[1]) for ln in out.splitlines() if "] {" in ln]
+    assert len({r["node"] for r in rows}) == 2, out[-3000:]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ([], "runs inside a Slurm allocation, and SLURM_JOB_ID is not set"),
+        (["--jobid", "999999"], "Slurm's `scontrol show job --oneliner 999999` failed"),
+        (["--jobid", "x1"], "--jobid must be a Slurm job's number"),
+        (["--workers", "3", "--jobid", "ALLOC"], "The run needs 3 task(s) and Slurm job"),
+        (["--ntasks-per-node", "0", "--jobid", "ALLOC"], "--ntasks-per-node must be"),
+    ],
+)
+def test_bad_slurm_runs_are_one_line_and_exit_2_with_nothing_started(slurm, alloc, args, words):
+    args = [str(alloc) if a == "ALLOC" else a for a in args]
+    result = _graphdist(slurm, "run", "--backend", "slurm", *args, "--", "true", timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 1 and words in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert _steps(slurm, alloc) == []
+    if "needs 3" in words:  # names the allocation's nodes
+        assert all(n in errors[0] for n in _expand(slurm, slurm.job(alloc))), errors[0]
+
+
+@pytest.mark.timeout(600)
+def test_a_worker_killed_on_its_node_restarts_in_the_allocation_with_the_same_weights(
+    slurm, alloc, tmp_path
+):
+    """The seeds' MWMS script, one worker per node. The command of worker-1 SIGKILLed on its
+    node after epoch 2: the group restarts inside the same allocation, resumes from the chief's
+    backup, and its final weights equal an uninterrupted local run's, bit for bit."""
+    script = os.path.join(EXAMPLES, "seed_mwms_training.py")
+    train = [sys.executable, script, "--epochs", str(EPOCHS), "--out"]
+    out = str(slurm.jobs_dir)
+    whole = subprocess.run(
+        [sys.executable, "-m", "graphdist", "run", "--workers", "2", "--", *train,
+         os.path.join(out, "whole")],
+        env={**os.environ, **QUIET_TF},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+    killed: list[int] = []
+    node_of: dict[str, str] = {}
+
+    def kill_after_epoch_2(event: dict[str, Any]) -> None:
+        if event.get("event") == "attempt-started" and not node_of:
+            node_of.update(event["nodes"])
+        text = event.get("text", "") if event.get("event") == "line" else ""
+        if not killed and event.get("task") == "worker-1" and text.startswith(f"epoch 2/{EPOCHS}"):
+            node = slurm.node(node_of["worker-1"])
+            killed.extend(p for p in node.pids() if _cmdline(p)[1:2] == [script])
+            os.kill(killed[0], signal.SIGKILL)
+
+    args = ["--jobid", str(alloc), "--workers", "2", "--max-restarts", "1", "--log-dir", out]
+    code, events, lines = _run_jsonl(
+        slurm, [*args, "--", *train, os.path.join(out, "killed")], kill_after_epoch_2
+    )
+    assert code == 0 and len(killed) == 1, "".join(lines[-60:])
+    started = [e for e in events if e.get("event") == "attempt-started"]
+    assert len(started) == 2 and all(e["backend"] == "slurm" for e in started), started
+    assert all(len(set(e["nodes"].values())) == 2 for e in started), started
+    restarting = [e for e in events if e.get("event") == "restarting"]
+    assert len(restarting) == 1 and restarting[0]["cause"]["task"] == "worker-1", restarting
+    assert "SIGKILL" in restarting[0]["cause"]["how"], restarting
+    assert any(e.get("event") == "resumed" for e in events), "".join(lines[-60:])
+    a = _weights(os.path.join(out, "whole", "weights-worker-0.npz"))
+    b = _weights(os.path.join(out, "killed", "weights-worker-0.npz"))
+    assert len(a) == 4 and all((x == y).all() for x, y in zip(a, b, strict=True))
+    assert _steps(slurm, alloc) == []
+    assert all(is_gone(p) for p in killed)
+
+
+@pytest.mark.timeout(300)
+def test_a_frozen_worker_is_found_from_the_login_host_and_its_step_cancelled(slurm, alloc):
+    """The launcher on the login host, outside the allocation: a worker SIGSTOPped on its node is
+    found by the heartbeat's probes (its node's server stops answering) within the timeout and a
+    few probes, its step is cancelled (SIGKILL reaches a stopped process), and the run restarts."""
+    code = (
+        "import os, time, tensorflow as tf, json\n"
+        "c = json.loads(os.environ['TF_CONFIG'])\n"
+        "t = c['task']\n"
+        "s = tf.distribute.Server(tf.train.ClusterSpec(c['cluster']), t['type'], t['index'])\n"
+        "print('serving', os.getpid(), flush=True)\n"
+        "if os.environ['GRAPHDIST_RESTART'] == '0': time.sleep(120)\n"
+    )
+    stopped: list[tuple[int, float]] = []
+    serving: dict[str, int] = {}
+    node_of: dict[str, str] = {}
+
+    def freeze_worker_1(event: dict[str, Any]) -> None:
+        if event.get("event") == "attempt-started" and not node_of:
+            node_of.update(event["nodes"])
+        text = event.get("text", "") if event.get("event") == "line" else ""
+        if event.get("attempt") == 1 and text.startswith("serving "):
+            serving[event["task"]] = int(text.split()[1])
+        if not stopped and len(serving) == 2:
+            time.sleep(1.0)  # the heartbeat has had an answer from each
+            os.kill(serving["worker-1"], signal.SIGSTOP)
+            stopped.append((serving["worker-1"], time.monotonic()))
+
+    args = ["--jobid", str(alloc), "--workers", "2", "--max-restarts", "1"]
+    code_, events, lines = _run_jsonl(
+        slurm, [*args, "--", sys.executable, "-c", code], freeze_worker_1
+    )
+    assert code_ == 0 and stopped, "".join(lines[-60:])
+    restarting = [e for e in events if e.get("event") == "restarting"]
+    assert len(restarting) == 1, "".join(lines[-60:])
+    cause = restarting[0]["cause"]
+    assert cause["task"] == "worker-1" and "frozen" in cause["how"], cause
+    assert wait_gone([stopped[0][0]], 10) == []
+    assert _steps(slurm, alloc) == []
+
+
+UP_THEN_SLEEP = (
+    "import os, time; print('up', flush=True); "
+    "time.sleep(60 * (os.environ['GRAPHDIST_RESTART'] == '0'))"
+)
+
+
+def _run_losing_worker_1s_node(slurm: Any, nodes: int) -> tuple[int, list[Any], list[str], Any]:
+    """A 2-worker run in an allocation of ``nodes`` nodes (``--no-kill``: a lost node does not
+    end the job) whose worker-1's node is lost (its slurmd and every process killed) once it
+    runs; the node is brought back after."""
+    jobid = slurm.salloc(nodes, "--no-kill")
+    lost: list[Any] = []
+    node_of: dict[str, str] = {}
+
+    def lose_worker_1s_node(event: dict[str, Any]) -> None:
+        if event.get("event") == "attempt-started" and not node_of:
+            node_of.update(event["nodes"])
+        text = event.get("text", "") if event.get("event") == "line" else ""
+        if not lost and event.get("task") == "worker-1" and text == "up":
+            lost.append(slurm.node(node_of["worker-1"]))
+            slurm.kill_node(lost[0])
+
+    try:
+        args = ["--jobid", str(jobid), "--workers", "2", "--max-restarts", "2"]
+        code, events, lines = _run_jsonl(
+            slurm, [*args, "--", sys.executable, "-c", UP_THEN_SLEEP], lose_worker_1s_node
+        )
+        assert lost, "".join(lines[-60:])
+        # every step is gone but those on the lost node: Slurm ends them once it calls it down
+        left = [s for s in _steps(slurm, jobid, nodes=True) if lost[0].name not in s]
+        assert left == [], left
+        return code, events, lines, lost[0]
+    finally:
+        for node in lost:
+            slurm.restart_node(node)
+        slurm.scancel(jobid)
+
+
+@pytest.mark.timeout(300)
+def test_a_lost_node_restarts_the_run_on_the_nodes_left(slurm):
+    code, events, lines, lost = _run_losing_worker_1s_node(slurm, 3)
+    assert code == 0, "".join(lines[-60:])
+    started = [e for e in events if e.get("event") == "attempt-started"]
+    assert len(started) == 2 and lost.name not in started[-1]["nodes"].values(), started
+
+
+@pytest.mark.timeout(300)
+def test_a_lost_node_ends_the_run_in_one_line_when_the_nodes_left_are_too_few(slurm):
+    """Two nodes for two tasks, one lost: the next attempt cannot be placed; the run ends at
+    once with one line naming the lost node, and its summary (not a wait on Slurm)."""
+    t0 = time.monotonic()
+    code, events, lines, lost = _run_losing_worker_1s_node(slurm, 2)
+    assert code == 1, "".join(lines[-60:])
+    ended = [e for e in events if e.get("event") == "run-ended"]
+    assert len(ended) == 1 and ended[0]["outcome"].startswith("failed"), ended
+    errors = [ln for ln in lines if ln.startswith("Error:")]
+    assert len(errors) == 1 and "cannot be placed" in errors[0] and lost.name in errors[0], lines
+    assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.timeout(300)
+def test_a_ps_run_on_slurm_survives_a_worker_server_killed_on_its_node(slurm, tmp_path):
+    """``--chief --ps 1 --workers 2`` on 3 nodes, 2 tasks a node at most: the coordinator a
+    step, the ps and worker servers ``graphdist serve`` steps (a SlurmFleet). A worker server
+    killed on its node mid-training is restarted on its node and port, the coordinator carries
+    on, and the run ends with the example's accuracy."""
+    jobid = slurm.salloc(3)
+    killed: list[int] = []
+    target: list[tuple[str, str]] = []
+
+    def kill_a_worker_server(event: dict[str, Any]) -> None:
+        if event.get("event") == "attempt-started" and not target:
+            target.append((event["nodes"]["worker-1"], event["cluster"]["worker"][1]))
+        text = event.get("text", "") if event.get("event") == "line" else ""
+        if not killed and target and text.startswith("step "):
+            node, address = target[0]
+            port = address.rsplit(":", 1)[1]
+            out = slurm.node(node).run(["ss", "-Hltnp", f"sport = :{port}"])
+            killed.append(int(out.stdout.split("pid=")[1].split(",")[0]))
+            os.kill(killed[0], signal.SIGKILL)
+
+    try:
+        args = ["--jobid", str(jobid), "--ntasks-per-node", "2", "--chief", "--ps", "1"]
+        args += ["--workers", "2", "--max-restarts", "2"]
+        args += ["--", sys.executable, os.path.join(EXAMPLES, "ps_training.py"), "--mode", "custom"]
+        code, events, lines = _run_jsonl(slurm, args, kill_a_worker_server)
+        assert code == 0 and len(killed) == 1, "".join(lines[-60:])
+        restarting = [e for e in events if e.get("event") == "restarting"]
+        assert restarting and restarting[0]["scope"] == "server", restarting
+        outcome = [
+            e for e in events if e.get("event") == "line" and "accuracy" in e.get("text", "")
+        ]
+        assert outcome and float(outcome[-1]["text"].split()[-1]) > 0.5, "".join(lines[-40:])
+        assert _steps(slurm, jobid) == []
+    finally:
+        slurm.scancel(jobid)
+
+
+@pytest.mark.timeout(300)
+def test_the_example_batch_script_trains_on_the_allocation(slurm):
+    """examples/slurm_mwms.sbatch as a user submits it: the seeds' MWMS training on two nodes,
+    one worker each, both workers' weights saved and the run's logs kept."""
+    with open(os.path.join(EXAMPLES, "slurm_mwms.sbatch")) as f:
+        script = f.read()
+    out = os.path.join(slurm.jobs_dir, "example")
+    script = script.replace("set -euo pipefail", f"set -euo pipefail\ncd {REPO}", 1)
+    env = f"export OUT={out} PYTHON={sys.executable} EPOCHS=1\n"
+    jobid = slurm.sbatch(script.replace("set -euo pipefail", env + "set -euo pipefail", 1))
+    state = slurm.wait_job(jobid, ("COMPLETED", "FAILED", "CANCELLED"), timeout_s=240)
+    text = slurm.output(jobid)
+    assert state == "COMPLETED", text[-3000:]
+    assert "graphdist: the run succeeded: 2 task(s) exited 0" in text, text[-3000:]
+    assert sorted(f for f in os.listdir(out) if f.startswith("weights-")) == [
+        "weights-worker-0.npz",
+        "weights-worker-1.npz",
+    ]
+    assert os.path.exists(os.path.join(out, "logs", "run-1", "summary.txt"))
