@@ -131,9 +131,15 @@ def test_eight_fleets_started_at_once_by_eight_processes_all_come_up(tmp_path):
 
 def _one_port() -> int:
     """A port that is free now, not reserved by this process."""
-    (port,) = pick_free_ports(1)
-    release_ports([port])
+    (port,) = _free_ports(1)
     return port
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct ports that are free now, not reserved by this process."""
+    picked = pick_free_ports(n)
+    release_ports(picked)
+    return picked
 
 
 def _lock_path(port: int) -> str:
@@ -242,6 +248,7 @@ def test_a_lock_whose_holder_wrote_nothing_is_read_briefly_then_named_nobody():
         ("999999999 picked", (None, None)),  # no such process
         ("{pid}", ("{pid}", None)),
         ("{pid} starting\n", ("{pid}", "starting")),
+        ("1 picked", (1, "picked")),  # init is a live process (a container's first one)
     ],
 )
 def test_what_a_holder_wrote_is_read_only_for_a_live_process(tmp_path, text, holder):
@@ -384,8 +391,8 @@ def test_a_missing_family_is_skipped_and_a_missing_address_is_no_conflict(monkey
 
 def test_a_claim_takes_over_this_processs_reservation_and_locks_any_other_port():
     a, b = object(), object()
-    (picked,) = pick_free_ports(1)
-    fresh = _one_port()
+    fresh, picked = _free_ports(2)
+    assert ports._reserve(picked)  # as pick_free_ports does
     try:
         assert ports.claim_ports([fresh, picked, fresh], a) is None
         assert ports._claims[fresh] == (a, "locked") and ports._claims[picked] == (a, "held")
@@ -436,3 +443,64 @@ def test_a_port_another_process_only_picked_is_this_fleets_to_serve():
         assert not _lockable(port)  # still the other process's
     finally:
         ports._unlock(fd)
+
+
+def test_a_garbled_kind_still_names_the_holder(tmp_path):
+    path = tmp_path / "lock"
+    path.write_bytes(f"{os.getpid()} pi\xffcked\n".encode("latin-1"))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert ports._written(fd) == (os.getpid(), "pi\ufffdcked")
+    finally:
+        os.close(fd)
+
+
+def test_a_new_lock_file_is_private(tmp_path, monkeypatch):
+    folder = tmp_path / "ports"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setattr(ports, "_lock_dir", lambda: str(folder))
+    fd, _holder = ports._lock_file(4242, "picked")
+    try:
+        assert stat.S_IMODE(os.stat(folder / "4242.lock").st_mode) == 0o600
+    finally:
+        assert fd is not None
+        ports._unlock(fd)
+
+
+def test_a_picked_port_is_marked_picked_and_a_release_drops_only_the_owners_claims():
+    (port,) = pick_free_ports(1)
+    try:
+        with open(_lock_path(port)) as f:
+            assert f.read() == f"{os.getpid()} picked\n"
+    finally:
+        release_ports([port])
+    a, b = object(), object()
+    theirs, mine = _free_ports(2)
+    try:
+        assert ports.claim_ports([theirs], b) is None
+        assert ports.claim_ports([mine], a) is None
+        release_ports([theirs, mine], owner=a)  # theirs first: skipped, and mine still released
+        assert mine not in ports._claims and mine not in ports._held and _lockable(mine)
+        assert ports._claims[theirs][0] is b
+    finally:
+        release_ports([theirs, mine], owner=a)
+        release_ports([theirs, mine], owner=b)
+
+
+def test_a_claim_that_fails_midway_keeps_nothing_and_raises(monkeypatch):
+    owner = object()
+    first, second = sorted(_free_ports(2))
+    checked: list[int] = []
+
+    def check(port):
+        checked.append(port)
+        if len(checked) > 1:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return True
+
+    monkeypatch.setattr(ports, "is_port_free", check)
+    with pytest.raises(OSError):
+        ports.claim_ports([second, first], owner)
+    assert checked == [first, second]  # in increasing order
+    assert first not in ports._claims and second not in ports._claims
+    assert _lockable(first) and _lockable(second)
