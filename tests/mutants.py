@@ -457,6 +457,13 @@ def record(results: Sequence[Result], page: Path) -> None:
             f"| `{r.module.path.removeprefix('graphdist/')}` | {r.total} | {r.killed} | "
             f"{100 * r.rate:.1f} % | {len(r.survivors) - len(r.missing)} | {len(r.missing)} |"
         )
+    killed, total = sum(r.killed for r in results), sum(r.total for r in results)
+    missing = sum(len(r.missing) for r in results)
+    equivalent = sum(len(r.survivors) for r in results) - missing
+    rows.append(
+        f"| all | {total} | {killed} | {100 * killed / max(total, 1):.1f} % | {equivalent} | "
+        f"{missing} |"
+    )
     rows += ["", "The equivalent mutants, each with why no test can tell it from the original:", ""]
     rows += ["| module | function | the mutated line | why it is equivalent |", "|---|---|---|---|"]
     for r in results:
