@@ -10,7 +10,8 @@ two ways, on one thread (:class:`Heartbeat`), every :data:`PROBE_INTERVAL_S`:
 
 - **stopped**: a process of the task in state ``T`` (stopped by a signal) in ``/proc/PID/stat``.
   The kernel shows it at once; a task stopped for ``timeout_s`` is frozen. (``t``, a debugger's
-  tracing stop, is left alone: someone is looking at it.)
+  tracing stop, is left alone: someone is looking at it; its server is not probed while it
+  shows ``t``, so its silence does not count either.)
 - **silent**: every MultiWorkerMirroredStrategy worker and ParameterServerStrategy task serves
   gRPC on its TF_CONFIG address from the moment its strategy is built, and answers
   ``WorkerService/GetStatus`` from TensorFlow's own gRPC threads in milliseconds, busy or not
@@ -192,15 +193,19 @@ class Heartbeat:
 
     def _look(self, task: _Watched, now: float) -> None:
         pids = task.pids()
-        stopped = pids is not None and any(process_state(pid) == "T" for pid in pids)
+        states = [] if pids is None else [process_state(pid) for pid in pids]
+        # ``t``: a debugger's tracing stop (``gdb -p``, a breakpoint), never a freeze; its
+        # server is as silent as a stopped one's, so it is not probed either
+        traced = "t" in states
+        stopped = not traced and "T" in states
         if not stopped:
             task.stopped_since = None
         elif task.stopped_since is None:
             task.stopped_since = now
         elif now - task.stopped_since >= self.timeout_s:
             task.frozen = f"stopped (state T) for {now - task.stopped_since:.1f} s"
-        if stopped:  # its state tells, and says why: its server's silence would say less;
-            # once it runs again, its silence counts from then (a short stop is no freeze)
+        if stopped or traced:  # its state tells, and says why: its server's silence would say
+            # less; once it runs again, its silence counts from then (a short stop is no freeze)
             if task.answered_at is not None:
                 task.answered_at, task.misses = now, []
             if task.inflight is not None:

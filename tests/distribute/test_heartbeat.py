@@ -7,7 +7,9 @@ a bare gRPC server that answers every call, as TensorFlow's answers GetStatus.""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -216,3 +218,158 @@ def test_a_stopped_server_is_named_by_its_state_and_a_short_stop_is_no_freeze(pr
         frozen = heartbeat.frozen()
     assert frozen["worker-1"].startswith("stopped (state T) for "), frozen
     release_ports([port])
+
+
+# -- issue 41: a debugger's tracing stop, and the miss count -----------------------------------
+
+_PTRACE_ATTACH, _PTRACE_DETACH, _WALL = 16, 17, 0x40000000
+
+
+def _ptrace(request: int, tid: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    libc.ptrace.restype = ctypes.c_long
+    if libc.ptrace(request, tid, None, None) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+
+
+def _attach_every_thread(pid: int) -> list[int]:
+    """What ``gdb -p PID`` does: PTRACE_ATTACH to every thread, each waited into its stop."""
+    attached: list[int] = []
+    while True:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        new = [t for t in tids if t not in attached]
+        if not new:
+            return attached
+        for tid in sorted(new, key=lambda t: t != pid):  # the leader first
+            try:
+                _ptrace(_PTRACE_ATTACH, tid)
+            except PermissionError as e:
+                for done in attached:
+                    _ptrace(_PTRACE_DETACH, done)
+                pytest.skip(f"ptrace not allowed here: {e}")
+            attached.append(tid)
+            os.waitpid(tid, _WALL)
+
+
+def _detach(tids: list[int]) -> None:
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):
+            _ptrace(_PTRACE_DETACH, tid)
+
+
+@pytest.mark.timeout(20)
+def test_a_debuggers_tracing_stop_is_no_freeze_but_a_signal_stop_is(processes):
+    """/proc state ``t`` (ptrace-attached, as ``gdb -p`` leaves a task) is left alone; ``T``
+    (SIGSTOP) is frozen after the timeout. Red if ``t`` were read as ``T``."""
+    traced, stopped = processes(["sleep", "60"]), processes(["sleep", "60"])
+    tids = _attach_every_thread(traced.pid)
+    try:
+        assert process_state(traced.pid) == "t"
+        stopped.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + EVENTUALLY_S
+        while process_state(stopped.pid) != "T":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        clock = Clock()
+        heartbeat = Heartbeat(2.0, clock=clock, thread=False)
+        heartbeat.watch("worker-1", None, lambda: [traced.pid])
+        heartbeat.watch("worker-2", None, lambda: [stopped.pid])
+        for clock.now in (0.0, 1.0, 2.0, 5.0, 10.0):
+            heartbeat.check()
+        assert heartbeat.frozen() == {"worker-2": "stopped (state T) for 2.0 s"}
+        heartbeat.close()
+    finally:
+        _detach(tids)
+
+
+@pytest.mark.timeout(30)
+def test_a_server_under_a_debugger_is_not_frozen_by_its_silence(processes):
+    """``gdb -p`` on a worker: every thread traced, so its server answers nothing, as a frozen
+    one; it is still no freeze (it was killed 3 s after the attach when only ``T`` counted),
+    and once the debugger detaches its silence counts afresh."""
+    [port] = pick_free_ports(1)
+    address = f"127.0.0.1:{port}"
+    server = processes([sys.executable, "-c", SERVER, address])
+    assert server.stdout is not None and server.stdout.readline() == "serving\n"
+    with Heartbeat(2.0, interval_s=0.2) as heartbeat:
+        heartbeat.watch("worker-1", address, lambda: [server.pid])
+        time.sleep(1.0)  # it answered
+        tids = _attach_every_thread(server.pid)
+        try:
+            assert process_state(server.pid) == "t"
+            time.sleep(3.5)  # well past the timeout, every probe unanswered
+            assert heartbeat.frozen() == {}
+        finally:
+            _detach(tids)
+        time.sleep(1.0)
+        assert heartbeat.frozen() == {}
+    release_ports([port])
+
+
+class _Probe:
+    """A stand-in probe in flight: ``answered`` None (no outcome yet), True, or False (its
+    deadline expired)."""
+
+    def __init__(self) -> None:
+        self.answered: bool | None = None
+
+    def done(self) -> bool:
+        return self.answered is not None
+
+    def cancel(self) -> None:
+        pass
+
+
+class _Prober:
+    """A stand-in for graphdist._net.probe.Prober: hands out :class:`_Probe`s."""
+
+    last_error = "DEADLINE_EXCEEDED: Deadline Exceeded"
+
+    def __init__(self) -> None:
+        self.sent: list[_Probe] = []
+        self._call = self
+
+    def future(self, request: bytes, timeout: float) -> _Probe:
+        self.sent.append(_Probe())
+        return self.sent[-1]
+
+    @staticmethod
+    def _outcome(probe: _Probe) -> bool:
+        return bool(probe.answered)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.timeout(10)
+def test_a_server_that_answered_is_frozen_at_misses_expired_probes_not_one_fewer():
+    """Answered once, then silent past the timeout: MISSES - 1 expired probes are no freeze,
+    MISSES are. Red for an off-by-one either way in the miss count."""
+    from graphdist._distribute.heartbeat import MISSES
+
+    clock = Clock()
+    heartbeat = Heartbeat(2.0, clock=clock, thread=False)
+    heartbeat.watch("worker-1", "127.0.0.1:1", lambda: None)
+    prober = _Prober()
+    heartbeat._tasks["worker-1"].prober = prober
+    heartbeat.check()  # t=0: the first probe
+    prober.sent[-1].answered = True
+    clock.now = 0.5
+    heartbeat.check()  # it answered: silent from 0.5
+    # MISSES - 1 probes expire, the last when it has been silent for the timeout (2.5 s): each
+    # expiry is a look that decides, none of them a freeze
+    for i in range(MISSES - 1):
+        prober.sent[-1].answered = False
+        clock.now = 2.5 - 0.1 * (MISSES - 2 - i)
+        heartbeat.check()
+        assert heartbeat.frozen() == {}, clock.now
+    assert len(prober.sent) == MISSES + 1
+    prober.sent[-1].answered = False  # the MISSES-th expires
+    clock.now = 2.7
+    heartbeat.check()
+    assert heartbeat.frozen() == {"worker-1": "its server at 127.0.0.1:1 did not answer for 2.2 s"}
+    heartbeat.close()
