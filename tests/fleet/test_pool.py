@@ -223,3 +223,25 @@ def test_servers_get_one_grpc_queue_per_cpu_and_an_empty_setting_is_none():
     ours, theirs, queues = map(int, result.stdout.split("THREADS", 1)[1].split())
     # one polling thread per queue (give or take gRPC's own few, started as it needs them)
     assert theirs - ours >= 64 - queues - 4, (ours, theirs, queues)
+
+
+@pytest.mark.timeout(10)
+def test_the_pool_holds_the_setting_or_the_most_servers_run_at_once_at_most_max_spares():
+    """The pool's size: max(GRAPHDIST_SPARES, the most servers run at once), at most
+    MAX_SPARES (32), none with 0. Red for an off-by-one at either bound."""
+    from graphdist._proc.forkserver_pool import _Pool
+
+    def target(spares: int, busiest: int) -> int:
+        pool = _Pool(spares)
+        pool.busiest = busiest
+        return pool.target()
+
+    assert target(DEFAULT_SPARES, 0) == DEFAULT_SPARES
+    assert target(8, 7) == 8 and target(8, 8) == 8 and target(8, 9) == 9
+    assert target(3, 12) == 12 and target(1, 1) == 1
+    assert target(1, MAX_SPARES - 1) == MAX_SPARES - 1
+    assert target(1, MAX_SPARES) == MAX_SPARES
+    assert target(1, MAX_SPARES + 1) == MAX_SPARES and target(8, 100) == MAX_SPARES
+    assert target(MAX_SPARES, 0) == MAX_SPARES and target(MAX_SPARES, MAX_SPARES + 5) == MAX_SPARES
+    assert target(0, 0) == 0 and target(0, 12) == 0  # 0: the pool is off, however busy
+    assert MAX_SPARES == 32

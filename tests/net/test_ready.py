@@ -130,3 +130,45 @@ def test_a_notice_from_a_process_a_task_no_longer_has_is_not_its_own():
     assert not local.pid_may_be(task, 40)  # the process it had before a restart
     task.pid = None
     assert local.pid_may_be(task, 40)  # its pid is still to come: any may be
+
+
+@pytest.mark.timeout(10)
+def test_a_start_takes_no_hint_from_a_notice_whose_pid_its_task_no_longer_has(tmp_path):
+    """The start's own hints (LocalFleet._wait_ready, with a stand-in for the fleet and its
+    probes): a notice naming a task but sent by a process that task no longer has (its process
+    before a restart) is no hint; its current pid's is, and any pid is while the task's pid is
+    still to come. Red if the start stopped checking the pid (or pid_may_be always said yes)."""
+
+    class Task:
+        def __init__(self, name, pid):
+            self.name, self.pid = name, pid
+
+        def forked(self):
+            return self.pid is not None
+
+    class Fleet:
+        def __init__(self, notices):
+            self._notices, self.hints = notices, None
+
+        def _confirm_started(self, ft):
+            pass
+
+        def _wait_answering(self, pending, timeout_s, *, each_round, may_answer, hints):
+            self.hints = hints
+
+    notices = ReadyNotices(str(tmp_path))
+    try:
+        fleet = Fleet(notices)
+        pending = [Task("local-0", 41), Task("local-1", None)]
+        local.LocalFleet._wait_ready(fleet, pending, 5.0)
+        assert fleet.hints is not None
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as raw:
+            raw.sendto(b"local-0 40", notices.path)  # local-0's process before a restart
+            raw.sendto(b"local-1 7", notices.path)  # local-1's pid is not read yet: may be
+            raw.sendto(b"ps-0 41", notices.path)  # no such task in this start
+        assert fleet.hints(5.0) == [1]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as raw:
+            raw.sendto(b"local-0 41", notices.path)
+        assert fleet.hints(5.0) == [0]
+    finally:
+        notices.close()
