@@ -10,7 +10,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint corners docs bench bench-full bench-smoke clean
+.PHONY: demo test lint corners docs bench bench-full bench-smoke mutants clean
 
 $(VENV)/.installed: setup.cfg setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ lint: $(VENV)/.test-installed
 test: lint
 	sh tests/slurm/install-slurm.sh
 	$(BIN)/pytest
+
+# Mutation testing of the pure modules (tests/mutants.py, mutmut): each module's mutants against
+# its own unit tests, every survivor printed with its diff; exits 1 on one docs/mutants.md does not
+# explain. RECORD=1 writes the record in docs/mutants.md.
+mutants: $(VENV)/.test-installed
+	$(BIN)/python -m tests.mutants $(if $(RECORD),--record docs/mutants.md)
 
 # The oldest and newest corners of the support matrix (Python 3.10 + TensorFlow 2.16, Python
 # 3.13 + TensorFlow 2.21), each in its own environment under .nox/; `$(BIN)/nox -l` lists all cells.

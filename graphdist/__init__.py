@@ -51,7 +51,11 @@ from graphdist._exceptions import (
 _LAZY: dict[str, tuple[str, ...]] = {
     "graphdist._cluster": ("Cluster", "Task"),
     "graphdist._distribute.launcher": ("TaskResult", "run_command", "run_function"),
-    "graphdist._distribute.resume": ("backup_and_restore", "resume_checkpoint"),
+    "graphdist._distribute.resume": (
+        "backup_and_restore",
+        "preemption_handler",
+        "resume_checkpoint",
+    ),
     "graphdist._distribute.strategy": (
         "checkpoint_dir",
         "global_batch_size",
@@ -95,7 +99,11 @@ if _TYPE_CHECKING:
     from graphdist._cluster import Cluster, Task
     from graphdist._detached.fleet import DetachedFleet, attach
     from graphdist._distribute.launcher import TaskResult, run_command, run_function
-    from graphdist._distribute.resume import backup_and_restore, resume_checkpoint
+    from graphdist._distribute.resume import (
+        backup_and_restore,
+        preemption_handler,
+        resume_checkpoint,
+    )
     from graphdist._distribute.strategy import (
         checkpoint_dir,
         global_batch_size,
@@ -223,6 +231,7 @@ __all__ = [
     "normalize_device",
     "parse_device",
     "parse_tf_config",
+    "preemption_handler",
     "resume_checkpoint",
     "run_command",
     "run_function",

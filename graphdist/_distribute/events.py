@@ -25,6 +25,7 @@ resumed            ``text``: what the attempt said it resumed from
 restarting         ``cause`` (the task, ``how``, ``ended_at_s``), ``wait_s``, ``scope`` ("run" or
                    "server"), ``decision`` (the restart policy's words)
 preempted          ``code`` (the preemption exit code every task exited with), ``decision``
+preemption-notice  ``signal`` (SIGUSR1: Slurm's warning), ``tasks`` (those sent SIGTERM)
 gave-up            ``cause`` as above, ``reason`` ("budget", "startup", "failed": no restarts
                    allowed), ``decision``
 run-ended          ``outcome`` ("succeeded", "failed", "timed out", "stopped by SIGTERM" ...),
@@ -60,6 +61,7 @@ __all__ = [
     "OutputLost",
     "Payload",
     "Preempted",
+    "PreemptionNotice",
     "Restarting",
     "Resumed",
     "RunEnded",
@@ -135,6 +137,17 @@ class Preempted:
 
 
 @dataclass(frozen=True)
+class PreemptionNotice:
+    """The launcher got a preemption notice (Slurm's warning signal, SIGUSR1): every task still
+    running was sent SIGTERM, so that TensorFlow's ``PreemptionCheckpointHandler`` saves and
+    exits with the preemption code (a preemption: the run goes on at once)."""
+
+    KIND: ClassVar[str] = "preemption-notice"
+    signal: str
+    tasks: list[str]
+
+
+@dataclass(frozen=True)
 class GaveUp:
     KIND: ClassVar[str] = "gave-up"
     cause: Cause
@@ -165,6 +178,7 @@ Payload = (
     | Resumed
     | Restarting
     | Preempted
+    | PreemptionNotice
     | GaveUp
     | RunEnded
     | OutputLost
@@ -178,6 +192,7 @@ _TYPES: dict[str, type[Any]] = {
         Resumed,
         Restarting,
         Preempted,
+        PreemptionNotice,
         GaveUp,
         RunEnded,
         OutputLost,
@@ -296,6 +311,16 @@ def render(event: Event, events: Sequence[Event] = ()) -> str | None:
                 "the coordinator carries on"
             )
         return f"graphdist: {_cause(data)}; every task was stopped; {data['decision']}"
+    if event.kind == "preemption-notice":
+        return (
+            f"graphdist: {data['signal']}, a preemption notice: sent SIGTERM to "
+            f"{', '.join(data['tasks']) or 'no task'} to save and exit with the preemption code"
+        )
+    if event.kind == "preempted" and str(data.get("decision", "")).startswith("the run ends"):
+        return (
+            f"graphdist: attempt {event.attempt} was preempted: every task exited with code "
+            f"{data['code']}; {data['decision']}"
+        )
     if event.kind == "preempted":
         return (
             f"graphdist: attempt {event.attempt} was preempted: every task exited with code "

@@ -43,11 +43,13 @@ servers that the strategies start are not reachable from the network either.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
+from graphdist._distribute.events import Preempted
 from graphdist._distribute.heartbeat import HEARTBEAT_TIMEOUT_S
 from graphdist._distribute.resume import RESUMED_PREFIX
 from graphdist._distribute.runbackends import check_options, run_backend
@@ -169,12 +171,12 @@ def run_command(
     procs: list[TaskProcess] = []
     engine = None
     try:
-        with SignalScope() as signals:
+        with SignalScope(notices=(signal.SIGUSR1,)) as signals:
             try:
                 engine = kind(spec)
                 return run_attempts(engine, procs, signals, run)
             except Interrupted as exc:  # the summary before the signal takes its course
-                run.end(f"stopped by {exc.name}", show=True)
+                run.end(_stopped(exc, procs, run), show=True)
                 raise
             except LaunchTimeoutError:
                 run.end(f"timed out after {spec.timeout_s:g} s", show=True)
@@ -192,6 +194,24 @@ def run_command(
             logs.close()
         if engine is not None:
             engine.close()
+
+
+def _stopped(exc: Interrupted, procs: Sequence[TaskProcess], run: RunState) -> str:
+    """The outcome of a run a stop signal ended. Every task exiting with the preemption code
+    (each saved its checkpoint: Slurm's scancel or requeue, a preempting job) is a preemption,
+    told as such: the job's next run resumes from there."""
+    codes = [p.result.exitcode for p in procs]
+    code = run.preemption_code
+    if code is not None and codes and all(c == code for c in codes):
+        run.emit(
+            Preempted(
+                code,
+                f"the run ends here (stopped by {exc.name}); a requeued job resumes from the "
+                "tasks' checkpoint",
+            )
+        )
+        return f"preempted (stopped by {exc.name})"
+    return f"stopped by {exc.name}"
 
 
 def run_function(

@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -197,6 +198,9 @@ class _RayTaskProcess(TaskOutput):
     def signal(self, sig: int) -> None:
         with contextlib.suppress(Exception):
             self.actor.signal.remote(sig)
+
+    def preempt(self) -> None:
+        self.signal(signal.SIGTERM)  # to its guard on the node: a stop with the guard's grace
 
     def finish(self) -> TaskResult:
         import ray

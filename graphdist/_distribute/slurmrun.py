@@ -29,6 +29,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -39,7 +40,13 @@ from graphdist._distribute.taskproc import GuardedTask, RunSink
 from graphdist._exceptions import ArgumentError, LaunchError
 from graphdist._net.loopback import shim_env
 from graphdist._net.members import members_env, parse_allow
-from graphdist._proc.process import NOW_SIGNAL, TASK_STOP_GRACE_S, guarded_argv
+from graphdist._proc.process import (
+    NOW_SIGNAL,
+    PREEMPT_SIGNAL,
+    STOP_GRACE_S,
+    TASK_STOP_GRACE_S,
+    guarded_argv,
+)
 from graphdist._proc.signals import SignalScope
 from graphdist._proc.slurm import (
     JOBID_HELP,
@@ -55,6 +62,9 @@ from graphdist._registry import Option
 from graphdist._validate import count
 
 __all__ = ["SlurmRun"]
+
+#: Seconds a cancelled step's srun gets to end by itself before its local guard is told to end it.
+SRUN_END_WAIT_S = 1.0
 
 
 def _host_port(address: str, port: int) -> str:
@@ -74,9 +84,23 @@ class _SlurmTask(GuardedTask):
     on its node. Its processes are the node's (the heartbeat probes its server instead); a
     SIGKILL (a frozen task, a broken attempt) cancels its step, which reaches a stopped one."""
 
-    def __init__(self, *args: Any, jobid: str, step: str, env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        task: Task,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        run: RunSink,
+        log_path: str | None,
+        *,
+        jobid: str,
+        step: str,
+        kill_wait_s: float,
+    ) -> None:
         self.jobid, self.step, self._slurm_env = jobid, step, env
-        super().__init__(*args)
+        self.stop_grace_s = kill_wait_s + TASK_STOP_GRACE_S  # a checkpoint's save, then reaping
+        # the local guard's grace too: Slurm's stop of the batch step (scancel, requeue) reaches
+        # it and srun as well, which must wait for the tasks' own exits
+        super().__init__(task, argv, env, run, log_path, grace_s=kill_wait_s + STOP_GRACE_S)
 
     def _line(self, raw: bytes, more: int) -> None:
         if raw.startswith(b"srun: error: Node failure on "):  # srun then exits 0 (Slurm 22.05)
@@ -95,9 +119,34 @@ class _SlurmTask(GuardedTask):
     def processes(self) -> list[int] | None:
         return None
 
+    def preempt(self) -> None:
+        """The notice to the guard on the node (``PREEMPT_SIGNAL``, through Slurm to every
+        process of the step, which only the guard does not ignore): it sends SIGTERM to the
+        command alone, once. A SIGTERM from Slurm to the whole step would be a cancel, and the
+        command would get it twice (Slurm's and the guard's)."""
+        if self.running():
+            name = signal.Signals(PREEMPT_SIGNAL).name.removeprefix("SIG")
+            cancel_steps(self.jobid, self.step, signal_name=name, wait_s=0.0, env=self._slurm_env)
+
     def signal(self, sig: int) -> None:
-        if sig in (signal.SIGKILL, NOW_SIGNAL) and self.running():
+        """A stop (SIGTERM, SIGINT, SIGHUP) goes to the step's processes on the node through
+        Slurm, as Slurm's own scancel would: srun is not cut off meanwhile, and the command gets
+        what the guard there grants it (Slurm's KillWait) to save and exit. SIGKILL and the
+        broken-attempt signal cancel the step, then end the local side."""
+        if not self.running():
+            return
+        if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            name = signal.Signals(sig).name.removeprefix("SIG")
+            cancel_steps(self.jobid, self.step, signal_name=name, wait_s=0.0, env=self._slurm_env)
+            return
+        if sig in (signal.SIGKILL, NOW_SIGNAL):
             cancel_steps(self.jobid, self.step, wait_s=0.0, env=self._slurm_env)
+            # srun ends with its step, which then leaves Slurm's queue at once; an srun killed
+            # first leaves its step listed ~2.3 s more (measured), which the next attempt waits
+            # out: give srun a moment to end by itself
+            deadline = time.monotonic() + SRUN_END_WAIT_S
+            while self.running() and time.monotonic() < deadline:
+                time.sleep(0.02)
         super().signal(sig)
 
 
@@ -159,13 +208,22 @@ class _SlurmPlacement:
         self, task: Task, env: Mapping[str, str], run: RunSink, log_path: str | None
     ) -> _SlurmTask:
         node_env = [f"{k}={v}" for k, v in self._node_env(task).items()]
-        on_node = ["env", *node_env, *guarded_argv(self.spec.command, name=task.name, parent=True)]
+        grace = max(STOP_GRACE_S, self.alloc.kill_wait_s)  # Slurm kills at KillWait anyway
+        guarded = guarded_argv(self.spec.command, grace_s=grace, name=task.name, parent=True)
+        on_node = ["env", *node_env, *guarded]
         step = self.prefix + task.name
         argv = srun_argv(
             self.alloc.jobid, self.nodes[task.name], step, on_node, grace_s=TASK_STOP_GRACE_S
         )
         return _SlurmTask(
-            task, argv, env, run, log_path, jobid=self.alloc.jobid, step=step, env=env
+            task,
+            argv,
+            env,
+            run,
+            log_path,
+            jobid=self.alloc.jobid,
+            step=step,
+            kill_wait_s=self.alloc.kill_wait_s,
         )
 
     def close(self) -> None:

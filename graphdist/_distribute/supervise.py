@@ -35,6 +35,7 @@ from graphdist._distribute.events import (
     Line,
     Payload,
     Preempted,
+    PreemptionNotice,
     Restarting,
     RunEnded,
     TaskExited,
@@ -279,9 +280,11 @@ def attempt(
 
 
 def end_tasks(procs: Sequence[TaskProcess], run: RunState) -> list[TaskResult]:
-    """The end of an attempt's command tasks, whatever ended it: those still running stopped,
-    every one finished, and its exit told (``task-exited``)."""
-    _stop([p for p in procs if p.running()], TASK_STOP_GRACE_S)
+    """The end of an attempt's command tasks, whatever ended it: those still running stopped
+    (with the grace a task asks for, ``stop_grace_s``: a Slurm step gets Slurm's KillWait to
+    save a checkpoint), every one finished, and its exit told (``task-exited``)."""
+    grace = max([TASK_STOP_GRACE_S, *(getattr(p, "stop_grace_s", 0.0) for p in procs)])
+    _stop([p for p in procs if p.running()], grace)
     results = [proc.finish() for proc in procs]
     for proc in procs:
         result = proc.result
@@ -364,6 +367,9 @@ def _watch(
 ) -> list[TaskResult]:
     deadline = run.deadline
     while True:
+        notice = signals.take_notice()
+        if notice is not None:
+            _forward_notice(procs, notice, run)
         frozen = {} if heartbeat is None else heartbeat.frozen()
         if fleet is not None:
             killed = _kill_frozen_servers(fleet, frozen)
@@ -404,6 +410,16 @@ def _watch(
             raise run.timed_out([p.finish() for p in procs], f"still running: {', '.join(running)}")
         with signals.interruptible():
             time.sleep(0.05)
+
+
+def _forward_notice(procs: Sequence[TaskProcess], notice: int, run: RunState) -> None:
+    """A preemption notice (Slurm's warning signal): SIGTERM to every task still running, as
+    TensorFlow's ``PreemptionCheckpointHandler`` expects it (it saves at a step the workers
+    agree on and exits with the preemption code: a preemption, restarted at once)."""
+    running = [p for p in procs if p.running()]
+    run.emit(PreemptionNotice(signal.Signals(notice).name, [p.result.name for p in running]))
+    for proc in running:
+        proc.preempt()
 
 
 def _all_preempted(procs: Sequence[TaskProcess], signals: SignalScope, run: RunState) -> bool:

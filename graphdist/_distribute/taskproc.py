@@ -108,6 +108,11 @@ class TaskProcess(Protocol):
 
     def signal(self, sig: int) -> None: ...
 
+    def preempt(self) -> None:
+        """SIGTERM to the task's command as a preemption notice (TensorFlow's preemption
+        handler saves and exits 42): not a stop, so no grace period runs out meanwhile."""
+        ...
+
     def finish(self) -> TaskResult: ...
 
 
@@ -187,6 +192,7 @@ class GuardedTask(TaskOutput):
         env: Mapping[str, str],
         run: RunSink,
         log_path: str | None = None,
+        grace_s: float = STOP_GRACE_S,
     ) -> None:
         self._start_output(task, run, log_path)
         self.mark = secrets.token_hex(12)  # every process of the task carries it (MARK_ENV)
@@ -195,7 +201,7 @@ class GuardedTask(TaskOutput):
         report_r, report_w = os.pipe2(os.O_CLOEXEC)
         try:
             self.proc = subprocess.Popen(
-                guarded_argv(argv, name=task.name, report_fd=report_w),
+                guarded_argv(argv, grace_s=grace_s, name=task.name, report_fd=report_w),
                 env={**env, MARK_ENV: self.mark},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -297,6 +303,18 @@ class GuardedTask(TaskOutput):
         for pid in targets:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
+
+    def preempt(self) -> None:
+        """SIGTERM to the command itself, which its guard reported; its guard keeps watching
+        (a stop would give the command only the guard's grace to save its checkpoint)."""
+        self._read_report()
+        if not self.running():
+            return
+        if self.command_pid is None:
+            self.signal(signal.SIGTERM)
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.command_pid, signal.SIGTERM)
 
     def finish(self) -> TaskResult:
         """The task's result, once its guard has exited: what the guard could not end (it was

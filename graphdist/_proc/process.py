@@ -78,7 +78,11 @@ _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 #: What tells a guard to end its task at once, without the grace period: its owner found the
 #: task's group broken (another task failed), where waiting would only delay the restart.
 NOW_SIGNAL = signal.SIGUSR1
-_GUARD_SIGNALS = _STOP_SIGNALS | {NOW_SIGNAL, signal.SIGCHLD}
+#: What tells a guard to pass a preemption notice on: SIGTERM to its command alone (TensorFlow's
+#: preemption handler saves on it), the guard going on watching. Slurm signals every process of
+#: a step, so a guard Slurm started (``parent``) runs its command with this signal ignored.
+PREEMPT_SIGNAL = signal.SIGUSR2
+_GUARD_SIGNALS = _STOP_SIGNALS | {NOW_SIGNAL, PREEMPT_SIGNAL, signal.SIGCHLD}
 
 
 class Stoppable(Protocol):
@@ -297,13 +301,18 @@ def guarded_argv(
 
 
 class _Guard:
-    def __init__(self, command: Sequence[str], grace_s: float) -> None:
+    def __init__(self, command: Sequence[str], grace_s: float, *, in_step: bool = False) -> None:
         self.command = list(command)
+        self.in_step = in_step  # started by Slurm's step daemon: signalled with its whole step
         self.grace_s = grace_s
         self.pid = os.getpid()
         self.child = 0
         self.status: int | None = None  # the command's wait status, once reaped
         self.now = False  # NOW_SIGNAL came: no grace period
+        # the stop signal reached every process of the task at once (Slurm signals a step's
+        # every process): sending it again would be a second SIGTERM, which TensorFlow's
+        # preemption handler, busy saving after the first, does not survive
+        self.signalled_together = False
 
     def reap(self) -> None:
         """Reap every child that has exited: the command, and orphans re-parented to us."""
@@ -332,6 +341,8 @@ class _Guard:
                     os._exit(128 + signal.SIGKILL)
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as subprocess's restore_signals
                     signal.signal(sig, signal.SIG_DFL)
+                if self.in_step:  # the notice meant for us reaches the command too
+                    signal.signal(PREEMPT_SIGNAL, signal.SIG_IGN)
                 signal.pthread_sigmask(signal.SIG_SETMASK, ())
                 os.execvp(self.command[0], self.command)
             except OSError as exc:
@@ -353,7 +364,8 @@ class _Guard:
     def end_tree(self) -> None:
         """SIGTERM every descendant, give them grace_s, then SIGKILL until none is left."""
         if not self.now:
-            self._send(signal.SIGTERM)
+            if not self.signalled_together:
+                self._send(signal.SIGTERM)
             self._wait(self.grace_s)
         deadline = time.monotonic() + KILL_WAIT_S
         while self._send(signal.SIGKILL) and time.monotonic() < deadline:
@@ -430,7 +442,7 @@ def _guard_main(args: Sequence[str]) -> int:
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     if os.getppid() != owner:  # the owner died before the death signal was armed
         return 128 + GUARD_DEATH_SIGNAL
-    guard = _Guard(command, grace_s)
+    guard = _Guard(command, grace_s, in_step=args[0] == "parent")
     failed = guard.spawn()
     if failed is not None:
         _report(report_fd, f"exit {failed} {time.monotonic()!r}")
@@ -442,8 +454,13 @@ def _guard_main(args: Sequence[str]) -> int:
         guard.reap()
         if info is not None and info.si_signo == NOW_SIGNAL:
             guard.now, stop = True, signal.SIGKILL
+        elif info is not None and info.si_signo == PREEMPT_SIGNAL:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(guard.child, signal.SIGTERM)
         elif info is not None and info.si_signo in _STOP_SIGNALS:
             stop = info.si_signo
+            # a guard Slurm started is signalled with its whole step (scancel, a requeue)
+            guard.signalled_together = guard.in_step and stop == signal.SIGTERM
         elif os.getppid() != owner:
             stop = GUARD_DEATH_SIGNAL
     ended_first = guard.status is not None

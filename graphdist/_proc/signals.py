@@ -53,26 +53,41 @@ class Interrupted(BaseException):
 
 class SignalScope:
     """``with SignalScope() as scope:`` defers SIGINT, SIGTERM and SIGHUP (see the module
-    docstring). Only the main thread can install handlers: elsewhere the scope does nothing and
+    docstring); ``notices`` (Slurm's SIGUSR1 warning, say) are signals that stop nothing: each
+    is kept in :attr:`notices` for the operation to act on (:meth:`take_notice`). Only the main
+    thread can install handlers: elsewhere the scope does nothing and
     the signals keep their handlers. A signal that is ignored (``nohup`` ignores SIGHUP) stays
     ignored, and so does one whose handler Python cannot restore (installed from C)."""
 
-    def __init__(self) -> None:
+    def __init__(self, notices: tuple[int, ...] = ()) -> None:
         self.received: list[int] = []
+        self.notices: list[int] = []  # signals of ``notices`` that arrived, not yet taken
+        self._notice_signals = notices
+        self._previous_notices: dict[int, Any] = {}
         self._previous: dict[int, Callable[[int, FrameType | None], Any] | int] = {}
         self._interruptible = 0
 
     def __enter__(self) -> SignalScope:
         if threading.current_thread() is not threading.main_thread():
             return self
-        for sig in STOP_SIGNALS:
-            previous = signal.getsignal(sig)
+        for stop in STOP_SIGNALS:
+            previous = signal.getsignal(stop)
             if previous is None or previous == signal.SIG_IGN:
                 continue
             with contextlib.suppress(ValueError, OSError):
-                signal.signal(sig, self._handler)
-                self._previous[sig] = previous
+                signal.signal(stop, self._handler)
+                self._previous[stop] = previous
+        for sig in self._notice_signals:  # taken, never delivered again: they stop nothing
+            with contextlib.suppress(ValueError, OSError):
+                self._previous_notices[sig] = signal.signal(sig, self._notice)
         return self
+
+    def _notice(self, signum: int, frame: FrameType | None) -> None:
+        self.notices.append(signum)
+
+    def take_notice(self) -> int | None:
+        """The first notice signal that arrived and was not taken yet (None: none did)."""
+        return self.notices.pop(0) if self.notices else None
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
@@ -104,6 +119,10 @@ class SignalScope:
         previous, self._previous = self._previous, {}
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        notices, self._previous_notices = self._previous_notices, {}
+        for sig, handler in notices.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(sig, handler)
         delivered = set()
         for sig in self.received:
             if sig in previous and sig not in delivered:

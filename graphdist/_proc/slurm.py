@@ -55,6 +55,7 @@ class Allocation:
     jobid: str
     nodes: tuple[str, ...]
     addresses: Mapping[str, str]
+    kill_wait_s: float = 30.0  # Slurm's KillWait: SIGTERM to SIGKILL when it ends a step
 
     def describe(self) -> str:
         return f"job {self.jobid} ({len(self.nodes)} node(s): {','.join(self.nodes)})"
@@ -157,16 +158,23 @@ def allocation(jobid: object, env: Mapping[str, str] | None = None) -> Allocatio
     nodes = expand_hostlist(fields.get("NodeList", ""), environ)
     if not nodes:
         raise ArgumentError(f"Slurm job {text} has no nodes", name="jobid", value=jobid)
-    return Allocation(text, nodes, {n: _address(n) for n in nodes})
+    kill_wait = float(_config("KillWait", 30, environ))
+    return Allocation(text, nodes, {n: _address(n) for n in nodes}, kill_wait)
+
+
+def _config(key: str, default: int, env: Mapping[str, str] | None = None) -> int:
+    """A whole-number setting of Slurm's configuration (``scontrol show config``)."""
+    for line in _slurm(["scontrol", "show", "config"], env).splitlines():
+        name, _, value = line.partition("=")
+        words = value.split()
+        if name.strip() == key and words and words[0].isdigit():
+            return int(words[0])
+    return default
 
 
 def slurmd_port(env: Mapping[str, str] | None = None) -> int:
-    """The port every slurmd listens on (``SlurmdPort`` of Slurm's configuration)."""
-    for line in _slurm(["scontrol", "show", "config"], env).splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "SlurmdPort" and value.strip().isdigit():
-            return int(value.strip())
-    return 6818  # Slurm's default
+    """The port every slurmd listens on (``SlurmdPort``; Slurm's default 6818)."""
+    return _config("SlurmdPort", 6818, env)
 
 
 def dead_nodes(
