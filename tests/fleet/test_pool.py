@@ -8,6 +8,7 @@ killing an owner must not touch the test process's own fleets."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import textwrap
 
@@ -245,3 +246,52 @@ def test_the_pool_holds_the_setting_or_the_most_servers_run_at_once_at_most_max_
     assert target(MAX_SPARES, 0) == MAX_SPARES and target(MAX_SPARES, MAX_SPARES + 5) == MAX_SPARES
     assert target(0, 0) == 0 and target(0, 12) == 0  # 0: the pool is off, however busy
     assert MAX_SPARES == 32
+
+
+# A fork server's stand-in (no TensorFlow): it forks a spare that does what a pool's spare does
+# first (server.prepare_spare, tied to OWNER), and stays alive.
+SPARE = textwrap.dedent(
+    """
+    import os, sys, time
+    from graphdist._proc import forkserver_exit, server
+    forkserver_exit._OWNER = int(sys.argv[1])
+    if os.fork() == 0:
+        server.prepare_spare()
+        print("SPARE", os.getpid(), flush=True)
+        time.sleep(60)
+        os._exit(0)
+    time.sleep(60)
+    """
+)
+
+
+@pytest.mark.timeout(30)
+def test_a_spare_dies_with_its_owner_while_its_fork_server_lives_on():
+    """The owner is not the spare's parent: its death signal covers the fork server only, so the
+    spare's own owner watch must end it. Here the fork server lives on (SIGSTOPped, as a
+    debugger or a swapped-out fork server would be) when the owner dies: the spare is gone all
+    the same. Red if prepare_spare no longer watched the owner (its pidfd)."""
+    import subprocess
+
+    owner = subprocess.Popen(["sleep", "60"])
+    fork_server = start_python("-c", SPARE, str(owner.pid))
+    spare = None
+    try:
+        assert fork_server.stdout is not None
+        line = fork_server.stdout.readline()
+        assert line.startswith("SPARE "), (line, fork_server.communicate(timeout=10))
+        spare = int(line.split()[1])
+        assert not is_gone(spare)
+        fork_server.send_signal(signal.SIGSTOP)
+        owner.kill()
+        owner.wait()
+        assert wait_gone([spare], 5.0) == [], "the spare outlived its owner"
+        assert fork_server.poll() is None  # its fork server is still there
+    finally:
+        owner.kill()
+        owner.wait()
+        if spare is not None and not is_gone(spare):
+            os.kill(spare, signal.SIGKILL)
+        fork_server.send_signal(signal.SIGCONT)
+        fork_server.kill()
+        fork_server.wait(10)
