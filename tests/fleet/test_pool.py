@@ -7,6 +7,7 @@ killing an owner must not touch the test process's own fleets."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -295,3 +296,36 @@ def test_a_spare_dies_with_its_owner_while_its_fork_server_lives_on():
         fork_server.send_signal(signal.SIGCONT)
         fork_server.kill()
         fork_server.wait(10)
+
+
+@pytest.mark.timeout(180)
+def test_a_pools_spares_die_with_their_owner_while_the_fork_server_is_stopped(monkeypatch):
+    """The real pool: its fork server SIGSTOPped (alive, so no spare's death signal fires, and
+    its own owner watch cannot run) when the owner is SIGKILLed: every spare is gone all the
+    same, each by its own owner watch. Red if a spare skipped prepare_spare or its pidfd watch."""
+    monkeypatch.setenv(SPARES_ENV, "2")
+    proc = start_python("-c", OWNER.replace("wait_spares(3)", "wait_spares(2)"))
+    fork_server = None
+    pids: list[int] = []
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.communicate(timeout=30)
+        fork_server, *pids = json.loads(line)
+        spares = pids[2:]
+        assert len(spares) == 2 and not any(is_gone(p) for p in [fork_server, *pids])
+        os.kill(fork_server, signal.SIGSTOP)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        assert wait_gone(spares, 5.0) == [], "spares outlived their owner"
+        assert not is_gone(fork_server)  # stopped, not gone: nothing else ended them
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        for pid in [*pids, fork_server]:
+            if pid is not None and not is_gone(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+                    os.kill(pid, signal.SIGKILL)
+    assert wait_gone([p for p in [*pids, fork_server] if p is not None], EVENTUALLY_S) == []
