@@ -5,6 +5,7 @@ tests/net/test_ray_hosts.py."""
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import json
 import os
 import subprocess
@@ -84,3 +85,32 @@ def test_a_working_dir_is_shipped_to_the_tasks(tmp_path: Any) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "[worker-0] hello from the shipped folder" in result.stdout
+
+
+LISTEN_TASK = (
+    "import json, os\n"
+    "import tensorflow as tf\n"
+    "from graphdist._net.exposure import listening_sockets\n"
+    "c = json.loads(os.environ['TF_CONFIG'])\n"
+    "t = c['task']\n"
+    "s = tf.distribute.Server(tf.train.ClusterSpec(c['cluster']), t['type'], t['index'])\n"
+    "print('LISTENING', json.dumps(sorted(set(h for h, _ in listening_sockets(os.getpid())))))\n"
+)
+
+
+@pytest.mark.promise
+@pytest.mark.timeout(180)
+def test_a_ray_run_tasks_server_listens_on_loopback_only() -> None:
+    """Where a Ray run's task really listens, read from the OS in the task's own process: its
+    server (TensorFlow binds every interface by default) is held to loopback by the bind shim
+    the task inherits on its node. Red when the actor drops the shim (planted: _CommandActor
+    without shim_env), which bound 0.0.0.0."""
+    result = _graphdist(
+        "run", "--backend", "ray", "--workers", "1", "--", sys.executable, "-c", LISTEN_TASK
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    [line] = [ln for ln in result.stdout.splitlines() if "LISTENING" in ln]
+    hosts = json.loads(line.split("LISTENING ", 1)[1])
+    ips = [ipaddress.ip_address(h) for h in hosts]
+    mapped = [getattr(ip, "ipv4_mapped", None) or ip for ip in ips]  # ::ffff:127.0.0.1 too
+    assert mapped and all(ip.is_loopback for ip in mapped), hosts
