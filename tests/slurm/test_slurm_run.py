@@ -218,6 +218,7 @@ def test_a_frozen_worker_is_found_from_the_login_host_and_its_step_cancelled(slu
         "if os.environ['GRAPHDIST_RESTART'] == '0': time.sleep(120)\n"
     )
     stopped: list[tuple[int, float]] = []
+    noticed: list[float] = []
     serving: dict[str, int] = {}
     node_of: dict[str, str] = {}
 
@@ -231,6 +232,8 @@ def test_a_frozen_worker_is_found_from_the_login_host_and_its_step_cancelled(slu
             time.sleep(1.0)  # the heartbeat has had an answer from each
             os.kill(serving["worker-1"], signal.SIGSTOP)
             stopped.append((serving["worker-1"], time.monotonic()))
+        if event.get("event") == "restarting" and not noticed:
+            noticed.append(time.monotonic())
 
     args = ["--jobid", str(alloc), "--workers", "2", "--max-restarts", "1"]
     code_, events, lines = _run_jsonl(
@@ -241,6 +244,8 @@ def test_a_frozen_worker_is_found_from_the_login_host_and_its_step_cancelled(slu
     assert len(restarting) == 1, "".join(lines[-60:])
     cause = restarting[0]["cause"]
     assert cause["task"] == "worker-1" and "frozen" in cause["how"], cause
+    # the heartbeat's 3 s and its probes, not TensorFlow's own ~12 s (TF_FACTS)
+    assert noticed[0] - stopped[0][1] < 8.0, noticed[0] - stopped[0][1]
     assert wait_gone([stopped[0][0]], 10) == []
     assert _steps(slurm, alloc) == []
 
