@@ -84,6 +84,10 @@ KILL_WAIT_S = 5  # SIGTERM to SIGKILL, at scancel and at the time limit
 START_S = 60.0
 COMMAND_S = 60.0
 GONE_S = 10.0
+# How long close() waits for the last processes of the hosts, SIGKILLed, to be gone: longer than
+# GONE_S, as one clean-clone CI run on a busy machine had one still there after 10 s (which, its
+# state and command line now in the message, a leak would show after this wait too).
+LEFT_WAIT_S = 30.0
 POLL_S = 0.05
 PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 # What Slurm's commands read from the environment: none of the caller's reaches the bed.
@@ -147,6 +151,18 @@ def _folder_pids(folder: str) -> list[int]:
         except psutil.Error:
             continue
     return [pid for pid in found if pid != os.getpid()]
+
+
+def _described(pids: Iterable[int]) -> str:
+    """Each pid's state and command line, for a message about processes left behind."""
+    words = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            words.append(f"{pid} {proc.status()} {' '.join(proc.cmdline())[:200]!r}")
+        except psutil.Error:
+            words.append(f"{pid} gone")
+    return "; ".join(words)
 
 
 def _kill_all(pids_of: Callable[[], Iterable[int]], timeout_s: float = GONE_S) -> list[int]:
@@ -806,9 +822,9 @@ class SlurmBed:
                 proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=GONE_S)
-        alive = wait_gone(seen, GONE_S)
+        alive = wait_gone(seen, LEFT_WAIT_S)
         if alive:
-            left.append(f"processes {alive}")
+            left.append(f"processes {alive} ({_described(alive)})")
         if os.path.exists(self.folder):
             try:
                 _kill_all(lambda: _folder_pids(self.folder))
