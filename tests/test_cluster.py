@@ -505,7 +505,11 @@ def test_a_path_that_cannot_be_opened_is_named_with_the_reason(tmp_path):
     assert message.startswith("Cannot read cluster file '/aaa") and "..." in message
     assert message.endswith(": File name too long")
     nul = os.path.join(str(tmp_path), "a\0b.json")
-    assert _refusal(nul) == (f"Cannot read cluster file {nul!r}: embedded null byte", nul)
+    message, value = _refusal(nul)
+    # Python's own words: "embedded null byte" (3.10-3.12), "open: embedded null character in
+    # path" (3.13)
+    assert message.startswith(f"Cannot read cluster file {nul!r}: ") and "embedded null" in message
+    assert value == nul
 
 
 def test_an_index_of_exactly_int32s_largest_is_kept():
