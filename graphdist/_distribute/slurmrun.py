@@ -156,7 +156,7 @@ class _SlurmPlacement:
         self.prefix = f"graphdist-{tag}-{attempt}-"
         per_node = int(spec.options["ntasks_per_node"])
         env = spec.base_env
-        dead = dead_nodes(alloc.nodes, env, alloc.addresses)
+        dead = dead_nodes(alloc.nodes, env, alloc)
         live = [n for n in alloc.nodes if n not in dead]
         names = [(job, i) for job in sorted(spec.jobs) for i in range(spec.jobs[job])]
         if len(live) * per_node < len(names):
@@ -230,7 +230,7 @@ class _SlurmPlacement:
         env = self.spec.base_env
         lost: dict[str, str] = {}
         with contextlib.suppress(ArgumentError):
-            lost = dead_nodes(self.alloc.nodes, env, self.alloc.addresses)
+            lost = dead_nodes(self.alloc.nodes, env, self.alloc)
         left = cancel_steps(self.alloc.jobid, self.prefix, env=env, lost=lost)
         if left:
             print(

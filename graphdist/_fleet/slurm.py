@@ -238,7 +238,7 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         if isinstance(self._wanted, Cluster):
             return self._check_hosts(self._wanted)
         names = [(job, i) for job in sorted(self._wanted) for i in range(self._wanted[job])]
-        dead = dead_nodes(self.alloc.nodes, self._env, self.alloc.addresses)
+        dead = dead_nodes(self.alloc.nodes, self._env, self.alloc)
         live = [n for n in self.alloc.nodes if n not in dead]
         if not live:
             raise ClusterSpecError(
@@ -386,7 +386,7 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         """A failed task, told with its Slurm node (and the node's state, when Slurm says it is
         lost: every task of this fleet on it is named)."""
         try:
-            dead = dead_nodes([task.node], self._env, self.alloc.addresses)
+            dead = dead_nodes([task.node], self._env, self.alloc)
         except Exception:  # Slurm cannot be asked: say what is known
             dead = {}
         where = f"on Slurm node {task.node}"

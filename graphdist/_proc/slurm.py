@@ -56,6 +56,7 @@ class Allocation:
     nodes: tuple[str, ...]
     addresses: Mapping[str, str]
     kill_wait_s: float = 30.0  # Slurm's KillWait: SIGTERM to SIGKILL when it ends a step
+    slurmd_port: int = 6818  # SlurmdPort: where each node's slurmd listens
 
     def describe(self) -> str:
         return f"job {self.jobid} ({len(self.nodes)} node(s): {','.join(self.nodes)})"
@@ -158,32 +159,34 @@ def allocation(jobid: object, env: Mapping[str, str] | None = None) -> Allocatio
     nodes = expand_hostlist(fields.get("NodeList", ""), environ)
     if not nodes:
         raise ArgumentError(f"Slurm job {text} has no nodes", name="jobid", value=jobid)
-    kill_wait = float(_config("KillWait", 30, environ))
-    return Allocation(text, nodes, {n: _address(n) for n in nodes}, kill_wait)
+    config = _numbers(environ)  # one read of Slurm's configuration for the whole run
+    return Allocation(
+        text,
+        nodes,
+        {n: _address(n) for n in nodes},
+        float(config.get("KillWait", 30)),
+        config.get("SlurmdPort", 6818),
+    )
 
 
-def _config(key: str, default: int, env: Mapping[str, str] | None = None) -> int:
-    """A whole-number setting of Slurm's configuration (``scontrol show config``)."""
+def _numbers(env: Mapping[str, str] | None = None) -> dict[str, int]:
+    """The whole-number settings of Slurm's configuration (``scontrol show config``)."""
+    found = {}
     for line in _slurm(["scontrol", "show", "config"], env).splitlines():
         name, _, value = line.partition("=")
         words = value.split()
-        if name.strip() == key and words and words[0].isdigit():
-            return int(words[0])
-    return default
-
-
-def slurmd_port(env: Mapping[str, str] | None = None) -> int:
-    """The port every slurmd listens on (``SlurmdPort``; Slurm's default 6818)."""
-    return _config("SlurmdPort", 6818, env)
+        if words and words[0].isdigit():
+            found[name.strip()] = int(words[0])
+    return found
 
 
 def dead_nodes(
     nodes: Sequence[str],
     env: Mapping[str, str] | None = None,
-    addresses: Mapping[str, str] | None = None,
+    alloc: Allocation | None = None,
 ) -> dict[str, str]:
     """``{node: why}`` for the nodes that run nothing more: those Slurm says are down, drained
-    or not responding (``*``), from one ``sinfo``, and (given their ``addresses``) those whose
+    or not responding (``*``), from one ``sinfo``, and (given their ``alloc``) those whose
     slurmd refuses a connection now, which Slurm notices only after its pings time out (many
     seconds): a lost node is found at once, as a Ray node by its raylet."""
     out = _slurm(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t"], env)
@@ -192,8 +195,8 @@ def dead_nodes(
         words = line.split()
         if len(words) == 2 and (words[1].endswith("*") or words[1].rstrip("*~#$@+") in DEAD_STATES):
             dead[words[0]] = f"Slurm says {words[1]}"
-    if addresses:
-        port = slurmd_port(env)
+    if alloc is not None:
+        addresses, port = alloc.addresses, alloc.slurmd_port
         for node in nodes:
             if node in dead or node not in addresses:
                 continue
