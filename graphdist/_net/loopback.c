@@ -34,10 +34,18 @@
  *            wildcard) is reachable from other machines. With GRAPHDIST_ALLOW set, a peer from
  *            another machine is let in only if its address is in that comma-separated list of
  *            addresses and CIDR networks (the cluster's own hosts and what the user allowed); an
- *            empty list lets in no other machine, an unparsable entry matches nothing (fail
- *            closed). A refused peer is logged on stderr with its address (once per address and
- *            ten seconds). The list is read at each accept, so a forked child may set it.
- *            graphdist_members() lets the server's process check that this is in force.
+ *            empty list lets in no other machine, an unparsable entry matches nothing, and so
+ *            does an entry that holds every IPv4 address however it is spelled (a /0,
+ *            ::ffff:0:0/96, ::/80 ...). Without GRAPHDIST_ALLOW no other machine is let in at
+ *            all (fail closed: an environment that lost the list, a server bound to a host
+ *            address by itself, GRAPHDIST_BIND_ADDR="*" alone). The list is read at each
+ *            accept, so a forked child may set it. graphdist_members() lets the server's
+ *            process check that this is in force.
+ *
+ * the log    A refused peer is logged on stderr with its address, bounded whatever the peers do:
+ *            at most one line per address per LOG_INTERVAL_S (the last LOG_SLOTS addresses are
+ *            remembered) and LOG_CAP lines per interval in all; the refusals left unsaid are
+ *            counted in one line when the next interval starts.
  *
  * constructor  Removes this library from LD_PRELOAD (keeping the user's other entries) unless
  *            GRAPHDIST_SHIM_INHERIT=1, so the programs a server starts do not get the shim. The
@@ -283,8 +291,20 @@ static void map_v4(struct in6_addr *out, const struct in_addr *a) {
 
 /* ---- members only: which other machines may connect ---------------------------------------- */
 
+/* Whether the first `bits` bits of a and b are the same. */
+static int same_prefix(const struct in6_addr *a, const struct in6_addr *b, long bits) {
+    for (long i = 0; i < 16; i++) {
+        long keep = bits - 8 * i; /* bits of byte i that must match */
+        if (keep <= 0) break;
+        unsigned char mask = keep >= 8 ? 0xff : (unsigned char)(0xff << (8 - keep));
+        if ((a->s6_addr[i] & mask) != (b->s6_addr[i] & mask)) return 0;
+    }
+    return 1;
+}
+
 /* Whether the 16-byte address `peer` (IPv6, v4-mapped for IPv4) lies in the entry `text`
- * ("10.0.0.3", "10.0.0.0/24", "fd00::/64"): 1 yes, 0 no, -1 unparsable. */
+ * ("10.0.0.3", "10.0.0.0/24", "fd00::/64"): 1 yes, 0 no, -1 unparsable or holding every IPv4
+ * address (matches nothing). */
 static int in_entry(const char *text, size_t n, const struct in6_addr *peer) {
     char buf[64];
     if (n == 0 || n >= sizeof buf) return -1;
@@ -311,13 +331,11 @@ static int in_entry(const char *text, size_t n, const struct in6_addr *peer) {
     } else {
         return -1;
     }
-    for (long i = 0; i < 16; i++) {
-        long keep = bits - 8 * i; /* bits of byte i that must match */
-        if (keep <= 0) break;
-        unsigned char mask = keep >= 8 ? 0xff : (unsigned char)(0xff << (8 - keep));
-        if ((peer->s6_addr[i] & mask) != (net.s6_addr[i] & mask)) return 0;
-    }
-    return 1;
+    /* A network that holds every IPv4 address lets in every IPv4 machine: parse_allow refuses
+     * it, and so does the matcher, which sees IPv4 as ::ffff:0:0/96. */
+    static const struct in6_addr all_v4 = {{{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0}}};
+    if (bits <= 96 && same_prefix(&all_v4, &net, bits)) return -1;
+    return same_prefix(peer, &net, bits);
 }
 
 /* Walk GRAPHDIST_ALLOW: the number of entries (-1 if one is unparsable, -2 if unset); with
@@ -355,27 +373,101 @@ static void peer_text(const struct ends *e, char *out, size_t size) {
         inet_ntop(AF_INET6, &e->peer6, out, (socklen_t)size);
 }
 
-/* Whether a peer from another machine may connect: always without GRAPHDIST_ALLOW, else only
- * if its address is in the list. A refusal is logged with the peer's address. */
-static int member(const struct ends *e) {
-    static struct in6_addr last;
-    static time_t last_when;
-    int hit = 0;
-    if (walk_members(&e->peer6, &hit) == -2 || hit) return 1;
-    time_t now = time(NULL);
-    if (memcmp(&last, &e->peer6, sizeof last) != 0 || now - last_when >= 10) {
-        last = e->peer6, last_when = now;
-        char text[INET6_ADDRSTRLEN], line[256];
-        peer_text(e, text, sizeof text);
-        int n = snprintf(line, sizeof line,
-                         "graphdist: refused a connection from %s: not a member of this cluster "
-                         "(let it in with --allow %s, or allow=[\"%s\"])\n",
-                         text, text, text);
-        if (n > 0) {
-            ssize_t ignored = write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
-            (void)ignored;
-        }
+/* ---- the refusal log: bounded, whatever the peers do ------------------------------------ */
+
+#define LOG_INTERVAL_S 10 /* one line per address per interval */
+#define LOG_SLOTS 16      /* the addresses remembered */
+#define LOG_CAP 20        /* lines per interval, every address together */
+
+static struct {
+    struct in6_addr addr;
+    time_t when; /* 0: an empty slot */
+} log_slots[LOG_SLOTS];
+static time_t log_window;         /* when the current interval started */
+static unsigned log_lines;        /* lines written in it */
+static unsigned long log_unsaid;  /* refusals not written in it */
+static char log_busy;             /* a spin lock: accept() runs in many threads */
+
+static time_t log_now(void) {
+    struct timespec t;
+    if (clock_gettime(CLOCK_MONOTONIC, &t) != 0) return 1;
+    return t.tv_sec + 1; /* never 0, which marks an empty slot */
+}
+
+/* Whether a refusal of `peer` at `now` gets a line of its own; *unsaid is set to the number of
+ * refusals the interval that just ended left unsaid (0: none, or the interval goes on). */
+static int log_decide(const struct in6_addr *peer, time_t now, unsigned long *unsaid) {
+    int say = 0;
+    while (__atomic_test_and_set(&log_busy, __ATOMIC_ACQUIRE)) {}
+    *unsaid = 0;
+    if (log_window == 0 || now - log_window >= LOG_INTERVAL_S) {
+        *unsaid = log_unsaid;
+        log_window = now, log_lines = 0, log_unsaid = 0;
     }
+    int slot = -1, oldest = 0;
+    for (int i = 0; i < LOG_SLOTS; i++) {
+        if (log_slots[i].when != 0 && IN6_ARE_ADDR_EQUAL(&log_slots[i].addr, peer)) slot = i;
+        if (log_slots[i].when < log_slots[oldest].when) oldest = i;
+    }
+    if (slot >= 0 && now - log_slots[slot].when < LOG_INTERVAL_S) {
+        log_unsaid++; /* said in this interval already */
+    } else if (log_lines >= LOG_CAP) {
+        log_unsaid++; /* the interval's lines are spent */
+    } else {
+        slot = slot >= 0 ? slot : oldest;
+        log_slots[slot].addr = *peer, log_slots[slot].when = now;
+        log_lines++;
+        say = 1;
+    }
+    __atomic_clear(&log_busy, __ATOMIC_RELEASE);
+    return say;
+}
+
+static void log_line(const char *line, int n, size_t size) {
+    if (n <= 0) return;
+    ssize_t ignored = write(2, line, (size_t)n < size ? (size_t)n : size - 1);
+    (void)ignored;
+}
+
+/* Log the refusal of a peer from another machine (`listed`: whether a member list was set). */
+static void log_refusal(const struct ends *e, int listed) {
+    unsigned long unsaid;
+    int say = log_decide(&e->peer6, log_now(), &unsaid);
+    char line[320];
+    if (unsaid > 0)
+        log_line(line,
+                 snprintf(line, sizeof line,
+                          "graphdist: refused %lu more connection(s) from other machines in the "
+                          "last %d s, not logged one by one (at most one line per address and %d "
+                          "in all per %d s)\n",
+                          unsaid, LOG_INTERVAL_S, LOG_CAP, LOG_INTERVAL_S),
+                 sizeof line);
+    if (!say) return;
+    char text[INET6_ADDRSTRLEN];
+    peer_text(e, text, sizeof text);
+    if (listed)
+        log_line(line,
+                 snprintf(line, sizeof line,
+                          "graphdist: refused a connection from %s: not a member of this cluster "
+                          "(let it in with --allow %s, or allow=[\"%s\"])\n",
+                          text, text, text),
+                 sizeof line);
+    else
+        log_line(line,
+                 snprintf(line, sizeof line,
+                          "graphdist: refused a connection from %s: this server was given no "
+                          "member list (GRAPHDIST_ALLOW is not set), so it lets in no other "
+                          "machine\n",
+                          text),
+                 sizeof line);
+}
+
+/* Whether a peer from another machine may connect: only if GRAPHDIST_ALLOW is set and its
+ * address is in the list (no list: no other machine, fail closed). A refusal is logged. */
+static int member(const struct ends *e) {
+    int hit = 0, count = walk_members(&e->peer6, &hit);
+    if (count != -2 && hit) return 1;
+    log_refusal(e, count != -2);
     return 0;
 }
 

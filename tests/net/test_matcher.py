@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import random
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -33,6 +34,18 @@ import pytest
 pytestmark = [pytest.mark.promise, pytest.mark.timeout(60)]
 
 DRIVER = r"""
+#define _GNU_SOURCE
+#include <time.h>
+
+/* The shim's clock, the driver's to move ("T SECONDS"): the refusal log's intervals are tested
+ * without waiting for them. */
+static time_t fake_seconds = 1000;
+static int fake_clock_gettime(clockid_t clock, struct timespec *t) {
+    (void)clock;
+    t->tv_sec = fake_seconds, t->tv_nsec = 0;
+    return 0;
+}
+#define clock_gettime fake_clock_gettime
 #include "loopback.c"
 
 /* A peer as permitted() sees it: an IPv4 socket's peer (v4 set, v4-mapped in peer6), or an
@@ -53,8 +66,9 @@ static int peer_ends(const char *text, struct ends *e) {
 }
 
 /* One case a line: "E ENTRY PEER" (in_entry: 1, 0, -1), "M PEER" (member: 1 let in, 0
- * refused), "S LIST" (set GRAPHDIST_ALLOW; "S" alone: the empty list), "U" (unset it),
- * "C" (graphdist_members). Answers one line each; "?" for a line it cannot read. */
+ * refused), "R N PEER..." (member N times, the peers in turn: how many were let in), "T S"
+ * (the clock S seconds on), "S LIST" (set GRAPHDIST_ALLOW; "S" alone: the empty list), "U"
+ * (unset it), "C" (graphdist_members). Answers one line each; "?" for a line it cannot read. */
 int main(void) {
     char line[1024];
     while (fgets(line, sizeof line, stdin) != NULL) {
@@ -68,6 +82,22 @@ int main(void) {
         } else if (line[0] == 'M') {
             if (!peer_ends(arg, &e)) { puts("?"); continue; }
             printf("%d\n", member(&e));
+        } else if (line[0] == 'R') {
+            char *rest;
+            long n = strtol(arg, &rest, 10), in = 0;
+            char *peers[64];
+            int count = 0;
+            for (char *p = strtok(rest, " "); p != NULL && count < 64; p = strtok(NULL, " "))
+                peers[count++] = p;
+            if (count == 0) { puts("?"); continue; }
+            for (long i = 0; i < n; i++) {
+                if (!peer_ends(peers[i % count], &e)) { in = -1; break; }
+                in += member(&e);
+            }
+            printf("%ld\n", in);
+        } else if (line[0] == 'T') {
+            fake_seconds += strtol(arg, NULL, 10);
+            puts("ok");
         } else if (line[0] == 'S') {
             setenv("GRAPHDIST_ALLOW", arg, 1);
             puts("ok");
@@ -113,29 +143,45 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exe
 
 
-def _ask(driver: Path, lines: list[str], env: dict[str, str] | None = None) -> list[str]:
+def _log(
+    driver: Path, lines: list[str], env: dict[str, str] | None = None
+) -> tuple[list[str], list[str]]:
+    """The driver's answers to ``lines`` (one each) and what it wrote on stderr (the log)."""
     result = subprocess.run(
         [str(driver)],
         input="".join(f"{line}\n" for line in lines),
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=60,
         env={"PATH": os.environ.get("PATH", ""), **(env or {})},
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stderr[-2000:]
     answers = result.stdout.splitlines()
-    assert len(answers) == len(lines), (answers, result.stderr)
-    return answers
+    assert len(answers) == len(lines), (answers, result.stderr[-2000:])
+    return answers, result.stderr.splitlines()
 
 
-def _expected(network: Network, peer: Address) -> bool:
-    """The oracle: ``peer`` in ``network``, an IPv4 peer seen over IPv6 being ::ffff:a.b.c.d."""
+def _ask(driver: Path, lines: list[str], env: dict[str, str] | None = None) -> list[str]:
+    return _log(driver, lines, env)[0]
+
+
+ALL_V4 = ipaddress.IPv6Network("::ffff:0:0/96")  # every IPv4 address, as an IPv6 socket sees it
+
+
+def _expected(network: Network, peer: Address) -> int:
+    """The oracle: 1 if ``peer`` is in ``network`` (an IPv4 peer seen over IPv6 being
+    ::ffff:a.b.c.d), 0 if not; -1 (matches nothing) for a network that holds every IPv4
+    address, however it is spelled (``0.0.0.0/0``, ``::ffff:0:0/96``, ``::/80``, ``::/0``)."""
     if isinstance(network, ipaddress.IPv4Network):
+        if network.prefixlen == 0:
+            return -1
         v4 = peer if isinstance(peer, ipaddress.IPv4Address) else peer.ipv4_mapped
-        return v4 is not None and v4 in network
+        return int(v4 is not None and v4 in network)
+    if ALL_V4.subnet_of(network):
+        return -1
     if isinstance(peer, ipaddress.IPv4Address):
         peer = ipaddress.IPv6Address(f"::ffff:{peer}")
-    return peer in network
+    return int(peer in network)
 
 
 def _flip(address: Address, bit: int) -> Address:
@@ -179,11 +225,12 @@ def test_every_prefix_length_of_both_families_matches_what_ipaddress_says(driver
     wrong = [
         (entry, str(peer), answer)
         for (entry, peer), answer in zip(cases, answers, strict=True)
-        if answer != str(int(_expected(ipaddress.ip_network(entry, strict=False), peer)))
+        if answer != str(_expected(ipaddress.ip_network(entry, strict=False), peer))
     ]
     assert not wrong, f"{len(wrong)} of {len(cases)} wrong, e.g. {wrong[:10]}"
-    # each prefix length was decided both ways, by the bit on each side of its end
-    assert set(answers) == {"0", "1"}
+    # each prefix length was decided both ways, by the bit on each side of its end; the /0s
+    # (and 2001:db8::/1, /2, which hold ::ffff:0:0/96) match nothing
+    assert set(answers) == {"-1", "0", "1"}
 
 
 @pytest.mark.parametrize(
@@ -208,8 +255,17 @@ def test_every_prefix_length_of_both_families_matches_what_ipaddress_says(driver
         ("fd00::1", "10.0.0.1", "0"),
         ("::ffff:10.0.0.0/104", "10.1.2.3", "1"),  # a v4-mapped IPv6 entry holds IPv4 peers
         ("::ffff:10.0.0.0/104", "11.1.2.3", "0"),
-        ("10.0.0.0/0", "1.2.3.4", "1"),  # /0: every IPv4 peer (parse_allow refuses it)
-        ("10.0.0.0/0", "fd00::1", "0"),
+        # every IPv4 address, however spelled: matches nothing (parse_allow refuses them too)
+        ("10.0.0.0/0", "1.2.3.4", "-1"),
+        ("10.0.0.0/0", "fd00::1", "-1"),
+        ("::ffff:0:0/96", "1.2.3.4", "-1"),
+        ("::ffff:0.0.0.0/96", "::ffff:1.2.3.4", "-1"),
+        ("::ffff:0:0/95", "1.2.3.4", "-1"),
+        ("::/80", "1.2.3.4", "-1"),
+        ("::/0", "fd00::1", "-1"),
+        ("::ffff:0:0/97", "1.2.3.4", "1"),  # half of IPv4 is a network like any other
+        ("::ffff:0:0/97", "200.2.3.4", "0"),
+        ("::fffe:0:0/96", "1.2.3.4", "0"),  # the /96 beside IPv4 holds none of it
         ("10.0.0.0/33", "10.0.0.1", "-1"),  # unparsable: matches nothing
         ("fd00::/129", "fd00::1", "-1"),
         ("10.0.0.0/", "10.0.0.1", "-1"),
@@ -245,23 +301,59 @@ def test_the_list_is_walked_whole_and_a_broken_entry_matches_nothing(driver: Pat
     assert answers == ["ok", "2", "0", "0"]
 
 
-def test_without_a_list_the_shim_asks_nothing_of_other_machines(driver: Path) -> None:
-    """No ``GRAPHDIST_ALLOW``: a server on loopback, which no other machine reaches, or one
-    started without members asked (check_enforced then has nothing to check)."""
-    answers = _ask(driver, ["U", "C", *(f"M {p}" for p in PEERS)])
-    assert answers == ["ok", "-2", *["1"] * len(PEERS)]
+def test_without_a_list_the_shim_lets_in_no_other_machine(driver: Path) -> None:
+    """No ``GRAPHDIST_ALLOW`` (an environment that lost it, a process that binds a host address
+    by itself, ``GRAPHDIST_BIND_ADDR="*"`` alone): fail closed, every other machine refused and
+    the reason logged. Loopback peers never reach this check (the same-user rule decides)."""
+    answers, log = _log(driver, ["U", "C", *(f"M {p}" for p in PEERS)])
+    assert answers == ["ok", "-2", *["0"] * len(PEERS)]
+    assert "refused a connection from 10.0.0.1: this server was given no member list" in log[0]
 
 
 def test_a_refused_peer_is_logged_with_its_address(driver: Path) -> None:
-    result = subprocess.run(
-        [str(driver)],
-        input="S 10.0.0.1\nM 10.0.1.200\nM ::ffff:10.0.1.201\nM fd00::7\n",
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={"PATH": os.environ.get("PATH", "")},
+    answers, log = _log(driver, ["S 10.0.0.1", "M 10.0.1.200", "M ::ffff:10.0.1.201", "M fd00::7"])
+    assert answers == ["ok", "0", "0", "0"]
+    for line, peer in zip(log, ("10.0.1.200", "10.0.1.201", "fd00::7"), strict=True):
+        assert f"refused a connection from {peer}: not a member" in line, log  # v4-mapped: IPv4
+        assert f"--allow {peer}" in line
+
+
+SUMMARY = re.compile(r"graphdist: refused (\d+) more connection\(s\) from other machines")
+
+
+def test_the_refusal_log_is_one_line_per_address_per_interval(driver: Path) -> None:
+    """An outsider alternating two source addresses (issue 38: 58,133 lines in 5 s when the
+    shim remembered one address): one line for each per 10 s; the next interval's first
+    refusal counts the rest in one line, and each address gets its line again."""
+    answers, log = _log(
+        driver,
+        [
+            "S 10.0.0.1",
+            "R 20000 10.9.0.1 10.9.0.2",
+            "T 9",
+            "R 100 10.9.0.1",
+            "T 1",
+            "R 2 10.9.0.2 10.9.0.1",
+        ],
     )
-    assert result.stdout.split() == ["ok", "0", "0", "0"]
-    for peer in ("10.0.1.200", "10.0.1.201", "fd00::7"):  # a v4-mapped peer in IPv4 words
-        assert f"refused a connection from {peer}: not a member" in result.stderr, result.stderr
-        assert f"--allow {peer}" in result.stderr
+    assert answers == ["ok", "0", "ok", "0", "ok", "0"]
+    assert len(log) == 5, log
+    assert "refused a connection from 10.9.0.1: not a member" in log[0]
+    assert "refused a connection from 10.9.0.2: not a member" in log[1]
+    counted = SUMMARY.search(log[2])
+    assert counted and int(counted.group(1)) == 20000 + 100 - 2, log[2]
+    assert "from 10.9.0.2: not a member" in log[3] and "from 10.9.0.1: not a member" in log[4]
+
+
+def test_the_refusal_log_has_a_cap_per_interval_over_all_addresses(driver: Path) -> None:
+    """Many addresses (more than the shim remembers, and more than the cap): at most 20 lines
+    per 10 s in all, then one line counting the rest; a member is let in all along."""
+    peers = " ".join(f"10.9.{i // 256}.{i % 256}" for i in range(64))
+    answers, log = _log(
+        driver, ["S 10.0.0.1", f"R 6400 {peers}", "M 10.0.0.1", "T 10", f"R 64 {peers}"]
+    )
+    assert answers == ["ok", "0", "1", "ok", "0"]
+    assert len(log) == 20 + 1 + 20, log[:3]
+    assert all("not a member" in line for line in log[:20])
+    counted = SUMMARY.search(log[20])
+    assert counted and int(counted.group(1)) == 6400 - 20, log[20]
