@@ -39,7 +39,7 @@ from graphdist._cluster import Cluster, Task
 from graphdist._distribute.runbackends import register
 from graphdist._distribute.runspec import RunSpec, check_folder
 from graphdist._distribute.taskproc import LINE_LIMIT, RunSink, TaskOutput, TaskResult
-from graphdist._exceptions import ArgumentError
+from graphdist._exceptions import ArgumentError, LaunchError
 from graphdist._proc.process import guarded_argv
 from graphdist._proc.signals import SignalScope
 from graphdist._registry import Option
@@ -261,13 +261,16 @@ class RayRun:
         from graphdist._fleet.ray import connect_ray
 
         self.spec = spec
+        self._seen: dict[str, str] = {}  # the nodes earlier attempts ran on: id -> address
         folder = spec.options.get("working_dir")
         self._owns_ray = connect_ray(
             spec.options.get("address"), {"working_dir": folder} if folder else None
         )
 
     def place(self, attempt: int, signals: SignalScope) -> _RayPlacement:
-        return _RayPlacement(self.spec)
+        placement = _RayPlacement(self.spec, attempt, self._seen)
+        self._seen.update({node: ip for ip, _, node in placement._spots})
+        return placement
 
     def close(self) -> None:
         if self._owns_ray:
@@ -276,21 +279,46 @@ class RayRun:
             ray.shutdown()
 
 
+def _lost_nodes(seen: Mapping[str, str], lost: Mapping[str, str], live: set[str]) -> str:
+    """The nodes lost since the run began, in words: those Ray lists alive but whose raylet does
+    not answer, and those an earlier attempt ran on that Ray no longer lists alive."""
+    gone = {**{n: "Ray reports it dead" for n in seen if n not in live}, **lost}
+    return ", ".join(f"{n[:8]} at {seen.get(n, '?')} ({why})" for n, why in gone.items())
+
+
 class _RayPlacement:
     """One attempt on Ray: a bundle per task (STRICT_SPREAD where there are nodes enough), a
-    free port reserved on each bundle's node, every task's address decided before any starts."""
+    free port reserved on each bundle's node, every task's address decided before any starts.
 
-    def __init__(self, spec: RunSpec) -> None:
-        import ray
+    Only nodes alive now count (:func:`~graphdist._fleet.ray.live_nodes`: their raylet
+    answers), and no bundle goes to a node found lost that Ray still lists alive: after a node
+    is lost the next attempt places on the nodes left at once, or, when they have too few CPUs
+    for the run, says so in one line (:class:`LaunchError`) instead of waiting for Ray."""
 
-        from graphdist._fleet.ray import _driver_node, place_bundles, plan_hosts, ray_members
+    def __init__(self, spec: RunSpec, attempt: int, seen: Mapping[str, str]) -> None:
+        from graphdist._fleet.ray import (
+            _driver_node,
+            live_nodes,
+            place_bundles,
+            plan_hosts,
+            ray_members,
+        )
 
         self.spec = spec
         names = [(n, i) for n in sorted(spec.jobs) for i in range(spec.jobs[n])]  # Cluster's
-        alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
-        strategy = "STRICT_SPREAD" if len(alive) >= len(names) else "SPREAD"
+        live, lost = live_nodes()
+        gone = _lost_nodes(seen, lost, {n["NodeID"] for n in live})
+        cpus = sum(float(n.get("Resources", {}).get("CPU", 0.0)) for n in live)
+        if gone and cpus < len(names) * CPUS_PER_TASK:  # without a loss: Ray may add nodes
+            raise LaunchError(
+                f"Attempt {attempt} cannot be placed: the run needs {len(names)} task(s) of "
+                f"{CPUS_PER_TASK:g} CPU and the Ray nodes left have {cpus:g} CPU on "
+                f"{len(live)} node(s) (lost: {gone}); the run ends here",
+                [],
+            )
+        strategy = "STRICT_SPREAD" if len(live) >= len(names) else "SPREAD"
         self._pg, self._on_bundle, self._spots = place_bundles(
-            len(names), strategy, CPUS_PER_TASK, PLACE_TIMEOUT_S, "tasks"
+            len(names), strategy, CPUS_PER_TASK, PLACE_TIMEOUT_S, "tasks", exclude=sorted(lost)
         )
         self._servers: list[Any] = []
         try:

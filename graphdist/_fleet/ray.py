@@ -48,6 +48,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
@@ -67,7 +68,15 @@ from graphdist._net.loopback import BIND_ADDR_ENV, shim_env
 from graphdist._net.members import ALLOW_ENV, exposed_allow
 from graphdist._validate import flag, positive, show, timeout_ms, timeout_s
 
-__all__ = ["RayFleet", "RayTask", "connect_ray", "place_bundles", "plan_hosts", "ray_members"]
+__all__ = [
+    "RayFleet",
+    "RayTask",
+    "connect_ray",
+    "live_nodes",
+    "place_bundles",
+    "plan_hosts",
+    "ray_members",
+]
 
 log = logging.getLogger("graphdist.ray")
 STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
@@ -235,17 +244,27 @@ def _check_reachable(address: str) -> None:
 
 
 def place_bundles(
-    n: int, strategy: str, cpus: float, timeout_s: float, what: str
+    n: int,
+    strategy: str,
+    cpus: float,
+    timeout_s: float,
+    what: str,
+    exclude: Sequence[str] = (),
 ) -> tuple[Any, list[Any], list[tuple[str, int, str]]]:
     """A placement group of ``n`` bundles of ``cpus`` CPUs each (``strategy``), and a free port
     reserved on each bundle's node: ``(group, one scheduling strategy per bundle, (node IP,
-    port, node id) per bundle)``. A group Ray cannot place within ``timeout_s`` is removed and
-    raises :class:`StartTimeoutError` (never a wait for ever)."""
+    port, node id) per bundle)``. ``exclude``: node ids no bundle may go to (nodes found lost
+    that Ray still lists alive: it marks a killed node dead only ~16 s later, measured, and
+    meanwhile places bundles there that never become ready). A group Ray cannot place within
+    ``timeout_s`` is removed and raises :class:`StartTimeoutError` (never a wait for ever)."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    pg = placement_group([{"CPU": cpus}] * n, strategy)
+    selector = None
+    if exclude:  # Ray's own label of every node: its id
+        selector = [{"ray.io/node-id": f"!in({','.join(exclude)})"}] * n
+    pg = placement_group([{"CPU": cpus}] * n, strategy, bundle_label_selector=selector)
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:
         nodes = len([n for n in ray.nodes() if n.get("Alive")])  # type: ignore[no-untyped-call]
@@ -289,6 +308,20 @@ def _node_lost(node: Mapping[str, Any] | None) -> str | None:
     except OSError as exc:
         return f"its raylet at {ip}:{port} does not answer: {exc.strerror or exc}"
     return None
+
+
+def live_nodes() -> tuple[list[Mapping[str, Any]], dict[str, str]]:
+    """The Ray nodes that are alive now: those Ray lists alive whose raylet takes a connection
+    (asked all at once, a second at most), and ``{node id: why}`` for those Ray lists alive that
+    are lost (:func:`_node_lost`)."""
+    import ray
+
+    listed = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+    with ThreadPoolExecutor(max(1, min(32, len(listed)))) as pool:
+        why = list(pool.map(_node_lost, listed))
+    live = [n for n, lost in zip(listed, why, strict=True) if lost is None]
+    lost = {n["NodeID"]: w for n, w in zip(listed, why, strict=True) if w is not None}
+    return live, lost
 
 
 def ray_members(allow: Sequence[str]) -> dict[str, str]:

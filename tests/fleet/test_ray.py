@@ -7,21 +7,16 @@ The simulated nodes share this machine's address, so the servers stay on loopbac
 from __future__ import annotations
 
 import importlib.util
-import os
 import queue
-import secrets
-import shutil
-import tempfile
 import time
 
-import psutil
 import pytest
 
 import graphdist
 from graphdist._graph.graphs import split_graph
 from graphdist._net.exposure import is_loopback_ip
 from tests.conftest import EVENTUALLY_S, listening
-from tests.fleet.conftest import reload_ray_token
+from tests.raycluster import simulated_cluster
 
 # Ray reads its auth settings when it is imported, so it is imported only once they are set.
 if importlib.util.find_spec("ray") is None:
@@ -35,51 +30,10 @@ pytestmark = [
 ]
 
 
-def _ray_processes(marker: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            mine = any(marker in part for part in proc.info["cmdline"] or [])
-            if mine and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc.pid)
-        except psutil.Error:
-            continue
-    return found
-
-
 @pytest.fixture(scope="module")
 def ray_cluster():
-    # Short: Ray's socket paths live below it and AF_UNIX paths stop at 107 bytes.
-    tmp = tempfile.mkdtemp(prefix="gdray-")
-    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
-    # Ray's state and its auth token stay in this test's folder and environment, not in $HOME.
-    os.environ.update(RAY_TMPDIR=tmp, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
-    reload_ray_token()  # another test of this process may have made Ray cache its token
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False},
-    )
-    try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
+    with simulated_cluster([1, 1, 1]) as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        reload_ray_token()
-        from tests.conftest import EVENTUALLY_S, wait_gone
-
-        assert wait_gone(_ray_processes(tmp), EVENTUALLY_S) == []
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_three_servers_on_three_nodes_run_the_split_graph_and_recover(ray_cluster):

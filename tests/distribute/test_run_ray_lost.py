@@ -1,0 +1,117 @@
+"""``graphdist run --backend ray`` when a Ray node is lost mid-run, on a real multi-node Ray
+cluster simulated on this machine (tests/raycluster.py): the next attempt places on the nodes
+left at once, or says in one line that they are too few, instead of waiting on Ray.
+
+Ray marks a killed node dead only ~16 s later (measured), and meanwhile still lists it alive:
+a ``STRICT_SPREAD`` group of one bundle per listed node never becomes ready, so the old launcher
+waited its whole 180 s placement timeout. Each test here gets a cluster of its own (it loses a
+node)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.conftest import QUIET_TF, wait_gone
+
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("Ray is not installed (pip install 'graphdist[ray]')", allow_module_level=True)
+
+from tests.raycluster import simulated_cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ray_cluster")]
+
+UP_THEN_SLEEP = (
+    "import os, time; print('up', flush=True); "
+    "time.sleep(120 * (os.environ['GRAPHDIST_RESTART'] == '0'))"
+)
+#: Well below Ray's 16 s to mark the node dead, and its 180 s placement timeout.
+FOUND_AT_ONCE_S = 8.0
+
+
+def _run_losing_a_node(
+    cpus: list[int], workers: int
+) -> tuple[int, list[dict[str, Any]], list[str], str, float]:
+    """A ``workers``-task run on a cluster of ``cpus`` (one CPU a task, STRICT_SPREAD over the
+    three nodes) whose first 1-CPU node that is not the head is lost (its raylet and every
+    process of it killed) once every task runs: (exit, events, output lines, the lost node's
+    id, seconds from the loss to the run's next attempt or its end)."""
+    with simulated_cluster(cpus) as cluster:
+        nodes = [n for n in cluster.list_all_nodes() if n is not cluster.head_node]
+        victim = next(n for n in nodes if n._ray_params.num_cpus == 1)
+        env = {**os.environ, **QUIET_TF, "RAY_ADDRESS": cluster.address}
+        argv = [sys.executable, "-m", "graphdist", "run", "--backend", "ray"]
+        argv += ["--workers", str(workers), "--max-restarts", "1", "--output-format", "jsonl"]
+        argv += ["--heartbeat-timeout", "off", "--", sys.executable, "-c", UP_THEN_SLEEP]
+        proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/"
+        )
+        assert proc.stdout is not None
+        events: list[dict[str, Any]] = []
+        lines: list[str] = []
+        up: set[str] = set()
+        lost_at: list[float] = []
+        after: list[float] = []
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                event = json.loads(line) if line.startswith("{") else {}
+                events.append(event)
+                if event.get("event") == "line" and event.get("text") == "up":
+                    up.add(event["task"])
+                if not lost_at and len(up) == workers:
+                    cluster.remove_node(victim, allow_graceful=False)
+                    lost_at.append(time.monotonic())
+                if lost_at and not after and event.get("event") in ("attempt-started", "run-ended"):
+                    after.append(time.monotonic())
+            code = proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+        assert lost_at and after, "".join(lines[-60:])
+        assert wait_gone([proc.pid], 10) == []
+        return code, events, lines, victim.node_id, after[0] - lost_at[0]
+
+
+def _of(kind: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda e: e.get("event") == kind
+
+
+@pytest.mark.timeout(300)
+def test_a_lost_ray_node_restarts_the_run_on_the_nodes_left_at_once() -> None:
+    """Three tasks on three nodes; a 1-CPU node lost: the head (1 CPU) and a 2-CPU node are
+    left, too few nodes for one task each but CPUs enough, so the next attempt is placed at once
+    (SPREAD, never on the lost node) and the run ends 0."""
+    code, events, lines, lost, took = _run_losing_a_node([1, 1, 2], 3)
+    assert code == 0, "".join(lines[-60:])
+    started = [e for e in events if _of("attempt-started")(e)]
+    assert len(started) == 2, "".join(lines[-60:])
+    assert len(set(started[0]["nodes"].values())) == 3, started[0]
+    assert lost[:8] in started[0]["nodes"].values(), (lost, started[0])
+    assert lost[:8] not in started[1]["nodes"].values(), (lost, started[1])
+    assert took < FOUND_AT_ONCE_S, took
+
+
+@pytest.mark.timeout(300)
+def test_a_lost_ray_node_ends_the_run_in_one_line_when_the_nodes_left_are_too_few() -> None:
+    """Three tasks on three 1-CPU nodes, one lost: two CPUs are left for three tasks, so the
+    next attempt cannot be placed; the run ends at once with one line naming the lost node, and
+    its run-ended event (not Ray's 180 s placement timeout)."""
+    code, events, lines, lost, took = _run_losing_a_node([1, 1, 1], 3)
+    assert code == 1, "".join(lines[-60:])
+    ended = [e for e in events if _of("run-ended")(e)]
+    assert len(ended) == 1 and ended[0]["outcome"].startswith("failed"), ended
+    errors = [ln for ln in lines if ln.startswith("Error:")]
+    assert len(errors) == 1, "".join(lines[-60:])
+    assert "Attempt 2 cannot be placed" in errors[0] and lost[:8] in errors[0], errors
+    assert "2 CPU on 2 node(s)" in errors[0], errors
+    assert took < FOUND_AT_ONCE_S, took
