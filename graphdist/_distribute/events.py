@@ -151,7 +151,8 @@ class PreemptionNotice:
 class GaveUp:
     KIND: ClassVar[str] = "gave-up"
     cause: Cause
-    reason: str  # "budget", "startup", "failed" (no restarts allowed)
+    reason: str  # "budget", "startup", "failed" (no restarts allowed), "gone" (the backend's
+    # engine: Ray's head)
     decision: str
 
 

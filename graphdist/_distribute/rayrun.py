@@ -29,6 +29,7 @@ import collections
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -51,6 +52,69 @@ POLL_WAIT_S = 0.2
 CPUS_PER_TASK = 1.0
 PLACE_TIMEOUT_S = 180.0
 """Seconds Ray gets to place an attempt's tasks (a group it cannot place fails the run)."""
+HEAD_PROBE_S = 0.5
+"""How often the run asks the Ray head's GCS port for a connection."""
+HEAD_MISSES = 2
+"""Refused probes in a row that make the head lost (its GCS gone: the cluster ends with it)."""
+
+
+class _Head:
+    """The Ray head, watched from the run: its GCS port is asked for a connection every
+    :data:`HEAD_PROBE_S`, and :data:`HEAD_MISSES` refusals in a row make it lost. Ray itself
+    only says so 60 s later, by killing this process ("Failed to connect to GCS within 60
+    seconds"; measured), and every Ray call that needs the GCS (placing, listing nodes, removing
+    a placement group) blocks until then. Once lost, the run's tasks end as lost with it (the
+    cluster ends with its head: without GCS fault tolerance every raylet exits), the run says so
+    in one line, the next attempt is refused, and nothing more asks the GCS."""
+
+    def __init__(self) -> None:
+        import ray
+
+        self.lost: str | None = None
+        self.address: str | None = None
+        self._stop = threading.Event()
+        with contextlib.suppress(Exception):  # a Ray client (ray://) has no GCS address here
+            self.address = str(ray.get_runtime_context().gcs_address)
+        if self.address:
+            threading.Thread(target=self._watch, daemon=True, name="graphdist-ray-head").start()
+
+    def _probe(self) -> str | None:
+        assert self.address is not None
+        host, _, port = self.address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return None
+
+    def _watch(self) -> None:
+        misses = 0
+        while not self._stop.wait(HEAD_PROBE_S) and self.lost is None:
+            why = self._probe()
+            misses = misses + 1 if why is not None else 0
+            if why is not None and misses >= HEAD_MISSES:
+                self.lost = f"its GCS at {self.address} does not answer: {why}"
+
+    def check(self, attempt: int) -> None:
+        """Refuse attempt ``attempt`` while the head is lost (before any call that would block
+        on the GCS)."""
+        if self.lost is None and self.address is not None:
+            why = self._probe()
+            if why is not None:  # once more, as the watch does
+                time.sleep(HEAD_PROBE_S)
+                why = self._probe()
+            if why is not None:
+                self.lost = f"its GCS at {self.address} does not answer: {why}"
+        if self.lost is not None:
+            raise LaunchError(
+                f"Attempt {attempt} cannot be placed: the Ray head is lost ({self.lost}), and "
+                "the Ray cluster with it; the run ends here (start the cluster again, then the "
+                "run: it resumes from its tasks' last backup)",
+                [],
+            )
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 class _CommandActor:
@@ -132,10 +196,11 @@ class _RayTaskProcess(TaskOutput):
     when, its output, stop and finish), from the task's actor."""
 
     def __init__(
-        self, task: Task, run: RunSink, log_path: str | None, *, actor: Any, node: str
+        self, task: Task, run: RunSink, log_path: str | None, *, actor: Any, node: str, head: _Head
     ) -> None:
         import ray
 
+        self.head = head
         self._start_output(task, run, log_path)
         self.mark = ""
         self.command_pid: int | None = None
@@ -157,18 +222,33 @@ class _RayTaskProcess(TaskOutput):
                 chunks, code, ended_at, error = ray.get(self.actor.take.remote(POLL_WAIT_S))
             except Exception as exc:  # the actor died: its node was lost, or Ray went away
                 self.command_exit = (-9, time.monotonic() - self._run.started)
-                self._run.out.note(
-                    f"graphdist: {self.result.name} on Ray node {self.node[:8]} is gone "
-                    f"({type(exc).__name__}); counted as killed"
-                )
+                with contextlib.suppress(LaunchError):
+                    self.head.check(0)  # the head's loss is told once (gone), not per task
+                    self._run.out.note(
+                        f"graphdist: {self.result.name} on Ray node {self.node[:8]} is gone "
+                        f"({type(exc).__name__}); counted as killed"
+                    )
+                self._head_lost()
                 return
             yield from chunks
+            if self._head_lost():
+                return
             if error is not None:
                 yield f"graphdist: cannot start the command: {error}\n".encode()
             if code is not None and not chunks:
                 when = time.monotonic() - (time.time() - (ended_at or time.time()))
                 self.command_exit = (code, when - self._run.started)
                 return
+
+    def _head_lost(self) -> bool:
+        """Whether the Ray head is lost: the task then ends as lost with it (the run says so
+        once: :meth:`RayRun.gone`)."""
+        if self.head.lost is None:
+            return False
+        self.result.lost = "the Ray head was lost, and the Ray cluster with it"
+        if self.command_exit is None:
+            self.command_exit = (-9, time.monotonic() - self._run.started)
+        return True
 
     def _pump(self) -> None:
         try:
@@ -211,8 +291,9 @@ class _RayTaskProcess(TaskOutput):
         self._done.wait(5.0)
         self.result.exitcode = self.command_exit[0]
         self.result.tail = list(self._tail)
-        with contextlib.suppress(Exception):
-            ray.kill(self.actor, no_restart=True)
+        if self.head.lost is None:  # else Ray's call would wait for the GCS
+            with contextlib.suppress(Exception):
+                ray.kill(self.actor, no_restart=True)
         return self.result
 
 
@@ -266,14 +347,24 @@ class RayRun:
         self._owns_ray = connect_ray(
             spec.options.get("address"), {"working_dir": folder} if folder else None
         )
+        self._head = _Head()
 
     def place(self, attempt: int, signals: SignalScope) -> _RayPlacement:
-        placement = _RayPlacement(self.spec, attempt, self._seen)
+        self._head.check(attempt)
+        placement = _RayPlacement(self.spec, attempt, self._seen, self._head)
         self._seen.update({node: ip for ip, _, node in placement._spots})
         return placement
 
+    def gone(self) -> str | None:
+        """The Ray head's loss, in words, once it is lost (see :class:`_Head`)."""
+        if self._head.lost is None:
+            return None
+        return f"The Ray head is lost ({self._head.lost}), and the Ray cluster with it"
+
     def close(self) -> None:
-        if self._owns_ray:
+        self._head.close()
+        # without its GCS, Ray's shutdown waits ~5 s (measured) to tell it: at exit instead
+        if self._owns_ray and self._head.lost is None:
             import ray
 
             ray.shutdown()
@@ -295,7 +386,7 @@ class _RayPlacement:
     is lost the next attempt places on the nodes left at once, or, when they have too few CPUs
     for the run, says so in one line (:class:`LaunchError`) instead of waiting for Ray."""
 
-    def __init__(self, spec: RunSpec, attempt: int, seen: Mapping[str, str]) -> None:
+    def __init__(self, spec: RunSpec, attempt: int, seen: Mapping[str, str], head: _Head) -> None:
         from graphdist._fleet.ray import (
             _driver_node,
             live_nodes,
@@ -304,7 +395,7 @@ class _RayPlacement:
             ray_members,
         )
 
-        self.spec = spec
+        self.spec, self._head = spec, head
         names = [(n, i) for n in sorted(spec.jobs) for i in range(spec.jobs[n])]  # Cluster's
         live, lost = live_nodes()
         gone = _lost_nodes(seen, lost, {n["NodeID"] for n in live})
@@ -387,12 +478,15 @@ class _RayPlacement:
             .options(**options)
             .remote(list(self.spec.command), dict(env), self._hosts[i], task.name, cwd)
         )
-        return _RayTaskProcess(task, run, log_path, actor=actor, node=self._spots[i][2])
+        node = self._spots[i][2]
+        return _RayTaskProcess(task, run, log_path, actor=actor, node=node, head=self._head)
 
     def close(self) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        if self._head.lost is not None:  # every call below would wait for the GCS
+            return
         for server in self._servers:
             with contextlib.suppress(Exception):
                 ray.kill(server, no_restart=True)

@@ -133,6 +133,10 @@ class RunBackend(Protocol):
         """Give back what the backend joined for the run (a Ray instance it started)."""
         ...
 
+    # Optional: ``gone() -> str | None``, what is gone for good so that no attempt can be
+    # placed (Ray's head, and its cluster with it), in words; the loop then spends no restart
+    # and ends the run with them (supervise._gone). A backend without it never is.
+
 
 _registry: Registry[RunBackend] = Registry("run backend", BUILTIN, ENTRY_POINT_GROUP, "name")
 

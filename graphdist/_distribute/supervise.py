@@ -46,7 +46,7 @@ from graphdist._distribute.heartbeat import Heartbeat
 from graphdist._distribute.runlogs import RunLogs
 from graphdist._distribute.runspec import RunSpec
 from graphdist._distribute.taskproc import Output, TaskProcess, TaskResult, describe, how
-from graphdist._exceptions import LaunchTimeoutError, TaskExitError, TaskOutcome
+from graphdist._exceptions import LaunchError, LaunchTimeoutError, TaskExitError, TaskOutcome
 from graphdist._failures import how_ended
 from graphdist._proc.process import NOW_SIGNAL, TASK_STOP_GRACE_S, stop_all
 from graphdist._proc.restarts import Decision, RestartPolicy
@@ -193,6 +193,11 @@ def run_attempts(
         except TaskExitError as exc:
             ended_at = getattr(exc, "ended_at_s", time.monotonic() - run.started)
             cause = run.cause(exc.failed, ended_at)
+            gone = _gone(backend)
+            if gone is not None:  # no attempt can be placed: no restart is spent on one
+                run.emit(GaveUp(cause, "gone", gone))
+                run.end(f"failed: {gone}", show=True)
+                raise LaunchError(f"{gone}; the run ends here", exc.results) from None
             decision = policy.failed()
             if not decision.restart:
                 reason = decision.reason if policy.max_restarts else "failed"
@@ -219,6 +224,13 @@ def run_attempts(
             continue
         run.end("every task exited 0", show=run.attempt > 1 or run.logs is not None)
         return results
+
+
+def _gone(backend: RunBackend) -> str | None:
+    """What the backend says is gone for good (Ray's head, and its cluster with it), if
+    anything: a backend may have ``gone()``; one that has not never is."""
+    gone = getattr(backend, "gone", None)
+    return None if gone is None else gone()
 
 
 def attempt(

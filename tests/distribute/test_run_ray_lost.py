@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -38,17 +38,19 @@ FOUND_AT_ONCE_S = 8.0
 
 
 def _run_losing_a_node(
-    cpus: list[int], workers: int
+    cpus: list[int], workers: int, *, head: bool = False, args: Sequence[str] = ()
 ) -> tuple[int, list[dict[str, Any]], list[str], str, float]:
     """A ``workers``-task run on a cluster of ``cpus`` (one CPU a task, STRICT_SPREAD over the
-    three nodes) whose first 1-CPU node that is not the head is lost (its raylet and every
-    process of it killed) once every task runs: (exit, events, output lines, the lost node's
-    id, seconds from the loss to the run's next attempt or its end)."""
+    three nodes) whose first 1-CPU node that is not the head (or the head) is lost (its raylet,
+    and every process of it, killed) once every task runs: (exit, events, output lines, the lost
+    node's id, seconds from the loss to the run's next attempt or its end)."""
     with simulated_cluster(cpus) as cluster:
         nodes = [n for n in cluster.list_all_nodes() if n is not cluster.head_node]
-        victim = next(n for n in nodes if n._ray_params.num_cpus == 1)
+        victim = (
+            cluster.head_node if head else next(n for n in nodes if n._ray_params.num_cpus == 1)
+        )
         env = {**os.environ, **QUIET_TF, "RAY_ADDRESS": cluster.address}
-        argv = [sys.executable, "-m", "graphdist", "run", "--backend", "ray"]
+        argv = [sys.executable, "-m", "graphdist", "run", "--backend", "ray", *args]
         argv += ["--workers", str(workers), "--max-restarts", "1", "--output-format", "jsonl"]
         argv += ["--heartbeat-timeout", "off", "--", sys.executable, "-c", UP_THEN_SLEEP]
         proc = subprocess.Popen(
@@ -72,7 +74,7 @@ def _run_losing_a_node(
                     lost_at.append(time.monotonic())
                 if lost_at and not after and event.get("event") in ("attempt-started", "run-ended"):
                     after.append(time.monotonic())
-            code = proc.wait(60)
+            code = proc.wait(30)  # Ray's own shutdown at exit waits ~5 s for a lost head
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -114,4 +116,27 @@ def test_a_lost_ray_node_ends_the_run_in_one_line_when_the_nodes_left_are_too_fe
     assert len(errors) == 1, "".join(lines[-60:])
     assert "Attempt 2 cannot be placed" in errors[0] and lost[:8] in errors[0], errors
     assert "2 CPU on 2 node(s)" in errors[0], errors
+    assert took < FOUND_AT_ONCE_S, took
+
+
+@pytest.mark.timeout(300)
+def test_a_lost_ray_head_ends_the_run_in_one_line_with_its_summary(tmp_path: Any) -> None:
+    """The head lost mid-run (its GCS and raylet killed): the run finds it at once (its GCS port
+    refuses; Ray itself kills the driver 60 s later, "Failed to connect to GCS within 60
+    seconds"), spends no restart on an attempt that cannot be placed, and ends with one line
+    naming the head, its gave-up and run-ended events and its summary.txt."""
+    logs = tmp_path / "logs"
+    code, events, lines, _, took = _run_losing_a_node(
+        [1, 1, 1], 3, head=True, args=["--log-dir", str(logs)]
+    )
+    assert code == 1, "".join(lines[-60:])
+    errors = [ln for ln in lines if ln.startswith("Error:")]
+    assert len(errors) == 1 and "The Ray head is lost" in errors[0], "".join(lines[-60:])
+    assert not [e for e in events if _of("restarting")(e)], "".join(lines[-60:])
+    gave_up = [e for e in events if _of("gave-up")(e)]
+    assert len(gave_up) == 1 and gave_up[0]["reason"] == "gone", gave_up
+    ended = [e for e in events if _of("run-ended")(e)]
+    assert len(ended) == 1 and ended[0]["outcome"].startswith("failed: The Ray head is lost")
+    (summary,) = logs.glob("run-*/summary.txt")
+    assert "The Ray head is lost" in summary.read_text(), summary.read_text()
     assert took < FOUND_AT_ONCE_S, took
