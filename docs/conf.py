@@ -57,6 +57,8 @@ autodoc_default_options = {"members": True, "member-order": "bysource", "undoc-m
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
 add_module_names = False
+# a code block that names no language is output (the benchmarks' figures), never Python
+highlight_language = "text"
 smartquotes = False  # help texts say --flag: no en dashes, no curly quotes in commands
 
 # Furo: a theme made for API docs, wide enough for code and outputs, with an "on this page"
