@@ -95,17 +95,22 @@ class _Head:
             if why is not None and misses >= HEAD_MISSES:
                 self.lost = f"its GCS at {self.address} does not answer: {why}"
 
-    def check(self, attempt: int) -> None:
-        """Refuse attempt ``attempt`` while the head is lost (before any call that would block
-        on the GCS)."""
+    def is_lost(self) -> bool:
+        """Whether the head is lost, asked now (twice, :data:`HEAD_PROBE_S` apart, as the watch
+        does) unless the watch already knows."""
         if self.lost is None and self.address is not None:
             why = self._probe()
-            if why is not None:  # once more, as the watch does
+            if why is not None:
                 time.sleep(HEAD_PROBE_S)
                 why = self._probe()
             if why is not None:
                 self.lost = f"its GCS at {self.address} does not answer: {why}"
-        if self.lost is not None:
+        return self.lost is not None
+
+    def check(self, attempt: int) -> None:
+        """Refuse attempt ``attempt`` while the head is lost (before any call that would block
+        on the GCS)."""
+        if self.is_lost():
             raise LaunchError(
                 f"Attempt {attempt} cannot be placed: the Ray head is lost ({self.lost}), and "
                 "the Ray cluster with it; the run ends here (start the cluster again, then the "
@@ -222,8 +227,7 @@ class _RayTaskProcess(TaskOutput):
                 chunks, code, ended_at, error = ray.get(self.actor.take.remote(POLL_WAIT_S))
             except Exception as exc:  # the actor died: its node was lost, or Ray went away
                 self.command_exit = (-9, time.monotonic() - self._run.started)
-                with contextlib.suppress(LaunchError):
-                    self.head.check(0)  # the head's loss is told once (gone), not per task
+                if not self.head.is_lost():  # the head's loss is told once (gone), not per task
                     self._run.out.note(
                         f"graphdist: {self.result.name} on Ray node {self.node[:8]} is gone "
                         f"({type(exc).__name__}); counted as killed"
