@@ -55,6 +55,7 @@ from graphdist._fleet.backends import backend, check_options
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskHandle
 from graphdist._net.members import exposed_allow
+from graphdist._proc.forkserver_pool import SPARES_ENV
 from graphdist._proc.restarts import (
     DEFAULT_MAX_RESTARTS,
     DEFAULT_RESTART_WINDOW_S,
@@ -372,7 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     stop = stop_on_signals()
     state_dir = spec.state_dir
     try:
-        fleet = spec.fleet().start()
+        owned = spec.fleet()
+        # A detached fleet keeps its size: a spare for each of its servers is what a restart
+        # (even of all of them) takes, where the default pool, made for notebooks that start
+        # fleets of any size, keeps 8 (each a TensorFlow process). GRAPHDIST_SPARES, if set, wins.
+        os.environ.setdefault(SPARES_ENV, str(len(list(owned.cluster))))
+        fleet = owned.start()
     except GraphdistError as exc:
         write_error(state_dir, exc)
         return 1

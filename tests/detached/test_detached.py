@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import time
 
 import pytest
 
@@ -148,3 +150,41 @@ def test_attached_fleet_runs_kills_restarts_detaches_and_closes(state_dir):
     finally:
         down = run_python(["-m", "graphdist", "down"], env=env)
         assert down.returncode == 0 or "No detached fleet" in down.stderr, down.stderr
+
+
+def _spares_of(supervisor: int) -> set[int]:
+    """The spare server processes under a supervisor (its fork server's pool), read from the OS."""
+    import psutil
+
+    found = set()
+    for proc in psutil.Process(supervisor).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if " ".join(proc.cmdline()).startswith("graphdist spare"):
+                found.add(proc.pid)
+    return found
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_detached_fleet_keeps_a_spare_per_server_not_the_notebook_default(state_dir):
+    """A detached 2-server fleet keeps 2 spares (what restarting both takes), not the 8 that a
+    process starting fleets of any size keeps; GRAPHDIST_SPARES still wins where it is set (0:
+    none)."""
+    for given, expected in ((None, 2), ("0", 0)):
+        env = {"GRAPHDIST_STATE_DIR": state_dir}
+        if given is not None:
+            env["GRAPHDIST_SPARES"] = given
+        up = run_python(["-m", "graphdist", "up", "--cluster", "local=2", "--detach"], env=env)
+        assert up.returncode == 0, up.stderr
+        supervisor = read_json(os.path.join(state_dir, "fleet.json"))["supervisor"]["pid"]
+        try:
+            deadline = time.monotonic() + EVENTUALLY_S
+            while len(_spares_of(supervisor)) < expected and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(3.0)  # the pool refills in idle moments of 0.3 s: it would have grown
+            spares = _spares_of(supervisor)
+            assert len(spares) == expected, (given, spares)
+        finally:
+            down = run_python(["-m", "graphdist", "down"], env=env)
+            assert down.returncode == 0, down.stderr
+        assert wait_gone([supervisor, *spares], EVENTUALLY_S) == []
