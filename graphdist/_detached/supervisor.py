@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         # A detached fleet keeps its size: a spare for each of its servers is what a restart
         # (even of all of them) takes, where the default pool, made for notebooks that start
         # fleets of any size, keeps 8 (each a TensorFlow process). GRAPHDIST_SPARES, if set, wins.
-        os.environ.setdefault(SPARES_ENV, str(len(list(owned.cluster))))
+        os.environ.setdefault(SPARES_ENV, str(backend(spec.backend).task_count(spec.cluster)))
         fleet = owned.start()
     except GraphdistError as exc:
         write_error(state_dir, exc)

@@ -77,6 +77,11 @@ class Backend(Protocol):
         ...
 
     @classmethod
+    def task_count(cls, cluster: Any) -> int:
+        """How many servers the parsed ``cluster`` asks for."""
+        ...
+
+    @classmethod
     def check_cluster(cls, cluster: Any, *, expose: bool) -> None:
         """Raise before anything starts what the caller can see is wrong (ports taken, hosts
         that are not this machine); the fleet's start checks again in its own process."""

@@ -327,6 +327,10 @@ class LocalFleet(OwnedFleet[FleetTask]):
         return cluster.as_dict()
 
     @classmethod
+    def task_count(cls, cluster: Cluster) -> int:
+        return len(cluster.tasks)
+
+    @classmethod
     def check_cluster(cls, cluster: Cluster, *, expose: bool) -> None:
         expose = flag(expose, "expose")
         check_hosts_and_ports(cluster)

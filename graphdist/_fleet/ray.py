@@ -614,6 +614,10 @@ class RayFleet(OwnedFleet[RayTask]):
         return dict(cluster)
 
     @classmethod
+    def task_count(cls, cluster: Mapping[str, int]) -> int:
+        return sum(cluster.values())
+
+    @classmethod
     def check_cluster(cls, cluster: Mapping[str, int], *, expose: bool) -> None:
         """Only ``expose``: Ray places the servers (it picks the nodes and ports)."""
         flag(expose, "expose")

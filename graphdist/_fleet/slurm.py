@@ -174,6 +174,10 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         return dict(cluster)
 
     @classmethod
+    def task_count(cls, cluster: Mapping[str, int]) -> int:
+        return sum(cluster.values())
+
+    @classmethod
     def check_cluster(cls, cluster: Mapping[str, int], *, expose: bool) -> None:
         """Only ``expose``: the allocation is read when the fleet starts."""
         flag(expose, "expose")
