@@ -113,6 +113,7 @@ def check_listening(
     sockets: list[tuple[str, int]] | None = None,
     port: int | None = None,
     table: ListeningTable | None = None,
+    opt_out: str = "pass expose=True (CLI: --expose) if you do want it reachable",
 ) -> list[tuple[str, int]]:
     """Raise :class:`ExposedServerError` unless every socket that the server of ``task`` (process
     ``pid``) listens on is loopback or in ``allowed`` (``None``: anywhere, only read them);
@@ -120,7 +121,8 @@ def check_listening(
 
     ``sockets`` skips reading them from the OS (a backend that asks the process itself, as Ray
     does); ``port`` limits the check to that port (a process that also runs other services);
-    ``table`` is a reading of the OS's sockets to use (default: a fresh one).
+    ``table`` is a reading of the OS's sockets to use (default: a fresh one); ``opt_out`` the
+    words of the refusal for how the caller's user exposes a server on purpose.
     """
     if sockets is None:
         if pid is None:
@@ -153,8 +155,7 @@ def check_listening(
             f"The server of {task} listens on {where}, reachable from other machines, although "
             "graphdist was asked to keep it on loopback; it was stopped. The bind shim did not "
             "take effect (a broken cached library, or LD_PRELOAD ignored by the loader): remove "
-            "~/.cache/graphdist/loopback-bind-*.so and retry, or pass expose=True (CLI: "
-            "--expose) if you do want it reachable",
+            f"~/.cache/graphdist/loopback-bind-*.so and retry, or {opt_out}",
             task=task,
             address=address,
             sockets=bad,

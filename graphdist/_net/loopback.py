@@ -23,6 +23,7 @@ import hashlib
 import ipaddress
 import logging
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -86,17 +87,43 @@ def _works(path: str) -> bool:
     return True
 
 
+_NEEDED = (
+    "every server graphdist starts loads it, exposed ones included: on a host address it is what "
+    "lets in only the cluster's members; nothing starts without it"
+)
+
+
+def _compiler() -> list[str]:
+    """The C compiler's command: ``CC`` (split as a shell would: ``ccache gcc``) where set,
+    else ``cc`` or ``gcc`` on ``PATH``; raises :class:`LoopbackUnavailableError` naming what
+    is missing."""
+    cc = os.environ.get("CC", "").strip()
+    if cc:
+        try:
+            argv = shlex.split(cc)
+        except ValueError:
+            argv = []
+        if not argv or shutil.which(argv[0]) is None:
+            raise LoopbackUnavailableError(
+                f"Cannot build graphdist's bind shim: CC={cc!r} names no program that can be run "
+                f"here; point CC at a C compiler (CC=gcc), or unset it to use cc/gcc on PATH "
+                f"({_NEEDED})"
+            )
+        return argv
+    found = shutil.which("cc") or shutil.which("gcc")
+    if found is None:
+        raise LoopbackUnavailableError(
+            "Cannot build graphdist's bind shim: no C compiler (cc/gcc on PATH, or CC); install "
+            f"gcc, or set CC to one ({_NEEDED})"
+        )
+    return [found]
+
+
 def _build(source: bytes, path: str) -> None:
     """Compile the shim to ``path`` atomically: into a temporary file in the same folder, then
     renamed over ``path``, so concurrent builders and interrupted ones never leave a partial
     library where others load it."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise LoopbackUnavailableError(
-            "Cannot keep the servers on loopback: no C compiler (cc/gcc) to build graphdist's "
-            "bind shim. Install gcc, or pass expose=True (CLI: --expose) to accept servers "
-            "that listen on every interface without authentication."
-        )
+    compiler = _compiler()
     folder = os.path.dirname(path)
     fd, tmp_so = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
     os.close(fd)
@@ -104,16 +131,24 @@ def _build(source: bytes, path: str) -> None:
     try:
         with open(tmp_c, "wb") as f:
             f.write(source)
-        result = subprocess.run(
-            [compiler, "-shared", "-fPIC", "-O2", "-o", tmp_so, tmp_c, "-ldl"],
-            capture_output=True,
-            text=True,
-        )
+        try:
+            result = subprocess.run(
+                [*compiler, "-shared", "-fPIC", "-O2", "-o", tmp_so, tmp_c, "-ldl"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise LoopbackUnavailableError(
+                f"Cannot build graphdist's bind shim: running the C compiler {compiler[0]} "
+                f"failed ({type(exc).__name__}: {exc}); point CC at a working C compiler "
+                f"({_NEEDED})"
+            ) from None
         if result.returncode != 0:
             raise LoopbackUnavailableError(
-                f"Cannot keep the servers on loopback: building the bind shim with {compiler} "
-                f"failed ({result.stderr.strip()[-300:]}). Pass expose=True (CLI: --expose) "
-                "to accept servers that listen on every interface."
+                f"Cannot build graphdist's bind shim: {compiler[0]} failed "
+                f"({result.stderr.strip()[-300:]}); point CC at a working C compiler "
+                f"({_NEEDED})"
             )
         os.chmod(tmp_so, 0o500)
         os.replace(tmp_so, path)
@@ -138,9 +173,8 @@ def loopback_library() -> str:
         _build(source, path)
         if not _works(path):
             raise LoopbackUnavailableError(
-                f"Cannot keep the servers on loopback: the bind shim {path} was built but does "
-                "not rewrite a wildcard bind here (is LD_PRELOAD honoured?). Pass expose=True "
-                "(CLI: --expose) to accept servers that listen on every interface."
+                f"graphdist's bind shim {path} was built but does not rewrite a wildcard bind "
+                f"here: is LD_PRELOAD honoured (not a static or setuid Python)? ({_NEEDED})"
             )
     return path
 

@@ -36,6 +36,7 @@ __all__ = [
     "member_addresses",
     "members_env",
     "parse_allow",
+    "shim_members",
 ]
 
 ALLOW_ENV = "GRAPHDIST_ALLOW"
@@ -43,7 +44,30 @@ KEEP_WILDCARD = "*"
 """``GRAPHDIST_BIND_ADDR`` for a server that keeps TensorFlow's wildcard bind (``--bind-all``,
 ``expose=True`` on loopback hosts) while the shim still enforces the members."""
 
-_MAX_ENTRIES = 4096
+_MAX_ENTRIES = 1024
+# The list travels in one environment variable, which Linux bounds to 128 KiB (MAX_ARG_STRLEN,
+# 32 pages): a longer one fails execve with "Argument list too long". 1,024 allow entries of
+# the longest kind (an IPv6 /128, 43 characters and a comma) and 1,024 cluster hosts fit.
+_MAX_LIST_CHARS = 128 * 1024 - len(ALLOW_ENV) - 2
+_ALL_V4 = ipaddress.IPv6Network("::ffff:0:0/96")  # every IPv4 address, as IPv6 sockets see it
+
+
+def _normal(
+    network: ipaddress.IPv4Network | ipaddress.IPv6Network,
+) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A v4-mapped IPv6 network (``::ffff:10.0.0.0/104``) as the IPv4 network it is
+    (``10.0.0.0/8``): an IPv4 peer on an IPv6 socket is ``::ffff:a.b.c.d``, so both spellings
+    let in the same machines, and the wildcard check must see them alike."""
+    if isinstance(network, ipaddress.IPv6Network) and network.prefixlen >= 96:
+        mapped = network.network_address.ipv4_mapped
+        if mapped is not None:
+            return ipaddress.IPv4Network(f"{mapped}/{network.prefixlen - 96}")
+    return network
+
+
+def _every_ipv4(network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    """Whether ``network`` holds every IPv4 address (``::ffff:0:0/95``, ``::/80``)."""
+    return isinstance(network, ipaddress.IPv6Network) and _ALL_V4.subnet_of(network)
 
 
 def parse_allow(allow: str | Iterable[str] | None, *, name: str = "allow") -> tuple[str, ...]:
@@ -81,8 +105,16 @@ def parse_allow(allow: str | Iterable[str] | None, *, name: str = "allow") -> tu
         text = entry.strip()
         if not text:
             continue
+        if "%" in text:  # Python parses fe80::1%eth0; the shim, rightly, does not
+            raise ArgumentError(
+                f"{name}: {show(text)} is a scoped address (the part after '%' names an "
+                "interface of one machine), which a peer's address never carries; name it "
+                f"without its zone ({show(text.split('%', 1)[0])})",
+                name=name,
+                value=text,
+            )
         try:
-            network = ipaddress.ip_network(text, strict=False)
+            network = _normal(ipaddress.ip_network(text, strict=False))
         except ValueError:
             raise ArgumentError(
                 f"{name}: {show(text)} is not an IP address or network (CIDR) such as "
@@ -94,6 +126,14 @@ def parse_allow(allow: str | Iterable[str] | None, *, name: str = "allow") -> tu
             raise ArgumentError(
                 f"{name}: {show(text)} is a wildcard, which would let every machine run code in "
                 "the servers; name the clients' addresses or networks",
+                name=name,
+                value=text,
+            )
+        if _every_ipv4(network):
+            raise ArgumentError(
+                f"{name}: {show(text)} holds every IPv4 address (::ffff:0:0/96 is IPv4 as an "
+                "IPv6 socket sees it): a wildcard, which would let every IPv4 machine run code "
+                "in the servers; name the clients' addresses or networks",
                 name=name,
                 value=text,
             )
@@ -133,14 +173,36 @@ def member_addresses(cluster: Cluster) -> list[str]:
 
 
 def members_env(cluster: Cluster, allow: Iterable[str] = ()) -> dict[str, str]:
-    """``{GRAPHDIST_ALLOW: ...}``: the cluster's own hosts and the parsed ``allow`` networks."""
+    """``{GRAPHDIST_ALLOW: ...}``: the cluster's own hosts and the parsed ``allow`` networks.
+    Raises :class:`ArgumentError` where the list is too long for one environment variable
+    (128 KiB on Linux; fewer, wider networks fit)."""
     entries = [*member_addresses(cluster)]
     entries += [n for n in allow if n not in entries]
-    return {ALLOW_ENV: ",".join(entries)}
+    value = ",".join(entries)
+    if len(value) > _MAX_LIST_CHARS:
+        raise ArgumentError(
+            f"The member list (the cluster's {len(entries) - len(tuple(allow))} host address(es) "
+            f"and allow's {len(tuple(allow))} entries) is {len(value):,} characters, more than "
+            f"one environment variable holds ({_MAX_LIST_CHARS:,}); name networks (CIDR) instead "
+            "of single addresses",
+            name="allow",
+            value=f"{len(tuple(allow))} entries",
+        )
+    return {ALLOW_ENV: value}
 
 
 def _entries(value: str) -> int:
     return sum(1 for entry in value.split(",") if entry)
+
+
+def shim_members() -> int | None:
+    """What graphdist's shim, if it is loaded in this process, reads of ``GRAPHDIST_ALLOW``
+    (entries; -1 one unreadable, -2 unset); ``None`` where it is not loaded (no process
+    variable says so: its own exported function is looked up)."""
+    try:
+        return int(ctypes.CDLL(None).graphdist_members())
+    except (AttributeError, OSError):
+        return None
 
 
 def check_enforced(what: str) -> None:
@@ -150,10 +212,8 @@ def check_enforced(what: str) -> None:
     expected = os.environ.get(ALLOW_ENV)
     if expected is None:
         return
-    try:
-        count = int(ctypes.CDLL(None).graphdist_members())
-    except (AttributeError, OSError):
-        count = -3
+    found = shim_members()
+    count = -3 if found is None else found
     if count != _entries(expected):
         why = {
             -3: "graphdist's shim is not loaded in its process",

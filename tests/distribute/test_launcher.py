@@ -375,3 +375,24 @@ def test_ps_shows_each_guard_with_its_task():
         graphdist.run_command([PY, "-c", code], workers=2, output=io.StringIO(), timeout_s=3)
     watcher.join()
     assert sorted(seen) == ["worker-0", "worker-1"]
+
+
+@pytest.mark.parametrize("expose", [False, True])
+def test_an_exposed_local_run_still_loads_the_shim_with_the_members(expose):
+    """issue 38: ``run --expose`` (local) loaded no shim at all, so its tasks' servers listened
+    on every interface and let every machine in. Exposed or not, each task's process has the
+    shim loaded (its own exported function answers) with a member list; exposed, the wildcard
+    bind is kept for the shim to check members at ``accept()``."""
+    out = io.StringIO()
+    code = (
+        "import os; from graphdist._net.members import shim_members; "
+        "print(shim_members(), os.environ.get('GRAPHDIST_BIND_ADDR'), "
+        "repr(os.environ.get('GRAPHDIST_ALLOW')))"
+    )
+    results = graphdist.run_command([PY, "-c", code], workers=1, expose=expose, output=out)
+    assert [r.exitcode for r in results] == [0], out.getvalue()
+    (line,) = out.getvalue().splitlines()
+    if expose:  # loopback hosts: no member but this host's own processes
+        assert line == "[worker-0] 0 * ''", line
+    else:
+        assert line == "[worker-0] -2 127.0.0.1 None", line

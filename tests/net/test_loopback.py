@@ -22,6 +22,7 @@ from graphdist._graph.graphs import split_graph
 from graphdist._net.ports import pick_free_ports, release_ports
 from tests.conftest import (
     EVENTUALLY_S,
+    QUIET_TF,
     REPO,
     listening,
     processes_marked,
@@ -142,9 +143,46 @@ def test_no_mechanism_is_a_clear_error_not_a_silent_exposure(tmp_path):
     env = {"XDG_CACHE_HOME": str(tmp_path), "CC": "/bin/false"}
     result = run_python(["-c", code], env=env)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("refused: Cannot keep the servers on loopback")
-    assert "expose=True" in result.stdout
+    assert result.stdout.startswith("refused: Cannot build graphdist's bind shim: /bin/false")
+    # no way around it to advise: an exposed fleet needs the shim as much (members only)
+    assert "expose" not in result.stdout.split("(", 1)[0]
+    assert "exposed ones included" in result.stdout
     assert not os.listdir(tmp_path / "graphdist")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cc", ["/nonexistent/cc", "", "no-such-compiler-here -O2", "'unclosed"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["up", "--cluster", "local=1"],
+        ["up", "--cluster", "local=1", "--expose"],
+        ["serve", "--cluster", '{"local": ["localhost:1"]}', "--job", "local", "--task", "0"],
+    ],
+)
+def test_a_compiler_that_cannot_run_is_one_line_naming_cc(tmp_path, cc, argv):
+    """``CC=/nonexistent/cc`` was a FileNotFoundError traceback; no compiler at all advised
+    ``--expose``, which serve lacks and which needs the shim too. Now one line naming CC (or
+    its absence) and what to do, for every command, and nothing started."""
+    env = {"XDG_CACHE_HOME": str(tmp_path), "CC": cc, **QUIET_TF}
+    if cc == "":
+        env["PATH"] = str(tmp_path)  # no cc, no gcc
+    result = subprocess.run(
+        [sys.executable, "-m", "graphdist", *argv],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert result.returncode != 0
+    *_, said = result.stderr.splitlines()  # up --expose warns of the exposure first
+    assert "Traceback" not in result.stderr, result.stderr
+    assert said.startswith("Error: Cannot build graphdist's bind shim: "), result.stderr
+    if cc:
+        assert f"CC={cc!r} names no program that can be run" in result.stderr, result.stderr
+    else:
+        assert "no C compiler (cc/gcc on PATH, or CC)" in result.stderr, result.stderr
+    assert "--expose" not in said and "expose=True" not in said
 
 
 # -- verified, not assumed (the shim's effect is checked after every start) ----------------------

@@ -38,6 +38,13 @@ def test_allow_entries_are_normalized_networks() -> None:
         ("0.0.0.0", "'0.0.0.0' is a wildcard"),
         ("10.0.0.1,0.0.0.0/0", "'0.0.0.0/0' is a wildcard"),
         ("::/0", "'::/0' is a wildcard"),
+        # every IPv4 address, spelled as IPv6 (issue 38: accepted, and let every IPv4 machine in)
+        ("::ffff:0:0/96", "'::ffff:0:0/96' is a wildcard"),  # 0.0.0.0/0
+        ("::ffff:0.0.0.0/96", "'::ffff:0.0.0.0/96' is a wildcard"),
+        ("::ffff:0:0/95", "'::ffff:0:0/95' holds every IPv4 address"),
+        ("::fffe:0:0/94", "'::fffe:0:0/94' holds every IPv4 address"),
+        ("fe80::1%eth0", "'fe80::1%eth0' is a scoped address"),
+        ("10.0.0.1,fe80::1%2", "'fe80::1%2' is a scoped address"),
         ("", "allow is empty"),
         (" , ", "allow is empty"),
         ([], "allow is empty"),
@@ -49,6 +56,35 @@ def test_a_bad_allow_list_is_refused_naming_the_value(allow: object, named: str)
     with pytest.raises(graphdist.ArgumentError, match="allow") as info:
         parse_allow(allow)  # type: ignore[arg-type]
     assert named in str(info.value)
+
+
+def test_v4_mapped_networks_are_the_ipv4_networks_they_are() -> None:
+    """An IPv4 peer on an IPv6 socket is ::ffff:a.b.c.d: a v4-mapped entry is kept as the IPv4
+    network it spells (so the wildcard check sees it), and a network short of every IPv4
+    address is a network like any other."""
+    assert parse_allow("::ffff:10.0.0.0/104,::ffff:10.0.0.3") == ("10.0.0.0/8", "10.0.0.3/32")
+    assert parse_allow("::ffff:128.0.0.0/97") == ("128.0.0.0/1",)
+    assert parse_allow("::fffe:0:0/96,fe80::1") == ("::fffe:0:0/96", "fe80::1/128")
+    for every in ("::ffff:0:0/96", "::ffff:0:0/95"):
+        with pytest.raises(graphdist.ArgumentError, match=r"wildcard, which would let every"):
+            graphdist.LocalFleet("local=1", expose=True, allow=[every])
+
+
+def test_a_member_list_too_long_for_the_environment_is_refused_in_one_line() -> None:
+    """The documented maximum of IPv6 entries fits one environment variable (issue 38: 4,096
+    of them failed serve's execve with 'Argument list too long'); a longer list is refused
+    before anything starts, naming what to do."""
+    most = [f"2001:db8:ffff:ffff:ffff:ffff:ffff:{i:x}" for i in range(1024)]
+    env = members_env(Cluster.parse({"w": ["localhost:2222"]}), parse_allow(most))
+    assert len(env[ALLOW_ENV].split(",")) == 1024
+    argv = [sys.executable, "-c", "import os; print(len(os.environ['GRAPHDIST_ALLOW']))"]
+    ran = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True)
+    assert ran.returncode == 0 and int(ran.stdout) == len(env[ALLOW_ENV])  # execve took it
+    with pytest.raises(graphdist.ArgumentError, match="at most 1024"):
+        parse_allow([*most, "2001:db8::1"])
+    hosts = {"w": [f"[2001:db8:ffff:ffff:ffff:fffe:{i:x}:1]:2222" for i in range(3000)]}
+    with pytest.raises(graphdist.ArgumentError, match="networks \\(CIDR\\) instead"):
+        members_env(Cluster.parse(hosts), parse_allow(most))
 
 
 def test_members_are_the_clusters_own_hosts_and_the_allow_list() -> None:
@@ -129,6 +165,9 @@ def test_the_shim_reads_the_list_the_server_was_given(allow: str, outcome: str) 
     ("argv", "named"),
     [
         (["serve", "--allow", "0.0.0.0/0"], "'0.0.0.0/0' is a wildcard"),
+        (["serve", "--allow", "::ffff:0:0/96"], "'::ffff:0:0/96' is a wildcard"),
+        (["serve", "--allow", "::ffff:0:0/95"], "'::ffff:0:0/95' holds every IPv4 address"),
+        (["serve", "--allow", "fe80::1%eth0"], "'fe80::1%eth0' is a scoped address"),
         (["serve", "--allow", "10.1.2"], "'10.1.2' is not an IP address"),
         (["serve", "--allow", ","], "--allow is empty"),
         (["serve", "--allow", "10.0.0.3"], "--allow does nothing for local-0"),
@@ -197,11 +236,11 @@ def test_a_bad_allow_list_is_refused_in_exact_words(allow: object, message: str,
 
 
 def test_the_allow_list_is_bounded_and_named_as_the_caller_names_it():
-    most = ",".join(f"10.0.{i // 256}.{i % 256}" for i in range(4096))
-    assert len(parse_allow(most)) == 4096
+    most = ",".join(f"10.0.{i // 256}.{i % 256}" for i in range(1024))
+    assert len(parse_allow(most)) == 1024
     with pytest.raises(graphdist.ArgumentError) as info:
         parse_allow(most + ",10.1.0.0", name="--allow")
-    assert str(info.value) == "--allow has 4097 entries; at most 4096"
+    assert str(info.value) == "--allow has 1025 entries; at most 1024"
     assert (info.value.name, info.value.value) == ("--allow", most + ",10.1.0.0")
     with pytest.raises(graphdist.ArgumentError) as info:
         parse_allow("bogus", name="--allow")
