@@ -33,17 +33,22 @@ UP_THEN_SLEEP = (
     "import os, time; print('up', flush=True); "
     "time.sleep(120 * (os.environ['GRAPHDIST_RESTART'] == '0'))"
 )
-#: Well below Ray's 16 s to mark the node dead, and its 180 s placement timeout.
+#: From the loss to the run's decision (its restarting or run-ended event): well below the
+#: ~16 s Ray takes to mark the node dead.
 FOUND_AT_ONCE_S = 8.0
+#: From the decision to the next attempt's start: well below Ray's 180 s placement timeout, on
+#: which a STRICT_SPREAD group over a lost node would wait.
+PLACED_AT_ONCE_S = 30.0
 
 
 def _run_losing_a_node(
     cpus: list[int], workers: int, *, head: bool = False, args: Sequence[str] = ()
-) -> tuple[int, list[dict[str, Any]], list[str], str, float]:
+) -> tuple[int, list[dict[str, Any]], list[str], str, dict[str, float]]:
     """A ``workers``-task run on a cluster of ``cpus`` (one CPU a task, STRICT_SPREAD over the
     three nodes) whose first 1-CPU node that is not the head (or the head) is lost (its raylet,
     and every process of it, killed) once every task runs: (exit, events, output lines, the lost
-    node's id, seconds from the loss to the run's next attempt or its end)."""
+    node's id, seconds from the loss to the first event of each kind after it: ``restarting``,
+    ``attempt-started``, ``run-ended``)."""
     with simulated_cluster(cpus) as cluster:
         nodes = [n for n in cluster.list_all_nodes() if n is not cluster.head_node]
         victim = (
@@ -61,7 +66,7 @@ def _run_losing_a_node(
         lines: list[str] = []
         up: set[str] = set()
         lost_at: list[float] = []
-        after: list[float] = []
+        after: dict[str, float] = {}
         try:
             for line in proc.stdout:
                 lines.append(line)
@@ -72,8 +77,9 @@ def _run_losing_a_node(
                 if not lost_at and len(up) == workers:
                     cluster.remove_node(victim, allow_graceful=False)
                     lost_at.append(time.monotonic())
-                if lost_at and not after and event.get("event") in ("attempt-started", "run-ended"):
-                    after.append(time.monotonic())
+                kind = event.get("event")
+                if lost_at and kind in ("restarting", "attempt-started", "run-ended"):
+                    after.setdefault(kind, time.monotonic() - lost_at[0])
             code = proc.wait(30)  # Ray's own shutdown at exit waits ~5 s for a lost head
         finally:
             if proc.poll() is None:
@@ -81,7 +87,7 @@ def _run_losing_a_node(
                 proc.wait(30)
         assert lost_at and after, "".join(lines[-60:])
         assert wait_gone([proc.pid], 10) == []
-        return code, events, lines, victim.node_id, after[0] - lost_at[0]
+        return code, events, lines, victim.node_id, after
 
 
 def _of(kind: str) -> Callable[[dict[str, Any]], bool]:
@@ -100,7 +106,11 @@ def test_a_lost_ray_node_restarts_the_run_on_the_nodes_left_at_once() -> None:
     assert len(set(started[0]["nodes"].values())) == 3, started[0]
     assert lost[:8] in started[0]["nodes"].values(), (lost, started[0])
     assert lost[:8] not in started[1]["nodes"].values(), (lost, started[1])
-    assert took < FOUND_AT_ONCE_S, took
+    # two bounds, each against what it replaces: on a busy CI machine the whole took 8.7 s,
+    # most of it stopping the old attempt and starting the new one's actors
+    assert took["restarting"] < FOUND_AT_ONCE_S, took
+    assert took["attempt-started"] - took["restarting"] < PLACED_AT_ONCE_S, took
+    print("loss to decision, to next attempt (s):", took)
 
 
 @pytest.mark.timeout(300)
@@ -116,7 +126,7 @@ def test_a_lost_ray_node_ends_the_run_in_one_line_when_the_nodes_left_are_too_fe
     assert len(errors) == 1, "".join(lines[-60:])
     assert "Attempt 2 cannot be placed" in errors[0] and lost[:8] in errors[0], errors
     assert "2 CPU on 2 node(s)" in errors[0], errors
-    assert took < FOUND_AT_ONCE_S, took
+    assert took["run-ended"] < FOUND_AT_ONCE_S, took
 
 
 @pytest.mark.timeout(300)
@@ -139,4 +149,4 @@ def test_a_lost_ray_head_ends_the_run_in_one_line_with_its_summary(tmp_path: Any
     assert len(ended) == 1 and ended[0]["outcome"].startswith("failed: The Ray head is lost")
     (summary,) = logs.glob("run-*/summary.txt")
     assert "The Ray head is lost" in summary.read_text(), summary.read_text()
-    assert took < FOUND_AT_ONCE_S, took
+    assert took["run-ended"] < FOUND_AT_ONCE_S, took
