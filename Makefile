@@ -1,6 +1,7 @@
 # Two entry points for users: `make demo` (the main job) and `make test` (the whole suite);
 # `make docs` builds the documentation site.
-# Both create .venv on first use: `demo` installs graphdist and its runtime dependencies only,
+# Both create .venv on first use: `demo` installs graphdist, its runtime dependencies and the
+# `distribute` extra (tf-keras: README's next command, a `graphdist run` of the MWMS example),
 # `test` adds the test extras (and Ray, whose backend the suite covers), and, as root with apt-get,
 # Debian's Slurm and munge for the Slurm bed of tests/slurm (tests/slurm/install-slurm.sh: a no-op
 # once installed; it leaves none of their services running). Nothing else installs system
@@ -15,7 +16,7 @@ BIN := $(VENV)/bin
 $(VENV)/.installed: setup.cfg setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q -e '.[distribute]'
 	touch $@
 
 $(VENV)/.test-installed: $(VENV)/.installed

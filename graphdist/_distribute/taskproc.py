@@ -411,6 +411,19 @@ def cut(line: str) -> str:
     return f"{line[:MESSAGE_LINE_CHARS]} [... {len(line) - MESSAGE_LINE_CHARS} more characters]"
 
 
+def _tf_keras_requirement() -> str:
+    """``tf-keras==2.21.*`` for this environment's TensorFlow 2.21 (tf-keras follows
+    TensorFlow's minor versions), or plain ``tf-keras`` where TensorFlow's version is unknown.
+    graphdist itself is on no package index: ``graphdist[distribute]`` is nothing pip finds."""
+    from importlib import metadata
+
+    try:
+        major, minor = metadata.version("tensorflow").split(".")[:2]
+    except (metadata.PackageNotFoundError, ValueError):
+        return "tf-keras"
+    return f"tf-keras=={major}.{minor}.*"
+
+
 def interpreter_hint(tail: Sequence[str]) -> str:
     """What to do when a task's Python lacks TensorFlow or graphdist: most often the command's
     ``python`` is another interpreter than the one graphdist runs in; or tf-keras, which the
@@ -421,7 +434,9 @@ def interpreter_hint(tail: Sequence[str]) -> str:
         return (
             "\n  the task's Python has no tf-keras, tf.keras in a run (graphdist run sets "
             "TF_USE_LEGACY_KERAS=1: Keras 3 cannot fit under MultiWorkerMirroredStrategy); install "
-            f"it: `{sys.executable} -m pip install 'graphdist[distribute]'` (or tf-keras alone)"
+            f"the one that matches TensorFlow: `{sys.executable} -m pip install "
+            f"'{_tf_keras_requirement()}'` (or, from graphdist's clone, `pip install "
+            "'.[distribute]'`)"
         )
     if not missing:
         return ""
