@@ -45,7 +45,14 @@ from graphdist._distribute.events import (
 from graphdist._distribute.heartbeat import Heartbeat
 from graphdist._distribute.runlogs import RunLogs
 from graphdist._distribute.runspec import RunSpec
-from graphdist._distribute.taskproc import Output, TaskProcess, TaskResult, describe, how
+from graphdist._distribute.taskproc import (
+    Output,
+    TaskProcess,
+    TaskResult,
+    describe,
+    how,
+    unfixable_error,
+)
 from graphdist._exceptions import LaunchError, LaunchTimeoutError, TaskExitError, TaskOutcome
 from graphdist._failures import how_ended
 from graphdist._proc.process import NOW_SIGNAL, TASK_STOP_GRACE_S, stop_all
@@ -198,7 +205,7 @@ def run_attempts(
                 run.emit(GaveUp(cause, "gone", gone))
                 run.end(f"failed: {gone}", show=True)
                 raise LaunchError(f"{gone}; the run ends here", exc.results) from None
-            decision = policy.failed()
+            decision = policy.failed(error=unfixable_error(exc.failed.tail))
             if not decision.restart:
                 reason = decision.reason if policy.max_restarts else "failed"
                 run.emit(GaveUp(cause, reason, decision.words()))
@@ -207,11 +214,12 @@ def run_attempts(
                     raise
                 run.end("failed", show=True)
                 gave_up = f" in attempt {run.attempt}; {decision.words()}"
-                hint = (
-                    "; raise max_restarts or restart_window_s to allow more"
-                    if decision.reason == "budget"
-                    else "; read its last lines, or raise min_uptime_s if its start takes longer"
-                )
+                if decision.reason == "budget":
+                    hint = "; raise max_restarts or restart_window_s to allow more"
+                elif decision.error is not None:  # its last lines say what to fix
+                    hint = ""
+                else:
+                    hint = "; read its last lines, or raise min_uptime_s if its start takes longer"
                 raise TaskExitError(
                     f"Task {describe(exc.failed, gave_up + hint)}\n  the other tasks were stopped",
                     exc.results,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -409,6 +410,23 @@ def cut(line: str) -> str:
     if len(line) <= MESSAGE_LINE_CHARS:
         return line
     return f"{line[:MESSAGE_LINE_CHARS]} [... {len(line) - MESSAGE_LINE_CHARS} more characters]"
+
+
+_UNFIXABLE = re.compile(
+    r"^(?:(?:ModuleNotFoundError|ImportError|SyntaxError|IndentationError|TabError): .*"
+    r"|\S*python[\d.]*: (?:can't open file .*|No module named .*))$"
+)
+"""The last line of a Python task that failed in a way no restart fixes: a module it imports
+is missing, its code does not parse, its script or ``-m`` module does not exist."""
+
+
+def unfixable_error(tail: Sequence[str]) -> str | None:
+    """The error line of a task's output (``tail``) that says it failed in a way no restart
+    fixes (:data:`_UNFIXABLE`), or ``None``."""
+    lines = [line.strip() for line in tail if line.strip()]
+    if lines and _UNFIXABLE.match(lines[-1]):
+        return lines[-1]
+    return None
 
 
 def _tf_keras_requirement() -> str:

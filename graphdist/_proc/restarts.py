@@ -20,7 +20,10 @@ The rules, with their numbers in one place (:data:`BACKOFF`, :data:`DEFAULT_REST
   preemption exit code after a SIGTERM) restarts at once and spends no restart;
 - a *start-up failure*: something that failed :data:`STARTUP_FAILURES` times in a row, each
   time within ``min_uptime_s`` of being started, gives up early (``"startup"``): a script that
-  cannot start (an import error, a bad path) will not start on the next try either.
+  cannot start (an import error, a bad path) will not start on the next try either; where the
+  caller can tell the failure's error is one that no restart fixes (``failed(error=...)``: a
+  missing module, a syntax error, a script that does not exist), the first such start-up
+  failure gives up at once.
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ class Decision:
     window_s: float
     startup_failures: int = 0
     min_uptime_s: float = DEFAULT_MIN_UPTIME_S
+    error: str | None = None  # a start-up failure's error that no restart fixes (its line)
 
     @property
     def restart_number(self) -> int:
@@ -122,6 +126,11 @@ class Decision:
         if self.restart:
             when = "at once" if self.wait_s == 0 else f"in {self.wait_s:g} s"
             return f"restarting {self.what} {when} (restart {self.restart_number} of {limit})"
+        if self.reason == "startup" and self.error is not None:
+            return (
+                f"gave up on {self.what}: it failed within {self.min_uptime_s:g} s of starting "
+                f"with {self.error}, an error that restarts will not fix"
+            )
         if self.reason == "startup":
             return (
                 f"gave up on {self.what}: it failed {self.startup_failures} times in a row "
@@ -176,12 +185,19 @@ class RestartPolicy:
         self._up_since = self._clock()
 
     def failed(
-        self, *, preempted: bool = False, what: str | None = None, startup: bool = True
+        self,
+        *,
+        preempted: bool = False,
+        what: str | None = None,
+        startup: bool = True,
+        error: str | None = None,
     ) -> Decision:
         """The thing failed now (``preempted``: it was asked to stop and did): the decision.
         ``what`` names what failed when it is a part of the thing (``"the server of
         worker-1"``), whose failure spends the same budget; ``startup=False``: a part whose
-        failure says nothing of the whole's start-up."""
+        failure says nothing of the whole's start-up; ``error``: the failure's error, where it
+        is one that no restart fixes (a missing module, a syntax error): within
+        ``min_uptime_s`` of a start it gives up at once."""
         now = self._clock()
         in_window = self._window(now)
         named = what or self.what
@@ -193,6 +209,8 @@ class RestartPolicy:
             self._startup_in_a_row = self._startup_in_a_row + 1 if short else 0
         if in_window >= self.max_restarts:
             return self._decision(named, in_window, False, 0.0, "budget")
+        if startup and self._startup_in_a_row and error is not None:
+            return self._decision(named, in_window, False, 0.0, "startup", error)
         if startup and self._startup_in_a_row >= STARTUP_FAILURES:
             return self._decision(named, in_window, False, 0.0, "startup")
         stable = now - self._up_since >= self.window_s
@@ -201,7 +219,13 @@ class RestartPolicy:
         return self._decision(named, in_window, True, wait, "failed")
 
     def _decision(
-        self, what: str, in_window: int, restart: bool, wait_s: float, reason: Reason
+        self,
+        what: str,
+        in_window: int,
+        restart: bool,
+        wait_s: float,
+        reason: Reason,
+        error: str | None = None,
     ) -> Decision:
         return Decision(
             what,
@@ -213,6 +237,7 @@ class RestartPolicy:
             self.window_s,
             self._startup_in_a_row,
             self.min_uptime_s,
+            error,
         )
 
     def restarted(self, decision: Decision) -> None:

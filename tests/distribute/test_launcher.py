@@ -354,6 +354,28 @@ def test_a_run_that_keeps_failing_at_start_gives_up_early_and_says_so():
     assert out.getvalue().count("restarting the run ") == 2
 
 
+@pytest.mark.parametrize(
+    ("command", "error"),
+    [
+        (["-c", "import graphdist_no_such_module"], "ModuleNotFoundError: No module named "),
+        (["-c", "def broken(:"], "SyntaxError: "),
+        (["/nonexistent/train.py"], "can't open file '/nonexistent/train.py'"),
+        (["-m", "graphdist_no_such_module"], "No module named graphdist_no_such_module"),
+    ],
+)
+def test_a_task_that_cannot_start_spends_no_restart(command, error):
+    """Every task of an attempt dying at start of an error that no restart fixes (a missing
+    module, a syntax error, a script that is not there) ends the run in its first attempt, with
+    the error named once, instead of spending restarts and printing its traceback each time."""
+    out = io.StringIO()
+    with pytest.raises(graphdist.TaskExitError) as info:
+        graphdist.run_command([PY, *command], workers=2, max_restarts=5, output=out)
+    first = str(info.value).splitlines()[0]
+    assert " in attempt 1; gave up on the run: it failed within 10 s of starting with " in first
+    assert error in first and "an error that restarts will not fix;" in first, first
+    assert "restarting the run" not in out.getvalue()
+
+
 def test_ps_shows_each_guard_with_its_task():
     """Each task's guard carries its task's name on its command line: `ps` tells them apart."""
     seen: dict[str, list[str]] = {}

@@ -111,6 +111,34 @@ def test_start_up_failures_in_a_row_give_up_early_and_say_why():
     )
 
 
+def test_an_unfixable_error_at_start_up_gives_up_at_once_and_names_it():
+    """A task that dies at start of a missing module will die of it on every try: the first
+    such failure is final, not the third (issue 39: README's run spent two restarts and printed
+    three tracebacks of one ImportError)."""
+    error = "ModuleNotFoundError: No module named 'tf_keras'"
+    policy, clock = _policy(100, 60.0, min_uptime_s=10.0)
+    policy.started()
+    clock.now += 2
+    final = policy.failed(error=error)
+    assert (final.restart, final.reason, final.error) == (False, "startup", error)
+    assert final.words() == (
+        f"gave up on the run: it failed within 10 s of starting with {error}, an error that "
+        "restarts will not fix"
+    )
+    # the same error after a long uptime is no start-up failure: a restart may well help
+    policy, clock = _policy(100, 60.0, min_uptime_s=10.0)
+    policy.started()
+    clock.now += 30
+    assert policy.failed(error=error).restart
+    # nor with the start-up rule turned off
+    policy, clock = _policy(100, 60.0, min_uptime_s=0.0)
+    policy.started()
+    assert policy.failed(error=error).restart
+    # a part's failure never tells of the whole's start-up
+    policy, clock = _policy(100, 60.0, min_uptime_s=10.0)
+    assert policy.failed(what="the server of ps-0", startup=False, error=error).restart
+
+
 def test_one_long_attempt_breaks_a_run_of_start_up_failures():
     policy, clock = _policy(100, 60.0, min_uptime_s=10.0)
     for uptime in (2, 2, 30, 2, 2):  # the third attempt trained for 30 s
