@@ -453,3 +453,12 @@ def copy_error(exc: GraphdistError) -> GraphdistError:
     """A fresh ``exc`` (same class, message and attributes; no traceback, cause or context),
     to raise again where the first one was raised already."""
     return from_wire(to_wire(exc))
+
+
+# Errors print under the name users import them by: `graphdist.PlacementError: ...` in a
+# traceback, not the private module's path (httpx does the same). Pickles name it too, and
+# `import graphdist` provides every one of them.
+for _error in list(globals().values()):
+    if isinstance(_error, type) and issubclass(_error, GraphdistError):
+        _error.__module__ = "graphdist"
+del _error

@@ -5,11 +5,14 @@ from __future__ import annotations
 import glob
 import importlib
 import os
+import pickle
 import pkgutil
 import re
+import traceback
 from pathlib import Path
 
 import graphdist
+import graphdist._exceptions
 from tests.conftest import REPO, run_python
 
 
@@ -106,11 +109,22 @@ def test_exception_tree_drawing_matches_the_classes():
     classes = _all_error_classes()
     assert {c.__name__ for c in classes} == set(drawn)
     for cls in classes:
-        assert cls.__module__ == "graphdist._exceptions", cls  # one home for every error
+        # one home for every error, shown under its public name (not graphdist._exceptions)
+        assert cls.__module__ == "graphdist", cls
+        assert getattr(graphdist._exceptions, cls.__name__) is cls, cls
         bases = [b for b in cls.__bases__ if issubclass(b, graphdist.GraphdistError)]
         parent = bases[0].__name__ if bases else None
         assert drawn[cls.__name__] == parent, cls
         assert cls.__name__ in graphdist.__all__, cls
+
+
+def test_an_error_prints_and_pickles_under_its_public_name():
+    """issue 39: errors printed as graphdist._exceptions.PlacementError, a private path."""
+    error = graphdist.PlacementError("No task with index 5 in job 'local'", device="/job:local")
+    shown = traceback.format_exception_only(type(error), error)[-1]
+    assert shown.startswith("graphdist.PlacementError: No task with index 5"), shown
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is graphdist.PlacementError and str(again) == str(error)
 
 
 def test_bad_values_are_value_errors_and_missing_tasks_key_errors():

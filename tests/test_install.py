@@ -240,7 +240,7 @@ def test_unsupported_tensorflow_is_refused_at_import_in_one_line(tmp_path):
     )
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("graphdist._exceptions.UnsupportedVersionError: graphdist 0")
+    assert last.startswith("graphdist.UnsupportedVersionError: graphdist 0")
     assert "found TensorFlow 2.15.1" in last
     env["GRAPHDIST_ALLOW_ANY_TENSORFLOW"] = "1"
     allowed = subprocess.run(
