@@ -13,7 +13,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from graphdist._validate import timeout_ms
+from graphdist._exceptions import ArgumentError
+from graphdist._validate import show, timeout_ms
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -182,6 +183,32 @@ def _graphdist_session_class() -> Any:
     return _session_class
 
 
+_SCHEMES = ("grpc://", "grpc+verbs://", "local://")
+
+
+def _check_target(target: str | None) -> str:
+    """``target`` as TensorFlow takes it; raises :class:`ArgumentError` for one it would refuse
+    in its own words ("No session factory registered for the given session options"), most
+    often a task's address without ``grpc://``."""
+    if target is None or target == "":
+        return ""
+    if not isinstance(target, str):
+        raise ArgumentError(
+            f"session target must be a string such as 'grpc://localhost:2222', not {show(target)}",
+            name="target",
+            value=target,
+        )
+    if not target.startswith(_SCHEMES):
+        raise ArgumentError(
+            f"session target {show(target)} names no protocol: TensorFlow takes "
+            f"'grpc://{target.split('://')[-1]}' (a task's address after grpc://), or None for "
+            "an in-process session",
+            name="target",
+            value=target,
+        )
+    return target
+
+
 def session(
     target: str | None = None,
     graph: tf.Graph | None = None,
@@ -197,10 +224,11 @@ def session(
 
     ``diagnose(error, timeout_ms)`` (used by fleets) may turn a task-failure error of ``run``
     into a graphdist error naming the task; it is raised with TensorFlow's error as its cause.
-    ``guard`` (a fleet's) watches each run and close (see :class:`RunGuard`).
+    ``guard`` (a fleet's) watches each run and close (see :class:`RunGuard`). A target without
+    ``grpc://`` raises :class:`ArgumentError` (TensorFlow's own words for it name no cause).
     """
     sess = _graphdist_session_class()(
-        target or "",
+        _check_target(target),
         graph=graph,
         config=session_config(config, operation_timeout_ms=operation_timeout_ms),
     )

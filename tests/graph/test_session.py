@@ -47,3 +47,24 @@ def test_in_process_session_runs_the_seed_graph():
     graph, y = split_graph(None, None)
     with graphdist.session(graph=graph) as sess:
         assert sess.run(y) == 238
+
+
+@pytest.mark.parametrize(
+    ("target", "words"),
+    [
+        (
+            "localhost:2222",
+            "session target 'localhost:2222' names no protocol: TensorFlow takes "
+            "'grpc://localhost:2222'",
+        ),
+        ("http://localhost:2222", "TensorFlow takes 'grpc://localhost:2222'"),
+        (2222, "session target must be a string such as 'grpc://localhost:2222', not 2222"),
+    ],
+)
+def test_a_target_without_grpc_is_refused_naming_what_to_pass(target, words):
+    """issue 39: graphdist.session("localhost:2222") surfaced as TensorFlow's "No session
+    factory registered for the given session options", which names no cause."""
+    with pytest.raises(graphdist.ArgumentError) as info:
+        graphdist.session(target)
+    assert words in str(info.value)
+    assert info.value.name == "target" and info.value.value == target
