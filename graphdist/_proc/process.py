@@ -368,8 +368,8 @@ class _Guard:
                 self._send(signal.SIGTERM)
             self._wait(self.grace_s)
         deadline = time.monotonic() + KILL_WAIT_S
-        while self._send(signal.SIGKILL) and time.monotonic() < deadline:
-            self._wait(_POLL_S * 5)
+        while (self._send(signal.SIGKILL) or self._unreaped()) and time.monotonic() < deadline:
+            self._wait(_POLL_S * 5, grace=False)
         self.reap()
 
     def _send(self, sig: int) -> list[int]:
@@ -379,12 +379,24 @@ class _Guard:
                 os.kill(pid, sig)
         return live
 
-    def _wait(self, seconds: float) -> None:
+    def _unreaped(self) -> bool:
+        """Whether the command is not reaped yet, though it may look gone: a multi-threaded
+        command's main thread is a zombie (state Z, no descendant) while its other threads
+        exit, and only once the last one has can it be waited for. A guard that took it for
+        gone exited without its status: 143 for a TensorFlow task that had saved and exited
+        42 on a requeue's SIGTERM."""
+        return self.child != 0 and self.status is None
+
+    def _wait(self, seconds: float, *, grace: bool = True) -> None:
+        """Reap until the tree is gone or ``seconds`` are up; a grace period (``grace``) ends
+        at once on NOW_SIGNAL."""
         deadline = time.monotonic() + seconds
         while True:
             self.reap()
             left = deadline - time.monotonic()
-            if left <= 0 or self.now or not descendants(self.pid):
+            if left <= 0 or (grace and self.now):
+                return
+            if not descendants(self.pid) and not self._unreaped():
                 return
             # wakes up for our children's exits; grandchildren's are polled
             info = signal.sigtimedwait(_GUARD_SIGNALS, min(left, _POLL_S * 5))
