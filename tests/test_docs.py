@@ -100,3 +100,61 @@ def test_every_name_the_docs_show_is_public():
         shown |= set(re.findall(r"\bgraphdist\.([A-Za-z][A-Za-z0-9_]*)", page.read_text("utf-8")))
     shown -= {"pytest_plugin", "NAME"}  # the plugin module; api.md's "graphdist.NAME"
     assert shown <= set(graphdist.__all__), shown - set(graphdist.__all__)
+
+
+def _error_classes() -> set[type[graphdist.GraphdistError]]:
+    """Every subclass of GraphdistError, recursively, once every public name is loaded (the
+    package loads its modules on first use: a class defined beside a public name counts too).
+    None is skipped, private or not: whatever graphdist raises reaches a user as its message."""
+    for name in graphdist.__all__:
+        getattr(graphdist, name)
+    found: set[type[graphdist.GraphdistError]] = set()
+    todo = [graphdist.GraphdistError]
+    while todo:
+        cls = todo.pop()
+        found.add(cls)
+        todo += cls.__subclasses__()
+    return found
+
+
+def _headings(text: str) -> list[str]:
+    return re.findall(r"^#{2,6} (.+)$", text, re.M)
+
+
+def test_every_error_class_has_a_troubleshooting_entry():
+    from graphdist._cli import main as cli
+
+    text = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")
+    headings = _headings(text)
+    classes = _error_classes()
+    assert len(classes) >= 27  # the tree of graphdist._exceptions' docstring, root included
+    missing = {
+        cls.__name__
+        for cls in classes
+        if not any(re.search(rf"\b{cls.__name__}\b", h) for h in headings)
+    }
+    assert not missing, f"no heading of docs/troubleshooting.md names {sorted(missing)}"
+    # the CLI's error classes: its table lists as exit status 2 exactly the classes main()
+    # exits 2 for (a user mistake), and TaskExitError as the task's own status
+    rows = {
+        row.split("|")[1].strip(): set(re.findall(r"`(\w+Error)`", row.split("|")[2]))
+        for row in re.findall(r"^\|.*\|$", text, re.M)
+    }
+    usage = {cls.__name__ for cls in classes if issubclass(cls, cli._USER_MISTAKES)}
+    assert rows.get("2") == usage, usage ^ rows.get("2", set())
+    assert rows.get("the task's own status") == {"TaskExitError"}
+    assert cli.EXIT_USAGE == 2 and cli.EXIT_FAILURE == 1
+    assert "Error: interrupted" in text  # Ctrl-C and signals: 130, 128 + N
+    # TensorFlow's own messages that users meet, each under a heading of its words
+    for words in (
+        "Cannot assign a device for operation",
+        "unknown device",
+        "No session factory registered",
+        "Could not start gRPC server",
+        "No module named 'tf_keras'",
+        "unsupported type PerReplica",
+        "Socket closed",
+        "Deadline Exceeded",
+        "Port already in use",
+    ):
+        assert any(words in h for h in headings), words
