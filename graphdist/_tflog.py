@@ -12,24 +12,35 @@ progress...), most of them straight from C++ to file descriptor 2, before and re
   TensorFlow's formats (a C++ log prefix with a ``file.cc:NN]`` part, the ``tensorflow`` Python
   logger, a warning raised in a ``tensorflow`` module, a few fixed texts), because dropping one of
   the user's own lines is worse than showing one of TensorFlow's.
-- :func:`import_tensorflow_quietly` imports TensorFlow in a graphdist command's own process with
-  file descriptor 2 read through :func:`is_tf_log` meanwhile.
+- :func:`tf_logs_kept_out` reads file descriptor 2 through :func:`is_tf_log` while a graphdist
+  command's own process imports TensorFlow (:func:`import_tensorflow_quietly`: ``demo``) or
+  builds its server (``serve``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import re
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from graphdist._exceptions import ArgumentError
 
-__all__ = ["LOOKBACK", "TF_LOGS_ENV", "import_tensorflow_quietly", "is_tf_log", "tf_logs_live"]
+__all__ = [
+    "LOOKBACK",
+    "TF_LOGS_ENV",
+    "LossyText",
+    "import_tensorflow_quietly",
+    "is_tf_log",
+    "lossy_stream",
+    "tf_logs_kept_out",
+    "tf_logs_live",
+]
 
 TF_LOGS_ENV = "GRAPHDIST_TF_LOGS"
 """``1``: show TensorFlow's own log lines live; unset, empty or ``0``: keep them to the logs."""
@@ -118,20 +129,33 @@ def _forward(read_fd: int, out_fd: int) -> None:
 
 
 def import_tensorflow_quietly() -> Any:
-    """``import tensorflow`` in this process, its log lines left out unless :func:`tf_logs_live`.
-
-    TensorFlow writes them from C++ to file descriptor 2 while it loads, which no log level
-    stops. Meanwhile fd 2 is a pipe that a thread copies to the real stderr, leaving out what
-    :func:`is_tf_log` says is TensorFlow's (a child started meanwhile keeps the pipe, and its
-    lines are read the same way); Python's ``sys.stderr`` writes to the real stderr directly, so
-    the program's own messages (an error another thread prints just before the process exits)
-    never wait in the pipe. Neither the environment nor ``TF_CPP_MIN_LOG_LEVEL`` changes, so
-    processes started from this one log everything. Also quiets the ``tensorflow`` Python
-    logger and TensorFlow's Python warnings here."""
-    if "tensorflow" in sys.modules or tf_logs_live():
+    """``import tensorflow`` in this process, its log lines left out unless :func:`tf_logs_live`
+    (see :func:`tf_logs_kept_out`)."""
+    if "tensorflow" in sys.modules:
         import tensorflow
 
         return tensorflow
+    with tf_logs_kept_out():
+        import tensorflow
+    return tensorflow
+
+
+@contextlib.contextmanager
+def tf_logs_kept_out() -> Iterator[None]:
+    """Within: TensorFlow's own log lines on file descriptor 2 are left out, unless
+    :func:`tf_logs_live` (importing TensorFlow, building a server: ``graphdist serve``).
+
+    TensorFlow writes them from C++ to file descriptor 2, which no log level stops. Meanwhile fd
+    2 is a pipe that a thread copies to the real stderr, leaving out what :func:`is_tf_log` says
+    is TensorFlow's (a child started meanwhile keeps the pipe, and its lines are read the same
+    way); Python's ``sys.stderr`` writes to the real stderr directly, so the program's own
+    messages (an error another thread prints just before the process exits) never wait in the
+    pipe. Neither the environment nor ``TF_CPP_MIN_LOG_LEVEL`` changes, so processes started
+    from this one log everything. Also quiets the ``tensorflow`` Python logger and TensorFlow's
+    Python warnings here."""
+    if tf_logs_live():
+        yield
+        return
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
     import warnings
 
@@ -152,15 +176,53 @@ def import_tensorflow_quietly() -> Any:
     os.dup2(write_fd, 2)
     os.close(write_fd)
     try:
-        import tensorflow
+        yield
     finally:
         os.dup2(saved, 2)  # the pipe ends when every process that holds it has closed it
         if direct is not None and sys.stderr is direct:
             with contextlib.suppress(Exception):
                 direct.flush()
             sys.stderr = python_stderr
-        thread.join(0.2)  # what TensorFlow's import left in the pipe, shown before what follows
-    return tensorflow
+        thread.join(0.2)  # what TensorFlow left in the pipe, shown before what follows
+
+
+class LossyText(io.TextIOWrapper):
+    """A text stream for diagnostics (stderr): a write that fails (its reader went away, a full
+    disk) loses the text instead of raising in whichever thread wrote it, since there is nowhere
+    left to report it; the stream's file descriptor becomes /dev/null then, so that what is still
+    buffered, later lines and Python's flush at exit cannot fail again."""
+
+    def write(self, text: str) -> int:
+        try:
+            return super().write(text)
+        except OSError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.fileno(), inheritable=self.fileno() <= 2)
+            os.close(devnull)
+            super().flush()
+
+
+def lossy_stream(fd: int, like: Any) -> LossyText:
+    """A :class:`LossyText` on ``fd`` that writes as ``like`` (``sys.stderr``) does; never
+    closed: it lives as long as the process (TensorFlow's log handlers may keep it)."""
+    raw = io.FileIO(fd, "w", closefd=False)
+    return LossyText(
+        io.BufferedWriter(raw),
+        encoding=getattr(like, "encoding", None) or "utf-8",
+        errors=getattr(like, "errors", None) or "backslashreplace",
+        line_buffering=True,
+    )
 
 
 def _direct_stderr(fd: int, like: Any) -> Any:
@@ -171,12 +233,4 @@ def _direct_stderr(fd: int, like: Any) -> Any:
             return None
     except (AttributeError, OSError, ValueError):
         return None
-    # never closed: it lives as long as the process (TensorFlow's log handlers may keep it)
-    return open(
-        fd,
-        "w",
-        encoding=getattr(like, "encoding", None) or "utf-8",
-        errors=getattr(like, "errors", None) or "backslashreplace",
-        buffering=1,
-        closefd=False,
-    )
+    return lossy_stream(fd, like)

@@ -3,6 +3,7 @@ one line, as it does later, not with a traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 
@@ -10,6 +11,7 @@ def main() -> int:
     try:
         from graphdist._cli.main import main as run
     except KeyboardInterrupt:
-        print("Error: interrupted", file=sys.stderr)
+        with contextlib.suppress(OSError):  # a stderr gone too: the status says it
+            print("Error: interrupted", file=sys.stderr)
         return 130
     return run()

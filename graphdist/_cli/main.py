@@ -11,6 +11,8 @@ shows a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import os
 import re
@@ -19,7 +21,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn, cast
 
 from graphdist._cluster import Cluster
 from graphdist._detached.supervisor import RESTART_POLICIES
@@ -56,9 +58,12 @@ from graphdist._proc.restarts import (
     STARTUP_FAILURES,
 )
 from graphdist._proc.signals import STOP_SIGNALS
-from graphdist._tflog import TF_LOGS_ENV, tf_logs_live
+from graphdist._tflog import TF_LOGS_ENV, LossyText, lossy_stream, tf_logs_live
 from graphdist._validate import is_ascii_digits
 from graphdist._version import __version__
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 __all__ = [
     "EXIT_FAILURE",
@@ -100,6 +105,11 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        # argparse's own ignores an OSError: `--help > /dev/full` would say nothing and exit 0
+        if message:
+            (file or sys.stderr).write(message)
 
 
 def flags_of(parser: argparse.ArgumentParser) -> dict[str, str]:
@@ -573,10 +583,11 @@ def _rows_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
+    # flushed: a foreground `up` goes on running, and its reader waits for the rows
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(rows, indent=2), flush=True)
     else:
-        print(_rows_table(rows))
+        print(_rows_table(rows), flush=True)
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -815,14 +826,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _say(line: str) -> None:
-    """A line on stdout that a reader gone away (``| head``) cannot turn into a traceback: the
-    rest of stdout goes to /dev/null, as the run's own output already does."""
+    """The run's last line on stdout. Lost output never changes a run's status (its tasks' lines
+    are dropped the same way, :class:`graphdist._distribute.taskproc.Output`): a reader gone away
+    (``| head``) got what it wanted; on another failure (a full disk) the line goes to stderr."""
     try:
         print(line, flush=True)
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+    except OSError as exc:
+        if not _is_output_error(exc):
+            raise
+        if exc.errno != errno.EPIPE:
+            print(f"{line} [stdout: {exc.strerror}]", file=sys.stderr)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -925,8 +938,130 @@ def exit_status(exc: GraphdistError) -> int:
     return EXIT_FAILURE
 
 
+EXIT_PIPE = 128 + signal.SIGPIPE
+"""A reader that went away (``graphdist status | head -1``): 141, what a shell shows for
+``yes | head -1``, whose ``yes`` SIGPIPE killed (coreutils, git)."""
+_OUTPUT_ERROR = "_graphdist_output_error"  # set on an OSError of a write to stdout
+
+
+class _Stdout:
+    """``sys.stdout`` while a command runs: a write or flush that fails raises as it would, marked
+    as the command's output (:func:`main` tells it from any other OSError), and fd 1 becomes
+    /dev/null, so that what is still buffered, another thread's line and Python's flush at exit
+    cannot fail again (no "Exception ignored ... BrokenPipeError"). ``None``: fd 1 was closed
+    when the command started, and every write fails as a closed file descriptor's does."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        self._stream = stream
+        self._failed_once = False
+
+    def write(self, text: str) -> int:
+        try:
+            if self._stream is None:
+                if self._failed_once:  # said once; the rest is lost as on /dev/null
+                    return len(text)
+                raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+            return self._stream.write(text)
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+    def flush(self) -> None:
+        try:
+            if self._stream is not None:
+                self._stream.flush()
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+    def _failed(self, exc: OSError) -> OSError:
+        setattr(exc, _OUTPUT_ERROR, True)
+        self._failed_once = True
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            if self._stream is not None and self._stream.fileno() == 1:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, 1)
+                os.close(devnull)
+        return exc
+
+    def __getattr__(self, name: str) -> Any:
+        if self._stream is None:
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+
+def _is_output_error(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and getattr(exc, _OUTPUT_ERROR, False)
+
+
+def _standard_fds_open() -> None:
+    """/dev/null on fd 0, 1 or 2 where the command started with it closed (``graphdist status
+    >&-``): otherwise the next file or socket opened takes its number, and a child's output or
+    TensorFlow's C++ logging (which writes to fd 2) would land in it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+            os.set_inheritable(fd, True)
+
+
+def _exit_code(code: object) -> int:
+    """A SystemExit's code as an exit status (argparse's: 0 after --help or --version)."""
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else EXIT_FAILURE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``graphdist`` command; returns the exit status."""
+    """Run the ``graphdist`` command; returns the exit status.
+
+    Output that cannot be written never shows a traceback: a reader that went away (EPIPE) ends
+    the command quietly with :data:`EXIT_PIPE`; any other failure to write stdout (a full disk,
+    stdout closed) with one line ``Error: cannot write output: ...`` and status 1; stderr that
+    cannot be written loses its lines (there is nowhere to say so) and changes nothing. `run`
+    goes on when its output is lost and keeps the run's status (see :func:`_say`)."""
+    _standard_fds_open()
+    streams = sys.stdout, sys.stderr
+    sys.stdout = cast(IO[str], _Stdout(sys.stdout))
+    sys.stderr = _lossy_stderr(sys.stderr)
+    try:
+        try:
+            status = _main(argv)
+        except SystemExit as exc:  # argparse's, after --help or --version
+            status = _exit_code(exc.code)
+        sys.stdout.flush()  # what is still buffered fails here, not in Python's exit
+        return status
+    except OSError as exc:
+        if not _is_output_error(exc):
+            raise
+        if exc.errno == errno.EPIPE:
+            return EXIT_PIPE
+        print(f"Error: cannot write output: {exc.strerror}", file=sys.stderr)
+        return EXIT_FAILURE
+    finally:
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = streams
+
+
+def _lossy_stderr(stream: IO[str] | None) -> IO[str]:
+    """``sys.stderr`` while a command runs: a :class:`LossyText` on fd 2, unless it is another
+    stream than fd 2 (pytest's capture, a notebook's)."""
+    if isinstance(stream, LossyText):
+        return stream
+    if stream is not None:
+        try:
+            if stream.fileno() != 2:
+                return stream
+        except (AttributeError, OSError, ValueError):
+            return stream
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    return lossy_stream(2, stream)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     command = None
     try:
         parser = build_parser()  # it imports the backends: Ctrl-C may come meanwhile

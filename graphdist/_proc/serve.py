@@ -11,8 +11,11 @@ only the cluster's own hosts and the addresses given to ``--allow`` (members onl
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
+import socket
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -25,9 +28,10 @@ from graphdist._net.loopback import BIND_ADDR_ENV, bind_address_for, server_bind
 from graphdist._net.members import ALLOW_ENV, KEEP_WILDCARD, members_env, parse_allow
 from graphdist._net.ports import is_port_free, port_holder
 from graphdist._proc.signals import stop_on_signals
+from graphdist._tflog import tf_logs_kept_out
 from graphdist._validate import show
 
-__all__ = ["check_slurm_environment", "serve", "slurm_task"]
+__all__ = ["check_own_address", "check_slurm_environment", "serve", "slurm_task"]
 
 _SHIMMED_ENV = "GRAPHDIST_SERVE_SHIMMED"
 
@@ -83,6 +87,29 @@ def check_slurm_environment(jobs: Mapping[str, int], port_base: int) -> None:
             "task(s); ask srun for as many tasks as the jobs add up to",
             os.environ["SLURM_PROCID"],
         )
+
+
+def check_own_address(task: str, address: str, ip: str) -> None:
+    """Raise :class:`ClusterSpecError` (one line) unless this host has ``ip``, the address
+    ``task``'s server would listen on (``address`` resolved): a socket bound to it (port 0) is
+    the honest check, made before TensorFlow is imported, whose server would fail after seconds
+    with "Could not start gRPC server" and a traceback. Serving a task on the wrong host (another
+    host's cluster file entry, a wrong --task) is the likeliest mistake on real hosts."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((ip, 0))
+        except OSError as exc:
+            if exc.errno != errno.EADDRNOTAVAIL:
+                return  # not a question of which host this is: the server's start says more
+            resolved = "" if address.startswith(f"{ip}:") else f" ({ip})"
+            raise ClusterSpecError(
+                f"Task {task} is at {address!r}{resolved}, which is not an address of this "
+                f"host ({exc.strerror}): serve it on the host that has that address, or check "
+                "which task this host serves and the cluster's address for it (bind_all=True "
+                "if the address reaches this host only through NAT)",
+                address,
+            ) from None
 
 
 def slurm_task(
@@ -150,6 +177,8 @@ def serve(
             else server_bind_address(task, expose=False, allow_own_host=True)
         )
         assert address is not None  # not exposed: an address or an error
+        if not bind_all and bind_address_for(task.host) is None:
+            check_own_address(task_name(job, index), task.address, address)
         shim = shim_env(address, os.environ.get("LD_PRELOAD"))
         env = {**os.environ, **shim, **members_env(cluster, networks), _SHIMMED_ENV: "1"}
         os.execve(sys.executable, [sys.executable, "-m", "graphdist", *argv], env)
@@ -164,7 +193,8 @@ def serve(
             address=task.address,
         )
     stop = stop_on_signals()
-    server = start_server(cluster.as_dict(), job, index)
+    with tf_logs_kept_out():  # quiet as demo, up and run are (GRAPHDIST_TF_LOGS=1: live)
+        server = start_server(cluster.as_dict(), job, index)
     if not bind_all:  # the shim's effect is checked, not assumed (see _fleet/exposure.py)
         own = os.environ.get(BIND_ADDR_ENV, "")
         check_listening(task_name(job, index), task.address, os.getpid(), {own}, port=task.port)
@@ -179,6 +209,7 @@ def serve(
     threading.Thread(target=server.join, name="tf-server", daemon=True).start()
     stop.wait()
     print(f"graphdist serve: /job:{job}/task:{index} stopping", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    with contextlib.suppress(OSError, ValueError):  # a reader gone: nothing left to say
+        sys.stdout.flush()
+        sys.stderr.flush()
     os._exit(0)  # TensorFlow cannot stop a gRPC server; leaving is the clean way out
