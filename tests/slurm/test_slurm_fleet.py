@@ -4,6 +4,7 @@ an allocation as a Slurm step, the same Fleet interface and lifecycle as the oth
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import wait_gone
+from tests.conftest import EVENTUALLY_S, read_json, wait_gone
 from tests.net.test_hosts import SPLIT_GRAPH
 from tests.net.test_ray_hosts import _step
 
@@ -111,4 +112,103 @@ def test_a_slurm_fleet_serves_runs_fails_fast_restarts_and_leaves_no_step(slurm,
         if driver.poll() is None:
             driver.kill()
             driver.wait(30)
+        slurm.scancel(jobid)
+
+
+CLIENT = (
+    SPLIT_GRAPH
+    + r"""
+with graphdist.attach(sys.argv[1]) as fleet:  # leaving it detaches: the fleet stays up
+    with fleet.session("local", 0, graph, config=graphdist.no_folding_config()) as sess:
+        say(step="run", result=int(sess.run(y)))
+"""
+)
+
+
+@pytest.mark.timeout(300)
+def test_up_detach_on_slurm_serves_from_the_login_host_and_down_leaves_no_step(slurm, tmp_path):
+    """``graphdist up --backend slurm --jobid J --detach`` on the login host (outside the
+    allocation): one server step per node at the node's address, a client attached on the login
+    host runs the split graph (238), ``status`` shows both alive, and ``down`` stops the
+    supervisor and every step of it (issue 37, point 2: --detach on Slurm was untried)."""
+    jobid = slurm.salloc(2)
+    state = str(tmp_path / "state")
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+
+    def gd(*args: str) -> subprocess.CompletedProcess[str]:
+        return slurm.run(None, [sys.executable, "-m", "graphdist", *args], env=env, timeout=180)
+
+    pids: list[int] = []
+    try:
+        up = gd(
+            "up", "--backend", "slurm", "--jobid", str(jobid), "--cluster", "local=2",
+            "--detach", "--json", "--state-dir", state,
+        )  # fmt: skip
+        assert up.returncode == 0, up.stderr
+        rows = json.loads(up.stdout)
+        assert [(r["job"], r["task"], r["alive"]) for r in rows] == [
+            ("local", 0, True),
+            ("local", 1, True),
+        ], rows
+        record = read_json(os.path.join(state, "fleet.json"))
+        pids = [record["supervisor"]["pid"], *(t["pid"] for t in record["tasks"])]
+        addresses = {n.address for n in slurm.nodes}
+        hosts = {r["address"].rsplit(":", 1)[0] for r in rows}
+        assert len(hosts) == 2 and hosts <= addresses, (rows, addresses)  # one per node
+        client = slurm.popen(
+            None,
+            [sys.executable, "-c", CLIENT, state],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        assert _step(client, "run")["result"] == 238
+        assert client.wait(60) == 0
+        status = gd("status", "--json", "--state-dir", state)
+        assert status.returncode == 0, status.stderr
+        assert [r["alive"] for r in json.loads(status.stdout)] == [True, True]
+    finally:
+        down = gd("down", "--state-dir", state)
+        slurm.scancel(jobid)
+    assert down.returncode == 0, down.stderr
+    assert wait_gone(pids, EVENTUALLY_S) == []
+    assert not os.path.exists(state)
+    left = slurm.run(None, ["squeue", "-h", "-s", "-o", "%i %j"]).stdout
+    assert "graphdist-" not in left, left
+
+
+@pytest.mark.timeout(300)
+def test_up_in_the_foreground_on_slurm_stops_every_step_on_ctrl_c(slurm):
+    """``graphdist up --backend slurm`` in a login host's terminal: Ctrl-C (SIGINT) ends it
+    with 130 and leaves no step of the fleet in the allocation."""
+    jobid = slurm.salloc(2)
+    argv = [sys.executable, "-m", "graphdist", "up", "--backend", "slurm"]
+    argv += ["--jobid", str(jobid), "--cluster", "local=2", "--json"]
+    up = slurm.popen(
+        None,
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert up.stdout is not None
+    try:
+        lines = []
+        for line in up.stdout:
+            lines.append(line)
+            if "fleet running; press Ctrl-C" in line:
+                break
+        assert lines and "fleet running" in lines[-1], "".join(lines)
+        running = slurm.run(None, ["squeue", "-h", "-s", "-j", str(jobid), "-o", "%j"]).stdout
+        assert running.count("graphdist-") == 2, running  # one server step per node
+        up.send_signal(signal.SIGINT)
+        assert up.wait(60) == 130, up.stdout.read()
+        left = slurm.run(None, ["squeue", "-h", "-s", "-j", str(jobid), "-o", "%j"]).stdout
+        assert "graphdist-" not in left, left
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait(30)
         slurm.scancel(jobid)
