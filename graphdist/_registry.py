@@ -142,7 +142,7 @@ class Registry(Generic[T]):
         return dict(options)
 
     def describe(self, name: str) -> str:
-        """``"ray: Ray actors ... (needs `pip install 'graphdist[ray]'`)"``, for help texts."""
+        """``"ray: Ray actors ... (needs `pip install 'ray==2.60.*'`)"``, for help texts."""
         cls = self.get(name, check=False)
         requires = getattr(cls, "requires", None)
         needs = f" (needs `{requires[1]}`)" if requires else ""

@@ -318,7 +318,7 @@ class RayRun:
         "every task a process on a node of a Ray cluster, one per node where there are nodes "
         "enough (the command must be reachable on every node)"
     )
-    requires: ClassVar[tuple[str, str] | None] = ("ray", "pip install 'graphdist[ray]'")
+    requires: ClassVar[tuple[str, str] | None] = ("ray", "pip install 'ray==2.60.*'")
     options: ClassVar[tuple[Option, ...]] = (
         Option(
             "address",

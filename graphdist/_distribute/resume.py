@@ -107,7 +107,7 @@ def _tf_keras_backup() -> Any:
     if cls is None or not cls.__module__.startswith("tf_keras."):
         raise UnsupportedVersionError(
             "graphdist.backup_and_restore needs tf-keras (Keras 2) as tf.keras"
-            f"{why or ' (this is Keras 3)'}: install graphdist[distribute] and set "
+            f"{why or ' (this is Keras 3)'}: pip install '{tf_keras_requirement()}' and set "
             "TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (`graphdist run` sets it for "
             "its tasks); Keras 3 cannot model.fit under the multi-worker strategies"
         )
@@ -289,3 +289,16 @@ def preemption_handler(strategy: Any, checkpoint: Any, base_dir: str | os.PathLi
     if done:
         _announce(f"{path} (step {done})")
     return handler
+
+
+def tf_keras_requirement() -> str:
+    """``tf-keras==2.21.*`` for this environment's TensorFlow 2.21 (tf-keras follows
+    TensorFlow's minor versions), or plain ``tf-keras`` where TensorFlow's version is unknown.
+    graphdist itself is on no package index: ``graphdist[distribute]`` is nothing pip finds."""
+    from importlib import metadata
+
+    try:
+        major, minor = metadata.version("tensorflow").split(".")[:2]
+    except (metadata.PackageNotFoundError, ValueError):
+        return "tf-keras"
+    return f"tf-keras=={major}.{minor}.*"

@@ -176,5 +176,5 @@ def start_servers(fleet: Any, signals: SignalScope) -> Any:
 
 
 def describe(name: str) -> str:
-    """``"ray: ... (needs `pip install 'graphdist[ray]'`)"``, for help texts."""
+    """``"ray: ... (needs `pip install 'ray==2.60.*'`)"``, for help texts."""
     return _registry.describe(name)

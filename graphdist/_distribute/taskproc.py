@@ -27,7 +27,7 @@ from typing import IO, Any, Protocol
 
 from graphdist._cluster import Task
 from graphdist._distribute.events import Event, OutputLost, Payload, Resumed
-from graphdist._distribute.resume import RESUMED_PREFIX
+from graphdist._distribute.resume import RESUMED_PREFIX, tf_keras_requirement
 from graphdist._distribute.runlogs import RunLogs
 from graphdist._exceptions import TaskOutcome
 from graphdist._failures import how_ended
@@ -429,19 +429,6 @@ def unfixable_error(tail: Sequence[str]) -> str | None:
     return None
 
 
-def _tf_keras_requirement() -> str:
-    """``tf-keras==2.21.*`` for this environment's TensorFlow 2.21 (tf-keras follows
-    TensorFlow's minor versions), or plain ``tf-keras`` where TensorFlow's version is unknown.
-    graphdist itself is on no package index: ``graphdist[distribute]`` is nothing pip finds."""
-    from importlib import metadata
-
-    try:
-        major, minor = metadata.version("tensorflow").split(".")[:2]
-    except (metadata.PackageNotFoundError, ValueError):
-        return "tf-keras"
-    return f"tf-keras=={major}.{minor}.*"
-
-
 def interpreter_hint(tail: Sequence[str]) -> str:
     """What to do when a task's Python lacks TensorFlow or graphdist: most often the command's
     ``python`` is another interpreter than the one graphdist runs in; or tf-keras, which the
@@ -453,7 +440,7 @@ def interpreter_hint(tail: Sequence[str]) -> str:
             "\n  the task's Python has no tf-keras, tf.keras in a run (graphdist run sets "
             "TF_USE_LEGACY_KERAS=1: Keras 3 cannot fit under MultiWorkerMirroredStrategy); install "
             f"the one that matches TensorFlow: `{sys.executable} -m pip install "
-            f"'{_tf_keras_requirement()}'` (or, from graphdist's clone, `pip install "
+            f"'{tf_keras_requirement()}'` (or, from graphdist's clone, `pip install "
             "'.[distribute]'`)"
         )
     if not missing:

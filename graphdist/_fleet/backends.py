@@ -130,7 +130,7 @@ def check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def describe(name: str) -> str:
-    """``"ray: Ray actors ... (needs `pip install 'graphdist[ray]'`)"``, for help texts."""
+    """``"ray: Ray actors ... (needs `pip install 'ray==2.60.*'`)"``, for help texts."""
     return _registry.describe(name)
 
 

@@ -35,7 +35,7 @@ The Ray instance graphdist starts itself (no ``address``, no ``RAY_ADDRESS``, no
 cluster) runs in Ray's single-machine mode: node address ``127.0.0.1``, no dashboard, so its
 GCS, raylet, agents and workers all listen on loopback only; graphdist checks the node address
 it got and refuses to go on otherwise. ``import graphdist`` never imports Ray; install it with
-``pip install graphdist[ray]``.
+``pip install 'ray==2.60.*'`` (``pip install '.[ray]'`` from graphdist's clone).
 """
 
 from __future__ import annotations
@@ -589,7 +589,7 @@ class RayFleet(OwnedFleet[RayTask]):
     DEFAULT_START_TIMEOUT_S: ClassVar[float] = 180.0
     """Seconds: placing the servers and a TensorFlow import in each new actor."""
     summary: ClassVar[str] = "Ray actors on a Ray cluster (this machine's, or one at an address)"
-    requires: ClassVar[tuple[str, str] | None] = ("ray", "pip install 'graphdist[ray]'")
+    requires: ClassVar[tuple[str, str] | None] = ("ray", "pip install 'ray==2.60.*'")
     options: ClassVar[tuple[BackendOption, ...]] = (
         BackendOption(
             "address",
