@@ -103,7 +103,7 @@ class RunState:
 
     def __init__(self, spec: RunSpec, logs: RunLogs | None) -> None:
         self.spec = spec
-        self.out = Output(spec.output)
+        self.out = Output(spec.output, None if logs is None else logs.path)
         self.jsonl = spec.jsonl
         self.logs = logs
         self.policy = RestartPolicy(

@@ -342,8 +342,9 @@ class Output:
     reader went away: ``| head``; a full disk) is dropped with one line on stderr: the run goes
     on, the tasks' pipes keep draining."""
 
-    def __init__(self, stream: IO[str] | None) -> None:
+    def __init__(self, stream: IO[str] | None, kept: str | None = None) -> None:
         self._stream = stream
+        self._kept = kept  # where every line is kept all the same (a run's log folder), if any
         self._lock = threading.Lock()
 
     def write(self, line: str) -> None:
@@ -368,15 +369,19 @@ class Output:
         else:
             self.write(line)
 
-    @staticmethod
-    def _lost(stream: IO[str], exc: BaseException) -> None:
+    def _lost(self, stream: IO[str], exc: BaseException) -> None:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         if stream is sys.stderr:
             return
+        kept = (
+            f"{self._kept} keeps every line"
+            if self._kept is not None
+            else "pass --log-dir to keep every line"
+        )
         with contextlib.suppress(OSError, ValueError):
             print(
                 f"graphdist: cannot write the run's output any more ({why}); the run goes on "
-                "without it (its --log-dir keeps every line)",
+                f"without it ({kept})",
                 file=sys.stderr,
                 flush=True,
             )

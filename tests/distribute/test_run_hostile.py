@@ -73,6 +73,7 @@ def test_a_reader_that_goes_away_does_not_hang_the_run(tmp_path):
     assert done.stdout.startswith("[worker-0] line 0 ") and done.stdout.count("\n") == 1
     err = (tmp_path / "err").read_text()
     assert err.count("cannot write the run's output any more (Broken pipe)") == 1, err
+    assert f"({logs / 'run-1'} keeps every line)" in err, err  # where the lines still are
     assert "Traceback" not in err
     assert "status 0" in done.stderr, (done.stderr, err, took)
     log = (logs / "run-1" / "attempt-1" / "worker-0.log").read_text()
@@ -103,6 +104,7 @@ def test_an_output_stream_that_fails_is_dropped_and_the_run_ends(tmp_path, capfd
     assert len(out.lines) == 3
     err = capfd.readouterr().err
     assert err.count("cannot write the run's output any more (No space left on device)") == 1
+    assert "(pass --log-dir to keep every line)" in err, err  # no --log-dir: none kept
     assert wait_gone([r.pid for r in results], EVENTUALLY_S) == []
 
 
