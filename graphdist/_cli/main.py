@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import errno
 import json
 import os
@@ -21,7 +22,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any, NoReturn, cast
+from typing import IO, TYPE_CHECKING, Any, ClassVar, NoReturn, cast
 
 from graphdist._cluster import Cluster
 from graphdist._detached.supervisor import RESTART_POLICIES
@@ -102,9 +103,41 @@ def version_line() -> str:
 
 class _Parser(argparse.ArgumentParser):
     commands: Mapping[str, argparse.ArgumentParser]
+    argv: ClassVar[Sequence[str]] = ()  # the command line being parsed (for error())
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see `{self.prog} --help`)")
+        # argparse says a required option is missing before it says another is unknown:
+        # `up --clusters local=2` said "--cluster" is required. The unknown one comes first,
+        # with the closest of the subcommand's own options.
+        parser: argparse.ArgumentParser = self
+        unknown = self._unknown_option()
+        if unknown is None and message.startswith("unrecognized arguments: "):
+            command = next((a for a in _Parser.argv if a in getattr(self, "commands", {})), None)
+            parser = self if command is None else self.commands[command]
+            unknown = message.removeprefix("unrecognized arguments: ").split()[0]
+        if unknown is not None:
+            message = f"unrecognized argument {unknown}"
+            options = parser._option_string_actions
+            close = difflib.get_close_matches(unknown.split("=")[0], options)
+            if close:
+                message += f" (did you mean {close[0]}?)"
+        raise UsageError(f"{message} (see `{parser.prog} --help`)")
+
+    def _unknown_option(self) -> str | None:
+        """The first option after this subcommand's name in :attr:`argv` (up to a bare
+        ``--``) that is none of its options, nor an abbreviation of one; None for the top
+        parser, or where every option is known."""
+        argv = list(_Parser.argv)
+        argv = argv[: argv.index("--")] if "--" in argv else argv
+        name = self.prog.split()[-1]
+        if " " not in self.prog or name not in argv:
+            return None
+        known = self._option_string_actions
+        for token in argv[argv.index(name) + 1 :]:
+            flag = token.split("=")[0]
+            if flag.startswith("--") and not any(k.startswith(flag) for k in known):
+                return token
+        return None
 
     def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         # argparse's own ignores an OSError: `--help > /dev/full` would say nothing and exit 0
@@ -1066,6 +1099,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         parser = build_parser()  # it imports the backends: Ctrl-C may come meanwhile
         argv = list(sys.argv[1:] if argv is None else argv)
+        _Parser.argv = argv
         args = parser.parse_args(argv)
         tf_logs_live()  # a bad value is one line here, before anything starts
         command = args.command

@@ -260,3 +260,20 @@ def test_demo_on_a_taken_seed_port_fails_at_once_naming_the_port_and_its_holder(
         f"{os.getpid()}; stop that process or choose another port"
     ) in errors[0]
     assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        # a required option missing was said before the unknown one next to it (issue 39)
+        (["up", "--clusters", "local=2"], "--clusters (did you mean --cluster?)"),
+        (["up", "--cluster", "local=2", "--exposed"], "--exposed (did you mean --expose?)"),
+        (["status", "--jsn"], "--jsn (did you mean --json?)"),
+        (["up", "--cluster", "local=1", "--bogus"], "--bogus"),
+    ],
+)
+def test_a_mistyped_option_is_named_with_the_closest_one(argv, said):
+    result = gd(*argv)
+    assert result.returncode == EXIT_USAGE, result.stderr
+    expected = f"Error: unrecognized argument {said} (see `graphdist {argv[0]} --help`)"
+    assert result.stderr.splitlines() == [expected], result.stderr
