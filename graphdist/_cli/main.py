@@ -301,7 +301,8 @@ EXAMPLES = {
   graphdist run --chief --ps 1 --workers 2 -- python ps_training.py
   graphdist run --workers 2 --output-format jsonl -- python train.py | jq .event
 
-The command's Python needs TensorFlow and tf-keras (pip install 'graphdist[distribute]').""",
+The command's Python needs TensorFlow and tf-keras (from graphdist's clone: pip install
+'.[distribute]').""",
     "serve": """examples (one per host; the same cluster file on every host):
   graphdist serve --cluster cluster.json --job worker --task 0
   srun graphdist serve --slurm worker=2,ps=1      inside a Slurm step

@@ -17,10 +17,11 @@ frozen server, is found by the same probes once the run fails or its operation t
 from __future__ import annotations
 
 import signal
+import socket
 import time
 
 from graphdist._cluster import Cluster, ClusterLike, Task
-from graphdist._exceptions import FleetError, StartTimeoutError
+from graphdist._exceptions import FleetError, FleetStartError, StartTimeoutError
 from graphdist._failures import DEAD, NOT_ANSWERING
 from graphdist._fleet.client import Fleet, FleetState
 from graphdist._fleet.health import probe_all
@@ -32,6 +33,32 @@ __all__ = ["RemoteFleet", "RemoteTask", "connect"]
 
 DEFAULT_CONNECT_TIMEOUT_S = 60.0
 """How long :func:`connect` waits for every server to answer (servers still starting)."""
+REFUSED_WAIT_S = 1.0
+"""How long a connection a server accepted may stay silent before it is taken for a slow server
+rather than a refusal: a gRPC server sends its HTTP/2 settings at once, and graphdist's members
+filter closes a non-member's connection as soon as it is accepted."""
+
+
+def _closed(error: str | None) -> bool:
+    """Whether a failed probe's error says the connection was closed or reset (not refused,
+    nor timed out): only then is :func:`closed_at_accept` asked."""
+    text = (error or "").lower()
+    return "closed" in text or "reset" in text
+
+
+def closed_at_accept(address: str, wait_s: float = REFUSED_WAIT_S) -> bool:
+    """Whether the server at ``address`` accepts this machine's TCP connection and closes it
+    before sending a byte: what graphdist's shim does to a machine that is not a member (its
+    log names the address). A refused port, a silent or an answering server: False."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=wait_s) as sock:
+            sock.settimeout(wait_s)
+            return sock.recv(1) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except (OSError, ValueError):  # refused, unreachable, timed out: not a members refusal
+        return False
 
 
 class RemoteTask(TaskView):
@@ -72,7 +99,11 @@ class RemoteFleet(Fleet[RemoteTask]):
         while silent:
             results = probe_all([t.address for t in silent], min(2.0, wait_s))
             errors = [e for ok, e in results if not ok]
+            closed = [
+                t for t, (ok, e) in zip(silent, results, strict=True) if not ok and _closed(e)
+            ]
             silent = [t for t, (ok, _) in zip(silent, results, strict=True) if not ok]
+            self._refused(closed)
             if not silent or time.monotonic() >= deadline:
                 break
             time.sleep(0.2)
@@ -87,6 +118,25 @@ class RemoteFleet(Fleet[RemoteTask]):
                 expected=len(self._tasks),
                 timeout_s=wait_s,
             )
+
+    def _refused(self, closed: list[RemoteTask]) -> None:
+        """Raise :class:`FleetStartError` at once where a server whose probe saw its
+        connection closed closes a plain one as soon as it accepts it (members only: waiting
+        out the timeout changes nothing)."""
+        refused = [t for t in closed if closed_at_accept(t.address)]
+        if not refused:
+            return
+        names = ", ".join(f"{t.name} at {t.address}" for t in refused)
+        hosts = ", ".join(dict.fromkeys(t.task.host for t in refused))
+        raise FleetStartError(
+            f"Refused by {hosts} (not a member): {names} closed this machine's connection as "
+            "soon as it was accepted, as graphdist's servers do to a machine that is neither a "
+            "host of the cluster nor on its --allow list (the server's log names this "
+            "machine's address); connect from a member host, or serve with --allow naming "
+            "this machine",
+            task=refused[0].name,
+            address=refused[0].address,
+        )
 
     def close(self) -> None:
         """Close this client's sessions; the servers keep running on their hosts."""

@@ -337,7 +337,8 @@ def test_graphdist_serve_as_a_slurm_step(slurm: SlurmBed, tmp_path: Any) -> None
             assert member.result() == 238
             (refused,) = other.result()
         clients_s = time.monotonic() - t
-        assert refused["error"] == "StartTimeoutError", refused
+        assert refused["error"] == "FleetStartError", refused
+        assert "(not a member)" in refused["text"] and refused["seconds"] < 4.0, refused
         for i in range(2):
             assert any(
                 ln.startswith(f"{i}: ") and f"refused a connection from {outside.address}" in ln
