@@ -324,14 +324,30 @@ def live_nodes() -> tuple[list[Mapping[str, Any]], dict[str, str]]:
     return live, lost
 
 
+def source_address(ip: str) -> str | None:
+    """This machine's address on the route to ``ip`` (what a server there sees as this
+    process's source address), or None where there is no route. A UDP socket's connect sends
+    nothing: the kernel only picks the route."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect((ip, 9))
+            return str(sock.getsockname()[0])
+    except OSError:
+        return None
+
+
 def ray_members(allow: Sequence[str]) -> dict[str, str]:
     """``GRAPHDIST_ALLOW`` for exposed servers: every node of the Ray cluster (Ray's own
     processes in the actor's process are reached from them too; Ray's token authentication
-    guards who joins) and ``allow``."""
+    guards who joins), this process's own address towards each of them (an owner or a launcher
+    on a host that is no Ray node, a Ray client's: its readiness and heartbeat probes come from
+    there) and ``allow``."""
     import ray
 
     nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
-    entries = [ip for ip in dict.fromkeys(nodes) if not is_loopback_ip(ip)]
+    own = [source_address(ip) for ip in dict.fromkeys(nodes)]
+    entries = [ip for ip in dict.fromkeys([*nodes, *own]) if ip and not is_loopback_ip(ip)]
     entries += [n for n in allow if n not in entries]
     return {ALLOW_ENV: ",".join(entries)}
 

@@ -307,3 +307,29 @@ def test_a_two_node_ray_fleet_across_hosts(
         if driver.poll() is None:
             driver.kill()
             driver.wait(30)
+
+
+@pytest.mark.timeout(400)
+def test_a_launcher_on_a_host_that_is_no_ray_node_is_a_member_of_its_run(
+    hosts: Any, ray_on_hosts: RayOnHosts
+) -> None:
+    """``graphdist run --backend ray --expose`` from host 3, a Ray client (``ray://``) and no
+    Ray node (issue 38): the members its tasks' servers let in were the Ray nodes only, so the
+    launcher's own heartbeat probes were refused and a frozen worker was never reported. Its
+    address towards the nodes is a member now, beside the nodes'."""
+    head = ray_on_hosts.address.rsplit(":", 1)[0]
+    show = "import os; print('members', os.environ['GRAPHDIST_ALLOW'], flush=True)"
+    argv = [sys.executable, "-m", "graphdist", "run", "--backend", "ray", "--address"]
+    argv += [f"ray://{head}:10001", "--expose", "--workers", "2", "--heartbeat-timeout", "off"]
+    argv += ["--", sys.executable, "-c", show]
+    result = hosts[2].run(argv, env=ray_on_hosts.env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lists = [
+        ln.split("members ", 1)[1].split(",")
+        for ln in result.stdout.splitlines()
+        if "members " in ln
+    ]
+    assert len(lists) == 2, result.stdout[-3000:]
+    for members in lists:
+        assert hosts[2].address in members, members  # the launcher's host
+        assert {hosts[0].address, hosts[1].address} <= set(members), members  # the nodes
