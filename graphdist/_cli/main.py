@@ -786,12 +786,36 @@ def _cmd_status(args: argparse.Namespace) -> int:
     state_dir = _state_dir(args)
     record = live_record(state_dir, cleanup=False)
     if record is None:
-        raise no_fleet(state_dir)
+        error = no_fleet(state_dir)
+        ups = _foreground_ups()
+        if ups:  # "no fleet" while one runs in another terminal reads as a bug
+            error = StateError(
+                f"{error}; a foreground `graphdist up` runs as pid {', '.join(map(str, ups))}: "
+                "its own terminal shows its tasks (status sees detached fleets only)",
+                state_dir,
+            )
+        raise error
     _print_rows(status_rows(record), args.json)
     problem = fleet_problem(record)
     if problem is not None:
         raise FleetError(problem)
     return 0
+
+
+def _foreground_ups() -> list[int]:
+    """The pids of this user's ``graphdist up`` commands without ``--detach``."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid", "uids", "cmdline"]):
+        with contextlib.suppress(psutil.Error, TypeError):
+            argv = proc.info["cmdline"] or []
+            if proc.info["pid"] == os.getpid() or proc.info["uids"].real != os.getuid():
+                continue
+            at = [i for i, a in enumerate(argv) if os.path.basename(a) == "graphdist"]
+            if at and argv[at[0] + 1 : at[0] + 2] == ["up"] and "--detach" not in argv:
+                found.append(proc.info["pid"])
+    return found
 
 
 def _cmd_down(args: argparse.Namespace) -> int:

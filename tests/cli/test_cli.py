@@ -7,12 +7,15 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 
 import pytest
 
 from graphdist._cli.main import EXIT_USAGE, UsageError, build_parser
 from tests.conftest import (
     EVENTUALLY_S,
+    QUIET_TF,
     read_json,
     read_json_rows,
     run_python,
@@ -277,3 +280,32 @@ def test_a_mistyped_option_is_named_with_the_closest_one(argv, said):
     assert result.returncode == EXIT_USAGE, result.stderr
     expected = f"Error: unrecognized argument {said} (see `graphdist {argv[0]} --help`)"
     assert result.stderr.splitlines() == [expected], result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_status_names_a_foreground_up_instead_of_saying_only_no_fleet(tmp_path):
+    """issue 39: `status` while `graphdist up` ran in another terminal said no fleet runs."""
+    state = str(tmp_path / "state")
+    up = subprocess.Popen(
+        [sys.executable, "-m", "graphdist", "up", "--cluster", "local=1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **QUIET_TF},
+    )
+    assert up.stdout is not None
+    try:
+        for line in up.stdout:
+            if "fleet running" in line:
+                break
+        status = gd("status", state_dir=state)
+        assert status.returncode == 2, status.stderr
+        # other tests (xdist workers) may run a foreground up of their own meanwhile
+        pids = re.search(r"a foreground `graphdist up` runs as pid ([\d, ]+):", status.stderr)
+        assert pids and str(up.pid) in pids[1].split(", "), status.stderr
+        assert len(status.stderr.splitlines()) == 1, status.stderr
+    finally:
+        up.send_signal(signal.SIGINT)
+        assert up.wait(60) == 130
+    after = gd("status", state_dir=state).stderr  # it is gone now
+    assert not re.search(rf"\b{up.pid}\b", after.split("runs as pid", 1)[-1]), after
