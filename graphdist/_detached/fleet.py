@@ -167,21 +167,29 @@ def fleet_problem(record: FleetRecord) -> str | None:
 
 
 def _stop_all(
-    state_dir: str, record: FleetRecord | None, also: Iterable[ProcessRef] = ()
+    state_dir: str,
+    record: FleetRecord | None,
+    also: Iterable[ProcessRef] = (),
+    *,
+    graceful: bool = True,
 ) -> list[ProcessRef]:
     """Stop every process of the fleet in ``state_dir``: its supervisors first (recorded, found
     by the marker, ``also``: each stops its servers), then every other recorded or marked
     process; then look again for marked ones (a server forked during the stop). Returns those
-    that would not die."""
+    that would not die. Not ``graceful`` (a start that failed or was interrupted: no fleet ran,
+    nothing is saved): SIGKILL at once, since a supervisor still importing TensorFlow runs its
+    SIGTERM handler only once the import is done (Ctrl-C of a starting `up --detach` took 5-11
+    s to return)."""
     marked = marked_processes(state_dir)
     supervisors = [*also, *(m.ref for m in marked if m.supervisor)]
     others = [m.ref for m in marked if not m.supervisor]
     if record is not None:
         supervisors.append(record.supervisor)
         others.extend(t.process for t in record.tasks)
-    left = stop_processes(_unique(supervisors), grace_s=SUPERVISOR_GRACE_S)
-    left += stop_processes(_unique(others))
-    left += stop_processes(_unique(m.ref for m in marked_processes(state_dir)))
+    grace, supervisor_grace = (STOP_GRACE_S, SUPERVISOR_GRACE_S) if graceful else (0.0, 0.0)
+    left = stop_processes(_unique(supervisors), grace_s=supervisor_grace)
+    left += stop_processes(_unique(others), grace_s=grace)
+    left += stop_processes(_unique(m.ref for m in marked_processes(state_dir)), grace_s=grace)
     return _unique(left)
 
 
@@ -291,7 +299,7 @@ def start_detached(spec: SupervisorSpec, *, note: Note | None = None) -> FleetRe
             # a failed start, or Ctrl-C at any moment of it (a supervisor started before its
             # Popen returned carries the marker): nothing runs after it, and nothing is left in
             # the folder for `down` or the next `up` to wonder about
-            left = _stop_all(state_dir, None, also=also)
+            left = _stop_all(state_dir, None, also=also, graceful=False)
             if proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(1.0)
