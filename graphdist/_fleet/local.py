@@ -37,7 +37,7 @@ from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
 from graphdist._net.exposure import ListeningTable
 from graphdist._net.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
-from graphdist._net.members import KEEP_WILDCARD, exposed_allow, members_env
+from graphdist._net.members import KEEP_WILDCARD, dial_env, exposed_allow, members_env
 from graphdist._net.ports import (
     claim_ports,
     is_port_free,
@@ -388,6 +388,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
         self.log_dir = os.fspath(log_dir) if log_dir is not None else ""
         self._process_class: Any = None
         self._members: dict[str, str] = {}
+        self._dial: dict[str, str] = {}
         self._notices: ReadyNotices | None = None
 
     # -- the backend's primitives (the lifecycle is Fleet's) -----------------------------------
@@ -405,6 +406,9 @@ class LocalFleet(OwnedFleet[FleetTask]):
         self._notices = ready_notices()
         # exposed: the members are resolved once, before any server starts (members only)
         self._members = members_env(self.cluster, self.allow) if self.expose else {}
+        # every server dials only the cluster's own tasks: a session's cluster_def naming
+        # another address (another fleet of this user's, on loopback) is refused at connect()
+        self._dial = dial_env(self.cluster)
         for task in self.served:
             ft = FleetTask(task, os.path.join(self.log_dir, f"{task.name}.log"))
             self._tasks[(task.job, task.index)] = ft
@@ -465,6 +469,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
         # wildcard) and, exposed, which other machines it lets in
         env[BIND_ADDR_ENV] = server_bind_address(task, expose=self.expose) or KEEP_WILDCARD
         env.update(self._members)
+        env.update(self._dial)
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus[(task.job, task.index)]))
         return env

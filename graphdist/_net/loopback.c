@@ -2,7 +2,7 @@
  *
  * TensorFlow's gRPC server always binds the wildcard address (0.0.0.0 / [::]), whatever host the
  * cluster names, and has no authentication: whoever connects can run any op in it (read or write
- * any file the server's user can). This library closes that in three places:
+ * any file the server's user can). This library closes that in four places:
  *
  * bind()     A wildcard address becomes the loopback address in GRAPHDIST_BIND_ADDR (default
  *            127.0.0.1). With an IPv4 value the IPv6 wildcard becomes the same address v4-mapped
@@ -42,10 +42,26 @@
  *            accept, so a forked child may set it. graphdist_members() lets the server's
  *            process check that this is in force.
  *
- * the log    A refused peer is logged on stderr with its address, bounded whatever the peers do:
- *            at most one line per address per LOG_INTERVAL_S (the last LOG_SLOTS addresses are
- *            remembered) and LOG_CAP lines per interval in all; the refusals left unsaid are
- *            counted in one line when the next interval starts.
+ * connect()  A session's cluster_def names the workers a server dials, so a client that may use
+ *            one server could make it dial any other (a loopback-only fleet of the same user, a
+ *            server that lets in only this host) and run ops there through it. With
+ *            GRAPHDIST_DIAL set (comma-separated numeric "10.0.0.3:2222" / "[fd00::3]:2222":
+ *            every address of every task of the server's cluster), a TCP (SOCK_STREAM) connect
+ *            to an address and port not on the list fails with ECONNREFUSED, as if nothing
+ *            listened there, and is logged; v4-mapped destinations compare as IPv4. The list is
+ *            parsed once per value (again only when the variable changes: a forked server sets
+ *            it after the library was loaded). A malformed list refuses every TCP connect (said
+ *            once on stderr). Unset: nothing is checked (run tasks and Ray actors run user
+ *            code, which may dial anything). Other families (AF_UNIX), UDP, and whatever does
+ *            not go through libc's connect() (io_uring, a raw syscall, sendto with
+ *            MSG_FASTOPEN) are not checked: TensorFlow's gRPC and file systems use connect().
+ *            graphdist_dial() lets the server's process check that this is in force.
+ *
+ * the log    A refused peer, or a refused dial, is logged on stderr with its address, bounded
+ *            whatever the peers (or the sessions) do: at most one line per address per
+ *            LOG_INTERVAL_S (the last LOG_SLOTS addresses are remembered) and LOG_CAP lines per
+ *            interval in all, both kinds together; the refusals left unsaid are counted in one
+ *            line when the next interval starts.
  *
  * constructor  Removes this library from LD_PRELOAD (keeping the user's other entries) unless
  *            GRAPHDIST_SHIM_INHERIT=1, so the programs a server starts do not get the shim. The
@@ -76,15 +92,18 @@
 typedef int (*bind_fn)(int, const struct sockaddr *, socklen_t);
 typedef int (*accept_fn)(int, struct sockaddr *, socklen_t *);
 typedef int (*accept4_fn)(int, struct sockaddr *, socklen_t *, int);
+typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
 
 static bind_fn real_bind;
 static accept_fn real_accept;
 static accept4_fn real_accept4;
+static connect_fn real_connect;
 
 static void resolve(void) {
     if (real_bind == NULL) real_bind = (bind_fn)dlsym(RTLD_NEXT, "bind");
     if (real_accept == NULL) real_accept = (accept_fn)dlsym(RTLD_NEXT, "accept");
     if (real_accept4 == NULL) real_accept4 = (accept4_fn)dlsym(RTLD_NEXT, "accept4");
+    if (real_connect == NULL) real_connect = (connect_fn)dlsym(RTLD_NEXT, "connect");
 }
 
 /* ---- bind ------------------------------------------------------------------------------- */
@@ -429,37 +448,37 @@ static void log_line(const char *line, int n, size_t size) {
     (void)ignored;
 }
 
-/* Log the refusal of a peer from another machine (`listed`: whether a member list was set). */
-static void log_refusal(const struct ends *e, int listed) {
+/* Write `text` (a refusal of `addr`, accepted or dialled) if the limiter lets it through, after
+ * the line that counts what the interval that just ended left unsaid. */
+static void log_refused(const struct in6_addr *addr, const char *text, int n) {
     unsigned long unsaid;
-    int say = log_decide(&e->peer6, log_now(), &unsaid);
+    int say = log_decide(addr, log_now(), &unsaid);
     char line[320];
     if (unsaid > 0)
         log_line(line,
                  snprintf(line, sizeof line,
-                          "graphdist: refused %lu more connection(s) from other machines in the "
-                          "last %d s, not logged one by one (at most one line per address and %d "
-                          "in all per %d s)\n",
+                          "graphdist: refused %lu more connection(s) in the last %d s, not "
+                          "logged one by one (at most one line per address and %d in all per "
+                          "%d s)\n",
                           unsaid, LOG_INTERVAL_S, LOG_CAP, LOG_INTERVAL_S),
                  sizeof line);
-    if (!say) return;
-    char text[INET6_ADDRSTRLEN];
+    if (say) log_line(text, n, 320);
+}
+
+/* Log the refusal of a peer from another machine (`listed`: whether a member list was set). */
+static void log_refusal(const struct ends *e, int listed) {
+    char text[INET6_ADDRSTRLEN], line[320];
     peer_text(e, text, sizeof text);
-    if (listed)
-        log_line(line,
-                 snprintf(line, sizeof line,
-                          "graphdist: refused a connection from %s: not a member of this cluster "
-                          "(let it in with --allow %s, or allow=[\"%s\"])\n",
-                          text, text, text),
-                 sizeof line);
-    else
-        log_line(line,
-                 snprintf(line, sizeof line,
-                          "graphdist: refused a connection from %s: this server was given no "
-                          "member list (GRAPHDIST_ALLOW is not set), so it lets in no other "
-                          "machine\n",
-                          text),
-                 sizeof line);
+    int n = listed ? snprintf(line, sizeof line,
+                              "graphdist: refused a connection from %s: not a member of this "
+                              "cluster (let it in with --allow %s, or allow=[\"%s\"])\n",
+                              text, text, text)
+                   : snprintf(line, sizeof line,
+                              "graphdist: refused a connection from %s: this server was given "
+                              "no member list (GRAPHDIST_ALLOW is not set), so it lets in no "
+                              "other machine\n",
+                              text);
+    log_refused(&e->peer6, line, n);
 }
 
 /* Whether a peer from another machine may connect: only if GRAPHDIST_ALLOW is set and its
@@ -550,6 +569,152 @@ int accept(int fd, struct sockaddr *addr, socklen_t *len) {
 
 int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
     return accept_checked(1, fd, addr, len, flags);
+}
+
+/* ---- connect: a server dials only its own cluster ---------------------------------------- */
+
+/* One entry of GRAPHDIST_DIAL: an address (IPv4 v4-mapped) and a port (network byte order). */
+struct dial_entry {
+    struct in6_addr addr;
+    in_port_t port;
+};
+
+/* GRAPHDIST_DIAL as last parsed: the text it was parsed from (a copy: the list is parsed again
+ * only when the variable changes, as in a forked server that sets it after the library was
+ * loaded), its entries, and their count (-1: malformed, every TCP connect refused). */
+static struct {
+    char *text;
+    struct dial_entry *entries;
+    int count;
+} dial;
+static char dial_busy; /* a spin lock: connect() runs in many threads */
+
+/* One entry, "10.0.0.3:2222" or "[fd00::3]:2222" (numeric only: nothing to resolve), of n
+ * characters at text: 1 parsed into *out, 0 malformed. */
+static int dial_entry_parse(const char *text, size_t n, struct dial_entry *out) {
+    char buf[64];
+    if (n == 0 || n >= sizeof buf) return 0;
+    memcpy(buf, text, n);
+    buf[n] = '\0';
+    char *host = buf, *colon;
+    if (buf[0] == '[') {
+        char *close = strchr(buf, ']');
+        if (close == NULL || close[1] != ':') return 0;
+        *close = '\0';
+        host = buf + 1;
+        colon = close + 1;
+    } else {
+        colon = strrchr(buf, ':');
+        if (colon == NULL) return 0;
+        *colon = '\0';
+    }
+    const char *digits = colon + 1;
+    if (*digits == '\0' || strlen(digits) > 5) return 0;
+    long port = 0;
+    for (const char *d = digits; *d != '\0'; d++) {
+        if (*d < '0' || *d > '9') return 0;
+        port = port * 10 + (*d - '0');
+    }
+    if (port < 1 || port > 65535) return 0;
+    struct in_addr v4;
+    if (buf[0] != '[' && inet_pton(AF_INET, host, &v4) == 1)
+        map_v4(&out->addr, &v4);
+    else if (buf[0] != '[' || inet_pton(AF_INET6, host, &out->addr) != 1)
+        return 0; /* an IPv6 address must be bracketed: "::1:2222" is ambiguous */
+    out->port = htons((uint16_t)port);
+    return 1;
+}
+
+/* Parse `list` into dial (the lock held): the number of entries, -1 if one is malformed or
+ * memory ran out (every TCP connect is then refused: fail closed). Empty entries are skipped,
+ * as in GRAPHDIST_ALLOW. */
+static int dial_parse(const char *list) {
+    if (dial.text != NULL && strcmp(dial.text, list) == 0) return dial.count;
+    free(dial.text), free(dial.entries);
+    dial.text = strdup(list), dial.entries = NULL, dial.count = -1;
+    size_t room = 1;
+    for (const char *p = list; *p != '\0'; p++) room += *p == ',';
+    dial.entries = malloc(room * sizeof *dial.entries);
+    if (dial.text == NULL || dial.entries == NULL) return dial.count;
+    int count = 0;
+    for (const char *p = list; *p != '\0';) {
+        const char *end = strchr(p, ',');
+        size_t n = end != NULL ? (size_t)(end - p) : strlen(p);
+        if (n > 0 && !dial_entry_parse(p, n, &dial.entries[count++])) return dial.count;
+        p += n + (end != NULL);
+    }
+    return dial.count = count;
+}
+
+/* The dial list's entries in this process: their number, -1 if the list is malformed, -2 if
+ * GRAPHDIST_DIAL is not set. With `to`, whether (to, port) is on the list (*hit). */
+static int dial_lookup(const struct in6_addr *to, in_port_t port, int *hit) {
+    const char *list = getenv("GRAPHDIST_DIAL");
+    if (list == NULL) return -2;
+    while (__atomic_test_and_set(&dial_busy, __ATOMIC_ACQUIRE)) {}
+    int count = dial_parse(list);
+    for (int i = 0; to != NULL && i < count; i++)
+        if (dial.entries[i].port == port && IN6_ARE_ADDR_EQUAL(&dial.entries[i].addr, to))
+            *hit = 1;
+    __atomic_clear(&dial_busy, __ATOMIC_RELEASE);
+    return count;
+}
+
+/* For graphdist's own check that the dial list is in force in this process (see members.py):
+ * the number of entries in GRAPHDIST_DIAL, -1 if it is malformed, -2 if it is not set. */
+__attribute__((visibility("default"))) int graphdist_dial(void) {
+    return dial_lookup(NULL, 0, NULL);
+}
+
+/* Whether a TCP connect of fd to addr may go ahead (see the header). A refusal is logged. */
+static int dialable(int fd, const struct sockaddr *addr, socklen_t len) {
+    static int said_malformed;
+    struct in6_addr to;
+    in_port_t port;
+    if (addr == NULL || getenv("GRAPHDIST_DIAL") == NULL) return 1;
+    if (addr->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        struct sockaddr_in a;
+        memcpy(&a, addr, sizeof a);
+        map_v4(&to, &a.sin_addr), port = a.sin_port;
+    } else if (addr->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+        struct sockaddr_in6 a;
+        memcpy(&a, addr, sizeof a);
+        to = a.sin6_addr, port = a.sin6_port; /* v4-mapped stays so: it equals an IPv4 entry */
+    } else {
+        return 1; /* AF_UNIX, AF_UNSPEC (a datagram socket's disconnect), ... */
+    }
+    int type = SOCK_STREAM;
+    socklen_t type_len = sizeof type;
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) == 0 && type != SOCK_STREAM)
+        return 1; /* UDP: a DNS query, say */
+    int hit = 0, count = dial_lookup(&to, port, &hit);
+    if (hit || count == -2) return 1; /* -2: unset meanwhile */
+    if (count == -1)
+        warn_once(&said_malformed,
+                  "graphdist: GRAPHDIST_DIAL is malformed (entries are numeric ADDRESS:PORT or "
+                  "[IPV6]:PORT, comma-separated), so this server dials no address at all\n");
+    char text[INET6_ADDRSTRLEN], line[320];
+    if (IN6_IS_ADDR_V4MAPPED(&to))
+        inet_ntop(AF_INET, &to.s6_addr[12], text, sizeof text);
+    else
+        inet_ntop(AF_INET6, &to, text, sizeof text);
+    int v6 = !IN6_IS_ADDR_V4MAPPED(&to);
+    log_refused(&to, line,
+                snprintf(line, sizeof line,
+                         "graphdist: refused to dial %s%s%s:%u: not a task of this server's "
+                         "cluster (a session's cluster_def may name only the cluster's own "
+                         "tasks)\n",
+                         v6 ? "[" : "", text, v6 ? "]" : "", (unsigned)ntohs(port)));
+    return 0;
+}
+
+int connect(int fd, const struct sockaddr *addr, socklen_t len) {
+    resolve();
+    if (!dialable(fd, addr, len)) {
+        errno = ECONNREFUSED;
+        return -1;
+    }
+    return real_connect(fd, addr, len);
 }
 
 /* ---- constructor: not inherited by the programs a server starts ------------------------ */

@@ -14,6 +14,14 @@ same segment (the check reads the peer's source address), nor from anyone who ca
 on a member host: TensorFlow's gRPC servers take no TLS credentials, so there is nothing better
 to check. The promise is checked where it is kept: the server's own process asks the shim
 (:func:`check_enforced`) before TensorFlow's server starts, and refuses to start without it.
+
+The other direction too: a session's ``cluster_def`` names the workers a server dials, so a
+client that may use one server could make it dial another fleet of the same user (on loopback,
+where the same-user rule lets the server in) and run ops there. The servers graphdist starts
+itself (LocalFleet, ``serve``) are given ``GRAPHDIST_DIAL`` (:func:`dial_env`: every address of
+every task of their cluster), and the shim refuses any other TCP ``connect()``;
+:func:`check_enforced` checks that too. Run tasks and Ray actors run user code, which may dial
+anything: they get no dial list.
 """
 
 from __future__ import annotations
@@ -30,8 +38,11 @@ from graphdist._validate import show
 
 __all__ = [
     "ALLOW_ENV",
+    "DIAL_ENV",
     "KEEP_WILDCARD",
     "check_enforced",
+    "dial_addresses",
+    "dial_env",
     "exposed_allow",
     "member_addresses",
     "members_env",
@@ -40,6 +51,7 @@ __all__ = [
 ]
 
 ALLOW_ENV = "GRAPHDIST_ALLOW"
+DIAL_ENV = "GRAPHDIST_DIAL"
 KEEP_WILDCARD = "*"
 """``GRAPHDIST_BIND_ADDR`` for a server that keeps TensorFlow's wildcard bind (``--bind-all``,
 ``expose=True`` on loopback hosts) while the shim still enforces the members."""
@@ -49,6 +61,7 @@ _MAX_ENTRIES = 1024
 # 32 pages): a longer one fails execve with "Argument list too long". 1,024 allow entries of
 # the longest kind (an IPv6 /128, 43 characters and a comma) and 1,024 cluster hosts fit.
 _MAX_LIST_CHARS = 128 * 1024 - len(ALLOW_ENV) - 2
+_MAX_DIAL_CHARS = 128 * 1024 - len(DIAL_ENV) - 2
 _ALL_V4 = ipaddress.IPv6Network("::ffff:0:0/96")  # every IPv4 address, as IPv6 sockets see it
 
 
@@ -191,6 +204,45 @@ def members_env(cluster: Cluster, allow: Iterable[str] = ()) -> dict[str, str]:
     return {ALLOW_ENV: value}
 
 
+def dial_addresses(cluster: Cluster) -> list[str]:
+    """Every address a server of ``cluster`` may dial: each task's host resolved now (loopback
+    ones included, every address a name has: ``localhost`` is 127.0.0.1 and ::1) with its port,
+    as the shim reads them (``127.0.0.1:2222``, ``[::1]:2222``). Raises
+    :class:`ClusterSpecError` for a host that does not resolve (its task could not be dialled)."""
+    found: list[str] = []
+    for task in cluster:
+        host = task.host.strip("[]")
+        try:
+            infos = socket.getaddrinfo(host, task.port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise ClusterSpecError(
+                f"Host {host!r} of task {task.name} does not resolve ({exc.strerror}), so the "
+                "cluster's servers could not dial it; name it by address",
+                task.address,
+            ) from None
+        for info in infos:
+            ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+            text = f"[{ip}]:{task.port}" if ip.version == 6 else f"{ip}:{task.port}"
+            if text not in found:
+                found.append(text)
+    return found
+
+
+def dial_env(cluster: Cluster) -> dict[str, str]:
+    """``{GRAPHDIST_DIAL: ...}`` for a server of ``cluster`` (see :func:`dial_addresses`): the
+    shim then lets it dial only its own cluster's tasks. Raises :class:`ClusterSpecError` where
+    the list is too long for one environment variable (128 KiB on Linux)."""
+    value = ",".join(dial_addresses(cluster))
+    if len(value) > _MAX_DIAL_CHARS:
+        raise ClusterSpecError(
+            f"The cluster's {len(cluster)} tasks make a dial list of {len(value):,} "
+            f"characters, more than one environment variable holds ({_MAX_DIAL_CHARS:,}); name "
+            "hosts by one address each",
+            f"{len(cluster)} tasks",
+        )
+    return {DIAL_ENV: value}
+
+
 def _entries(value: str) -> int:
     return sum(1 for entry in value.split(",") if entry)
 
@@ -205,10 +257,40 @@ def shim_members() -> int | None:
         return None
 
 
+def shim_dial() -> int | None:
+    """What graphdist's shim, if it is loaded in this process, reads of ``GRAPHDIST_DIAL``
+    (entries; -1 malformed, -2 unset); ``None`` where it is not loaded."""
+    try:
+        return int(ctypes.CDLL(None).graphdist_dial())
+    except (AttributeError, OSError):
+        return None
+
+
+def _check_dial(what: str) -> None:
+    expected = os.environ.get(DIAL_ENV)
+    if expected is None:
+        return
+    found = shim_dial()
+    count = -3 if found is None else found
+    if count != _entries(expected):
+        why = {
+            -3: "graphdist's shim (a version that checks dials) is not loaded in its process",
+            -2: "the shim does not see the list",
+            -1: "the shim cannot read an entry of the list",
+        }.get(count, f"the shim reads {count} entries instead of {_entries(expected)}")
+        raise LoopbackUnavailableError(
+            f"The server of {what} must dial only its own cluster's tasks ({DIAL_ENV}), but "
+            f"that cannot be enforced: {why}; it was not started. Is LD_PRELOAD honoured here "
+            "(a wrapper such as env or nice in between drops it)?"
+        )
+
+
 def check_enforced(what: str) -> None:
-    """In a server's own process, before its server starts: where ``GRAPHDIST_ALLOW`` is set,
-    check that graphdist's shim is loaded here and reads the same list; raises
-    :class:`LoopbackUnavailableError` otherwise (the server must not start unguarded)."""
+    """In a server's own process, before its server starts: where ``GRAPHDIST_ALLOW`` or
+    ``GRAPHDIST_DIAL`` is set, check that graphdist's shim is loaded here and reads the same
+    list; raises :class:`LoopbackUnavailableError` otherwise (the server must not start
+    unguarded)."""
+    _check_dial(what)
     expected = os.environ.get(ALLOW_ENV)
     if expected is None:
         return

@@ -6,7 +6,8 @@ always listens on every interface, it binds only the address its own task has in
 spec (through the same ``bind()`` shim a local fleet uses, loaded by re-executing itself with
 ``LD_PRELOAD``); ``--bind-all`` restores TensorFlow's wildcard bind. Either way the shim lets in
 only the cluster's own hosts and the addresses given to ``--allow`` (members only: see
-:mod:`graphdist._net.members`), and the server does not start where that is not in force.
+:mod:`graphdist._net.members`), and dials only the cluster's own tasks (``GRAPHDIST_DIAL``);
+the server does not start where that is not in force.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from graphdist._exceptions import ClusterSpecError, PortInUseError, UsageError
 from graphdist._failures import task_name
 from graphdist._net.exposure import check_listening
 from graphdist._net.loopback import BIND_ADDR_ENV, bind_address_for, server_bind_address, shim_env
-from graphdist._net.members import ALLOW_ENV, KEEP_WILDCARD, members_env, parse_allow
+from graphdist._net.members import ALLOW_ENV, KEEP_WILDCARD, dial_env, members_env, parse_allow
 from graphdist._net.ports import is_port_free, port_holder
 from graphdist._proc.signals import stop_on_signals
 from graphdist._tflog import tf_logs_kept_out
@@ -180,7 +181,13 @@ def serve(
         if not bind_all and bind_address_for(task.host) is None:
             check_own_address(task_name(job, index), task.address, address)
         shim = shim_env(address, os.environ.get("LD_PRELOAD"))
-        env = {**os.environ, **shim, **members_env(cluster, networks), _SHIMMED_ENV: "1"}
+        env = {
+            **os.environ,
+            **shim,
+            **members_env(cluster, networks),
+            **dial_env(cluster),  # it dials only its cluster's tasks, whatever a session names
+            _SHIMMED_ENV: "1",
+        }
         os.execve(sys.executable, [sys.executable, "-m", "graphdist", *argv], env)
     if not is_port_free(task.port):
         holder = port_holder(task.port)

@@ -68,7 +68,10 @@ static int peer_ends(const char *text, struct ends *e) {
 /* One case a line: "E ENTRY PEER" (in_entry: 1, 0, -1), "M PEER" (member: 1 let in, 0
  * refused), "R N PEER..." (member N times, the peers in turn: how many were let in), "T S"
  * (the clock S seconds on), "S LIST" (set GRAPHDIST_ALLOW; "S" alone: the empty list), "U"
- * (unset it), "C" (graphdist_members). Answers one line each; "?" for a line it cannot read. */
+ * (unset it), "C" (graphdist_members); the dial list: "D LIST" (set GRAPHDIST_DIAL), "N"
+ * (unset it), "K" (graphdist_dial), "P ADDRESS PORT [udp]" (dialable, for a fresh TCP or UDP
+ * socket of the address's family: 1 may connect, 0 refused). Answers one line each; "?" for a
+ * line it cannot read. */
 int main(void) {
     char line[1024];
     while (fgets(line, sizeof line, stdin) != NULL) {
@@ -106,6 +109,34 @@ int main(void) {
             puts("ok");
         } else if (line[0] == 'C') {
             printf("%d\n", graphdist_members());
+        } else if (line[0] == 'D') {
+            setenv("GRAPHDIST_DIAL", arg, 1);
+            puts("ok");
+        } else if (line[0] == 'N') {
+            unsetenv("GRAPHDIST_DIAL");
+            puts("ok");
+        } else if (line[0] == 'K') {
+            printf("%d\n", graphdist_dial());
+        } else if (line[0] == 'P') {
+            char host[64];
+            unsigned port;
+            int udp = strstr(arg, " udp") != NULL;
+            if (sscanf(arg, "%63s %u", host, &port) != 2) { puts("?"); continue; }
+            struct sockaddr_storage to;
+            socklen_t len;
+            memset(&to, 0, sizeof to);
+            struct sockaddr_in *v4 = (struct sockaddr_in *)&to;
+            struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&to;
+            if (inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
+                v4->sin_family = AF_INET, v4->sin_port = htons((uint16_t)port), len = sizeof *v4;
+            } else if (inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
+                v6->sin6_family = AF_INET6, v6->sin6_port = htons((uint16_t)port);
+                len = sizeof *v6;
+            } else { puts("?"); continue; }
+            int fd = socket(to.ss_family, udp ? SOCK_DGRAM : SOCK_STREAM, 0);
+            if (fd < 0) { puts("?"); continue; }
+            printf("%d\n", dialable(fd, (struct sockaddr *)&to, len));
+            close(fd);
         } else {
             puts("?");
         }
@@ -318,7 +349,7 @@ def test_a_refused_peer_is_logged_with_its_address(driver: Path) -> None:
         assert f"--allow {peer}" in line
 
 
-SUMMARY = re.compile(r"graphdist: refused (\d+) more connection\(s\) from other machines")
+SUMMARY = re.compile(r"graphdist: refused (\d+) more connection\(s\) in the last")
 
 
 def test_the_refusal_log_is_one_line_per_address_per_interval(driver: Path) -> None:
@@ -357,3 +388,105 @@ def test_the_refusal_log_has_a_cap_per_interval_over_all_addresses(driver: Path)
     assert all("not a member" in line for line in log[:20])
     counted = SUMMARY.search(log[20])
     assert counted and int(counted.group(1)) == 6400 - 20, log[20]
+
+
+# ---- the dial list: which addresses a server may connect() to (GRAPHDIST_DIAL) ------------------
+
+DIAL = "127.0.0.1:2222,[::1]:2222,10.0.0.3:2223,[fd00::3]:2224"
+
+
+@pytest.mark.parametrize(
+    ("address", "port", "answer"),
+    [
+        ("127.0.0.1", 2222, "1"),
+        ("127.0.0.1", 2223, "0"),  # the address of a task, another port: another server
+        ("127.0.0.2", 2222, "0"),  # another loopback address (another user's fleet, say)
+        ("::ffff:127.0.0.1", 2222, "1"),  # an IPv4 task dialled on an IPv6 socket: v4-mapped
+        ("::ffff:127.0.0.2", 2222, "0"),
+        ("::1", 2222, "1"),
+        ("::1", 2223, "0"),
+        ("10.0.0.3", 2223, "1"),
+        ("::ffff:10.0.0.3", 2223, "1"),
+        ("10.0.0.3", 2222, "0"),
+        ("fd00::3", 2224, "1"),
+        ("fd00::3:0", 2224, "0"),
+        ("::10.0.0.3", 2223, "0"),  # IPv4-compatible is not v4-mapped
+        ("10.0.0.4", 2223, "0"),
+    ],
+)
+def test_a_server_dials_only_the_addresses_and_ports_of_its_list(
+    driver: Path, address: str, port: int, answer: str
+) -> None:
+    assert _ask(driver, [f"D {DIAL}", f"P {address} {port}"]) == ["ok", answer]
+
+
+def test_the_dial_list_is_counted_and_checked_only_where_set(driver: Path) -> None:
+    """Unset (run tasks, Ray actors: user code) nothing is checked; an empty list dials no
+    TCP address; UDP (a DNS query) is never checked; the count is what check_enforced compares
+    with (empty entries skipped, as in GRAPHDIST_ALLOW)."""
+    answers = _ask(
+        driver,
+        [
+            "N",
+            "K",
+            "P 10.9.9.9 80",
+            f"D {DIAL}",
+            "K",
+            "P 10.9.9.9 53 udp",
+            "P 10.9.9.9 53",
+            "D",
+            "K",
+            "P 127.0.0.1 2222",
+            "D 127.0.0.1:2222,,[::1]:2222,",
+            "K",
+            "P ::1 2222",
+        ],
+    )
+    assert answers == ["ok", "-2", "1", "ok", "4", "1", "0", "ok", "0", "0", "ok", "2", "1"]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "localhost:2222",  # names are resolved by graphdist, never by the shim
+        "127.0.0.1",  # no port
+        "127.0.0.1:",
+        "127.0.0.1:0",
+        "127.0.0.1:65536",
+        "127.0.0.1:22x",
+        "127.0.0.1:-1",
+        "::1:2222",  # IPv6 needs brackets
+        "[::1]2222",
+        "[::1:2222",
+        "[127.0.0.1]:2222",
+        " 127.0.0.1:2222",
+        "127.0.0.1:2222/32",
+    ],
+)
+def test_a_malformed_dial_list_refuses_every_tcp_connect_and_says_so_once(
+    driver: Path, entry: str
+) -> None:
+    answers, log = _log(
+        driver,
+        [f"D 127.0.0.1:2222,{entry}", "K", "P 127.0.0.1 2222", "P ::1 2222", "P 10.0.0.1 53 udp"],
+    )
+    assert answers == ["ok", "-1", "0", "0", "1"]
+    assert sum("GRAPHDIST_DIAL is malformed" in line for line in log) == 1, log
+
+
+def test_a_refused_dial_is_logged_with_its_address_within_the_shared_bound(driver: Path) -> None:
+    """One line per address per interval, the cap shared with refused peers: a session that
+    names thousands of addresses writes no more than an outsider knocking."""
+    answers, log = _log(
+        driver,
+        [f"D {DIAL}", "P 127.0.0.9 2222", "P 127.0.0.9 2225", "P fd00::9 80", "S 10.0.0.1"]
+        + [f"P 10.8.{i // 256}.{i % 256} 80" for i in range(300)]
+        + ["T 10", "M 10.9.0.1"],
+    )
+    assert answers[:4] == ["ok", "0", "0", "0"] and set(answers[5:305]) == {"0"}
+    assert "refused to dial 127.0.0.9:2222: not a task of this server's cluster" in log[0]
+    assert "refused to dial [fd00::9]:80" in log[1]
+    assert len(log) == 20 + 1 + 1, log[:3]
+    counted = SUMMARY.search(log[20])
+    assert counted and int(counted.group(1)) == 3 + 300 - 20, log[20]
+    assert "from 10.9.0.1: not a member" in log[21]
