@@ -22,11 +22,23 @@ import threading
 from collections.abc import Mapping, Sequence
 
 from graphdist._cluster import Cluster
-from graphdist._exceptions import ClusterSpecError, PortInUseError, UsageError
+from graphdist._exceptions import (
+    ClusterSpecError,
+    LoopbackUnavailableError,
+    PortInUseError,
+    UsageError,
+)
 from graphdist._failures import task_name
 from graphdist._net.exposure import check_listening
 from graphdist._net.loopback import BIND_ADDR_ENV, bind_address_for, server_bind_address, shim_env
-from graphdist._net.members import ALLOW_ENV, KEEP_WILDCARD, dial_env, members_env, parse_allow
+from graphdist._net.members import (
+    ALLOW_ENV,
+    KEEP_WILDCARD,
+    dial_env,
+    members_env,
+    parse_allow,
+    shim_members,
+)
 from graphdist._net.ports import is_port_free, port_holder
 from graphdist._proc.signals import stop_on_signals
 from graphdist._tflog import tf_logs_kept_out
@@ -170,6 +182,15 @@ def serve(
             "address in the cluster",
             name="allow",
             value=allow,
+        )
+    if os.environ.get(_SHIMMED_ENV) == "1" and shim_members() is None:
+        # re-executed, or the variable came from outside: either way the shim is not in this
+        # process, and a server without it would listen and let in whatever it was told
+        raise LoopbackUnavailableError(
+            f"graphdist's bind shim is not loaded in this serve process ({_SHIMMED_ENV}=1 is "
+            "set, which graphdist sets only once it has loaded the shim): unset "
+            f"{_SHIMMED_ENV}, and check that LD_PRELOAD is honoured (not a static or setuid "
+            "Python)"
         )
     if os.environ.get(_SHIMMED_ENV) != "1":
         address = (

@@ -160,3 +160,29 @@ def test_serve_argument_errors_are_one_line(tmp_path):
         result = run_python(["-m", "graphdist", *argv])
         assert result.returncode == 2, result.stderr
         assert result.stderr.startswith("Error: ") and fragment in result.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("extra", [[], ["--bind-all"]])
+def test_a_preset_shimmed_marker_never_serves_without_the_shim(extra):
+    """issue 38: GRAPHDIST_SERVE_SHIMMED=1 from outside (graphdist's own marker that it has
+    re-executed serve with the shim) skipped the shim: with --bind-all the server listened on
+    every interface and claimed "let in: none". serve now asks the shim itself, and refuses."""
+    (port,) = pick_free_ports(1)
+    try:
+        cluster = json.dumps({"local": [f"localhost:{port}"]})
+        argv = ["serve", "--cluster", cluster, "--job", "local", "--task", "0", *extra]
+        result = subprocess.run(
+            [sys.executable, "-m", "graphdist", *argv],
+            env={**os.environ, **QUIET_TF, "GRAPHDIST_SERVE_SHIMMED": "1"},
+            capture_output=True,
+            text=True,
+            timeout=50,
+        )
+        assert result.returncode == 2, result.stderr
+        (line,) = result.stderr.splitlines()
+        assert line.startswith("Error: graphdist's bind shim is not loaded"), line
+        with socket.socket() as probe:  # nothing ever listened there
+            assert probe.connect_ex(("127.0.0.1", port)) != 0
+    finally:
+        release_ports([port])
