@@ -247,41 +247,43 @@ def _entries(value: str) -> int:
     return sum(1 for entry in value.split(",") if entry)
 
 
-def shim_members() -> int | None:
-    """What graphdist's shim, if it is loaded in this process, reads of ``GRAPHDIST_ALLOW``
-    (entries; -1 one unreadable, -2 unset); ``None`` where it is not loaded (no process
-    variable says so: its own exported function is looked up)."""
+def _shim_reads(symbol: str) -> int | None:
+    """What graphdist's shim, if it is loaded in this process, answers from its exported
+    ``symbol`` (a list's entries; -1 one unreadable, -2 unset); ``None`` where it is not loaded
+    (no process variable says so: its own exported function is looked up)."""
     try:
-        return int(ctypes.CDLL(None).graphdist_members())
+        return int(getattr(ctypes.CDLL(None), symbol)())
     except (AttributeError, OSError):
         return None
+
+
+def shim_members() -> int | None:
+    """What the shim reads of ``GRAPHDIST_ALLOW`` (see :func:`_shim_reads`)."""
+    return _shim_reads("graphdist_members")
 
 
 def shim_dial() -> int | None:
-    """What graphdist's shim, if it is loaded in this process, reads of ``GRAPHDIST_DIAL``
-    (entries; -1 malformed, -2 unset); ``None`` where it is not loaded."""
-    try:
-        return int(ctypes.CDLL(None).graphdist_dial())
-    except (AttributeError, OSError):
-        return None
+    """What the shim reads of ``GRAPHDIST_DIAL`` (see :func:`_shim_reads`; -1: malformed)."""
+    return _shim_reads("graphdist_dial")
 
 
-def _check_dial(what: str) -> None:
-    expected = os.environ.get(DIAL_ENV)
+def _check_list(env: str, found: int | None, refusal: str, not_loaded: str) -> None:
+    """Raise :class:`LoopbackUnavailableError` (``refusal``, then why) unless the shim reads as
+    many entries of ``env`` as the environment holds (``found``: what it read); nothing to check
+    where ``env`` is unset."""
+    expected = os.environ.get(env)
     if expected is None:
         return
-    found = shim_dial()
     count = -3 if found is None else found
     if count != _entries(expected):
         why = {
-            -3: "graphdist's shim (a version that checks dials) is not loaded in its process",
+            -3: not_loaded,
             -2: "the shim does not see the list",
             -1: "the shim cannot read an entry of the list",
         }.get(count, f"the shim reads {count} entries instead of {_entries(expected)}")
         raise LoopbackUnavailableError(
-            f"The server of {what} must dial only its own cluster's tasks ({DIAL_ENV}), but "
-            f"that cannot be enforced: {why}; it was not started. Is LD_PRELOAD honoured here "
-            "(a wrapper such as env or nice in between drops it)?"
+            f"{refusal}: {why}; it was not started. Is LD_PRELOAD honoured here (a wrapper such "
+            "as env or nice in between drops it)?"
         )
 
 
@@ -290,22 +292,21 @@ def check_enforced(what: str) -> None:
     ``GRAPHDIST_DIAL`` is set, check that graphdist's shim is loaded here and reads the same
     list; raises :class:`LoopbackUnavailableError` otherwise (the server must not start
     unguarded)."""
-    _check_dial(what)
-    expected = os.environ.get(ALLOW_ENV)
-    if expected is None:
-        return
-    found = shim_members()
-    count = -3 if found is None else found
-    if count != _entries(expected):
-        why = {
-            -3: "graphdist's shim is not loaded in its process",
-            -2: "the shim does not see the list",
-            -1: "the shim cannot read an entry of the list",
-        }.get(count, f"the shim reads {count} entries instead of {_entries(expected)}")
-        raise LoopbackUnavailableError(
+    if DIAL_ENV in os.environ:
+        _check_list(
+            DIAL_ENV,
+            shim_dial(),
+            f"The server of {what} must dial only its own cluster's tasks ({DIAL_ENV}), but "
+            "that cannot be enforced",
+            "graphdist's shim (a version that checks dials) is not loaded in its process",
+        )
+    if ALLOW_ENV in os.environ:
+        _check_list(
+            ALLOW_ENV,
+            shim_members(),
             f"The server of {what} would listen on a host address, but cannot enforce that only "
-            f"its cluster's hosts connect: {why}; it was not started. Is LD_PRELOAD honoured "
-            "here (a wrapper such as env or nice in between drops it)?"
+            "its cluster's hosts connect",
+            "graphdist's shim is not loaded in its process",
         )
 
 
