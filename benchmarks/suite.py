@@ -345,6 +345,14 @@ def markdown(r: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+SHOWN_PLOTS = {
+    "startup.png": "fleet start-up",
+    "memory.png": "fleet memory",
+    "bandwidth.png": "task-to-task bandwidth",
+}
+"""The plots the page shows (the curves; the step latency's bars say no more than its table)."""
+
+
 def plots(r: dict[str, Any], out_dir: str) -> list[str]:
     import matplotlib
 
@@ -460,8 +468,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(block)
     written = [os.path.join(args.out, "results.json"), os.path.join(args.out, "results.md")]
     if args.readme:
-        rel = os.path.relpath(paths[0], os.path.dirname(os.path.abspath(args.readme)))
-        section = f"{block}\n![fleet start-up]({rel})"
+        here = os.path.dirname(os.path.abspath(args.readme))
+        shown = [
+            f"![{SHOWN_PLOTS[os.path.basename(p)]}]({os.path.relpath(p, here)})"
+            for p in paths
+            if os.path.basename(p) in SHOWN_PLOTS
+        ]
+        section = "\n\n".join([block, *shown])
         update_readme_section(args.readme, SECTION, section, command(args))
         written.append(f"{args.readme} (benchmark section)")
     print("wrote", ", ".join([*written, *paths]))

@@ -327,6 +327,7 @@ def test_readme_is_rewritten_only_with_the_flag_and_shows_the_warnings(
     assert text.startswith(f"intro\n{START}\n") and text.endswith(f"{END}\noutro\n")
     assert "the previous section" not in text and "> **Warning:** noisy run: the floor" in text
     assert "![fleet start-up](record/startup.png)" in text
+    assert "![fleet memory](record/memory.png)" in text  # every curve the suite plots
     assert f"Printed by `python benchmarks/suite.py --readme {readme}` on " in text
     assert not (tmp_path / "scratch").exists()
     record = tmp_path / "record"
