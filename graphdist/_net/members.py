@@ -32,7 +32,7 @@ import os
 import socket
 from collections.abc import Iterable
 
-from graphdist._cluster import Cluster
+from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import ArgumentError, ClusterSpecError, LoopbackUnavailableError
 from graphdist._validate import show
 
@@ -169,20 +169,26 @@ def member_addresses(cluster: Cluster) -> list[str]:
     would be shut out, so the server does not start."""
     found: list[str] = []
     for task in cluster:
-        host = task.host.strip("[]")
-        try:
-            infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-        except socket.gaierror as exc:
-            raise ClusterSpecError(
-                f"Host {host!r} of task {task.name} does not resolve ({exc.strerror}), so its "
-                "server could not be let in as a member of the cluster; name it by address",
-                task.address,
-            ) from None
-        for info in infos:
-            ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+        why = "its server could not be let in as a member of the cluster"
+        for ip in _task_ips(task, why):
             if not ip.is_loopback and str(ip) not in found:
                 found.append(str(ip))
     return found
+
+
+def _task_ips(task: Task, why: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """Every address the host of ``task`` resolves to now (without an IPv6 zone, which the shim
+    cannot parse); :class:`ClusterSpecError` saying ``why`` it matters for one that does not."""
+    host = task.host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ClusterSpecError(
+            f"Host {host!r} of task {task.name} does not resolve ({exc.strerror}), so {why}; "
+            "name it by address",
+            task.address,
+        ) from None
+    return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
 
 
 def members_env(cluster: Cluster, allow: Iterable[str] = ()) -> dict[str, str]:
@@ -211,17 +217,7 @@ def dial_addresses(cluster: Cluster) -> list[str]:
     :class:`ClusterSpecError` for a host that does not resolve (its task could not be dialled)."""
     found: list[str] = []
     for task in cluster:
-        host = task.host.strip("[]")
-        try:
-            infos = socket.getaddrinfo(host, task.port, type=socket.SOCK_STREAM)
-        except socket.gaierror as exc:
-            raise ClusterSpecError(
-                f"Host {host!r} of task {task.name} does not resolve ({exc.strerror}), so the "
-                "cluster's servers could not dial it; name it by address",
-                task.address,
-            ) from None
-        for info in infos:
-            ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+        for ip in _task_ips(task, "the cluster's servers could not dial it"):
             text = f"[{ip}]:{task.port}" if ip.version == 6 else f"{ip}:{task.port}"
             if text not in found:
                 found.append(text)
