@@ -30,6 +30,7 @@ values that explain it as attributes, so callers can react without parsing messa
     ├── StateError              graphdist's folders: a detached fleet's state (none running, stale,
     │   │                       busy), or a folder that is not private to the user
     │   └── CorruptStateError   a fleet.json that is not a fleet record (down still stops the fleet)
+    ├── CredentialsError        TLS credentials that cannot be made or used (a key others can read)
     └── UnsupportedVersionError  this Python or TensorFlow is outside the supported range
 
 Errors a caller causes with a bad value also derive from ``ValueError`` (``ArgumentError``,
@@ -55,6 +56,7 @@ __all__ = [
     "ArgumentError",
     "ClusterSpecError",
     "CorruptStateError",
+    "CredentialsError",
     "ExposedServerError",
     "FleetClosedError",
     "FleetError",
@@ -317,6 +319,16 @@ class StateError(GraphdistError):
     def __init__(self, message: str, state_dir: str | None = None) -> None:
         super().__init__(message)
         self.state_dir = state_dir
+
+
+class CredentialsError(GraphdistError):
+    """TLS credentials that cannot be made (a folder that is not empty, a host that is no IP
+    address or DNS name) or used (a missing file, a key others can read, a certificate another
+    CA signed or that expired); ``path`` is the file or folder, when there is one."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class TaskOutcome(Protocol):

@@ -62,6 +62,7 @@ EXAMPLES: list[E.GraphdistError] = [
     E.LaunchTimeoutError("too long", _RESULTS),
     E.StateError("no fleet", "/tmp/state"),
     E.CorruptStateError("/tmp/state/fleet.json", "not JSON", "/tmp/state"),
+    E.CredentialsError("key open to others", "/tmp/creds/client/key.pem"),
     E.UnsupportedVersionError("python 3.9"),
 ]
 

@@ -33,6 +33,7 @@ from graphdist._distribute.runbackends import run_backend
 from graphdist._exceptions import (
     ArgumentError,
     ClusterSpecError,
+    CredentialsError,
     GraphdistError,
     LoopbackUnavailableError,
     PictureError,
@@ -315,6 +316,12 @@ cluster.json names every task's address, e.g.
 
 Every task's TF_CONFIG must describe the same cluster, so --cluster names addresses (JSON text
 or a file); job=N, which picks new free ports on each call, is refused.""",
+    "certs": """examples:
+  graphdist certs --cluster cluster.json --out creds
+  graphdist certs --cluster cluster.json --out creds --days 30
+
+It prints one folder per host and one for the client; copy each host's folder to that host.
+The CA's private key is never written: to add a host, make new credentials for the cluster.""",
     "demo": """examples:
   graphdist demo
   graphdist demo --master 1 --picture placed.svg""",
@@ -563,6 +570,29 @@ def build_parser() -> _Parser:
     )
     tfc.add_argument(
         "--task", required=True, metavar="TYPE:INDEX", help="chief:0, worker:1, ps:0, evaluator:0"
+    )
+
+    certs = _command(
+        sub,
+        "certs",
+        "make a cluster's TLS credentials: a new CA, a key and certificate per host",
+        "Make the TLS credentials of a cluster: a new CA of its own, and for each host of the "
+        "cluster's tasks a folder under --out (DIR/hosts/HOST) with ca.pem, cert.pem (for that "
+        "host's IP address or DNS name) and key.pem, and one for the client (DIR/client). The "
+        "CA's private key is not kept (it is never written): to add a host, make new "
+        "credentials for the whole cluster.",
+    )
+    certs.add_argument(
+        "--cluster",
+        required=True,
+        metavar="SPEC",
+        help="every task's address: JSON text or a JSON file path (the hosts get certificates)",
+    )
+    certs.add_argument(
+        "--out", required=True, metavar="DIR", help="a new or empty folder for the credentials"
+    )
+    certs.add_argument(
+        "--days", type=_int, default=365, metavar="N", help="days the certificates are valid (365)"
     )
 
     demo = _command(
@@ -963,6 +993,23 @@ def _cmd_tf_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_certs(args: argparse.Namespace) -> int:
+    from graphdist._net.tlscerts import CLIENT, make_credentials
+
+    cluster = Cluster.parse_addresses(args.cluster, what="A cluster to make credentials for")
+    hosts = [task.host.removeprefix("[").removesuffix("]") for task in cluster.tasks]
+    try:
+        folders = make_credentials(list(dict.fromkeys(hosts)), args.out, days=args.days)
+    except CredentialsError as exc:  # a mistake in --out, --days or the hosts: exit 2
+        raise UsageError(str(exc), name=None if exc.path else "days") from None
+    for host, folder in folders.items():
+        if host == CLIENT:
+            print(f"client: {folder}  (for graphdist.connect(cluster, tls=...))")
+        else:
+            print(f"{host}: {folder}  (copy to {host}; graphdist serve --tls {folder})")
+    return 0
+
+
 _COMMANDS = {
     "tf-config": _cmd_tf_config,
     "run": _cmd_run,
@@ -970,6 +1017,7 @@ _COMMANDS = {
     "status": _cmd_status,
     "down": _cmd_down,
     "demo": _cmd_demo,
+    "certs": _cmd_certs,
 }
 
 

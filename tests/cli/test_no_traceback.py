@@ -53,6 +53,7 @@ CASES: dict[str, tuple[list[str], str]] = {
         REAL,
     ),
     "demo": (["demo", "--master", "5"], MISTAKE),
+    "certs": (["certs", "--cluster", "worker=2", "--out", "/nonexistent/graphdist-certs"], MISTAKE),
     "--help": (["--help"], REAL),
     "--version": (["--version"], REAL),
 }
