@@ -87,6 +87,7 @@ _USER_MISTAKES = (
     PortInUseError,
     StateError,
     LoopbackUnavailableError,
+    CredentialsError,
 )
 
 
@@ -307,6 +308,7 @@ The command's Python needs TensorFlow and tf-keras (from graphdist's clone: pip 
     "serve": """examples (one per host; the same cluster file on every host):
   graphdist serve --cluster cluster.json --job worker --task 0
   srun graphdist serve --slurm worker=2,ps=1      inside a Slurm step
+  graphdist serve --cluster cluster.json --job worker --task 0 --tls creds/hosts/10.0.0.1
 
 cluster.json names every task's address, e.g.
   {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"], "ps": ["10.0.0.3:2222"]}""",
@@ -554,6 +556,13 @@ def build_parser() -> _Parser:
         help="listen on every interface as TensorFlow does (default: only the task's address)",
     )
     _add_allow(srv, "")
+    srv.add_argument(
+        "--tls",
+        metavar="DIR",
+        help="TLS mode: this host's folder from `graphdist certs`; the server stays on loopback "
+        "and a mutual-TLS gateway on the task's address lets in holders of the cluster's "
+        "certificates only",
+    )
 
     tfc = _command(
         sub,
@@ -983,7 +992,9 @@ def _cmd_serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
             raise UsageError("serve needs --cluster, --job and --task (or --slurm)")
         cluster = Cluster.parse_addresses(args.cluster, what="A served cluster")
         job, index = args.job, args.task
-    return serve(cluster, job, index, bind_all=args.bind_all, argv=argv, allow=_allow(args))
+    return serve(
+        cluster, job, index, bind_all=args.bind_all, argv=argv, allow=_allow(args), tls=args.tls
+    )
 
 
 def _cmd_tf_config(args: argparse.Namespace) -> int:
@@ -1000,7 +1011,7 @@ def _cmd_certs(args: argparse.Namespace) -> int:
     hosts = [task.host.removeprefix("[").removesuffix("]") for task in cluster.tasks]
     try:
         folders = make_credentials(list(dict.fromkeys(hosts)), args.out, days=args.days)
-    except CredentialsError as exc:  # a mistake in --out, --days or the hosts: exit 2
+    except CredentialsError as exc:  # --days is the flag's name here, not the argument's
         raise UsageError(str(exc), name=None if exc.path else "days") from None
     for host, folder in folders.items():
         if host == CLIENT:

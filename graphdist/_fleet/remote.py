@@ -18,10 +18,16 @@ from __future__ import annotations
 
 import signal
 import socket
+import subprocess
 import time
 
 from graphdist._cluster import Cluster, ClusterLike, Task
-from graphdist._exceptions import FleetError, FleetStartError, StartTimeoutError
+from graphdist._exceptions import (
+    CredentialsError,
+    FleetError,
+    FleetStartError,
+    StartTimeoutError,
+)
 from graphdist._failures import DEAD, NOT_ANSWERING
 from graphdist._fleet.client import Fleet, FleetState
 from graphdist._fleet.health import probe_all
@@ -84,13 +90,36 @@ class RemoteFleet(Fleet[RemoteTask]):
     """The servers of ``cluster``, run elsewhere (see the module docstring); from
     :func:`connect`. Leaving ``with`` (or :meth:`close`) closes this client's sessions only."""
 
-    def __init__(self, cluster: ClusterLike, *, operation_timeout_ms: int | None = None) -> None:
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        *,
+        operation_timeout_ms: int | None = None,
+        tls: str | None = None,
+    ) -> None:
         super().__init__()
-        self.cluster = Cluster.parse(cluster)
+        self.real_cluster = Cluster.parse(cluster)
+        self.tls = tls
+        self._gateway: subprocess.Popen[bytes] | None = None
+        if tls is not None:
+            from graphdist._net.gateway import routes, start_gateway, tls_cluster
+            from graphdist._net.tlscerts import load_credentials
+
+            load_credentials(tls)
+            self.cluster = tls_cluster(self.real_cluster)
+            outbound = routes(self.real_cluster)
+            self._gateway = start_gateway(outbound, tls) if outbound else None
+        else:
+            self.cluster = self.real_cluster
         self.operation_timeout_ms = timeout_ms(operation_timeout_ms, "operation_timeout_ms")
         self.start_timeout_s = DEFAULT_CONNECT_TIMEOUT_S
         for task in self.cluster:
             self._tasks[(task.job, task.index)] = RemoteTask(task)
+
+    def _real(self, task: RemoteTask) -> Task:
+        """The task's address in the cluster as given (its alias is what TensorFlow sees in
+        TLS mode)."""
+        return self.real_cluster.task(task.job, task.index)
 
     def _wait_answering(self, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
@@ -123,6 +152,9 @@ class RemoteFleet(Fleet[RemoteTask]):
         """Raise :class:`FleetStartError` at once where a server whose probe saw its
         connection closed closes a plain one as soon as it accepts it (members only: waiting
         out the timeout changes nothing)."""
+        if self.tls is not None:
+            self._tls_refused(closed)
+            return
         refused = [t for t in closed if closed_at_accept(t.address)]
         if not refused:
             return
@@ -138,11 +170,34 @@ class RemoteFleet(Fleet[RemoteTask]):
             address=refused[0].address,
         )
 
+    def _tls_refused(self, closed: list[RemoteTask]) -> None:
+        """Raise :class:`CredentialsError` at once where a task's gateway, asked directly,
+        fails this client's TLS handshake (another cluster's credentials, a certificate not for
+        that host): the reason, from OpenSSL, is in the message."""
+        from graphdist._net.gateway import tls_refusal
+
+        assert self.tls is not None
+        for task in closed:
+            real = self._real(task)
+            why = tls_refusal(real.host, real.port, self.tls)
+            if why:
+                raise CredentialsError(
+                    f"{task.name} at {real.address} refused TLS with the credentials in "
+                    f"{self.tls}: {why}; use the client folder `graphdist certs` made for "
+                    "this cluster",
+                    self.tls,
+                )
+
     def close(self) -> None:
-        """Close this client's sessions; the servers keep running on their hosts."""
+        """Close this client's sessions (and its TLS gateway); the servers keep running on
+        their hosts."""
         if self._state is FleetState.RUNNING:
             self._close_sessions()
         self._state = FleetState.CLOSED
+        from graphdist._net.gateway import stop_gateway
+
+        stop_gateway(self._gateway)
+        self._gateway = None
         self._changed()
 
     def __enter__(self) -> RemoteFleet:
@@ -163,6 +218,14 @@ class RemoteFleet(Fleet[RemoteTask]):
     def _explain(self, task: RemoteTask, status: str, detail: str) -> tuple[str, str]:
         """A task whose host refuses the connection (it is up, but nothing listens on the port:
         the server is gone) is ``dead``, not ``not answering``."""
+        if self.tls is not None and status == NOT_ANSWERING:
+            real = self._real(task)
+            if _port_refused(real.host, real.port):
+                return DEAD, (
+                    f"its host {real.host} refuses connections to port {real.port} (its TLS "
+                    "gateway is gone with its server)"
+                )
+            return status, f"{detail} (host {real.address}, through TLS)"
         if status == NOT_ANSWERING and "Connection refused" in detail:
             return DEAD, f"its host refuses connections to port {task.task.port}"
         return status, detail
@@ -177,6 +240,7 @@ def connect(
     *,
     timeout_s: float | None = None,
     operation_timeout_ms: int | None = None,
+    tls: str | None = None,
 ) -> RemoteFleet:
     """A client of the servers of ``cluster`` that other processes run (``graphdist serve`` on
     each host), once every one answers::
@@ -189,9 +253,29 @@ def connect(
     Waits up to ``timeout_s`` (default 60 s) for every server to answer; raises
     :class:`StartTimeoutError` naming those that do not (not started, or this machine not let in:
     a server on a host address lets in only its cluster's hosts and its ``--allow`` list).
+
+    ``tls``: the client credentials folder ``graphdist certs`` made for the cluster, whose
+    servers run ``graphdist serve --tls``: this client then reaches them through a mutual-TLS
+    gateway of its own (a small process, stopped by :meth:`~RemoteFleet.close`), from any
+    machine, member or not; raises :class:`CredentialsError` if they refuse its certificate.
     """
     wait_s = check_timeout_s(timeout_s, "timeout_s", DEFAULT_CONNECT_TIMEOUT_S)
-    fleet = RemoteFleet(cluster, operation_timeout_ms=operation_timeout_ms)
-    fleet._wait_answering(wait_s)
+    fleet = RemoteFleet(cluster, operation_timeout_ms=operation_timeout_ms, tls=tls)
+    try:
+        fleet._wait_answering(wait_s)
+    except BaseException:
+        fleet.close()
+        raise
     fleet._state = FleetState.RUNNING
     return fleet
+
+
+def _port_refused(host: str, port: int) -> bool:
+    """Whether ``host`` answers a TCP connection to ``port`` with a refusal (nothing listens)."""
+    try:
+        socket.create_connection((host.strip("[]"), port), timeout=REFUSED_WAIT_S).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False

@@ -36,9 +36,11 @@
  *            addresses and CIDR networks (the cluster's own hosts and what the user allowed); an
  *            empty list lets in no other machine, an unparsable entry matches nothing, and so
  *            does an entry that holds every IPv4 address however it is spelled (a /0,
- *            ::ffff:0:0/96, ::/80 ...). Without GRAPHDIST_ALLOW no other machine is let in at
- *            all (fail closed: an environment that lost the list, a server bound to a host
- *            address by itself, GRAPHDIST_BIND_ADDR="*" alone). The list is read at each
+ *            ::ffff:0:0/96, ::/80 ...). The entry "*" lets in every other machine: only
+ *            graphdist's TLS gateway sets it, for its listeners on host addresses, which admit
+ *            by certificate (parse_allow never produces it). Without GRAPHDIST_ALLOW no other
+ *            machine is let in at all (fail closed: an environment that lost the list, a server
+ *            bound to a host address by itself, GRAPHDIST_BIND_ADDR="*" alone). The list is read at each
  *            accept, so a forked child may set it. graphdist_members() lets the server's
  *            process check that this is in force.
  *
@@ -368,7 +370,10 @@ static int walk_members(const struct in6_addr *peer, int *hit) {
     for (const char *p = list; *p != '\0';) {
         const char *end = strchr(p, ',');
         size_t n = end != NULL ? (size_t)(end - p) : strlen(p);
-        if (n > 0) {
+        if (n == 1 && *p == '*') { /* every machine: a TLS gateway's listener (see header) */
+            count++;
+            if (peer != NULL && hit != NULL) *hit = 1;
+        } else if (n > 0) {
             int in = in_entry(p, n, peer != NULL ? peer : &none);
             if (in < 0) bad = 1;
             else count++;

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from graphdist._cluster import Cluster
 from graphdist._exceptions import (
     ClusterSpecError,
+    CredentialsError,
     LoopbackUnavailableError,
     PortInUseError,
     UsageError,
@@ -47,6 +48,7 @@ from graphdist._validate import show
 __all__ = ["check_own_address", "check_slurm_environment", "serve", "slurm_task"]
 
 _SHIMMED_ENV = "GRAPHDIST_SERVE_SHIMMED"
+_GATEWAY_ENV = "GRAPHDIST_SERVE_GATEWAY"
 
 
 SLURM_VARIABLES = (
@@ -163,17 +165,21 @@ def serve(
     bind_all: bool,
     argv: Sequence[str],
     allow: Sequence[str] | str | None = None,
+    tls: str | None = None,
 ) -> int:
     """Run the server of ``job:index`` until SIGTERM/SIGINT; returns the exit status (0).
 
     The first call re-executes ``python -m graphdist ARGV`` with the bind shim loaded (it never
     returns then): bound to the task's own address (every interface with ``bind_all``), and
-    letting in other machines only if they are the cluster's hosts or in ``allow``. Raises
-    ClusterSpecError, PortInUseError, LoopbackUnavailableError, UsageError.
+    letting in other machines only if they are the cluster's hosts or in ``allow``. With
+    ``tls`` (a credentials folder from ``graphdist certs``), the server stays on its host's
+    loopback alias and a mutual-TLS gateway listens on the task's address instead (see
+    :mod:`graphdist._net.gateway`). Raises ClusterSpecError, PortInUseError,
+    LoopbackUnavailableError, UsageError, CredentialsError.
     """
-    from graphdist._proc.server import start_server
-
     task = cluster.task(job, index)
+    if tls is not None:
+        return _serve_tls(cluster, job, index, bind_all=bind_all, argv=argv, allow=allow, tls=tls)
     networks = parse_allow(allow, name="allow")
     if networks and not bind_all and bind_address_for(task.host) is not None:
         raise UsageError(
@@ -220,17 +226,32 @@ def serve(
             task=task_name(job, index),
             address=task.address,
         )
+    bound = os.environ.get(BIND_ADDR_ENV, "every interface") if not bind_all else "every interface"
+    members = os.environ.get(ALLOW_ENV) or "none"
+    return _run_server(
+        cluster,
+        job,
+        index,
+        check=not bind_all,
+        how=f"listening on {bound}, other machines let in: {members}",
+    )
+
+
+def _run_server(cluster: Cluster, job: str, index: int, *, check: bool, how: str) -> int:
+    """Start the (shimmed) server of ``job:index`` of ``cluster`` as TensorFlow sees it, check
+    where it listens, say it is ready and serve until SIGTERM/SIGINT."""
+    from graphdist._proc.server import start_server
+
+    task = cluster.task(job, index)
     stop = stop_on_signals()
     with tf_logs_kept_out():  # quiet as demo, up and run are (GRAPHDIST_TF_LOGS=1: live)
         server = start_server(cluster.as_dict(), job, index)
-    if not bind_all:  # the shim's effect is checked, not assumed (see _fleet/exposure.py)
+    if check:  # the shim's effect is checked, not assumed (see _fleet/exposure.py)
         own = os.environ.get(BIND_ADDR_ENV, "")
         check_listening(task_name(job, index), task.address, os.getpid(), {own}, port=task.port)
-    bound = os.environ.get(BIND_ADDR_ENV, "every interface") if not bind_all else "every interface"
-    members = os.environ.get(ALLOW_ENV) or "none"
     print(
         f"graphdist serve: /job:{job}/task:{index} ready at {server.target} "
-        f"(listening on {bound}, other machines let in: {members}; pid {os.getpid()})",
+        f"({how}; pid {os.getpid()})",
         file=sys.stderr,
         flush=True,
     )
@@ -241,3 +262,90 @@ def serve(
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(0)  # TensorFlow cannot stop a gRPC server; leaving is the clean way out
+
+
+def _watch_gateway(pid: int) -> None:
+    """Leave (exit status 1) when the TLS gateway, this process's child, ends: the server would
+    be out of reach, and a host's supervisor should restart the pair."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    print(
+        f"graphdist serve: the TLS gateway (pid {pid}) ended; stopping", file=sys.stderr, flush=True
+    )
+    os._exit(1)
+
+
+def _serve_tls(
+    cluster: Cluster,
+    job: str,
+    index: int,
+    *,
+    bind_all: bool,
+    argv: Sequence[str],
+    allow: Sequence[str] | str | None,
+    tls: str,
+) -> int:
+    """:func:`serve` in TLS mode: the server on its host's loopback alias, sessions between
+    hosts through this serve's gateway (started before the re-execution, watched after it)."""
+    from graphdist._net.gateway import routes, start_gateway, tls_cluster
+    from graphdist._net.tlscerts import load_credentials
+
+    task = cluster.task(job, index)
+    name = task_name(job, index)
+    for given, flag in ((bind_all, "bind_all"), (parse_allow(allow, name="allow"), "allow")):
+        if given:
+            raise UsageError(
+                f"{flag} does nothing with tls: in TLS mode no server listens on a host "
+                "address, and the gateway admits by certificate, not by address; drop it",
+                name=flag,
+                value=allow if flag == "allow" else True,
+            )
+    if bind_address_for(task.host) is not None:
+        raise UsageError(
+            f"tls does nothing for {name}: its server stays on loopback ({task.host}), which "
+            "no other machine reaches; name the host's address in the cluster, or drop tls",
+            name="tls",
+            value=tls,
+        )
+    wire = tls_cluster(cluster)
+    alias_address = wire.task(job, index).host
+    if os.environ.get(_SHIMMED_ENV) == "1":
+        gateway = os.environ.get(_GATEWAY_ENV, "")
+        if shim_members() is None or not gateway.isdigit():
+            raise LoopbackUnavailableError(
+                f"graphdist's bind shim or TLS gateway is missing in this serve process "
+                f"({_SHIMMED_ENV}=1 is set, which graphdist sets only once both run): unset "
+                f"{_SHIMMED_ENV} and {_GATEWAY_ENV}"
+            )
+        threading.Thread(
+            target=_watch_gateway, args=(int(gateway),), name="tls-gateway", daemon=True
+        ).start()
+        return _run_server(
+            wire,
+            job,
+            index,
+            check=True,
+            how=f"over mutual TLS at {task.address}: the server on {alias_address}, loopback; "
+            f"the TLS gateway (pid {gateway}) lets in holders of this cluster's certificates",
+        )
+    credentials = load_credentials(tls)
+    if not credentials.covers(task.host):
+        raise CredentialsError(
+            f"The certificate in {tls} is for {', '.join(credentials.names)}, not for "
+            f"{task.host}, the host of {name}: pass the folder `graphdist certs` made for "
+            f"{task.host} (OUT/hosts/{task.host.replace(':', '_')})",
+            tls,
+        )
+    address = server_bind_address(task, expose=False, allow_own_host=True)
+    assert address is not None
+    check_own_address(name, task.address, address)
+    relay = start_gateway(routes(cluster, [task]), tls)
+    env = {
+        **os.environ,
+        **shim_env(alias_address, os.environ.get("LD_PRELOAD")),
+        ALLOW_ENV: "",  # on loopback: no other machine, only this user
+        **dial_env(wire),  # its peers' aliases: the gateways, never another fleet
+        _SHIMMED_ENV: "1",
+        _GATEWAY_ENV: str(relay.pid),
+    }
+    os.execve(sys.executable, [sys.executable, "-m", "graphdist", *argv], env)

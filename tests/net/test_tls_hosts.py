@@ -1,0 +1,322 @@
+"""TLS mode on real hosts: ``graphdist serve --tls`` on two hosts of a bed of network namespaces
+(tests/hostbed.py), clients on the third host, which is no member of the cluster by address.
+
+What TLS mode promises (graphdist/_net/gateway.py): no TensorFlow server listens on a host
+address; the gateways let in only holders of the cluster's credentials, from any machine; every
+byte between hosts is encrypted; other users of a member host get in neither at its address nor
+on loopback; a killed server is named with its host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import QUIET_TF
+from tests.net.test_hosts import SPLIT_GRAPH
+from tests.nobody import AS_NOBODY, AS_PLAIN_NOBODY, nobody_code
+
+pytestmark = [pytest.mark.promise]
+
+READY_S = 90.0
+SECRET = "graphdist-wire-secret-7f3a"
+
+# A client of the served cluster on a host, one JSON line per step. argv: the cluster file, the
+# credentials folder ("" for none), then optionally "then-kill PID".
+CLIENT = (
+    SPLIT_GRAPH
+    + r"""
+with graph.as_default():
+    with tf.device("/job:local/task:1"):
+        secret = tf.strings.join([tf.constant("SECRET"), tf.as_string(y2)])
+    with tf.device("/job:local/task:0"):
+        moved = tf.strings.length(tf.identity(secret))
+t = time.monotonic()
+try:
+    fleet = graphdist.connect(sys.argv[1], timeout_s=8, tls=sys.argv[2] or None)
+except graphdist.GraphdistError as exc:
+    say(step="connect", error=type(exc).__name__, text=str(exc), seconds=time.monotonic() - t)
+    sys.exit(0)
+with fleet, fleet.session("local", 0, graph, config=graphdist.no_folding_config()) as sess:
+    say(step="run", result=int(sess.run(y)), moved=int(sess.run(moved)))
+    if len(sys.argv) > 4:
+        os.kill(int(sys.argv[4]), signal.SIGKILL)
+        t = time.monotonic()
+        try:
+            sess.run(y)
+            say(step="again", error=None)
+        except graphdist.GraphdistError as exc:
+            say(step="again", error=type(exc).__name__, text=str(exc),
+                seconds=time.monotonic() - t)
+"""
+).replace("SECRET", SECRET)
+
+# Captures every frame on eth0 of the host it runs on (AF_PACKET) until its stdin closes, then
+# says whether SECRET was in any of them and how many bytes it saw.
+CAPTURE = textwrap.dedent(
+    """
+    import socket, sys, threading
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+    s.bind(("eth0", 0))
+    s.settimeout(0.2)
+    frames, done = [], threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+    print("capturing", flush=True)
+    while not done.is_set():
+        try:
+            frames.append(s.recv(65536))
+        except TimeoutError:
+            pass
+    data = b"".join(frames)
+    print(f"{int(SECRET.encode() in data)} {len(data)}", flush=True)
+    """
+).replace("SECRET", repr(SECRET))
+
+
+class Served:
+    """``graphdist serve`` of local:0 on hosts[0] and local:1 on hosts[1]: with ``tls`` (in TLS
+    mode, the credentials made by ``graphdist certs``), else members only with ``allow``."""
+
+    def __init__(self, hosts: Any, folder: str, *, tls: bool, allow: str | None = None) -> None:
+        port = random.randint(20000, 40000)  # the namespaces are the test's own: all ports free
+        self.cluster = {"local": [f"{hosts[0].address}:{port}", f"{hosts[1].address}:{port}"]}
+        self.path = os.path.join(folder, f"cluster-{port}.json")
+        with open(self.path, "w") as f:
+            json.dump(self.cluster, f)
+        self.creds = os.path.join(folder, f"creds-{port}")
+        self.logs = [os.path.join(folder, f"serve-{port}-{i}.log") for i in range(2)]
+        self.procs: list[subprocess.Popen[Any]] = []
+        if tls:
+            made = subprocess.run(
+                [sys.executable, "-m", "graphdist", "certs", "--cluster", self.path,
+                 "--out", self.creds],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert made.returncode == 0, made.stderr
+        for i in range(2):
+            argv = [sys.executable, "-m", "graphdist", "serve", "--cluster", self.path]
+            argv += ["--job", "local", "--task", str(i)]
+            argv += ["--tls", self.host_creds(hosts[i])] if tls else []
+            argv += ["--allow", allow] if allow else []
+            with open(self.logs[i], "wb") as log:
+                self.procs.append(
+                    hosts[i].popen(argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
+                )
+        deadline = time.monotonic() + READY_S
+        while not all("ready at" in self.log(i) for i in range(2)):
+            for i, p in enumerate(self.procs):
+                assert p.poll() is None, f"serve {i} exited {p.returncode}: {self.log(i)[-2000:]}"
+            assert time.monotonic() < deadline, [self.log(i)[-2000:] for i in range(2)]
+            time.sleep(0.2)
+
+    def host_creds(self, host: Any) -> str:
+        return os.path.join(self.creds, "hosts", host.address)
+
+    @property
+    def client_creds(self) -> str:
+        return os.path.join(self.creds, "client")
+
+    def log(self, i: int) -> str:
+        with open(self.logs[i], errors="replace") as f:
+            return f.read()
+
+    def gateway_pids(self, i: int) -> list[int]:
+        """The serve process's children: its TLS gateway."""
+        path = f"/proc/{self.procs[i].pid}/task/{self.procs[i].pid}/children"
+        with open(path) as f:
+            return [int(p) for p in f.read().split()]
+
+    def stop(self) -> None:
+        gateways = [pid for i in range(2) if self.procs[i].poll() is None
+                    for pid in self.gateway_pids(i)]  # fmt: skip
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        deadline = time.monotonic() + 10
+        for pid in [p.pid for p in self.procs] + gateways:  # gone, servers and gateways
+            while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not os.path.exists(f"/proc/{pid}"), f"pid {pid} left running"
+
+
+def _client(host: Any, served: Served, creds: str, *extra: str) -> list[dict[str, Any]]:
+    result = host.run(
+        [sys.executable, "-c", CLIENT, served.path, creds, *extra],
+        env={**os.environ, **QUIET_TF},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+def _listening(host: Any) -> str:
+    """Every listening TCP socket on ``host``, as ``ss`` shows them."""
+    return host.run(["ss", "-Hltn"], capture_output=True, text=True, timeout=30).stdout
+
+
+@pytest.fixture
+def tls_served(hosts: Any, tmp_path: Any) -> Iterator[Served]:
+    fleet = Served(hosts, str(tmp_path), tls=True)
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_client_with_the_credentials_runs_from_any_host_and_no_server_is_on_a_host_address(
+    hosts: Any, tls_served: Served
+) -> None:
+    """Host 3 is no member by address; holding the client credentials it runs the split graph
+    (238) and moves a string tensor from host 2 to host 1. On the member hosts, only the TLS
+    gateway listens on the host address: TensorFlow's server is on a loopback alias."""
+    ran = _client(hosts[2], tls_served, tls_served.client_creds)
+    assert ran == [{"step": "run", "result": 238, "moved": len(SECRET) + 3}], ran
+    for i in range(2):
+        port = tls_served.cluster["local"][i].rsplit(":", 1)[1]
+        rows = [line.split() for line in _listening(hosts[i]).splitlines()]
+        on_port = [row[3] for row in rows if row[3].endswith(f":{port}")]
+        loopback = [a for a in on_port if a.strip("[").removeprefix("::ffff:").startswith("127.")]
+        host_address = [a for a in on_port if a not in loopback]
+        assert host_address == [tls_served.cluster["local"][i]], on_port  # the gateway only
+        assert len(loopback) == 2, on_port  # the server on its alias, the gateway on the other
+
+
+@pytest.mark.timeout(300)
+def test_without_credentials_or_with_another_clusters_everyone_is_refused(
+    hosts: Any, tls_served: Served, tmp_path: Any
+) -> None:
+    """A plain TensorFlow client (no credentials) on host 3 is refused by the gateway's
+    handshake, logged with its address; a client holding another cluster's credentials is told
+    at once that the cluster refused them (CredentialsError), without waiting out a timeout."""
+    plain = _client(hosts[2], tls_served, "")
+    assert plain[0]["step"] == "connect" and plain[0]["error"] in (
+        "StartTimeoutError",
+        "FleetStartError",
+    ), plain
+    assert f"refused a connection from {hosts[2].address}" in tls_served.log(0)
+
+    other = os.path.join(str(tmp_path), "other-creds")
+    made = subprocess.run(
+        [sys.executable, "-m", "graphdist", "certs", "--cluster", tls_served.path, "--out", other],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    (wrong,) = _client(hosts[2], tls_served, os.path.join(other, "client"))
+    assert wrong["error"] == "CredentialsError", wrong
+    assert "refused TLS" in wrong["text"] and wrong["seconds"] < 5.0, wrong
+
+
+PROBE_IMPORTS = "import encodings.idna, json, socket, sys\n"  # idna: read before the drop
+# Connects to each address given, speaks first as a gRPC client does, and says what came back.
+PROBE = """
+out = {}
+for address in sys.argv[1:]:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=3) as s:
+            s.settimeout(3)
+            s.sendall(b"PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n")
+            out[address] = "answered" if s.recv(64) else "closed"
+    except OSError as exc:
+        out[address] = type(exc).__name__
+print(json.dumps(out), flush=True)
+"""
+NOBODY_PROBE = nobody_code(PROBE_IMPORTS, PROBE)
+
+
+@pytest.mark.timeout(300)
+def test_another_user_of_a_member_host_gets_in_neither_at_its_address_nor_on_loopback(
+    hosts: Any, tls_served: Served
+) -> None:
+    """``nobody`` on host 1 connects to host 1's gateway (its address), to its own server (the
+    loopback alias) and to the gateway's listener for host 2's task (another alias): every
+    connection is closed unanswered, where root's plain probe of the alias gets an answer."""
+    from graphdist._net.gateway import alias
+
+    port = tls_served.cluster["local"][0].rsplit(":", 1)[1]
+    targets = [
+        tls_served.cluster["local"][0],
+        f"{alias(hosts[0].address)}:{port}",
+        f"{alias(hosts[1].address)}:{port}",
+    ]
+    result = hosts[0].run(
+        [*AS_NOBODY, sys.executable, "-c", NOBODY_PROBE, *targets],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert AS_PLAIN_NOBODY in result.stdout, result.stdout + result.stderr
+    seen = json.loads(result.stdout.splitlines()[-1])
+    assert all(seen[t] != "answered" for t in targets), seen
+    own = hosts[0].run(
+        [sys.executable, "-c", PROBE_IMPORTS + PROBE, targets[1]],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert json.loads(own.stdout.splitlines()[-1]) == {targets[1]: "answered"}, own.stdout
+
+
+@pytest.mark.timeout(400)
+def test_a_string_tensor_between_hosts_is_in_clear_without_tls_and_never_with_it(
+    hosts: Any, tmp_path: Any
+) -> None:
+    """A capture on host 2's link while a client on host 3 moves a string tensor from host 2's
+    task to host 1's: members only, the string is on the wire; in TLS mode, it never is."""
+    seen = {}
+    for tls in (False, True):
+        served = Served(hosts, str(tmp_path), tls=tls, allow=None if tls else hosts[2].address)
+        try:
+            capture = hosts[1].popen(
+                [sys.executable, "-c", CAPTURE],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert capture.stdout is not None and capture.stdin is not None
+            assert capture.stdout.readline().strip() == "capturing"
+            ran = _client(hosts[2], served, served.client_creds if tls else "")
+            assert ran[0]["result"] == 238, ran
+            capture.stdin.close()
+            found, size = capture.stdout.readline().split()
+            capture.wait(10)
+            seen[tls] = (found == "1", int(size))
+        finally:
+            served.stop()
+    assert seen[False][0], seen  # the capture works: the string is there without TLS
+    assert not seen[True][0] and seen[True][1] > 10_000, seen
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_server_is_named_with_its_host_in_tls_mode(
+    hosts: Any, tls_served: Served
+) -> None:
+    """The server on host 2 is killed (SIGKILL): its gateway ends with it, and the next run of
+    the client on host 3 fails within seconds with TaskFailedError naming local-1 and host 2."""
+    gateway = tls_served.gateway_pids(1)
+    steps = _client(
+        hosts[2], tls_served, tls_served.client_creds, "then-kill", str(tls_served.procs[1].pid)
+    )
+    assert steps[0]["result"] == 238, steps
+    again = steps[1]
+    assert again["error"] == "TaskFailedError", again
+    assert "local-1 at" in again["text"] and hosts[1].address in again["text"], again
+    assert "is dead" in again["text"], again
+    assert again["seconds"] < 5.0, again
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") for pid in gateway) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in gateway), gateway
