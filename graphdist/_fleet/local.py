@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -25,6 +26,7 @@ import psutil
 
 from graphdist._cluster import Cluster, ClusterLike, Task
 from graphdist._exceptions import (
+    ArgumentError,
     ClusterSpecError,
     ExposedServerError,
     FleetStartError,
@@ -36,7 +38,12 @@ from graphdist._fleet.client import FleetState
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
 from graphdist._net.exposure import ListeningTable
-from graphdist._net.loopback import BIND_ADDR_ENV, loopback_library, server_bind_address
+from graphdist._net.loopback import (
+    BIND_ADDR_ENV,
+    bind_address_for,
+    loopback_library,
+    server_bind_address,
+)
 from graphdist._net.members import KEEP_WILDCARD, dial_env, exposed_allow, members_env
 from graphdist._net.ports import (
     claim_ports,
@@ -306,6 +313,14 @@ class LocalFleet(OwnedFleet[FleetTask]):
       (``["10.0.0.7", "10.0.1.0/24"]``). An exposed server lets in only the cluster's own hosts
       and these (members only, :mod:`graphdist._net.members`); any other machine's connection
       is closed and logged in the task's log.
+    - ``tls`` (default ``False``): TLS mode (:mod:`graphdist._net.gateway`), for a cluster on
+      this host's address: no server listens on it, each stays on its host's loopback alias,
+      and one mutual-TLS gateway process listens on the tasks' addresses instead, letting in
+      holders of the fleet's own credentials only. They are made at start, for this fleet
+      alone, in a private folder removed at close: :attr:`tls_client` is the client's folder
+      to copy to another machine, for ``graphdist.connect(fleet.real_cluster, tls=...)``.
+      :attr:`cluster` is the cluster as TensorFlow sees it (the aliases); :attr:`real_cluster`
+      the one given. ``allow`` is refused with it (the gateway admits by certificate).
 
     :meth:`start` raises :class:`PortInUseError` (a port is taken: nothing is started),
     :class:`FleetStartError` (a server exited while starting) or :class:`StartTimeoutError`;
@@ -366,9 +381,18 @@ class LocalFleet(OwnedFleet[FleetTask]):
         jobs: Iterable[str] | None = None,
         gpus: GpuPlan = None,
         allow: Iterable[str] | str | None = None,
+        tls: bool = False,
     ) -> None:
         # a security switch: checked first, never read by truthiness ("no" is a true string)
         expose = flag(expose, "expose")
+        self.tls = flag(tls, "tls")
+        if self.tls and (allow or expose):
+            raise ArgumentError(
+                f"{'allow' if allow else 'expose'} does nothing with tls=True: no server "
+                "listens on a host address, and the gateway admits by certificate; drop it",
+                name="allow" if allow else "expose",
+                value=allow if allow else expose,
+            )
         self.allow = exposed_allow(allow, expose)
         super().__init__()
         # the plain values first: a job=N cluster reserves ports as it is parsed
@@ -376,11 +400,16 @@ class LocalFleet(OwnedFleet[FleetTask]):
             start_timeout_s, "start_timeout_s", DEFAULT_START_TIMEOUT_S
         )
         self.operation_timeout_ms = timeout_ms(operation_timeout_ms, "operation_timeout_ms")
-        self.cluster = Cluster.parse(cluster)
+        self.real_cluster = Cluster.parse(cluster)
+        self.cluster = tls_fleet_cluster(self.real_cluster) if self.tls else self.real_cluster
         self.expose = expose
+        self.tls_dir: str | None = None
+        self._gateway: subprocess.Popen[bytes] | None = None
         self.jobs = tuple(jobs) if jobs is not None else self.cluster.jobs
         for job in self.jobs:
             self.cluster.task_indices(job)  # raises ClusterSpecError naming an unknown job
+        if self.tls:
+            check_tls_served(self.real_cluster.subset(self.jobs))
         self.gpus = plan_gpus(gpus, self.cluster)
         self._env = dict(env or {})
         self._server_config = server_config.SerializeToString() if server_config else None
@@ -409,6 +438,8 @@ class LocalFleet(OwnedFleet[FleetTask]):
         # every server dials only the cluster's own tasks: a session's cluster_def naming
         # another address (another fleet of this user's, on loopback) is refused at connect()
         self._dial = dial_env(self.cluster)
+        if self.tls:
+            self._start_gateway()
         for task in self.served:
             ft = FleetTask(task, os.path.join(self.log_dir, f"{task.name}.log"))
             self._tasks[(task.job, task.index)] = ft
@@ -428,7 +459,38 @@ class LocalFleet(OwnedFleet[FleetTask]):
         for ft in stop_all(tasks, grace_s):
             log.error("%r survived SIGTERM and SIGKILL", ft)
 
+    def _start_gateway(self) -> None:
+        """TLS mode: the fleet's own credentials and its gateway (inbound for every task it
+        serves, outbound for the cluster's tasks on other hosts)."""
+        from graphdist._net.gateway import routes, start_gateway
+        from graphdist._net.tlscerts import make_credentials
+
+        served = self.real_cluster.subset(self.jobs)
+        hosts = list(dict.fromkeys(t.host.strip("[]") for t in self.real_cluster))
+        self.tls_dir = owned_temp_dir("tls")
+        folders = make_credentials(hosts, os.path.join(self.tls_dir, "credentials"))
+        own = served.tasks[0].host.strip("[]")
+        self._gateway = start_gateway(
+            routes(self.real_cluster, served.tasks),
+            folders[own],
+            log_path=os.path.join(self.log_dir, "tls-gateway.log"),
+        )
+
+    @property
+    def tls_client(self) -> str | None:
+        """TLS mode: the client's credentials folder (copy it to the machine that connects);
+        ``None`` otherwise, or before start."""
+        if self.tls_dir is None:
+            return None
+        return os.path.join(self.tls_dir, "credentials", "client")
+
     def _teardown(self) -> None:
+        from graphdist._net.gateway import stop_gateway
+
+        stop_gateway(self._gateway)
+        self._gateway = None
+        if self.tls_dir is not None:
+            shutil.rmtree(self.tls_dir, ignore_errors=True)
         release_claims(self)  # a failed start: its servers are stopped, the ports are free
         if self._notices is not None:
             self._notices.close()
@@ -631,6 +693,38 @@ class LocalFleet(OwnedFleet[FleetTask]):
     def _remove_own_logs(self) -> None:
         if self._own_log_dir and self.log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+def tls_fleet_cluster(cluster: Cluster) -> Cluster:
+    """``cluster`` as the servers of a TLS fleet see it (every task at its host's loopback
+    alias); raises :class:`ClusterSpecError` for a task on loopback, which TLS mode would not
+    make reachable (a fleet on loopback needs no TLS)."""
+    from graphdist._net.gateway import tls_cluster
+
+    for task in cluster:
+        if bind_address_for(task.host) is not None:
+            raise ClusterSpecError(
+                f"tls=True is for a cluster on this host's address, and task {task.name} is on "
+                f"{task.host!r} (loopback, which no other machine reaches): name the host's "
+                "address, or drop tls",
+                task.host,
+            )
+    return tls_cluster(cluster)
+
+
+def check_tls_served(served: Cluster) -> None:
+    """The tasks a TLS fleet serves share one host, and it is this machine (one gateway, with
+    that host's certificate); raises :class:`ClusterSpecError` otherwise."""
+    from graphdist._net.gateway import is_here
+
+    hosts = list(dict.fromkeys(t.host for t in served))
+    if len(hosts) != 1 or not is_here(hosts[0]):
+        raise ClusterSpecError(
+            f"tls=True serves tasks on this machine's address, one host per fleet, and these "
+            f"are on {', '.join(hosts)}: "
+            + ("serve each host's tasks there" if len(hosts) != 1 else "is that this machine?"),
+            hosts[0],
+        )
 
 
 register(LocalFleet)

@@ -320,3 +320,62 @@ def test_a_killed_server_is_named_with_its_host_in_tls_mode(
     while any(os.path.exists(f"/proc/{pid}") for pid in gateway) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(os.path.exists(f"/proc/{pid}") for pid in gateway), gateway
+
+
+# A TLS LocalFleet on host 1 whose cluster names host 1's address: its own process runs the
+# split graph, prints the cluster, the client's credentials folder and its pids, and keeps the
+# fleet until its stdin closes. argv: host 1's address.
+TLS_FLEET = (
+    SPLIT_GRAPH
+    + r"""
+ports = __import__("random").sample(range(20000, 40000), 2)
+cluster = {"local": [f"{sys.argv[1]}:{p}" for p in ports]}
+with graphdist.LocalFleet(cluster, tls=True) as fleet:
+    with fleet.session("local", 0, graph, config=graphdist.no_folding_config()) as sess:
+        own = int(sess.run(y))
+    say(cluster=cluster, client=fleet.tls_client, own=own, tls_dir=fleet.tls_dir,
+        pids=fleet.pids, gateway=fleet._gateway.pid)
+    sys.stdin.read()
+"""
+)
+
+
+@pytest.mark.timeout(300)
+def test_a_tls_local_fleet_is_reached_with_its_own_credentials_only_and_leaves_nothing(
+    hosts: Any, tmp_path: Any
+) -> None:
+    """``LocalFleet(cluster, tls=True)`` on host 1 makes credentials of its own: its process
+    runs 238 through the aliases, a client on host 3 holding ``fleet.tls_client`` runs 238 from
+    outside, a plain client there is refused; only the gateway listens on host 1's address; at
+    close the servers, the gateway and the credentials are gone."""
+    fleet = hosts[0].popen(
+        [sys.executable, "-c", TLS_FLEET, hosts[0].address],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **QUIET_TF},
+    )  # fmt: skip
+    assert fleet.stdout is not None and fleet.stdin is not None
+    info = json.loads(fleet.stdout.readline())
+    try:
+        assert info["own"] == 238, info
+        served = type("S", (), {"path": os.path.join(str(tmp_path), "cluster.json")})()
+        with open(served.path, "w") as f:
+            json.dump(info["cluster"], f)
+        ran = _client(hosts[2], served, info["client"])  # type: ignore[arg-type]
+        assert ran[0]["result"] == 238, ran
+        plain = _client(hosts[2], served, "")  # type: ignore[arg-type]
+        assert plain[0]["step"] == "connect", plain
+        on_host = [
+            line.split()[3]
+            for line in _listening(hosts[0]).splitlines()
+            if not line.split()[3].strip("[").removeprefix("::ffff:").startswith("127.")
+        ]
+        assert sorted(on_host) == sorted(info["cluster"]["local"]), on_host
+    finally:
+        fleet.stdin.close()
+        fleet.wait(60)
+    deadline = time.monotonic() + 10
+    left = [pid for pid in [*info["pids"], info["gateway"]] if os.path.exists(f"/proc/{pid}")]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [pid for pid in left if os.path.exists(f"/proc/{pid}")]
+    assert not left, left
+    assert not os.path.exists(info["tls_dir"]), info["tls_dir"]
