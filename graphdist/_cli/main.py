@@ -399,6 +399,13 @@ def build_parser() -> _Parser:
         help="; ".join(describe(n) for n in backend_names()),
     )
     _add_allow(up, "with --expose: ")
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS mode (local backend, a cluster on this host's address): servers stay on "
+        "loopback, a mutual-TLS gateway on the tasks' addresses lets in holders of this "
+        "fleet's own credentials only (the client's folder is printed)",
+    )
     _add_backend_options(up)
     up.add_argument(
         "--restart",
@@ -708,6 +715,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
         _refuse_unused(args, "--detach --restart on-failure", "max_restarts", "restart_window_s")
     kind = _backend(args.backend)
     options = _backend_options(args)
+    if args.tls and args.backend != "local":
+        raise UsageError(
+            f"--tls is built for the local backend (and serve), not for --backend "
+            f"{args.backend} yet; drop --tls, or run `graphdist serve --tls` on each host"
+        )
     cluster = kind.parse_cluster(args.cluster)  # parsed once here; the fleet checks it
     if args.detach:
         return _up_detached(args, cluster, options)
@@ -716,10 +728,13 @@ def _cmd_up(args: argparse.Namespace) -> int:
         start_timeout_s=args.start_timeout_s,
         expose=args.expose,
         allow=parse_allow(_allow(args)) or None,
+        **({"tls": True} if args.tls else {}),
         **options,
     )
     stop, received = _start_noting_signals(fleet, keep=True)
     with fleet:
+        if args.tls:
+            _say_tls_client(fleet.tls_client, cluster)
         rows = [
             {"job": t.job, "task": t.index, "address": t.address, "pid": t.pid, "alive": t.alive}
             for t in fleet.tasks
@@ -773,6 +788,17 @@ class _Interrupted(Exception):
         self.signum = signum
 
 
+def _say_tls_client(folder: str, cluster: Any) -> None:
+    """The line that tells where a TLS fleet's client credentials are, and how to use them."""
+    print(
+        f"graphdist: TLS mode; the client's credentials are in {folder} (copy that folder to "
+        f"the machine that connects: graphdist.connect(CLUSTER, tls=FOLDER), CLUSTER being "
+        f"{json.dumps(cluster.as_dict())})",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def _report_death(task: Any) -> None:
     """A foreground fleet's watcher callback: one line per death of a task."""
     from graphdist._failures import exited
@@ -799,6 +825,7 @@ def _up_detached(args: argparse.Namespace, cluster: Any, options: dict[str, Any]
         allow=parse_allow(_allow(args)),
         backend=args.backend,
         options=options,
+        tls=args.tls,
         **restarts,
     )
 
@@ -807,6 +834,8 @@ def _up_detached(args: argparse.Namespace, cluster: Any, options: dict[str, Any]
 
     record = start_detached(spec, note=note)
     _print_rows(status_rows(record), args.json)
+    if spec.tls_client is not None:
+        _say_tls_client(spec.tls_client, cluster)
     print(
         f"graphdist: fleet detached (supervisor pid {record.supervisor.pid}, state "
         f"{spec.state_dir}); stop it with `graphdist down`",

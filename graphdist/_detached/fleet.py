@@ -270,7 +270,9 @@ def start_detached(spec: SupervisorSpec, *, note: Note | None = None) -> FleetRe
     with lock_state(state_dir, create=True):
         try:
             _clean_before_start(state_dir, note or _quiet)
-            backend(spec.backend).check_cluster(spec.cluster, expose=spec.expose)
+            backend(spec.backend).check_cluster(
+                spec.cluster, expose=spec.expose, **({"tls": True} if spec.tls else {})
+            )
         except BaseException:
             if created:
                 clear_state(state_dir)

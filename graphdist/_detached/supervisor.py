@@ -80,6 +80,11 @@ RESTART_POLICIES = ("no", "on-failure")
 MONITOR_INTERVAL_S = 0.5
 
 
+def tls_client_folder(state_dir: str) -> str:
+    """The client's credentials folder of a detached TLS fleet whose state is ``state_dir``."""
+    return os.path.join(state_dir, "tls", "credentials", "client")
+
+
 @dataclass(frozen=True)
 class SupervisorSpec:
     """What a supervisor runs, declared once: the CLI and :func:`detached.start_detached` build
@@ -103,6 +108,9 @@ class SupervisorSpec:
     - ``allow``: with ``expose``, the other machines let in besides the cluster's own hosts
       (addresses or networks; see :mod:`graphdist._net.members`).
     - ``restart_window_s``: the sliding window ``max_restarts`` counts in (default 60 s).
+    - ``tls``: TLS mode (the local backend): the servers on loopback aliases, a mutual-TLS
+      gateway on the tasks' addresses, credentials made in ``STATE_DIR/tls`` (the client's:
+      :func:`tls_client_folder`).
     """
 
     state_dir: str
@@ -115,9 +123,17 @@ class SupervisorSpec:
     backend: str = "local"
     options: Mapping[str, Any] = field(default_factory=dict)
     allow: tuple[str, ...] = ()
+    tls: bool = False
 
     def __post_init__(self) -> None:
         flag(self.expose, "expose")  # first: a security switch, never read by truthiness
+        if flag(self.tls, "tls") and self.backend != "local":
+            raise ArgumentError(
+                f"tls is built for the local backend (and serve/connect), not for "
+                f"{self.backend!r} fleets yet; drop tls, or serve with `graphdist serve --tls`",
+                name="tls",
+                value=self.tls,
+            )
         allow = exposed_allow(self.allow or None, self.expose)
         object.__setattr__(self, "allow", allow)
         object.__setattr__(self, "state_dir", os.path.abspath(self.state_dir))
@@ -160,8 +176,15 @@ class SupervisorSpec:
             expose=self.expose,
             log_dir=os.path.join(self.state_dir, "logs"),
             allow=self.allow or None,
+            **({"tls": True, "tls_dir": os.path.join(self.state_dir, "tls")} if self.tls else {}),
             **self.options,
         )
+
+    @property
+    def tls_client(self) -> str | None:
+        """With ``tls``: the client's credentials folder, to copy to the machine that
+        connects."""
+        return tls_client_folder(self.state_dir) if self.tls else None
 
     @classmethod
     def from_json(cls, text: str) -> SupervisorSpec:

@@ -321,6 +321,8 @@ class LocalFleet(OwnedFleet[FleetTask]):
       to copy to another machine, for ``graphdist.connect(fleet.real_cluster, tls=...)``.
       :attr:`cluster` is the cluster as TensorFlow sees it (the aliases); :attr:`real_cluster`
       the one given. ``allow`` is refused with it (the gateway admits by certificate).
+      ``tls_dir``: where the credentials are made instead (a detached fleet's state folder);
+      removed at close all the same.
 
     :meth:`start` raises :class:`PortInUseError` (a port is taken: nothing is started),
     :class:`FleetStartError` (a server exited while starting) or :class:`StartTimeoutError`;
@@ -346,10 +348,13 @@ class LocalFleet(OwnedFleet[FleetTask]):
         return len(cluster.tasks)
 
     @classmethod
-    def check_cluster(cls, cluster: Cluster, *, expose: bool) -> None:
+    def check_cluster(cls, cluster: Cluster, *, expose: bool, tls: bool = False) -> None:
         expose = flag(expose, "expose")
         check_hosts_and_ports(cluster)
-        if not expose:
+        if flag(tls, "tls"):
+            tls_fleet_cluster(cluster)
+            check_tls_served(cluster)
+        elif not expose:
             check_loopback(cluster)
 
     @classmethod
@@ -361,11 +366,19 @@ class LocalFleet(OwnedFleet[FleetTask]):
         expose: bool,
         log_dir: str | None = None,
         allow: Sequence[str] | None = None,
+        tls: bool = False,
+        tls_dir: str | None = None,
         **options: Any,
     ) -> LocalFleet:
         """A local fleet takes no options of its own (``options`` is empty)."""
         return cls(
-            cluster, start_timeout_s=start_timeout_s, log_dir=log_dir, expose=expose, allow=allow
+            cluster,
+            start_timeout_s=start_timeout_s,
+            log_dir=log_dir,
+            expose=expose,
+            allow=allow,
+            tls=tls,
+            tls_dir=tls_dir,
         )
 
     def __init__(
@@ -382,6 +395,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
         gpus: GpuPlan = None,
         allow: Iterable[str] | str | None = None,
         tls: bool = False,
+        tls_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         # a security switch: checked first, never read by truthiness ("no" is a true string)
         expose = flag(expose, "expose")
@@ -404,6 +418,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
         self.cluster = tls_fleet_cluster(self.real_cluster) if self.tls else self.real_cluster
         self.expose = expose
         self.tls_dir: str | None = None
+        self._tls_dir_given = os.fspath(tls_dir) if tls_dir is not None else None
         self._gateway: subprocess.Popen[bytes] | None = None
         self.jobs = tuple(jobs) if jobs is not None else self.cluster.jobs
         for job in self.jobs:
@@ -467,7 +482,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
 
         served = self.real_cluster.subset(self.jobs)
         hosts = list(dict.fromkeys(t.host.strip("[]") for t in self.real_cluster))
-        self.tls_dir = owned_temp_dir("tls")
+        self.tls_dir = self._tls_dir_given or owned_temp_dir("tls")
         folders = make_credentials(hosts, os.path.join(self.tls_dir, "credentials"))
         own = served.tasks[0].host.strip("[]")
         self._gateway = start_gateway(

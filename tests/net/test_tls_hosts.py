@@ -379,3 +379,41 @@ def test_a_tls_local_fleet_is_reached_with_its_own_credentials_only_and_leaves_n
         left = [pid for pid in left if os.path.exists(f"/proc/{pid}")]
     assert not left, left
     assert not os.path.exists(info["tls_dir"]), info["tls_dir"]
+
+
+@pytest.mark.timeout(300)
+def test_up_tls_detached_is_reached_with_its_printed_credentials_and_down_leaves_nothing(
+    hosts: Any, tmp_path: Any
+) -> None:
+    """``graphdist up --tls --detach`` on host 1 prints the client's credentials folder; a
+    client on host 3 holding it runs 238; ``down`` leaves no process of the fleet (servers,
+    gateway, supervisor) and no credentials."""
+    state = os.path.join(str(tmp_path), "state")
+    ports = random.sample(range(20000, 40000), 2)
+    cluster = {"local": [f"{hosts[0].address}:{p}" for p in ports]}
+    graphdist = [sys.executable, "-m", "graphdist"]
+    up = hosts[0].run(
+        [*graphdist, "up", "--cluster", json.dumps(cluster), "--tls", "--detach",
+         "--state-dir", state, "--json"],
+        capture_output=True, text=True, timeout=180, env={**os.environ, **QUIET_TF},
+    )  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    client = os.path.join(state, "tls", "credentials", "client")
+    assert f"the client's credentials are in {client}" in up.stderr, up.stderr
+    before = set(hosts[0].pids())
+    try:
+        served = type("S", (), {"path": os.path.join(str(tmp_path), "cluster.json")})()
+        with open(served.path, "w") as f:
+            json.dump(cluster, f)
+        ran = _client(hosts[2], served, client)  # type: ignore[arg-type]
+        assert ran[0]["result"] == 238, ran
+    finally:
+        down = hosts[0].run(
+            [*graphdist, "down", "--state-dir", state], capture_output=True, text=True, timeout=120
+        )
+    assert down.returncode == 0, down.stderr
+    deadline = time.monotonic() + 10
+    while (before & set(hosts[0].pids())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not before & set(hosts[0].pids()), before & set(hosts[0].pids())
+    assert not os.path.exists(os.path.join(state, "tls")), os.listdir(state)
