@@ -566,7 +566,7 @@ def build_parser() -> _Parser:
     srv.add_argument(
         "--tls",
         metavar="DIR",
-        help="TLS mode: this host's folder from `graphdist certs`; the server stays on loopback "
+        help="TLS mode: this host's folder from `graphdist certs` (or the whole folder, on a shared file system); the server stays on loopback "
         "and a mutual-TLS gateway on the task's address lets in holders of the cluster's "
         "certificates only",
     )
@@ -715,10 +715,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
         _refuse_unused(args, "--detach --restart on-failure", "max_restarts", "restart_window_s")
     kind = _backend(args.backend)
     options = _backend_options(args)
-    if args.tls and args.backend != "local":
+    if args.tls and args.backend != "local" and (args.backend != "ray" or args.detach):
         raise UsageError(
-            f"--tls is built for the local backend (and serve), not for --backend "
-            f"{args.backend} yet; drop --tls, or run `graphdist serve --tls` on each host"
+            f"--tls is built for the local and ray backends (ray in the foreground only), not "
+            f"for --backend {args.backend}{' --detach' if args.detach else ''} yet; drop --tls, "
+            "or run `graphdist serve --tls` on each host"
         )
     cluster = kind.parse_cluster(args.cluster)  # parsed once here; the fleet checks it
     if args.detach:

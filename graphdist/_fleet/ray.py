@@ -115,6 +115,39 @@ class _ServerActor:
         return listening_sockets(os.getpid())
 
 
+class _GatewayActor:
+    """Runs in a Ray actor pinned to one node: that node's TLS gateway (TLS mode). Its
+    credentials come over Ray's channel as bytes and are written to a private folder on the
+    node (the key 0600); the gateway process ends with the actor's (``PR_SET_PDEATHSIG``)."""
+
+    def __init__(
+        self, cluster: dict[str, Any], serving: list[list[Any]], files: dict[str, bytes]
+    ) -> None:
+        import tempfile
+
+        from graphdist._net.gateway import routes, start_gateway
+
+        self.folder = tempfile.mkdtemp(prefix="graphdist-tls-")  # 0700
+        for name, data in files.items():
+            fd = os.open(os.path.join(self.folder, name), os.O_WRONLY | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        real = Cluster.parse(cluster)
+        own = [real.task(job, index) for job, index in serving]
+        self.gateway = start_gateway(routes(real, own), self.folder)
+
+    def pid(self) -> int:
+        return self.gateway.pid
+
+    def stop(self) -> None:
+        import shutil
+
+        from graphdist._net.gateway import stop_gateway
+
+        stop_gateway(self.gateway)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 def _reserve_port() -> tuple[str, int, str]:
     """Runs in a Ray task on one bundle: (node IP, a free port there, node id)."""
     import ray
@@ -597,8 +630,12 @@ class RayFleet(OwnedFleet[RayTask]):
     TensorFlow import in each new actor). ``expose``: needed when the servers are on other
     hosts than this process; each then listens on its node's address only (see the module
     docstring), and lets in only the Ray cluster's nodes and ``allow`` (addresses or networks:
-    members only, :mod:`graphdist._net.members`). Sessions, devices, health: as
-    :class:`LocalFleet`.
+    members only, :mod:`graphdist._net.members`). ``tls``: TLS mode instead
+    (:mod:`graphdist._net.gateway`): each server on its node's loopback alias, one gateway
+    actor per node, credentials made by this process and handed to each node's gateway over
+    Ray's channel (authenticated with Ray's token auth; encrypted only where Ray's own TLS is
+    on), :attr:`tls_client` for clients elsewhere, :attr:`real_cluster` the node addresses.
+    Sessions, devices, health: as :class:`LocalFleet`.
     """
 
     backend_name: ClassVar[str] = "ray"
@@ -647,11 +684,14 @@ class RayFleet(OwnedFleet[RayTask]):
         expose: bool,
         log_dir: str | None = None,
         allow: Sequence[str] | None = None,
+        tls: bool = False,
         **options: Any,
     ) -> RayFleet:
         """``log_dir`` is not used: a Ray actor's output goes to Ray's logs on its node;
         ``options``: :attr:`options`."""
-        return cls(cluster, start_timeout_s=start_timeout_s, expose=expose, allow=allow, **options)
+        return cls(
+            cluster, start_timeout_s=start_timeout_s, expose=expose, allow=allow, tls=tls, **options
+        )
 
     def __init__(
         self,
@@ -664,12 +704,25 @@ class RayFleet(OwnedFleet[RayTask]):
         operation_timeout_ms: int | None = None,
         expose: bool = False,
         allow: Iterable[str] | str | None = None,
+        tls: bool = False,
     ) -> None:
         # a security switch: checked first, never read by truthiness ("no" is a true string)
         expose = flag(expose, "expose")
+        self.tls = flag(tls, "tls")
+        if self.tls and (allow or expose):
+            raise ArgumentError(
+                f"{'allow' if allow else 'expose'} does nothing with tls=True: no server "
+                "listens on a node address, and the gateways admit by certificate; drop it",
+                name="allow" if allow else "expose",
+                value=allow if allow else expose,
+            )
         self.allow = exposed_allow(allow, expose)
         super().__init__()
         self.counts = _counts(cluster)
+        self.real_cluster: Cluster | None = None
+        self.tls_dir: str | None = None
+        self._gateways: list[Any] = []
+        self._gateway: Any = None
         if strategy not in STRATEGIES:
             raise ClusterSpecError(f"Strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
         self.address = address
@@ -696,7 +749,7 @@ class RayFleet(OwnedFleet[RayTask]):
             len(names), self.strategy, self.cpus_per_task, self.start_timeout_s, "servers"
         )
         hosts = plan_hosts(
-            [(node, ip) for ip, _, node in spots], _driver_node(), expose=self.expose
+            [(node, ip) for ip, _, node in spots], _driver_node(), expose=self.expose or self.tls
         )
         if self.expose:
             exposed = sorted({h for h in hosts if not is_loopback_ip(h)})
@@ -719,7 +772,9 @@ class RayFleet(OwnedFleet[RayTask]):
         for (job, _), host, (_, port, _) in zip(names, hosts, spots, strict=True):
             jobs.setdefault(job, []).append(f"{host}:{port}")
         self.cluster = Cluster(jobs)
-        members = ray_members(self.allow) if self.expose else {}
+        members = ray_members(self.allow) if self.expose or self.tls else {}
+        if self.tls:
+            hosts = self._start_gateways(names, spots)
         actor_class = ray.remote(_ServerActor)
         spec = self.cluster.as_dict()
         for i, ((job, index), host, (ip, _, node)) in enumerate(
@@ -737,6 +792,67 @@ class RayFleet(OwnedFleet[RayTask]):
             actor = actor_class.options(**options).remote(spec, job, index, host)
             task = self.cluster.task(job, index)
             self._tasks[(job, index)] = RayTask(task, actor, node, i, host)
+
+    def _start_gateways(
+        self, names: list[tuple[str, int]], spots: list[tuple[str, int, str]]
+    ) -> list[str]:
+        """TLS mode: credentials for the nodes and this process, one gateway actor per node
+        (pinned to it) and one gateway of this process's for the tasks on other hosts; the
+        cluster becomes the aliased one, and each server's bind address its node's alias."""
+        import tempfile
+
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from graphdist._net.gateway import alias, routes, start_gateway, tls_cluster
+        from graphdist._net.tlscerts import CA_FILE, CERT_FILE, KEY_FILE, make_credentials
+
+        real = self.cluster
+        away = sorted({ip for ip, _, _ in spots if is_loopback_ip(ip)})
+        if away:
+            raise ClusterSpecError(
+                "tls=True needs Ray nodes on network addresses, and this Ray's node address is "
+                "loopback (a Ray instance on this machine only, which no other machine reaches): "
+                "drop tls, or join a Ray cluster started on network addresses",
+                away,
+            )
+        self.real_cluster = real
+        self.cluster = tls_cluster(real)
+        self.tls_dir = tempfile.mkdtemp(prefix="graphdist-tls-")
+        ips = list(dict.fromkeys(ip for ip, _, _ in spots))
+        folders = make_credentials(ips, os.path.join(self.tls_dir, "credentials"))
+        actor_class = ray.remote(_GatewayActor)
+        for ip in ips:
+            node = next(node for node_ip, _, node in spots if node_ip == ip)
+            serving = [
+                [job, index]
+                for (job, index), (node_ip, _, _) in zip(names, spots, strict=True)
+                if node_ip == ip
+            ]
+            files = {}
+            for name in (CA_FILE, CERT_FILE, KEY_FILE):
+                with open(os.path.join(folders[ip], name), "rb") as f:
+                    files[name] = f.read()
+            self._gateways.append(
+                actor_class.options(
+                    num_cpus=0,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                    name=f"graphdist-{os.getpid()}-{id(self):x}-gateway-{ip}",
+                ).remote(real.as_dict(), serving, files)
+            )
+        ray.get([g.pid.remote() for g in self._gateways], timeout=self.start_timeout_s)
+        outbound = routes(real)
+        if outbound:
+            self._gateway = start_gateway(outbound, folders["client"])
+        return [alias(ip) for ip, _, _ in spots]
+
+    @property
+    def tls_client(self) -> str | None:
+        """TLS mode: the client's credentials folder (for ``graphdist.connect(fleet.real_cluster,
+        tls=...)`` from another machine); ``None`` otherwise, or before start."""
+        if self.tls_dir is None:
+            return None
+        return os.path.join(self.tls_dir, "credentials", "client")
 
     def _wait_ready(self, tasks: list[RayTask], timeout_s: float) -> None:
         import ray
@@ -817,12 +933,27 @@ class RayFleet(OwnedFleet[RayTask]):
                 ray.kill(task.actor, no_restart=True)
 
     def _teardown(self) -> None:
-        """Remove the placement group and shut down a Ray runtime this fleet started."""
+        """Stop the TLS gateways, remove the placement group and shut down a Ray runtime this
+        fleet started."""
+        import shutil
+
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        from graphdist._net.gateway import stop_gateway
+
+        stop_gateway(self._gateway)
+        self._gateway = None
+        if self.tls_dir is not None:
+            shutil.rmtree(self.tls_dir, ignore_errors=True)
         if not ray.is_initialized():
             return
+        for gateway in self._gateways:
+            with contextlib.suppress(Exception):
+                ray.get(gateway.stop.remote(), timeout=10.0)
+            with contextlib.suppress(Exception):
+                ray.kill(gateway, no_restart=True)
+        self._gateways = []
         if self._pg is not None:
             with contextlib.suppress(Exception):
                 remove_placement_group(self._pg)

@@ -288,7 +288,7 @@ def _serve_tls(
     """:func:`serve` in TLS mode: the server on its host's loopback alias, sessions between
     hosts through this serve's gateway (started before the re-execution, watched after it)."""
     from graphdist._net.gateway import routes, start_gateway, tls_cluster
-    from graphdist._net.tlscerts import load_credentials
+    from graphdist._net.tlscerts import host_folder, load_credentials
 
     task = cluster.task(job, index)
     name = task_name(job, index)
@@ -328,6 +328,9 @@ def _serve_tls(
             how=f"over mutual TLS at {task.address}: the server on {alias_address}, loopback; "
             f"the TLS gateway (pid {gateway}) lets in holders of this cluster's certificates",
         )
+    own = host_folder(tls, task.host.strip("[]"))
+    if os.path.isdir(own):  # the whole `graphdist certs` folder (a shared file system): ours
+        tls = own
     credentials = load_credentials(tls)
     if not credentials.covers(task.host):
         raise CredentialsError(

@@ -334,3 +334,90 @@ def test_a_launcher_on_a_host_that_is_no_ray_node_is_a_member_of_its_run(
         assert hosts[2].address in members, members  # the launcher's host
         # the nodes alive (an earlier test of this module may have lost host 2's)
         assert hosts[0].address in members, members
+
+
+TLS_DRIVER = (
+    SPLIT_GRAPH
+    + r"""
+fleet = graphdist.RayFleet("local=2", address=sys.argv[1], strategy="STRICT_SPREAD", tls=True)
+fleet.start()
+with fleet.session("local", 0, graph, config=graphdist.no_folding_config()) as sess:
+    own = int(sess.run(y))
+say(step="up", cluster=fleet.real_cluster.as_dict(), client=fleet.tls_client, own=own,
+    tls_dir=fleet.tls_dir)
+sys.stdin.readline()
+fleet.close()
+say(step="closed", state=fleet.state.value)
+"""
+)
+
+
+@pytest.mark.timeout(400)
+def test_a_ray_fleet_in_tls_mode_across_hosts(
+    hosts: Any, ray_on_hosts: RayOnHosts, tmp_path: Any
+) -> None:
+    """``RayFleet(tls=True)``, one server per node: the driver runs 238 through its gateway; a
+    client on host 3 (no Ray node) holding ``fleet.tls_client`` runs 238, a plain one is
+    refused; on host 2 only the node's gateway listens on the host address at the server's
+    port; at close no gateway process is left on either host and the credentials are gone."""
+    from tests.net.test_tls_hosts import _client as tls_client
+    from tests.net.test_tls_hosts import _listening
+
+    driver = hosts[0].popen(
+        [sys.executable, "-c", TLS_DRIVER, ray_on_hosts.address],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ray_on_hosts.env,
+    )  # fmt: skip
+    assert driver.stdin is not None
+    try:
+        up = _step(driver, "up")
+        assert up["own"] == 238, up
+        addresses = up["cluster"]["local"]
+        assert sorted(a.rsplit(":", 1)[0] for a in addresses) == sorted(
+            [hosts[0].address, hosts[1].address]
+        ), up
+        served = type("S", (), {"path": str(tmp_path / "cluster.json")})()
+        with open(served.path, "w") as f:
+            json.dump(up["cluster"], f)
+        ran = tls_client(hosts[2], served, up["client"])  # type: ignore[arg-type]
+        assert ran[0]["result"] == 238, ran
+        plain = tls_client(hosts[2], served, "")  # type: ignore[arg-type]
+        assert plain[0]["step"] == "connect", plain
+        on_host2 = next(a for a in addresses if a.startswith(hosts[1].address + ":"))
+        port = on_host2.rsplit(":", 1)[1]
+        on_port = [
+            line.split()[3]
+            for line in _listening(hosts[1]).splitlines()
+            if line.split()[3].endswith(f":{port}")
+        ]
+        outside = [a for a in on_port if "127." not in a]
+        assert outside == [on_host2], on_port
+        driver.stdin.write("close\n")
+        driver.stdin.flush()
+        assert _step(driver, "closed")["state"] == "closed"
+        assert driver.wait(60) == 0
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(30)
+    deadline = time.monotonic() + 15
+    gateways = []
+    while time.monotonic() < deadline:
+        gateways = [
+            pid
+            for host in hosts[:2]
+            for pid in host.pids()
+            if b"graphdist._net.gateway" in _cmdline(pid)
+        ]
+        if not gateways:
+            break
+        time.sleep(0.2)
+    assert not gateways, gateways
+    assert not os.path.exists(up["tls_dir"]), up["tls_dir"]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
