@@ -402,9 +402,10 @@ def build_parser() -> _Parser:
     up.add_argument(
         "--tls",
         action="store_true",
-        help="TLS mode (local backend, a cluster on this host's address): servers stay on "
-        "loopback, a mutual-TLS gateway on the tasks' addresses lets in holders of this "
-        "fleet's own credentials only (the client's folder is printed)",
+        help="TLS mode (local: a cluster on this host's address; ray, slurm: every node; "
+        "--detach: local only): servers stay on loopback, mutual-TLS gateways on the tasks' "
+        "addresses let in holders of this fleet's own credentials only (the client's folder "
+        "is printed)",
     )
     _add_backend_options(up)
     up.add_argument(
@@ -566,7 +567,8 @@ def build_parser() -> _Parser:
     srv.add_argument(
         "--tls",
         metavar="DIR",
-        help="TLS mode: this host's folder from `graphdist certs` (or the whole folder, on a shared file system); the server stays on loopback "
+        help="TLS mode: this host's folder from `graphdist certs` (or the whole folder, on a "
+        "shared file system; - reads it from stdin as JSON); the server stays on loopback "
         "and a mutual-TLS gateway on the task's address lets in holders of the cluster's "
         "certificates only",
     )
@@ -715,11 +717,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
         _refuse_unused(args, "--detach --restart on-failure", "max_restarts", "restart_window_s")
     kind = _backend(args.backend)
     options = _backend_options(args)
-    if args.tls and args.backend != "local" and (args.backend != "ray" or args.detach):
+    if args.tls and args.backend != "local" and args.detach:
         raise UsageError(
-            f"--tls is built for the local and ray backends (ray in the foreground only), not "
-            f"for --backend {args.backend}{' --detach' if args.detach else ''} yet; drop --tls, "
-            "or run `graphdist serve --tls` on each host"
+            f"--tls --detach is built for the local backend, not for --backend {args.backend} "
+            "yet; drop --detach (a foreground fleet), or run `graphdist serve --tls` on each host"
         )
     cluster = kind.parse_cluster(args.cluster)  # parsed once here; the fleet checks it
     if args.detach:

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
-from graphdist._exceptions import ClusterSpecError, FleetStartError
+from graphdist._exceptions import ArgumentError, ClusterSpecError, FleetStartError
 from graphdist._failures import DEAD
 from graphdist._fleet.backends import BackendOption, register
 from graphdist._fleet.lifecycle import OwnedFleet
@@ -107,7 +107,9 @@ class SlurmTask(TaskView):
     def log_tail(self, lines: int = 12) -> list[str]:
         return read_log_tail(self.log_path, lines)
 
-    def _start(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+    def _start(
+        self, argv: Sequence[str], env: Mapping[str, str], stdin: bytes | None = None
+    ) -> None:
         self._pid = None
         assert self.log_path is not None
         with open(self.log_path, "ab") as out:
@@ -115,11 +117,16 @@ class SlurmTask(TaskView):
             self._proc = subprocess.Popen(
                 list(argv),
                 env=dict(env),
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C to the owner's group is not the fleet's
             )
+        if stdin is not None and self._proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):  # the step ended at once: its log says
+                self._proc.stdin.write(stdin)
+            with contextlib.suppress(BrokenPipeError):
+                self._proc.stdin.close()
 
     def _wait(self, seconds: float) -> bool:
         if self._proc is None:
@@ -191,10 +198,16 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         expose: bool,
         log_dir: str | None = None,
         allow: Sequence[str] | None = None,
+        tls: bool = False,
         **options: Any,
     ) -> SlurmFleet:
         return cls(
-            cluster, start_timeout_s=start_timeout_s, log_dir=log_dir, allow=allow, **options
+            cluster,
+            start_timeout_s=start_timeout_s,
+            log_dir=log_dir,
+            allow=allow,
+            tls=tls,
+            **options,
         )
 
     def __init__(
@@ -210,8 +223,16 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         log_dir: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
         step_prefix: str | None = None,
+        tls: bool = False,
     ) -> None:
         expose = flag(expose, "expose")
+        self.tls = flag(tls, "tls")
+        if self.tls and allow:
+            raise ArgumentError(
+                "allow does nothing with tls=True: the gateways admit by certificate; drop it",
+                name="allow",
+                value=allow,
+            )
         if not expose:
             raise ClusterSpecError(
                 "A Slurm fleet's servers listen on their nodes' addresses (members only): "
@@ -225,7 +246,15 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         self._jobs = None if jobs is None else tuple(jobs)
         self._env = dict(os.environ if env is None else env)
         self.alloc: Allocation = allocation(jobid, self._env)  # checked before anything starts
-        self.cluster = self._place()
+        self.real_cluster = self._place()
+        self.cluster = self.real_cluster
+        if self.tls:
+            from graphdist._net.gateway import tls_cluster
+
+            self.cluster = tls_cluster(self.real_cluster)  # what TensorFlow sees: the aliases
+        self.tls_dir: str | None = None
+        self._host_credentials: dict[str, bytes] = {}
+        self._gateway: Any = None
         self.start_timeout_s = timeout_s(
             start_timeout_s, "start_timeout_s", self.DEFAULT_START_TIMEOUT_S
         )
@@ -287,32 +316,67 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
             "graphdist",
             "serve",
             "--cluster",
-            json.dumps(self.cluster.as_dict()),
+            json.dumps(self.real_cluster.as_dict()),
             "--job",
             task.job,
             "--task",
             str(task.index),
-            "--allow",
-            self._members,
+            *(["--tls", "-"] if self.tls else ["--allow", self._members]),
         ]
-        return srun_argv(self.alloc.jobid, task.node, task.step, serve)
+        return srun_argv(self.alloc.jobid, task.node, task.step, serve, stdin=self.tls)
+
+    def _start_task(self, task: SlurmTask) -> None:
+        """Start ``task``'s step; in TLS mode its host's credentials go on the step's stdin
+        (srun's own channel to the node; ``serve --tls -`` keeps them on disk only until its
+        gateway has read them)."""
+        host = self.real_cluster.task(task.job, task.index).host.strip("[]")
+        task._start(self._serve_argv(task), self._env, stdin=self._host_credentials.get(host))
+
+    def _start_tls(self) -> None:
+        """TLS mode: the cluster's credentials (each node's read into memory for its steps'
+        stdin) and this process's gateway for the tasks on other hosts."""
+        from graphdist._net.gateway import routes, start_gateway
+        from graphdist._net.tlscerts import CA_FILE, CERT_FILE, KEY_FILE, make_credentials
+
+        self.tls_dir = owned_temp_dir("tls")
+        hosts = list(dict.fromkeys(t.host.strip("[]") for t in self.real_cluster))
+        folders = make_credentials(hosts, os.path.join(self.tls_dir, "credentials"))
+        for host in hosts:
+            files = {}
+            for name in (CA_FILE, CERT_FILE, KEY_FILE):
+                with open(os.path.join(folders[host], name)) as f:
+                    files[name] = f.read()
+            self._host_credentials[host] = json.dumps(files).encode()
+        outbound = routes(self.real_cluster)
+        if outbound:
+            self._gateway = start_gateway(outbound, folders["client"])
+
+    @property
+    def tls_client(self) -> str | None:
+        """TLS mode: the client's credentials folder (for ``graphdist.connect(fleet.real_cluster,
+        tls=...)`` from another machine); ``None`` otherwise, or before start."""
+        if self.tls_dir is None:
+            return None
+        return os.path.join(self.tls_dir, "credentials", "client")
 
     def _launch(self) -> None:
         if self._own_log_dir:
             self.log_dir = owned_temp_dir("fleet")
         os.makedirs(self.log_dir, exist_ok=True)
         jobs = self.cluster.jobs if self._jobs is None else self._jobs
-        for task in self.cluster:
+        if self.tls:
+            self._start_tls()
+        for task in self.real_cluster:
             if task.job not in jobs:
                 continue
             handle = SlurmTask(
-                task,
+                self.cluster.task(task.job, task.index),  # TLS mode: at its alias
                 self._node_of(task),
                 f"{self.prefix}{task.job}-{task.index}",
                 os.path.join(self.log_dir, f"{task.name}.log"),
             )
             self._tasks[(task.job, task.index)] = handle
-            handle._start(self._serve_argv(handle), self._env)
+            self._start_task(handle)
 
     def _wait_ready(self, tasks: list[SlurmTask], timeout_s: float) -> None:
         """Each step's ready line (``graphdist serve`` prints it once it checked where its
@@ -364,7 +428,7 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
             self._kill_task(task, signal.SIGKILL)
         cancel_steps(self.alloc.jobid, task.step, env=self._env)
         task.restarts += 1
-        task._start(self._serve_argv(task), self._env)
+        self._start_task(task)
 
     def _stop_tasks(self, tasks: list[SlurmTask], grace_s: float) -> None:
         for task in tasks:
@@ -381,9 +445,15 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
             task._wait(KILL_WAIT_S)
 
     def _teardown(self) -> None:
-        if self._own_log_dir and self.log_dir:
-            import shutil
+        import shutil
 
+        from graphdist._net.gateway import stop_gateway
+
+        stop_gateway(self._gateway)
+        self._gateway = None
+        if self.tls_dir is not None:
+            shutil.rmtree(self.tls_dir, ignore_errors=True)
+        if self._own_log_dir and self.log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def _explain(self, task: SlurmTask, status: str, detail: str) -> tuple[str, str]:

@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from graphdist._cluster import Cluster
+from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import (
     ClusterSpecError,
     CredentialsError,
@@ -287,8 +291,8 @@ def _serve_tls(
 ) -> int:
     """:func:`serve` in TLS mode: the server on its host's loopback alias, sessions between
     hosts through this serve's gateway (started before the re-execution, watched after it)."""
-    from graphdist._net.gateway import routes, start_gateway, tls_cluster
-    from graphdist._net.tlscerts import host_folder, load_credentials
+    from graphdist._net.gateway import tls_cluster
+    from graphdist._net.tlscerts import host_folder
 
     task = cluster.task(job, index)
     name = task_name(job, index)
@@ -328,9 +332,61 @@ def _serve_tls(
             how=f"over mutual TLS at {task.address}: the server on {alias_address}, loopback; "
             f"the TLS gateway (pid {gateway}) lets in holders of this cluster's certificates",
         )
+    received = None
+    if tls == "-":  # on stdin (SlurmFleet: srun's channel), on disk until the gateway read it
+        tls = received = _credentials_from_stdin()
     own = host_folder(tls, task.host.strip("[]"))
     if os.path.isdir(own):  # the whole `graphdist certs` folder (a shared file system): ours
         tls = own
+    try:
+        relay = _start_tls_gateway(cluster, task, name, tls)
+    finally:
+        if received is not None:
+            shutil.rmtree(received, ignore_errors=True)
+    env = {
+        **os.environ,
+        **shim_env(alias_address, os.environ.get("LD_PRELOAD")),
+        ALLOW_ENV: "",  # on loopback: no other machine, only this user
+        **dial_env(wire),  # its peers' aliases: the gateways, never another fleet
+        _SHIMMED_ENV: "1",
+        _GATEWAY_ENV: str(relay.pid),
+    }
+    os.execve(sys.executable, [sys.executable, "-m", "graphdist", *argv], env)
+
+
+MAX_STDIN_CREDENTIALS = 64 * 1024
+
+
+def _credentials_from_stdin() -> str:
+    """``--tls -``: a JSON object of ca.pem, cert.pem and key.pem texts on stdin, written to a
+    new private folder (the key 0600 from its creation); returns the folder."""
+    from graphdist._net.tlscerts import CA_FILE, CERT_FILE, KEY_FILE
+
+    text = sys.stdin.read(MAX_STDIN_CREDENTIALS + 1)
+    try:
+        data = json.loads(text) if len(text) <= MAX_STDIN_CREDENTIALS else None
+    except ValueError:
+        data = None
+    names = (CA_FILE, CERT_FILE, KEY_FILE)
+    if not isinstance(data, dict) or not all(isinstance(data.get(n), str) for n in names):
+        raise CredentialsError(
+            f"--tls - reads the credentials from stdin as a JSON object of {', '.join(names)} "
+            "texts, and stdin held something else; pass a credentials folder instead"
+        )
+    folder = tempfile.mkdtemp(prefix="graphdist-tls-received-")
+    for name in names:
+        fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(data[name])
+    return folder
+
+
+def _start_tls_gateway(cluster: Cluster, task: Task, name: str, tls: str) -> Any:
+    """Check that the credentials in ``tls`` are ``task``'s host's and that its address is on
+    this host, then start its gateway (before the server: the re-executed serve watches it)."""
+    from graphdist._net.gateway import routes, start_gateway
+    from graphdist._net.tlscerts import load_credentials
+
     credentials = load_credentials(tls)
     if not credentials.covers(task.host):
         raise CredentialsError(
@@ -342,13 +398,4 @@ def _serve_tls(
     address = server_bind_address(task, expose=False, allow_own_host=True)
     assert address is not None
     check_own_address(name, task.address, address)
-    relay = start_gateway(routes(cluster, [task]), tls)
-    env = {
-        **os.environ,
-        **shim_env(alias_address, os.environ.get("LD_PRELOAD")),
-        ALLOW_ENV: "",  # on loopback: no other machine, only this user
-        **dial_env(wire),  # its peers' aliases: the gateways, never another fleet
-        _SHIMMED_ENV: "1",
-        _GATEWAY_ENV: str(relay.pid),
-    }
-    os.execve(sys.executable, [sys.executable, "-m", "graphdist", *argv], env)
+    return start_gateway(routes(cluster, [task]), tls)

@@ -208,12 +208,19 @@ def dead_nodes(
 
 
 def srun_argv(
-    jobid: str, node: str, name: str, command: Sequence[str], *, grace_s: float = 2.0
+    jobid: str,
+    node: str,
+    name: str,
+    command: Sequence[str],
+    *,
+    grace_s: float = 2.0,
+    stdin: bool = False,
 ) -> list[str]:
     """``srun`` of ``command`` as one task on ``node`` of job ``jobid``, a step named ``name``
     that shares the allocation with the job's other steps (``--overlap``), whose output comes
     back unbuffered, and whose tasks Slurm leaves alone when one fails (graphdist decides).
-    ``grace_s``: Slurm's wait between SIGTERM and SIGKILL when the step is cancelled."""
+    ``grace_s``: Slurm's wait between SIGTERM and SIGKILL when the step is cancelled.
+    ``stdin``: srun's stdin goes to the task (else it reads none)."""
     return [
         "srun",
         f"--jobid={jobid}",
@@ -225,7 +232,7 @@ def srun_argv(
         "--kill-on-bad-exit=0",
         "--unbuffered",
         "--quiet",
-        "--input=none",
+        "--input=0" if stdin else "--input=none",
         f"--wait={max(1, int(grace_s))}",
         *command,
     ]

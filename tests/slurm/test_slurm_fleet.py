@@ -212,3 +212,86 @@ def test_up_in_the_foreground_on_slurm_stops_every_step_on_ctrl_c(slurm):
             up.kill()
             up.wait(30)
         slurm.scancel(jobid)
+
+
+TLS_DRIVER = (
+    SPLIT_GRAPH
+    + r"""
+fleet = graphdist.SlurmFleet("local=2", jobid=sys.argv[1], tls=True)
+fleet.start()
+with fleet.session("local", 0, graph, config=graphdist.no_folding_config()) as sess:
+    own = int(sess.run(y))
+say(step="up", cluster=fleet.real_cluster.as_dict(), client=fleet.tls_client, own=own,
+    tls_dir=fleet.tls_dir, nodes={t.name: t.node for t in fleet.tasks},
+    pids={t.name: t.pid for t in fleet.tasks})
+sys.stdin.readline()
+fleet.close()
+say(step="closed", state=fleet.state.value)
+"""
+)
+
+
+@pytest.mark.timeout(300)
+def test_a_slurm_fleet_in_tls_mode_is_reached_by_its_credentials_only(slurm, tmp_path):
+    """``SlurmFleet(tls=True)``: each step's ``serve --tls -`` gets its node's credentials on
+    srun's stdin and keeps none on disk once its gateway read them; the login host's driver
+    runs 238 through its own gateway; only the gateway listens on each node's address; a plain
+    TensorFlow client on the login host is refused (it is a member by address, and TLS mode
+    lets in by certificate only); close leaves no step and no credentials."""
+    jobid = slurm.salloc(2)
+    driver = slurm.popen(
+        None,
+        [sys.executable, "-c", TLS_DRIVER, str(jobid)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+    )  # fmt: skip
+    assert driver.stdin is not None
+    try:
+        up = _step(driver, "up")
+        assert up["own"] == 238, up
+        by_name = {n.name: n for n in slurm.nodes}
+        for name, address in zip(("local-0", "local-1"), up["cluster"]["local"], strict=True):
+            node = by_name[up["nodes"][name]]
+            assert address.startswith(node.address + ":"), up
+            port = address.rsplit(":", 1)[1]
+            listening = node.run(["ss", "-Hltn"]).stdout.splitlines()
+            outside = [
+                row.split()[3]
+                for row in listening
+                if row.split()[3].endswith(f":{port}") and "127." not in row.split()[3]
+            ]
+            assert outside == [address], listening  # the gateway, never the server
+            received = "ls -d ${TMPDIR:-/tmp}/graphdist-tls-received-* 2>/dev/null || true"
+            left = node.run(["sh", "-c", received])
+            assert left.stdout.strip() == "", left.stdout  # the received credentials
+        path = str(tmp_path / "cluster.json")
+        with open(path, "w") as f:
+            json.dump(up["cluster"], f)
+        plain = slurm.run(
+            None,
+            [sys.executable, "-c", SPLIT_GRAPH + PLAIN_CLIENT, path],
+            env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+        )
+        assert '"refused": true' in plain.stdout, plain.stdout + plain.stderr
+        driver.stdin.write("\n")
+        driver.stdin.flush()
+        assert _step(driver, "closed")["state"] == "closed"
+        assert driver.wait(30) == 0
+        assert wait_gone(list(up["pids"].values()), 20) == []
+        left = slurm.run(None, ["squeue", "-h", "-s", "-o", "%i %j"]).stdout
+        assert "graphdist-" not in left, left
+        assert not os.path.exists(up["tls_dir"]), up["tls_dir"]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(30)
+        slurm.scancel(jobid)
+
+
+PLAIN_CLIENT = r"""
+try:
+    graphdist.connect(sys.argv[1], timeout_s=5)
+    say(refused=False)
+except graphdist.GraphdistError as exc:
+    say(refused=True, error=type(exc).__name__)
+"""
