@@ -354,6 +354,7 @@ RECORD_SECTIONS = (
     "master_choice_ray",
     "restart",
     "soak",
+    "tls",
 )
 RECORD_SENTENCES = ("master_choice_line", "accept_check")
 
@@ -378,7 +379,7 @@ def test_importing_every_benchmark_does_not_import_tensorflow():
     code = (
         "import sys; sys.path.insert(0, 'benchmarks')\n"
         "import _common, master_choice, mwms_throughput, seed_style_fleet, startup, suite\n"
-        "import accept_check, fast_failure, hosts, restart, soak, transfer\n"
+        "import accept_check, fast_failure, hosts, restart, soak, tls, transfer\n"
         "assert 'tensorflow' not in sys.modules, 'a benchmark imports TensorFlow at import time'\n"
     )
     proc = run_python(["-c", code])
@@ -492,6 +493,33 @@ def test_the_hosts_report_says_a_veth_pair_is_no_network_and_checks_both_targets
     )
     assert "a veth pair is not a network" in table and "| 1.10x |" in table and "| 2.00x |" in table
     assert [met for _, met in targets] == [True, False]  # 1.1 <= 2.0; 2.0 > 1.5
+
+
+def test_the_tls_report_says_a_veth_pair_is_no_network_and_checks_its_targets():
+    import tls
+
+    def figures(step_ratio, bandwidth_ratio):
+        def side(plain, ratio):
+            return {"plain": plain, "tls": plain * ratio, "ratio": ratio}
+
+        cpu = {"plain": 0.5, "tls": 0.6}
+        return {
+            "step_ms": side(2.0, step_ratio),
+            "mb_per_s": side(600.0, bandwidth_ratio),
+            "serve_s": side(6.0, 1.1),
+            "connect_s": side(0.05, 4.0),
+            "cpu_cores": {"servers": cpu, "gateways": cpu},
+            "mb": 64, "steps": 50, "rounds": 3, "transfers": 5, "cores": 2,
+        }  # fmt: skip
+
+    table, targets = tls.report(figures(1.29, 0.51))
+    assert "a veth pair is not a network" in table
+    assert "| 1.29x | <= 1.3x |" in table and "| 0.51x | >= 0.5x |" in table
+    assert "| 64 MB task 1 -> task 0, host 2 -> host 1 (MB/s) | 600 | 306 |" in table
+    assert "| 0.050 | 0.200 | 4.0x | none |" in table  # connect: seconds, no target
+    assert [met for _, met in targets] == [True, True, True]
+    _, targets = tls.report(figures(1.31, 0.49))
+    assert [met for _, met in targets] == [False, False, True]  # 1.31 > 1.3; 0.49 < 0.5
 
 
 def test_benchmarks_run_as_modules_of_the_package():

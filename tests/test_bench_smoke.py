@@ -224,3 +224,30 @@ def test_restart_measures_one_kill_and_its_recovery(tmp_path):
     assert "steps redone per failure, worst:" in targets[1]
     text = section(readme.read_text(), "restart")
     assert "[mwms-kill]" in text and targets[1] in text and STAMP + "restart.py --steps" in text
+
+
+@pytest.mark.timeout(150)
+def test_tls_measures_both_sides_on_a_bed_of_hosts(tmp_path):
+    """One round, ten steps, two reads of 4 MB a side (``--smoke``): TLS mode and plain members
+    only, both served on hosts 1 and 2 of a bed, a client on host 3. Needs root."""
+    from tests.hostbed import require_hostbed
+
+    require_hostbed()
+    readme = readme_with(tmp_path, "tls")
+    out, png = tmp_path / "tls.json", tmp_path / "tls.png"
+    argv = ["--smoke", "--no-check", "--json", str(out), "--readme", str(readme)]
+    proc = run_marked(["benchmarks/tls.py", *argv, "--plot", str(png)], 140)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["mb"] == 4 and figures["rounds"] == 1 and figures["steps"] == 10
+    for key in ("step_ms", "mb_per_s", "serve_s", "connect_s"):
+        assert all(positive(figures[key][k]) for k in ("plain", "tls", "ratio")), key
+    cores = figures["cpu_cores"]  # whole clock ticks: two short reads may show none
+    assert all(cores[k][s] >= 0 for k in ("servers", "gateways") for s in ("plain", "tls"))
+    targets = [line for line in proc.stdout.splitlines() if line.startswith(("met ", "MISSED "))]
+    assert [t.split()[2] for t in targets] == ["step", "transfer", "serve"]
+    text = section(readme.read_text(), "tls")
+    assert "| split graph step, host 3 client (ms) |" in text and "not a network" in text
+    assert "![TLS against plain, as ratios to plain](tls.png)" in text
+    assert STAMP + "tls.py --smoke" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
