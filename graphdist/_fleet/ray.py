@@ -118,7 +118,7 @@ class _ServerActor:
 class _GatewayActor:
     """Runs in a Ray actor pinned to one node: that node's TLS gateway (TLS mode). Its
     credentials come over Ray's channel as bytes and are written to a private folder on the
-    node (the key 0600); the gateway process ends with the actor's (``PR_SET_PDEATHSIG``)."""
+    node (the key 0600); the gateway process ends with the actor's (its owner watch)."""
 
     def __init__(
         self, cluster: dict[str, Any], serving: list[list[Any]], files: dict[str, bytes]

@@ -99,6 +99,7 @@ class RemoteFleet(Fleet[RemoteTask]):
     ) -> None:
         super().__init__()
         self.real_cluster = Cluster.parse(cluster)
+        self.operation_timeout_ms = timeout_ms(operation_timeout_ms, "operation_timeout_ms")
         self.tls = tls
         self._gateway: subprocess.Popen[bytes] | None = None
         if tls is not None:
@@ -111,7 +112,6 @@ class RemoteFleet(Fleet[RemoteTask]):
             self._gateway = start_gateway(outbound, tls) if outbound else None
         else:
             self.cluster = self.real_cluster
-        self.operation_timeout_ms = timeout_ms(operation_timeout_ms, "operation_timeout_ms")
         self.start_timeout_s = DEFAULT_CONNECT_TIMEOUT_S
         for task in self.cluster:
             self._tasks[(task.job, task.index)] = RemoteTask(task)
@@ -142,7 +142,8 @@ class RemoteFleet(Fleet[RemoteTask]):
                 f"{len(silent)} of {len(self._tasks)} server(s) did not answer within "
                 f"{wait_s:g} s: {names} ({errors[0] or 'no answer'}); is `graphdist serve` "
                 "running on those hosts, and is this machine a member of the cluster or given "
-                "to their --allow?",
+                "to their --allow? (Servers in TLS mode, serve --tls, answer only "
+                "connect(..., tls=CLIENT_FOLDER).)",
                 ready=len(self._tasks) - len(silent),
                 expected=len(self._tasks),
                 timeout_s=wait_s,

@@ -22,7 +22,7 @@ the TLS handshake. Outbound listeners are bound with ``SO_REUSEPORT``, so the ga
 ``serve`` processes, or of a client, on one host share them (the kernel admits that only
 between sockets of one user). A gateway reads its routes as JSON on stdin, says ``ready`` on
 stdout once every listener is bound (or one ``error:`` line, exit 2), and exits with its parent
-(``PR_SET_PDEATHSIG``) or on SIGTERM. The relay is asyncio's: one thread, TLS through OpenSSL
+(it checks every 0.1 s) or on SIGTERM. The relay is asyncio's: one thread, TLS through OpenSSL
 (Python's ``ssl``), no crypto of graphdist's own.
 """
 
@@ -41,8 +41,9 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 from graphdist._cluster import Cluster, Task
@@ -66,7 +67,8 @@ DIAL_S = 10.0
 """How long a relay waits for the far end (TCP and the TLS handshake)."""
 HANDSHAKE_S = 10.0
 """How long a peer may take to finish its TLS handshake with an inbound route."""
-CHUNK = 1 << 18
+OWNER_POLL_S = 0.1
+"""How often a gateway checks that its owner still runs (it exits within this once not)."""
 LOG_INTERVAL_S = 10.0
 LOG_LINES = 20
 """At most this many refusal lines per interval: an outsider cannot fill the disk."""
@@ -205,7 +207,9 @@ class Gateway:
         for route in self.routes:
             host, port = route.listen
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are
+            # TCP; without it Nagle and delayed ACKs stall a gRPC step ~40 ms
+            sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if not route.inbound:  # shared with the other gateways of this user on this host
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -224,13 +228,15 @@ class Gateway:
             sock.setblocking(False)
             self.sockets.append((route, sock))
 
-    async def _relay(
-        self, route: Route, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        peer = writer.get_extra_info("peername")
+    async def _relay(self, route: Route, down: _Pipe) -> None:
+        """Dial the far end of ``route`` for the accepted connection ``down`` (its reading
+        paused until then) and join the two."""
+        loop = asyncio.get_running_loop()
+        up = _Pipe()
         try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(
+            await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: up,
                     *route.to,
                     ssl=None if route.inbound else self.client_ctx,
                     server_hostname=None if route.inbound else route.host.strip("[]"),
@@ -240,33 +246,23 @@ class Gateway:
         except (OSError, ssl.SSLError, asyncio.TimeoutError) as exc:
             if not route.inbound:
                 self.log.say(f"{route.task} at {route.host}:{route.to[1]}: {_why(exc)}")
-            writer.transport.abort()  # a reset, at once: the caller sees the task unreachable
+            down.abort()  # a reset, at once: the caller sees the task unreachable
             return
-        del peer
-        pumps = [
-            asyncio.ensure_future(_pump(reader, up_writer)),
-            asyncio.ensure_future(_pump(up_reader, writer)),
-        ]
-        try:
-            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for pump in pumps:
-                pump.cancel()
-            for w in (writer, up_writer):
-                w.transport.abort()
+        down.join(up)
 
-    async def _upgrade(self, route: Route, transport: asyncio.BaseTransport) -> None:
+    async def _upgrade(self, route: Route, down: _Pipe, transport: asyncio.BaseTransport) -> None:
         """An inbound connection: the TLS handshake (its failure logged with the peer's
         address, bounded), then the relay."""
         loop = asyncio.get_running_loop()
         peer = transport.get_extra_info("peername")
-        reader = asyncio.StreamReader(limit=CHUNK)
-        protocol = asyncio.StreamReaderProtocol(reader)
         assert self.server_ctx is not None
+        # what arrives between the handshake and connection_made(tls) is kept, not paused on
+        # the raw transport (which would never be resumed)
+        down.transport = None
         try:
             tls = await loop.start_tls(
                 transport,
-                protocol,
+                down,
                 self.server_ctx,
                 server_side=True,
                 ssl_handshake_timeout=HANDSHAKE_S,
@@ -277,28 +273,33 @@ class Gateway:
             return
         if tls is None:  # the peer left during the handshake
             return
-        protocol.connection_made(tls)
-        await self._relay(route, reader, asyncio.StreamWriter(tls, protocol, reader, loop))
+        down.connection_made(tls)  # start_tls does not call it
+        await self._relay(route, down)
+
+    def _accepted(self, route: Route) -> _Pipe:
+        """The protocol of a connection accepted on ``route``'s listener: reading paused until
+        the TLS handshake (inbound) and the far end's connection are done."""
+        down = _Pipe()
+
+        def made(transport: asyncio.BaseTransport) -> None:
+            down.transport = transport  # type: ignore[assignment]
+            transport.pause_reading()  # type: ignore[attr-defined]
+            if route.inbound:
+                down.task = asyncio.ensure_future(self._upgrade(route, down, transport))
+            else:
+                down.task = asyncio.ensure_future(self._relay(route, down))
+
+        down.on_made = made
+        return down
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(self._exception)
-        servers = []
-        for route, sock in self.sockets:
-            if route.inbound:
-                # reading paused at once, so that the ClientHello waits in the kernel for
-                # start_tls; asyncio's own ssl= server would drop a failed handshake unlogged
-                servers.append(
-                    await loop.create_server(functools.partial(_Pending, self, route), sock=sock)
-                )
-                continue
-
-            async def handle(
-                reader: asyncio.StreamReader, writer: asyncio.StreamWriter, route: Route = route
-            ) -> None:
-                await self._relay(route, reader, writer)
-
-            servers.append(await asyncio.start_server(handle, sock=sock, limit=CHUNK))
+        servers = [
+            await loop.create_server(functools.partial(self._accepted, route), sock=sock)
+            for route, sock in self.sockets
+        ]
+        del servers
         await asyncio.Event().wait()
 
     def _exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
@@ -315,23 +316,81 @@ class Gateway:
         self.log.say(f"refused a connection{peer}: {what}")
 
 
-class _Pending(asyncio.Protocol):
-    """An inbound connection before its TLS handshake: reading paused, handed to
-    :meth:`Gateway._upgrade`."""
+class _Pipe(asyncio.Protocol):
+    """One end of a relay: what it receives goes to its peer's transport, with flow control
+    both ways (a peer that cannot take more pauses this end's reading); either end closing
+    closes the other. Until :meth:`join`, its reading is paused."""
 
-    def __init__(self, gateway: Gateway, route: Route) -> None:
-        self.gateway = gateway
-        self.route = route
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.peer: _Pipe | None = None
         self.task: asyncio.Future[None] | None = None
+        self.on_made: Callable[[asyncio.BaseTransport], None] | None = None
+        self.closed = False
+        self.early: list[bytes] = []  # received before the far end was connected
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.pause_reading()  # type: ignore[attr-defined]
-        self.task = asyncio.ensure_future(self.gateway._upgrade(self.route, transport))
+        self.transport = transport  # type: ignore[assignment]
+        if self.on_made is not None:
+            made, self.on_made = self.on_made, None
+            made(transport)
+
+    def join(self, up: _Pipe) -> None:
+        self.peer, up.peer = up, self
+        for one, other in ((self, up), (up, self)):
+            if other.transport is not None:
+                for data in one.early:
+                    other.transport.write(data)
+            one.early = []
+        if self.closed or up.closed:  # one side left while the other was being connected
+            self.close()
+            up.close()
+            return
+        for one in (self, up):
+            if one.transport is not None:
+                one.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.write(data)
+        else:  # a TLS transport reads from its start: kept, and no more read until joined
+            self.early.append(data)
+            if self.transport is not None:
+                self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        if self.peer is not None:
+            self.peer.close()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.peer is not None:
+            if exc is None:
+                self.peer.close()
+            else:
+                self.peer.abort()
+
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
 
 
 def _why(exc: BaseException) -> str:
     if isinstance(exc, ssl.SSLError):
-        return f"TLS: {exc.reason or exc}"
+        return f"TLS: {exc.reason or str(exc) or 'the peer ended the handshake'}"
     if isinstance(exc, asyncio.TimeoutError):
         return "no answer in time"
     if isinstance(exc, OSError):
@@ -339,22 +398,23 @@ def _why(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(OSError, ssl.SSLError, asyncio.IncompleteReadError):
-        while data := await reader.read(CHUNK):
-            writer.write(data)
-            await writer.drain()
+def _end_with(parent: int) -> None:
+    """Exit at once when ``parent`` is no longer this process's parent (it ended)."""
+    while os.getppid() == parent:
+        time.sleep(OWNER_POLL_S)
+    os._exit(0)
 
 
 def _main() -> int:
     from graphdist._exceptions import to_wire
     from graphdist._net.members import shim_members
-    from graphdist._proc.process import set_parent_death_signal
 
     parent = os.getppid()
-    set_parent_death_signal(signal.SIGTERM)
-    if os.getppid() != parent:  # the parent left before the signal was armed
+    if parent == 1:  # the parent left already
         return 0
+    # the gateway ends with its owner's process (not with the thread that started it, as
+    # PR_SET_PDEATHSIG would: connect() may be called from a thread that then ends)
+    threading.Thread(target=_end_with, args=(parent,), name="owner-watch", daemon=True).start()
     try:
         config = json.load(sys.stdin)
         route_list = [
@@ -384,7 +444,7 @@ def start_gateway(
     (checked first: :class:`CredentialsError`); returns once every listener is bound. Its
     inbound routes let in every machine, at the TLS handshake; its loopback ones only this
     user. Raises :class:`PortInUseError`, :class:`CredentialsError`. The caller stops it
-    (SIGTERM); it also ends with the caller's thread."""
+    (SIGTERM); it also ends within 0.1 s of the caller's process."""
     from graphdist._net.loopback import shim_env
     from graphdist._net.members import ALLOW_ENV, DIAL_ENV
     from graphdist._net.tlscerts import load_credentials
