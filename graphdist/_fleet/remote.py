@@ -39,6 +39,9 @@ __all__ = ["RemoteFleet", "RemoteTask", "connect"]
 
 DEFAULT_CONNECT_TIMEOUT_S = 60.0
 """How long :func:`connect` waits for every server to answer (servers still starting)."""
+GATEWAY_GONE_S = 0.5
+"""TLS mode: how long a server's gateway may still listen once its server died (it polls its
+owner every 0.1 s), when a failed task is told ``dead`` or not."""
 REFUSED_WAIT_S = 1.0
 """How long a connection a server accepted may stay silent before it is taken for a slow server
 rather than a refusal: a gRPC server sends its HTTP/2 settings at once, and graphdist's members
@@ -221,7 +224,7 @@ class RemoteFleet(Fleet[RemoteTask]):
         the server is gone) is ``dead``, not ``not answering``."""
         if self.tls is not None and status == NOT_ANSWERING:
             real = self._real(task)
-            if _port_refused(real.host, real.port):
+            if _port_refused(real.host, real.port, GATEWAY_GONE_S):
                 return DEAD, (
                     f"its host {real.host} refuses connections to port {real.port} (its TLS "
                     "gateway is gone with its server)"
@@ -271,12 +274,17 @@ def connect(
     return fleet
 
 
-def _port_refused(host: str, port: int) -> bool:
-    """Whether ``host`` answers a TCP connection to ``port`` with a refusal (nothing listens)."""
-    try:
-        socket.create_connection((host.strip("[]"), port), timeout=REFUSED_WAIT_S).close()
-    except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False
-    return False
+def _port_refused(host: str, port: int, within_s: float = 0.0) -> bool:
+    """Whether ``host`` answers a TCP connection to ``port`` with a refusal (nothing listens),
+    asked again for up to ``within_s`` seconds while something still answers."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            socket.create_connection((host.strip("[]"), port), timeout=REFUSED_WAIT_S).close()
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
