@@ -736,9 +736,16 @@ def _cmd_up(args: argparse.Namespace) -> int:
     stop, received = _start_noting_signals(fleet, keep=True)
     with fleet:
         if args.tls:
-            _say_tls_client(fleet.tls_client, cluster)
+            _say_tls_client(fleet.tls_client, fleet.real_cluster)
+        real = getattr(fleet, "real_cluster", None) or fleet.cluster  # TLS: not the aliases
         rows = [
-            {"job": t.job, "task": t.index, "address": t.address, "pid": t.pid, "alive": t.alive}
+            {
+                "job": t.job,
+                "task": t.index,
+                "address": real.task(t.job, t.index).address,
+                "pid": t.pid,
+                "alive": t.alive,
+            }
             for t in fleet.tasks
         ]
         _print_rows(rows, args.json)

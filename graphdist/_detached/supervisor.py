@@ -129,9 +129,9 @@ class SupervisorSpec:
         flag(self.expose, "expose")  # first: a security switch, never read by truthiness
         if flag(self.tls, "tls") and self.backend != "local":
             raise ArgumentError(
-                f"tls is built for detached local fleets (and foreground ray ones), not for "
-                f"detached {self.backend!r} fleets yet; drop tls, or run the fleet in the "
-                "foreground",
+                f"tls is built for detached local fleets (and foreground ray and slurm ones), "
+                f"not for detached {self.backend!r} fleets yet; drop tls, or run the fleet in "
+                "the foreground",
                 name="tls",
                 value=self.tls,
             )

@@ -179,12 +179,14 @@ def test_up_detach_on_slurm_serves_from_the_login_host_and_down_leaves_no_step(s
 
 
 @pytest.mark.timeout(300)
-def test_up_in_the_foreground_on_slurm_stops_every_step_on_ctrl_c(slurm):
+@pytest.mark.parametrize("tls", [False, True], ids=["members", "tls"])
+def test_up_in_the_foreground_on_slurm_stops_every_step_on_ctrl_c(slurm, tls):
     """``graphdist up --backend slurm`` in a login host's terminal: Ctrl-C (SIGINT) ends it
-    with 130 and leaves no step of the fleet in the allocation."""
+    with 130 and leaves no step of the fleet in the allocation. With ``--tls`` it first says
+    where the client's credentials are and names the nodes' addresses to connect to."""
     jobid = slurm.salloc(2)
     argv = [sys.executable, "-m", "graphdist", "up", "--backend", "slurm"]
-    argv += ["--jobid", str(jobid), "--cluster", "local=2", "--json"]
+    argv += ["--jobid", str(jobid), "--cluster", "local=2", "--json"] + (["--tls"] if tls else [])
     up = slurm.popen(
         None,
         argv,
@@ -201,6 +203,11 @@ def test_up_in_the_foreground_on_slurm_stops_every_step_on_ctrl_c(slurm):
             if "fleet running; press Ctrl-C" in line:
                 break
         assert lines and "fleet running" in lines[-1], "".join(lines)
+        said = "".join(lines)
+        if tls:
+            assert "TLS mode; the client's credentials are in " in said, said
+            named = [n.address for n in slurm.nodes if n.compute and f'"{n.address}:' in said]
+            assert len(named) == 2, said  # the nodes' addresses, not the loopback aliases
         running = slurm.run(None, ["squeue", "-h", "-s", "-j", str(jobid), "-o", "%j"]).stdout
         assert running.count("graphdist-") == 2, running  # one server step per node
         up.send_signal(signal.SIGINT)
