@@ -118,34 +118,36 @@ class _ServerActor:
 class _GatewayActor:
     """Runs in a Ray actor pinned to one node: that node's TLS gateway (TLS mode). Its
     credentials come over Ray's channel as bytes and are written to a private folder on the
-    node (the key 0600); the gateway process ends with the actor's (its owner watch)."""
+    node (the key 0600) only until the gateway has read them; the gateway process ends with the
+    actor's (its owner watch)."""
 
     def __init__(
         self, cluster: dict[str, Any], serving: list[list[Any]], files: dict[str, bytes]
     ) -> None:
+        import shutil
         import tempfile
 
         from graphdist._net.gateway import routes, start_gateway
 
-        self.folder = tempfile.mkdtemp(prefix="graphdist-tls-")  # 0700
+        self.folder = tempfile.mkdtemp(prefix="graphdist-tls-node-")  # 0700
         for name, data in files.items():
             fd = os.open(os.path.join(self.folder, name), os.O_WRONLY | os.O_CREAT, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
         real = Cluster.parse(cluster)
         own = [real.task(job, index) for job, index in serving]
-        self.gateway = start_gateway(routes(real, own), self.folder)
+        try:
+            self.gateway = start_gateway(routes(real, own), self.folder)
+        finally:  # read by the gateway (or refused): not left on the node, whatever happens next
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def pid(self) -> int:
         return self.gateway.pid
 
     def stop(self) -> None:
-        import shutil
-
         from graphdist._net.gateway import stop_gateway
 
         stop_gateway(self.gateway)
-        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _reserve_port() -> tuple[str, int, str]:

@@ -391,6 +391,9 @@ def test_a_ray_fleet_in_tls_mode_across_hosts(
         ]
         outside = [a for a in on_port if "127." not in a]
         assert outside == [on_host2], on_port
+        # the nodes' credentials (one file system here): read by their gateways, then removed
+        left = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("graphdist-tls-node-")]
+        assert not left, left
         driver.stdin.write("close\n")
         driver.stdin.flush()
         assert _step(driver, "closed")["state"] == "closed"
