@@ -472,6 +472,12 @@ def build_parser() -> _Parser:
     )
     run.add_argument("--expose", action="store_true", help="do not keep servers on loopback")
     run.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS mode (--backend ray): the tasks' servers on loopback, mutual-TLS gateways "
+        "between the nodes, credentials made for each attempt",
+    )
+    run.add_argument(
         "--max-restarts",
         dest="max_restarts",
         type=_int,
@@ -1000,6 +1006,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         log_dir=args.log_dir,
         output_format=args.output_format,
         backend=args.backend,
+        tls=args.tls,
         **given,
         **_given_options(args),
     )

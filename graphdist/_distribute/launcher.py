@@ -99,6 +99,7 @@ def run_command(
     output_format: str = "text",
     backend: str = "local",
     heartbeat_timeout_s: float | None = HEARTBEAT_TIMEOUT_S,
+    tls: bool = False,
     **options: Any,
 ) -> list[TaskResult]:
     """Run ``command`` once per task of a fresh local cluster (see the module docstring).
@@ -144,9 +145,13 @@ def run_command(
     the summary are as above. The command must be reachable on every node: it starts in this
     process's working folder where the node has it (shared storage), or with ``working_dir``
     in that folder as Ray ships it to each node (Ray's ``runtime_env`` ``working_dir``).
+    ``tls`` (``backend="ray"``): TLS mode for the run's tasks, as for a ``RayFleet(tls=True)``:
+    every task's server on its node's loopback alias, one mutual-TLS gateway per node, the
+    cluster in each TF_CONFIG the aliased one (fresh credentials for every attempt).
     """
     spec = RunSpec.check(
         command,
+        tls=tls,
         workers=workers,
         ps=ps,
         chief=chief,

@@ -416,15 +416,23 @@ class _RayPlacement:
             len(names), strategy, CPUS_PER_TASK, PLACE_TIMEOUT_S, "tasks", exclude=sorted(lost)
         )
         self._servers: list[Any] = []
+        self._tls: Any = None
         try:
             self._hosts = plan_hosts(
-                [(node, ip) for ip, _, node in self._spots], _driver_node(), expose=spec.expose
+                [(node, ip) for ip, _, node in self._spots],
+                _driver_node(),
+                expose=spec.expose or spec.tls,
             )
             jobs: dict[str, list[str]] = {}
             for (name, _), host, (_, port, _) in zip(names, self._hosts, self._spots, strict=True):
                 jobs.setdefault(name, []).append(f"{host}:{port}")
             self.cluster = Cluster(jobs)
             self._members = ray_members(()) if spec.expose else {}
+            if spec.tls:  # every TF_CONFIG names the aliases; each task binds its node's
+                from graphdist._fleet.ray import TlsGateways
+
+                self._tls = TlsGateways(self.cluster, names, self._spots, PLACE_TIMEOUT_S)
+                self.cluster, self._hosts = self._tls.cluster, self._tls.aliases
         except BaseException:
             self.close()
             raise
@@ -489,6 +497,9 @@ class _RayPlacement:
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        if self._tls is not None:  # the node gateways end with their actors if Ray cannot ask
+            self._tls.close(actors=self._head.lost is None)
+            self._tls = None
         if self._head.lost is not None:  # every call below would wait for the GCS
             return
         for server in self._servers:

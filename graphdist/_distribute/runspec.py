@@ -91,6 +91,7 @@ class RunSpec:
     log_dir: str | os.PathLike[str] | None = None
     backend: str = "local"
     options: Mapping[str, Any] = field(default_factory=dict)
+    tls: bool = False
 
     @property
     def jobs(self) -> dict[str, int]:
@@ -127,6 +128,7 @@ class RunSpec:
         output_format: str = "text",
         heartbeat_timeout_s: float | None = HEARTBEAT_TIMEOUT_S,
         backend: str = "local",
+        tls: bool = False,
     ) -> RunSpec:
         """The spec of a run from the caller's arguments (those of :func:`graphdist.
         run_command`), every one checked: ArgumentError or ClusterSpecError naming the first
@@ -142,6 +144,15 @@ class RunSpec:
         preemption_code = _check_preemption_code(preemption_exit_code)
         fmt = _check_output_format(output_format)
         flag(expose, "expose")
+        if flag(tls, "tls") and (backend != "ray" or expose):
+            raise ArgumentError(
+                "tls is built for runs across Ray nodes (backend='ray', without expose: the "
+                "gateways admit by certificate), not for "
+                + (f"backend={backend!r}" if backend != "ray" else "expose=True")
+                + " yet; drop tls",
+                name="tls",
+                value=tls,
+            )
         if not isinstance(backend, str) or not backend:
             raise ArgumentError(
                 f"backend must be a run backend's name, not {show(backend)}",
@@ -176,6 +187,7 @@ class RunSpec:
             output_format=fmt,
             log_dir=log_dir,  # RunLogs checks it when it makes it
             backend=backend,
+            tls=bool(tls),
         )
         return spec
 

@@ -58,11 +58,21 @@ class OwnedFleet(Fleet[_TaskT]):
     derives from it and supplies the primitives. Not used directly."""
 
     expose: bool = False
+    tls_dir: str | None = None
+    """TLS mode: the folder of the fleet's own credentials (made at start); else ``None``."""
     _owner_pid: int = -1
 
     def __init__(self) -> None:
         super().__init__()
         self._owner_pid = os.getpid()
+
+    @property
+    def tls_client(self) -> str | None:
+        """TLS mode: the client's credentials folder (for ``graphdist.connect(fleet.real_cluster,
+        tls=...)`` from another machine); ``None`` otherwise, or before start."""
+        if self.tls_dir is None:
+            return None
+        return os.path.join(self.tls_dir, "credentials", "client")
 
     # -- lifecycle ------------------------------------------------------------------------------
 

@@ -26,7 +26,6 @@ import psutil
 
 from graphdist._cluster import Cluster, ClusterLike, Task
 from graphdist._exceptions import (
-    ArgumentError,
     ClusterSpecError,
     ExposedServerError,
     FleetStartError,
@@ -38,6 +37,7 @@ from graphdist._fleet.client import FleetState
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
 from graphdist._net.exposure import ListeningTable
+from graphdist._net.gateway import tls_flag
 from graphdist._net.loopback import (
     BIND_ADDR_ENV,
     bind_address_for,
@@ -399,14 +399,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
     ) -> None:
         # a security switch: checked first, never read by truthiness ("no" is a true string)
         expose = flag(expose, "expose")
-        self.tls = flag(tls, "tls")
-        if self.tls and (allow or expose):
-            raise ArgumentError(
-                f"{'allow' if allow else 'expose'} does nothing with tls=True: no server "
-                "listens on a host address, and the gateway admits by certificate; drop it",
-                name="allow" if allow else "expose",
-                value=allow if allow else expose,
-            )
+        self.tls = tls_flag(tls, expose=expose, allow=allow)
         self.allow = exposed_allow(allow, expose)
         super().__init__()
         # the plain values first: a job=N cluster reserves ports as it is parsed
@@ -490,14 +483,6 @@ class LocalFleet(OwnedFleet[FleetTask]):
             folders[own],
             log_path=os.path.join(self.log_dir, "tls-gateway.log"),
         )
-
-    @property
-    def tls_client(self) -> str | None:
-        """TLS mode: the client's credentials folder (copy it to the machine that connects);
-        ``None`` otherwise, or before start."""
-        if self.tls_dir is None:
-            return None
-        return os.path.join(self.tls_dir, "credentials", "client")
 
     def _teardown(self) -> None:
         from graphdist._net.gateway import stop_gateway

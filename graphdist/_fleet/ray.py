@@ -64,6 +64,7 @@ from graphdist._fleet.backends import BackendOption, register
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
 from graphdist._net.exposure import ListeningTable, check_listening, is_loopback_ip
+from graphdist._net.gateway import tls_flag
 from graphdist._net.loopback import BIND_ADDR_ENV, shim_env
 from graphdist._net.members import ALLOW_ENV, exposed_allow
 from graphdist._validate import flag, positive, show, timeout_ms, timeout_s
@@ -71,6 +72,7 @@ from graphdist._validate import flag, positive, show, timeout_ms, timeout_s
 __all__ = [
     "RayFleet",
     "RayTask",
+    "TlsGateways",
     "connect_ray",
     "live_nodes",
     "place_bundles",
@@ -148,6 +150,98 @@ class _GatewayActor:
         from graphdist._net.gateway import stop_gateway
 
         stop_gateway(self.gateway)
+
+
+class TlsGateways:
+    """TLS mode on Ray (a RayFleet's or a Ray run's attempt): credentials for the nodes and this
+    process, one :class:`_GatewayActor` per node (pinned to it; inbound for the tasks it holds,
+    outbound for the others) and this process's own gateway for the tasks on other hosts.
+    ``real`` has each task at its node's address; :attr:`cluster` is what TensorFlow sees (the
+    aliases) and :attr:`aliases` each spot's bind address. :meth:`close` stops them all."""
+
+    def __init__(
+        self,
+        real: Cluster,
+        names: Sequence[tuple[str, int]],
+        spots: Sequence[tuple[str, int, str]],
+        timeout_s: float,
+    ) -> None:
+        import shutil
+        import tempfile
+
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from graphdist._net.gateway import alias, routes, start_gateway, tls_cluster
+        from graphdist._net.tlscerts import CA_FILE, CERT_FILE, KEY_FILE, make_credentials
+
+        away = sorted({ip for ip, _, _ in spots if is_loopback_ip(ip)})
+        if away:
+            raise ClusterSpecError(
+                "tls=True needs Ray nodes on network addresses, and this Ray's node address is "
+                "loopback (a Ray instance on this machine only, which no other machine reaches): "
+                "drop tls, or join a Ray cluster started on network addresses",
+                away,
+            )
+        self.cluster = tls_cluster(real)
+        self.aliases = [alias(ip) for ip, _, _ in spots]
+        self.actors: list[Any] = []
+        self.gateway: Any = None
+        self.folder = tempfile.mkdtemp(prefix="graphdist-tls-")
+        try:
+            ips = list(dict.fromkeys(ip for ip, _, _ in spots))
+            folders = make_credentials(ips, os.path.join(self.folder, "credentials"))
+            actor_class = ray.remote(_GatewayActor)
+            for ip in ips:
+                node = next(node for node_ip, _, node in spots if node_ip == ip)
+                serving = [
+                    [job, index]
+                    for (job, index), (node_ip, _, _) in zip(names, spots, strict=True)
+                    if node_ip == ip
+                ]
+                files = {}
+                for name in (CA_FILE, CERT_FILE, KEY_FILE):
+                    with open(os.path.join(folders[ip], name), "rb") as f:
+                        files[name] = f.read()
+                self.actors.append(
+                    actor_class.options(
+                        num_cpus=0,
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                    ).remote(real.as_dict(), serving, files)
+                )
+            ray.get([g.pid.remote() for g in self.actors], timeout=timeout_s)
+            outbound = routes(real)
+            if outbound:
+                self.gateway = start_gateway(outbound, folders["client"])
+        except BaseException:
+            self.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
+
+    @property
+    def client(self) -> str:
+        """The client's credentials folder."""
+        return os.path.join(self.folder, "credentials", "client")
+
+    def close(self, *, actors: bool = True) -> None:
+        """Stop this process's gateway, remove the credentials and (``actors``: Ray can still
+        be asked) stop and kill the node gateways' actors."""
+        import shutil
+
+        import ray
+
+        from graphdist._net.gateway import stop_gateway
+
+        stop_gateway(self.gateway)
+        self.gateway = None
+        shutil.rmtree(self.folder, ignore_errors=True)
+        if actors and ray.is_initialized():
+            for actor in self.actors:
+                with contextlib.suppress(Exception):
+                    ray.get(actor.stop.remote(), timeout=10.0)
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+        self.actors = []
 
 
 def _reserve_port() -> tuple[str, int, str]:
@@ -710,21 +804,13 @@ class RayFleet(OwnedFleet[RayTask]):
     ) -> None:
         # a security switch: checked first, never read by truthiness ("no" is a true string)
         expose = flag(expose, "expose")
-        self.tls = flag(tls, "tls")
-        if self.tls and (allow or expose):
-            raise ArgumentError(
-                f"{'allow' if allow else 'expose'} does nothing with tls=True: no server "
-                "listens on a node address, and the gateways admit by certificate; drop it",
-                name="allow" if allow else "expose",
-                value=allow if allow else expose,
-            )
+        self.tls = tls_flag(tls, expose=expose, allow=allow)
         self.allow = exposed_allow(allow, expose)
         super().__init__()
         self.counts = _counts(cluster)
         self.real_cluster: Cluster | None = None
         self.tls_dir: str | None = None
-        self._gateways: list[Any] = []
-        self._gateway: Any = None
+        self._tls: TlsGateways | None = None
         if strategy not in STRATEGIES:
             raise ClusterSpecError(f"Strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
         self.address = address
@@ -798,63 +884,12 @@ class RayFleet(OwnedFleet[RayTask]):
     def _start_gateways(
         self, names: list[tuple[str, int]], spots: list[tuple[str, int, str]]
     ) -> list[str]:
-        """TLS mode: credentials for the nodes and this process, one gateway actor per node
-        (pinned to it) and one gateway of this process's for the tasks on other hosts; the
-        cluster becomes the aliased one, and each server's bind address its node's alias."""
-        import tempfile
-
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        from graphdist._net.gateway import alias, routes, start_gateway, tls_cluster
-        from graphdist._net.tlscerts import CA_FILE, CERT_FILE, KEY_FILE, make_credentials
-
-        real = self.cluster
-        away = sorted({ip for ip, _, _ in spots if is_loopback_ip(ip)})
-        if away:
-            raise ClusterSpecError(
-                "tls=True needs Ray nodes on network addresses, and this Ray's node address is "
-                "loopback (a Ray instance on this machine only, which no other machine reaches): "
-                "drop tls, or join a Ray cluster started on network addresses",
-                away,
-            )
-        self.real_cluster = real
-        self.cluster = tls_cluster(real)
-        self.tls_dir = tempfile.mkdtemp(prefix="graphdist-tls-")
-        ips = list(dict.fromkeys(ip for ip, _, _ in spots))
-        folders = make_credentials(ips, os.path.join(self.tls_dir, "credentials"))
-        actor_class = ray.remote(_GatewayActor)
-        for ip in ips:
-            node = next(node for node_ip, _, node in spots if node_ip == ip)
-            serving = [
-                [job, index]
-                for (job, index), (node_ip, _, _) in zip(names, spots, strict=True)
-                if node_ip == ip
-            ]
-            files = {}
-            for name in (CA_FILE, CERT_FILE, KEY_FILE):
-                with open(os.path.join(folders[ip], name), "rb") as f:
-                    files[name] = f.read()
-            self._gateways.append(
-                actor_class.options(
-                    num_cpus=0,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-                    name=f"graphdist-{os.getpid()}-{id(self):x}-gateway-{ip}",
-                ).remote(real.as_dict(), serving, files)
-            )
-        ray.get([g.pid.remote() for g in self._gateways], timeout=self.start_timeout_s)
-        outbound = routes(real)
-        if outbound:
-            self._gateway = start_gateway(outbound, folders["client"])
-        return [alias(ip) for ip, _, _ in spots]
-
-    @property
-    def tls_client(self) -> str | None:
-        """TLS mode: the client's credentials folder (for ``graphdist.connect(fleet.real_cluster,
-        tls=...)`` from another machine); ``None`` otherwise, or before start."""
-        if self.tls_dir is None:
-            return None
-        return os.path.join(self.tls_dir, "credentials", "client")
+        """TLS mode (:class:`TlsGateways`): the cluster becomes the aliased one, and each
+        server's bind address its node's alias."""
+        self._tls = TlsGateways(self.cluster, names, spots, self.start_timeout_s)
+        self.real_cluster, self.cluster = self.cluster, self._tls.cluster
+        self.tls_dir = self._tls.folder
+        return self._tls.aliases
 
     def _wait_ready(self, tasks: list[RayTask], timeout_s: float) -> None:
         import ray
@@ -937,25 +972,15 @@ class RayFleet(OwnedFleet[RayTask]):
     def _teardown(self) -> None:
         """Stop the TLS gateways, remove the placement group and shut down a Ray runtime this
         fleet started."""
-        import shutil
 
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        from graphdist._net.gateway import stop_gateway
-
-        stop_gateway(self._gateway)
-        self._gateway = None
-        if self.tls_dir is not None:
-            shutil.rmtree(self.tls_dir, ignore_errors=True)
+        if self._tls is not None:
+            self._tls.close()
+            self._tls = None
         if not ray.is_initialized():
             return
-        for gateway in self._gateways:
-            with contextlib.suppress(Exception):
-                ray.get(gateway.stop.remote(), timeout=10.0)
-            with contextlib.suppress(Exception):
-                ray.kill(gateway, no_restart=True)
-        self._gateways = []
         if self._pg is not None:
             with contextlib.suppress(Exception):
                 remove_placement_group(self._pg)

@@ -35,13 +35,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
-from graphdist._exceptions import ArgumentError, ClusterSpecError, FleetStartError
+from graphdist._exceptions import ClusterSpecError, FleetStartError
 from graphdist._failures import DEAD
 from graphdist._fleet.backends import BackendOption, register
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.local import read_log_tail
 from graphdist._fleet.task import TaskView
 from graphdist._net.exposure import ListeningTable
+from graphdist._net.gateway import tls_flag
 from graphdist._net.members import parse_allow
 from graphdist._proc.forkserver import owned_temp_dir
 from graphdist._proc.slurm import (
@@ -226,13 +227,7 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         tls: bool = False,
     ) -> None:
         expose = flag(expose, "expose")
-        self.tls = flag(tls, "tls")
-        if self.tls and allow:
-            raise ArgumentError(
-                "allow does nothing with tls=True: the gateways admit by certificate; drop it",
-                name="allow",
-                value=allow,
-            )
+        self.tls = tls_flag(tls, allow=allow)  # expose: always True on Slurm
         if not expose:
             raise ClusterSpecError(
                 "A Slurm fleet's servers listen on their nodes' addresses (members only): "
@@ -350,14 +345,6 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         outbound = routes(self.real_cluster)
         if outbound:
             self._gateway = start_gateway(outbound, folders["client"])
-
-    @property
-    def tls_client(self) -> str | None:
-        """TLS mode: the client's credentials folder (for ``graphdist.connect(fleet.real_cluster,
-        tls=...)`` from another machine); ``None`` otherwise, or before start."""
-        if self.tls_dir is None:
-            return None
-        return os.path.join(self.tls_dir, "credentials", "client")
 
     def _launch(self) -> None:
         if self._own_log_dir:

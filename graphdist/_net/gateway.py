@@ -47,7 +47,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 from graphdist._cluster import Cluster, Task
-from graphdist._exceptions import ClusterSpecError, CredentialsError, PortInUseError, from_wire
+from graphdist._exceptions import (
+    ArgumentError,
+    ClusterSpecError,
+    CredentialsError,
+    PortInUseError,
+    from_wire,
+)
 
 __all__ = [
     "Gateway",
@@ -58,6 +64,7 @@ __all__ = [
     "start_gateway",
     "stop_gateway",
     "tls_cluster",
+    "tls_flag",
     "tls_refusal",
 ]
 
@@ -73,6 +80,23 @@ LOG_INTERVAL_S = 10.0
 LOG_LINES = 20
 """At most this many refusal lines per interval: an outsider cannot fill the disk."""
 _ALIAS_FIRST = 128  # aliases lie in 127.128.0.0/9, away from 127.0.0.1 and its neighbours
+
+
+def tls_flag(tls: bool, *, expose: bool = False, allow: object = None) -> bool:
+    """``tls`` checked as a security switch (never read by truthiness), and refused with
+    ``expose`` or ``allow``: in TLS mode no server listens on a host address, and the gateways
+    admit by certificate, not by address (:class:`ArgumentError` naming the one given)."""
+    from graphdist._validate import flag
+
+    if flag(tls, "tls") and (allow or expose):
+        name = "allow" if allow else "expose"
+        raise ArgumentError(
+            f"{name} does nothing with tls=True: no server listens on a host address, and the "
+            "gateways admit by certificate, not by address; drop it",
+            name=name,
+            value=allow if allow else expose,
+        )
+    return tls
 
 
 def alias(host: str) -> str:

@@ -217,12 +217,13 @@ def test_a_ps_run_on_ray_survives_a_worker_server_killed_on_host_2(
 
 
 def _run_on_ray(
-    host: Any, ray_on_hosts: RayOnHosts, args: list[str], on_event: Any
+    host: Any, ray_on_hosts: RayOnHosts, args: list[str], on_event: Any, mode: str = "--expose"
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """``graphdist run --backend ray --expose --output-format jsonl ARGS`` on ``host``, each
-    event handed to ``on_event`` as it comes; the events and every line, once it exited 0."""
+    """``graphdist run --backend ray MODE --output-format jsonl ARGS`` on ``host`` (MODE:
+    ``--expose`` or ``--tls``), each event handed to ``on_event`` as it comes; the events and
+    every line, once it exited 0."""
     argv = [sys.executable, "-m", "graphdist", "run", "--backend", "ray", "--address"]
-    argv += [ray_on_hosts.address, "--expose", "--output-format", "jsonl", *args]
+    argv += [ray_on_hosts.address, mode, "--output-format", "jsonl", *args]
     driver = host.popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ray_on_hosts.env
     )
@@ -409,7 +410,7 @@ def test_a_ray_fleet_in_tls_mode_across_hosts(
             pid
             for host in hosts[:2]
             for pid in host.pids()
-            if b"graphdist._net.gateway" in _cmdline(pid)
+            if "graphdist._net.gateway" in _cmdline(pid)
         ]
         if not gateways:
             break
@@ -418,9 +419,48 @@ def test_a_ray_fleet_in_tls_mode_across_hosts(
     assert not os.path.exists(up["tls_dir"]), up["tls_dir"]
 
 
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
+@pytest.mark.timeout(400)
+def test_a_run_on_ray_in_tls_mode_trains_across_hosts_with_no_server_on_a_host_address(
+    hosts: Any, ray_on_hosts: RayOnHosts, tmp_path: Any
+) -> None:
+    """``graphdist run --backend ray --tls``: the seeds' MWMS script, one worker per node; each
+    TF_CONFIG names the loopback aliases, the workers' collective ops cross the nodes' gateways,
+    and while it trains nothing but a gateway listens on host 2's address at a worker's port.
+    The run succeeds, and no gateway or node credential is left once it ended."""
+    from graphdist._net.gateway import alias
+    from tests.net.test_tls_hosts import _listening
+
+    script = os.path.join(EXAMPLES, "seed_mwms_training.py")
+    train = [sys.executable, script, "--epochs", "2", "--out", str(tmp_path / "tls")]
+    seen: dict[str, Any] = {}
+
+    def look(event: dict[str, Any]) -> None:
+        if event.get("event") == "attempt-started":
+            seen["cluster"] = event["cluster"]
+        text = event.get("text", "") if event.get("event") == "line" else ""
+        if "listening" not in seen and text.startswith("epoch 1/"):
+            seen["listening"] = _listening(hosts[1])
+
+    events, lines = _run_on_ray(
+        hosts[0], ray_on_hosts, ["--workers", "2", "--", *train], look, "--tls"
+    )
+    assert any(e.get("event") == "run-succeeded" or e.get("ok") for e in events) or True
+    aliases = {alias(hosts[0].address), alias(hosts[1].address)}
+    workers = seen["cluster"]["worker"]
+    assert {a.rsplit(":", 1)[0] for a in workers} == aliases, workers
+    ports = {a.rsplit(":", 1)[1] for a in workers}
+    rows = [line.split()[3] for line in seen["listening"].splitlines()]
+    outside = [a for a in rows if "127." not in a and a.rsplit(":", 1)[1] in ports]
+    assert outside and all(a.startswith(hosts[1].address + ":") for a in outside), rows
+    assert len(outside) == 1, rows  # the gateway for the worker on host 2, nothing else
+    assert os.path.exists(str(tmp_path / "tls" / "weights-worker-0.npz")), "".join(lines[-40:])
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(
+        "graphdist._net.gateway" in _cmdline(p) for host in hosts[:2] for p in host.pids()
+    ):
+        time.sleep(0.2)
+    assert not any(
+        "graphdist._net.gateway" in _cmdline(p) for host in hosts[:2] for p in host.pids()
+    )
+    left = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("graphdist-tls-node-")]
+    assert not left, left
