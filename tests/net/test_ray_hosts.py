@@ -87,15 +87,20 @@ class RayOnHosts:
         self.address = f"{hosts[0].address}:{port}"
         for host in hosts:  # Ray finds a node's address from its route to the internet
             host.run(["ip", "route", "replace", "default", "dev", "eth0"], check=True)
-        common = ["--num-cpus", "2", "--disable-usage-stats"]
-        for host, role in ((hosts[0], ["--head", "--port", str(port)]), (hosts[1], [])):
-            if not role:
-                role = ["--address", self.address]
-            argv = [RAY, "start", *role, "--node-ip-address", host.address, *common]
-            if host is hosts[0]:
-                argv.append("--include-dashboard=false")
-            result = host.run(argv, env=self.env, capture_output=True, text=True, timeout=180)
-            assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        self._start(hosts[0], ["--head", "--port", str(port), "--include-dashboard=false"])
+        self._start(hosts[1], ["--address", self.address])
+
+    def _start(self, host: Any, role: list[str]) -> None:
+        argv = [RAY, "start", *role, "--node-ip-address", host.address]
+        argv += ["--num-cpus", "2", "--disable-usage-stats"]
+        result = host.run(argv, env=self.env, capture_output=True, text=True, timeout=180)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+    def ensure_second_node(self) -> None:
+        """Start host 2's Ray node again if a test killed it (the lost-node tests do): a test
+        that needs both nodes then waits only for Ray to place on the new one."""
+        if not self.hosts[1].pids():
+            self._start(self.hosts[1], ["--address", self.address])
 
     def stop(self) -> None:
         """Kill every process of the two hosts (all this module's: Ray's own) by pid."""
@@ -364,6 +369,7 @@ def test_a_ray_fleet_in_tls_mode_across_hosts(
     from tests.net.test_tls_hosts import _client as tls_client
     from tests.net.test_tls_hosts import _listening
 
+    ray_on_hosts.ensure_second_node()
     driver = hosts[0].popen(
         [sys.executable, "-c", TLS_DRIVER, ray_on_hosts.address],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ray_on_hosts.env,
@@ -430,6 +436,7 @@ def test_a_run_on_ray_in_tls_mode_trains_across_hosts_with_no_server_on_a_host_a
     from graphdist._net.gateway import alias
     from tests.net.test_tls_hosts import _listening
 
+    ray_on_hosts.ensure_second_node()
     script = os.path.join(EXAMPLES, "seed_mwms_training.py")
     train = [sys.executable, script, "--epochs", "2", "--out", str(tmp_path / "tls")]
     seen: dict[str, Any] = {}
