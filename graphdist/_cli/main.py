@@ -474,8 +474,9 @@ def build_parser() -> _Parser:
     run.add_argument(
         "--tls",
         action="store_true",
-        help="TLS mode (--backend ray): the tasks' servers on loopback, mutual-TLS gateways "
-        "between the nodes, credentials made for each attempt",
+        help="TLS mode: the tasks' servers on loopback, mutual-TLS gateways between the "
+        "hosts (local: in front of this machine's address, the client's folder printed), "
+        "credentials made for each attempt; instead of --expose",
     )
     run.add_argument(
         "--max-restarts",

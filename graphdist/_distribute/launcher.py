@@ -145,9 +145,10 @@ def run_command(
     the summary are as above. The command must be reachable on every node: it starts in this
     process's working folder where the node has it (shared storage), or with ``working_dir``
     in that folder as Ray ships it to each node (Ray's ``runtime_env`` ``working_dir``).
-    ``tls`` (``backend="ray"``): TLS mode for the run's tasks, as for a ``RayFleet(tls=True)``:
-    every task's server on its node's loopback alias, one mutual-TLS gateway per node, the
-    cluster in each TF_CONFIG the aliased one (fresh credentials for every attempt).
+    ``tls``: TLS mode for the run's tasks (:mod:`graphdist._net.gateway`), on the backends
+    that build it (local, ray, slurm): every task's server on its host's loopback alias, the
+    cluster in each TF_CONFIG the aliased one, mutual-TLS gateways between hosts (and, on the
+    local backend, in front of this machine's address), fresh credentials for every attempt.
     """
     spec = RunSpec.check(
         command,
@@ -169,6 +170,13 @@ def run_command(
         backend=backend,
     )
     kind = run_backend(spec.backend)
+    if spec.tls and not getattr(kind, "tls", False):
+        raise ArgumentError(
+            f"tls is not built for the {spec.backend} run backend (local, ray and slurm have "
+            "it; a backend says so with tls = True); drop tls",
+            name="tls",
+            value=tls,
+        )
     given = check_options(spec.backend, {k: v for k, v in options.items() if v is not None})
     spec = spec.with_options(kind.check_options(spec, given))
     logs = None if log_dir is None else RunLogs(log_dir)

@@ -319,6 +319,7 @@ class RayRun:
         "enough (the command must be reachable on every node)"
     )
     requires: ClassVar[tuple[str, str] | None] = ("ray", "pip install 'ray==2.60.*'")
+    tls: ClassVar[bool] = True
     options: ClassVar[tuple[Option, ...]] = (
         Option(
             "address",

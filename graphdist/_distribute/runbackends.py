@@ -133,6 +133,9 @@ class RunBackend(Protocol):
         """Give back what the backend joined for the run (a Ray instance it started)."""
         ...
 
+    # Optional: ``tls: ClassVar[bool]``, True where the backend builds TLS mode (RunSpec.tls:
+    # its placements put every task's server on its host's loopback alias, behind mutual-TLS
+    # gateways); a run with tls on a backend without it is refused before anything starts.
     # Optional: ``gone() -> str | None``, what is gone for good so that no attempt can be
     # placed (Ray's head, and its cluster with it), in words; the loop then spends no restart
     # and ends the run with them (supervise._gone). A backend without it never is.

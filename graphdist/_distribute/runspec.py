@@ -144,14 +144,12 @@ class RunSpec:
         preemption_code = _check_preemption_code(preemption_exit_code)
         fmt = _check_output_format(output_format)
         flag(expose, "expose")
-        if flag(tls, "tls") and (backend != "ray" or expose):
+        if flag(tls, "tls") and expose:
             raise ArgumentError(
-                "tls is built for runs across Ray nodes (backend='ray', without expose: the "
-                "gateways admit by certificate), not for "
-                + (f"backend={backend!r}" if backend != "ray" else "expose=True")
-                + " yet; drop tls",
-                name="tls",
-                value=tls,
+                "expose does nothing with tls=True: the tasks' servers stay on loopback, and "
+                "the gateways admit other machines by certificate, not by address; drop expose",
+                name="expose",
+                value=expose,
             )
         if not isinstance(backend, str) or not backend:
             raise ArgumentError(

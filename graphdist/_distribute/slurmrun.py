@@ -19,6 +19,12 @@ starts. The tasks' servers listen on their node's address, with the bind shim le
 the allocation's nodes and this host (whose heartbeat probes them). A parameter-server run's
 worker and ps tasks are ``graphdist serve`` steps, restarted on their node and port when one dies
 (the coordinator carries on, as on the other backends).
+
+With ``tls`` (TLS mode, :mod:`graphdist._net.gateway`) each attempt makes its credentials
+(:class:`~graphdist._net.tlsmode.TlsMode`, with this host's gateway for the heartbeat's probes);
+each TF_CONFIG names the nodes' loopback aliases, and each task's step is wrapped
+(:func:`~graphdist._net.tlsmode.tls_exec_argv`): it reads its node's credentials on srun's
+stdin, starts the node's gateway, deletes them and executes the guarded command in its place.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
 from graphdist._distribute.runbackends import register, start_servers
@@ -39,7 +45,8 @@ from graphdist._distribute.runspec import RunSpec
 from graphdist._distribute.taskproc import GuardedTask, RunSink
 from graphdist._exceptions import ArgumentError, LaunchError
 from graphdist._net.loopback import shim_env
-from graphdist._net.members import members_env, parse_allow
+from graphdist._net.members import ALLOW_ENV, members_env, parse_allow
+from graphdist._net.tlsmode import tls_exec_argv
 from graphdist._proc.process import (
     NOW_SIGNAL,
     PREEMPT_SIGNAL,
@@ -60,6 +67,9 @@ from graphdist._proc.slurm import (
 )
 from graphdist._registry import Option
 from graphdist._validate import count
+
+if TYPE_CHECKING:
+    from graphdist._net.tlsmode import TlsMode
 
 __all__ = ["SlurmRun"]
 
@@ -95,12 +105,14 @@ class _SlurmTask(GuardedTask):
         jobid: str,
         step: str,
         kill_wait_s: float,
+        stdin: bytes | None = None,
     ) -> None:
         self.jobid, self.step, self._slurm_env = jobid, step, env
         self.stop_grace_s = kill_wait_s + TASK_STOP_GRACE_S  # a checkpoint's save, then reaping
         # the local guard's grace too: Slurm's stop of the batch step (scancel, requeue) reaches
         # it and srun as well, which must wait for the tasks' own exits
-        super().__init__(task, argv, env, run, log_path, grace_s=kill_wait_s + STOP_GRACE_S)
+        grace = kill_wait_s + STOP_GRACE_S
+        super().__init__(task, argv, env, run, log_path, grace_s=grace, stdin=stdin)
 
     def _line(self, raw: bytes, more: int) -> None:
         if raw.startswith(b"srun: error: Node failure on "):  # srun then exits 0 (Slurm 22.05)
@@ -174,12 +186,21 @@ class _SlurmPlacement:
         for (job, i), node in zip(names, slots, strict=True):
             jobs.setdefault(job, []).append(_host_port(alloc.addresses[node], ports[node].pop(0)))
             self.nodes[f"{job}-{i}"] = node
-        self.cluster = Cluster(jobs)
+        self.cluster = self.real_cluster = Cluster(jobs)
         self._allow = parse_allow([f"{a}/{128 if ':' in a else 32}" for a in host_addresses()])
+        self._tls: TlsMode | None = None
+        if spec.tls:  # the tasks on their nodes' aliases; this host's gateway for its probes
+            from graphdist._net.tlsmode import TlsMode
+
+            self._tls = TlsMode(self.real_cluster)
+            self.cluster = self._tls.cluster
 
     def _node_env(self, task: Task) -> dict[str, str]:
         """What the task's processes on its node get besides the run's env: the bind shim on
-        the node's address and the members (the allocation's nodes, this host)."""
+        the node's address and the members (the allocation's nodes, this host); in TLS mode the
+        shim on the node's alias, where only this user gets in."""
+        if self._tls is not None:
+            return {**shim_env(task.host, None, inherit=True), ALLOW_ENV: ""}
         return {
             **shim_env(task.host.strip("[]"), None, inherit=True),
             **members_env(self.cluster, self._allow),
@@ -191,13 +212,15 @@ class _SlurmPlacement:
         from graphdist._fleet.slurm import SlurmFleet
 
         fleet = SlurmFleet(
-            self.cluster,
+            self.real_cluster,
             jobs=jobs,
             jobid=self.alloc.jobid,
             log_dir=log_folder,
             step_prefix=self.prefix,
-            allow=self._allow,
+            allow=None if self._tls is not None else self._allow,
             env=self.spec.base_env,
+            tls=self._tls is not None,
+            tls_mode=self._tls,  # one CA for the attempt: its command tasks and its servers
         )
         return start_servers(fleet, signals)
 
@@ -211,9 +234,19 @@ class _SlurmPlacement:
         grace = max(STOP_GRACE_S, self.alloc.kill_wait_s)  # Slurm kills at KillWait anyway
         guarded = guarded_argv(self.spec.command, grace_s=grace, name=task.name, parent=True)
         on_node = ["env", *node_env, *guarded]
+        stdin = None
+        if self._tls is not None:  # the gateway first, the node's credentials on srun's stdin
+            real = self.real_cluster.task(task.job, task.index)
+            on_node = tls_exec_argv(self.real_cluster, real, on_node)
+            stdin = self._tls.host_json(real.host)
         step = self.prefix + task.name
         argv = srun_argv(
-            self.alloc.jobid, self.nodes[task.name], step, on_node, grace_s=TASK_STOP_GRACE_S
+            self.alloc.jobid,
+            self.nodes[task.name],
+            step,
+            on_node,
+            grace_s=TASK_STOP_GRACE_S,
+            stdin=stdin is not None,
         )
         return _SlurmTask(
             task,
@@ -224,6 +257,7 @@ class _SlurmPlacement:
             jobid=self.alloc.jobid,
             step=step,
             kill_wait_s=self.alloc.kill_wait_s,
+            stdin=stdin,
         )
 
     def close(self) -> None:
@@ -232,6 +266,9 @@ class _SlurmPlacement:
         with contextlib.suppress(ArgumentError):
             lost = dead_nodes(self.alloc.nodes, env, self.alloc)
         left = cancel_steps(self.alloc.jobid, self.prefix, env=env, lost=lost)
+        if self._tls is not None:
+            self._tls.close()
+            self._tls = None
         if left:
             print(
                 f"graphdist: Slurm steps {', '.join(left)} of job {self.alloc.jobid} did not end; "
@@ -249,6 +286,7 @@ class SlurmRun:
         "or name the job with --jobid), restarted inside the same allocation"
     )
     requires: ClassVar[tuple[str, str] | None] = None
+    tls: ClassVar[bool] = True
     options: ClassVar[tuple[Option, ...]] = (
         Option("jobid", JOBID_HELP, "JOBID"),
         Option(

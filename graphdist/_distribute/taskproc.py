@@ -194,6 +194,7 @@ class GuardedTask(TaskOutput):
         run: RunSink,
         log_path: str | None = None,
         grace_s: float = STOP_GRACE_S,
+        stdin: bytes | None = None,
     ) -> None:
         self._start_output(task, run, log_path)
         self.mark = secrets.token_hex(12)  # every process of the task carries it (MARK_ENV)
@@ -204,7 +205,7 @@ class GuardedTask(TaskOutput):
             self.proc = subprocess.Popen(
                 guarded_argv(argv, grace_s=grace_s, name=task.name, report_fd=report_w),
                 env={**env, MARK_ENV: self.mark},
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -215,6 +216,12 @@ class GuardedTask(TaskOutput):
             raise
         finally:
             os.close(report_w)
+        if stdin is not None:  # ``stdin``: what the command reads, then end of file
+            assert self.proc.stdin is not None
+            with contextlib.suppress(OSError):  # a command gone already says so itself
+                self.proc.stdin.write(stdin)
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
         os.set_blocking(report_r, False)
         self._report = report_r
         self._report_buf = b""

@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -67,6 +66,8 @@ from graphdist._validate import flag, timeout_ms, timeout_s
 
 if TYPE_CHECKING:
     import tensorflow as tf
+
+    from graphdist._net.tlsmode import TlsMode
 
 __all__ = [
     "DEFAULT_START_TIMEOUT_S",
@@ -412,7 +413,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
         self.expose = expose
         self.tls_dir: str | None = None
         self._tls_dir_given = os.fspath(tls_dir) if tls_dir is not None else None
-        self._gateway: subprocess.Popen[bytes] | None = None
+        self._tls: TlsMode | None = None
         self.jobs = tuple(jobs) if jobs is not None else self.cluster.jobs
         for job in self.jobs:
             self.cluster.task_indices(job)  # raises ClusterSpecError naming an unknown job
@@ -470,27 +471,20 @@ class LocalFleet(OwnedFleet[FleetTask]):
     def _start_gateway(self) -> None:
         """TLS mode: the fleet's own credentials and its gateway (inbound for every task it
         serves, outbound for the cluster's tasks on other hosts)."""
-        from graphdist._net.gateway import routes, start_gateway
-        from graphdist._net.tlscerts import make_credentials
+        from graphdist._net.tlsmode import TlsMode
 
-        served = self.real_cluster.subset(self.jobs)
-        hosts = list(dict.fromkeys(t.host.strip("[]") for t in self.real_cluster))
-        self.tls_dir = self._tls_dir_given or owned_temp_dir("tls")
-        folders = make_credentials(hosts, os.path.join(self.tls_dir, "credentials"))
-        own = served.tasks[0].host.strip("[]")
-        self._gateway = start_gateway(
-            routes(self.real_cluster, served.tasks),
-            folders[own],
+        self._tls = TlsMode(
+            self.real_cluster,
+            self.real_cluster.subset(self.jobs).tasks,
+            folder=self._tls_dir_given,
             log_path=os.path.join(self.log_dir, "tls-gateway.log"),
         )
+        self.tls_dir = self._tls.folder
 
     def _teardown(self) -> None:
-        from graphdist._net.gateway import stop_gateway
-
-        stop_gateway(self._gateway)
-        self._gateway = None
-        if self.tls_dir is not None:
-            shutil.rmtree(self.tls_dir, ignore_errors=True)
+        if self._tls is not None:
+            self._tls.close()
+            self._tls = None
         release_claims(self)  # a failed start: its servers are stopped, the ports are free
         if self._notices is not None:
             self._notices.close()

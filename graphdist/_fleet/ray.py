@@ -126,22 +126,11 @@ class _GatewayActor:
     def __init__(
         self, cluster: dict[str, Any], serving: list[list[Any]], files: dict[str, bytes]
     ) -> None:
-        import shutil
-        import tempfile
+        from graphdist._net.tlsmode import received_gateway
 
-        from graphdist._net.gateway import routes, start_gateway
-
-        self.folder = tempfile.mkdtemp(prefix="graphdist-tls-node-")  # 0700
-        for name, data in files.items():
-            fd = os.open(os.path.join(self.folder, name), os.O_WRONLY | os.O_CREAT, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
         real = Cluster.parse(cluster)
         own = [real.task(job, index) for job, index in serving]
-        try:
-            self.gateway = start_gateway(routes(real, own), self.folder)
-        finally:  # read by the gateway (or refused): not left on the node, whatever happens next
-            shutil.rmtree(self.folder, ignore_errors=True)
+        self.gateway = received_gateway(real, own, files)
 
     def pid(self) -> int:
         return self.gateway.pid
@@ -166,14 +155,11 @@ class TlsGateways:
         spots: Sequence[tuple[str, int, str]],
         timeout_s: float,
     ) -> None:
-        import shutil
-        import tempfile
-
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from graphdist._net.gateway import alias, routes, start_gateway, tls_cluster
-        from graphdist._net.tlscerts import CA_FILE, CERT_FILE, KEY_FILE, make_credentials
+        from graphdist._net.gateway import alias
+        from graphdist._net.tlsmode import TlsMode
 
         away = sorted({ip for ip, _, _ in spots if is_loopback_ip(ip)})
         if away:
@@ -183,58 +169,41 @@ class TlsGateways:
                 "drop tls, or join a Ray cluster started on network addresses",
                 away,
             )
-        self.cluster = tls_cluster(real)
-        self.aliases = [alias(ip) for ip, _, _ in spots]
         self.actors: list[Any] = []
-        self.gateway: Any = None
-        self.folder = tempfile.mkdtemp(prefix="graphdist-tls-")
+        self._mode = TlsMode(real)  # the credentials, and this process's outbound gateway
+        self.cluster = self._mode.cluster
+        self.aliases = [alias(ip) for ip, _, _ in spots]
         try:
-            ips = list(dict.fromkeys(ip for ip, _, _ in spots))
-            folders = make_credentials(ips, os.path.join(self.folder, "credentials"))
             actor_class = ray.remote(_GatewayActor)
-            for ip in ips:
+            for ip in dict.fromkeys(ip for ip, _, _ in spots):
                 node = next(node for node_ip, _, node in spots if node_ip == ip)
                 serving = [
                     [job, index]
                     for (job, index), (node_ip, _, _) in zip(names, spots, strict=True)
                     if node_ip == ip
                 ]
-                files = {}
-                for name in (CA_FILE, CERT_FILE, KEY_FILE):
-                    with open(os.path.join(folders[ip], name), "rb") as f:
-                        files[name] = f.read()
                 self.actors.append(
                     actor_class.options(
                         num_cpus=0,
                         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-                    ).remote(real.as_dict(), serving, files)
+                    ).remote(real.as_dict(), serving, self._mode.host_files(ip))
                 )
             ray.get([g.pid.remote() for g in self.actors], timeout=timeout_s)
-            outbound = routes(real)
-            if outbound:
-                self.gateway = start_gateway(outbound, folders["client"])
         except BaseException:
             self.close()
-            shutil.rmtree(self.folder, ignore_errors=True)
             raise
 
     @property
-    def client(self) -> str:
-        """The client's credentials folder."""
-        return os.path.join(self.folder, "credentials", "client")
+    def folder(self) -> str:
+        """The private folder of the credentials (``credentials/client`` the client's)."""
+        return self._mode.folder
 
     def close(self, *, actors: bool = True) -> None:
         """Stop this process's gateway, remove the credentials and (``actors``: Ray can still
         be asked) stop and kill the node gateways' actors."""
-        import shutil
-
         import ray
 
-        from graphdist._net.gateway import stop_gateway
-
-        stop_gateway(self.gateway)
-        self.gateway = None
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self._mode.close()
         if actors and ray.is_initialized():
             for actor in self.actors:
                 with contextlib.suppress(Exception):

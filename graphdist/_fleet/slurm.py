@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import ClusterSpecError, FleetStartError
@@ -56,6 +56,9 @@ from graphdist._proc.slurm import (
     srun_argv,
 )
 from graphdist._validate import flag, timeout_ms, timeout_s
+
+if TYPE_CHECKING:
+    from graphdist._net.tlsmode import TlsMode
 
 __all__ = ["SlurmFleet", "SlurmTask"]
 
@@ -162,7 +165,11 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
     start and a TensorFlow import on its node). ``log_dir``: where ``JOB-INDEX.log`` go (default:
     a private temporary folder, removed at close). ``env``: the environment of the steps
     (default this process's). ``expose`` must stay True: a Slurm server listens on its node's
-    address (members only); it is there for the same signature as the other backends."""
+    address (members only); it is there for the same signature as the other backends.
+    ``tls``: TLS mode (each step ``serve --tls -`` fed its node's credentials on srun's stdin,
+    this process's own gateway; ``allow`` refused); ``tls_mode``: a :class:`~graphdist._net.
+    tlsmode.TlsMode` of the caller's to use instead of one of the fleet's own (a Slurm run's
+    attempt: one CA for its command tasks and its servers), which close leaves to the caller."""
 
     backend_name: ClassVar[str] = "slurm"
     DEFAULT_START_TIMEOUT_S: ClassVar[float] = 120.0
@@ -225,6 +232,7 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         env: Mapping[str, str] | None = None,
         step_prefix: str | None = None,
         tls: bool = False,
+        tls_mode: TlsMode | None = None,
     ) -> None:
         expose = flag(expose, "expose")
         self.tls = tls_flag(tls, allow=allow)  # expose: always True on Slurm
@@ -248,8 +256,9 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
 
             self.cluster = tls_cluster(self.real_cluster)  # what TensorFlow sees: the aliases
         self.tls_dir: str | None = None
-        self._host_credentials: dict[str, bytes] = {}
-        self._gateway: Any = None
+        # a run's attempt shares its own TlsMode (one CA for the command tasks and the servers)
+        self._tls_given = tls_mode
+        self._tls: TlsMode | None = None
         self.start_timeout_s = timeout_s(
             start_timeout_s, "start_timeout_s", self.DEFAULT_START_TIMEOUT_S
         )
@@ -324,27 +333,17 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         """Start ``task``'s step; in TLS mode its host's credentials go on the step's stdin
         (srun's own channel to the node; ``serve --tls -`` keeps them on disk only until its
         gateway has read them)."""
-        host = self.real_cluster.task(task.job, task.index).host.strip("[]")
-        task._start(self._serve_argv(task), self._env, stdin=self._host_credentials.get(host))
+        host = self.real_cluster.task(task.job, task.index).host
+        stdin = self._tls.host_json(host) if self._tls is not None else None
+        task._start(self._serve_argv(task), self._env, stdin=stdin)
 
     def _start_tls(self) -> None:
-        """TLS mode: the cluster's credentials (each node's read into memory for its steps'
-        stdin) and this process's gateway for the tasks on other hosts."""
-        from graphdist._net.gateway import routes, start_gateway
-        from graphdist._net.tlscerts import CA_FILE, CERT_FILE, KEY_FILE, make_credentials
+        """TLS mode: the cluster's credentials and this process's gateway for the tasks on
+        other hosts (a run's own, when it gave one)."""
+        from graphdist._net.tlsmode import TlsMode
 
-        self.tls_dir = owned_temp_dir("tls")
-        hosts = list(dict.fromkeys(t.host.strip("[]") for t in self.real_cluster))
-        folders = make_credentials(hosts, os.path.join(self.tls_dir, "credentials"))
-        for host in hosts:
-            files = {}
-            for name in (CA_FILE, CERT_FILE, KEY_FILE):
-                with open(os.path.join(folders[host], name)) as f:
-                    files[name] = f.read()
-            self._host_credentials[host] = json.dumps(files).encode()
-        outbound = routes(self.real_cluster)
-        if outbound:
-            self._gateway = start_gateway(outbound, folders["client"])
+        self._tls = self._tls_given or TlsMode(self.real_cluster)
+        self.tls_dir = self._tls.folder
 
     def _launch(self) -> None:
         if self._own_log_dir:
@@ -434,12 +433,9 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
     def _teardown(self) -> None:
         import shutil
 
-        from graphdist._net.gateway import stop_gateway
-
-        stop_gateway(self._gateway)
-        self._gateway = None
-        if self.tls_dir is not None:
-            shutil.rmtree(self.tls_dir, ignore_errors=True)
+        if self._tls is not None and self._tls is not self._tls_given:
+            self._tls.close()
+        self._tls = None
         if self._own_log_dir and self.log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 

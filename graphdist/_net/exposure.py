@@ -18,14 +18,22 @@ them each time, about 12 ms per server here).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
+import socket
 import sys
 from collections.abc import Iterable
 
 from graphdist._exceptions import ExposedServerError
 
-__all__ = ["ListeningTable", "check_listening", "is_loopback_ip", "listening_sockets"]
+__all__ = [
+    "ListeningTable",
+    "check_listening",
+    "host_addresses",
+    "is_loopback_ip",
+    "listening_sockets",
+]
 
 _TCP_LISTEN = "0A"  # the state column of /proc/net/tcp*: TCP_LISTEN
 
@@ -161,3 +169,21 @@ def check_listening(
             sockets=bad,
         )
     return checked
+
+
+def host_addresses() -> list[str]:
+    """This host's own addresses, neither loopback nor link-local (a Slurm run's servers let
+    them in: the launcher probes them from a login node; a local TLS run's gateway listens on
+    the first)."""
+    import psutil
+
+    found: list[str] = []
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            with contextlib.suppress(ValueError):
+                ip = ipaddress.ip_address(address.address.split("%", 1)[0])
+                if not ip.is_loopback and not ip.is_link_local and str(ip) not in found:
+                    found.append(str(ip))
+    return found

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import re
 import shutil
 import socket
 import sys
-import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -332,9 +330,11 @@ def _serve_tls(
             how=f"over mutual TLS at {task.address}: the server on {alias_address}, loopback; "
             f"the TLS gateway (pid {gateway}) lets in holders of this cluster's certificates",
         )
+    from graphdist._net.tlsmode import credentials_from_stdin
+
     received = None
     if tls == "-":  # on stdin (SlurmFleet: srun's channel), on disk until the gateway read it
-        tls = received = _credentials_from_stdin()
+        tls = received = credentials_from_stdin()
     own = host_folder(tls, task.host.strip("[]"))
     if os.path.isdir(own):  # the whole `graphdist certs` folder (a shared file system): ours
         tls = own
@@ -352,33 +352,6 @@ def _serve_tls(
         _GATEWAY_ENV: str(relay.pid),
     }
     os.execve(sys.executable, [sys.executable, "-m", "graphdist", *argv], env)
-
-
-MAX_STDIN_CREDENTIALS = 64 * 1024
-
-
-def _credentials_from_stdin() -> str:
-    """``--tls -``: a JSON object of ca.pem, cert.pem and key.pem texts on stdin, written to a
-    new private folder (the key 0600 from its creation); returns the folder."""
-    from graphdist._net.tlscerts import CA_FILE, CERT_FILE, KEY_FILE
-
-    text = sys.stdin.read(MAX_STDIN_CREDENTIALS + 1)
-    try:
-        data = json.loads(text) if len(text) <= MAX_STDIN_CREDENTIALS else None
-    except ValueError:
-        data = None
-    names = (CA_FILE, CERT_FILE, KEY_FILE)
-    if not isinstance(data, dict) or not all(isinstance(data.get(n), str) for n in names):
-        raise CredentialsError(
-            f"--tls - reads the credentials from stdin as a JSON object of {', '.join(names)} "
-            "texts, and stdin held something else; pass a credentials folder instead"
-        )
-    folder = tempfile.mkdtemp(prefix="graphdist-tls-received-")
-    for name in names:
-        fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(data[name])
-    return folder
 
 
 def _start_tls_gateway(cluster: Cluster, task: Task, name: str, tls: str) -> Any:

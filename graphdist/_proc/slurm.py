@@ -11,7 +11,6 @@ are found and cancelled: a killed ``srun`` does not always take its step with it
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import shutil
 import socket
@@ -22,6 +21,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from graphdist._exceptions import ArgumentError
+from graphdist._net.exposure import host_addresses
 
 __all__ = [
     "JOBID_HELP",
@@ -351,20 +351,3 @@ def free_ports(
             value="slurm",
         )
     return {n: found.get(n, found.get(n.split(".")[0], []))[: per_node[n]] for n in nodes}
-
-
-def host_addresses() -> list[str]:
-    """This host's own addresses (not loopback), which a run's servers on other nodes let in:
-    the launcher probes them, and may run on a login node outside the allocation."""
-    import psutil
-
-    found: list[str] = []
-    for addresses in psutil.net_if_addrs().values():
-        for address in addresses:
-            if address.family not in (socket.AF_INET, socket.AF_INET6):
-                continue
-            with contextlib.suppress(ValueError):
-                ip = ipaddress.ip_address(address.address.split("%", 1)[0])
-                if not ip.is_loopback and not ip.is_link_local and str(ip) not in found:
-                    found.append(str(ip))
-    return found

@@ -78,8 +78,8 @@ def test_parser_is_separate_from_running():
         (["up", "--cluster", '{"local": ["[zz]:2020"]}'], "'[zz]'"),
         (["up", "--cluster", "local=1", "--start-timeout", "nan"], "not nan"),
         (["run", "--timeout", "inf", "--", "true"], "not inf"),
-        (["run", "--tls", "--", "true"], "--tls is built for runs across Ray nodes"),
-        (["run", "--backend", "ray", "--tls", "--expose", "--", "true"], "not for --expose"),
+        (["run", "--tls", "--expose", "--", "true"], "--expose does nothing with --tls"),
+        (["run", "--backend", "ray", "--tls", "--expose", "--", "true"], "drop --expose"),
     ],
 )
 def test_user_mistakes_print_one_line_and_exit_2(argv, fragment):

@@ -57,6 +57,7 @@ def test_a_fourth_backend_is_one_class_that_registers_itself(monkeypatch):
         name: ClassVar[str] = "copy"
         summary: ClassVar[str] = "the local backend, with an env of its own"
         options: ClassVar[tuple[Option, ...]] = (Option("tag", "a word for every task"),)
+        tls: ClassVar[bool] = False  # a backend that builds no TLS mode says so
 
         @classmethod
         def check_options(cls, spec: Any, options: Any) -> dict[str, Any]:
@@ -75,6 +76,8 @@ def test_a_fourth_backend_is_one_class_that_registers_itself(monkeypatch):
     assert runbackends.describe("copy") == "copy: the local backend, with an env of its own"
     with pytest.raises(ArgumentError, match="tag must be a word"):
         run_command([sys.executable, "-c", PRINT], backend="copy", tag=3)
+    with pytest.raises(ArgumentError, match="tls is not built for the copy run backend"):
+        run_command([sys.executable, "-c", PRINT], backend="copy", tag="hi", tls=True)
     out = io.StringIO()
     results = run_command(
         [sys.executable, "-c", PRINT], backend="copy", tag="hi", output=out, output_format="jsonl"

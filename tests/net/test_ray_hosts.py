@@ -399,7 +399,9 @@ def test_a_ray_fleet_in_tls_mode_across_hosts(
         outside = [a for a in on_port if "127." not in a]
         assert outside == [on_host2], on_port
         # the nodes' credentials (one file system here): read by their gateways, then removed
-        left = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("graphdist-tls-node-")]
+        left = [
+            p for p in os.listdir(tempfile.gettempdir()) if p.startswith("graphdist-tls-received-")
+        ]
         assert not left, left
         driver.stdin.write("close\n")
         driver.stdin.flush()
@@ -451,7 +453,8 @@ def test_a_run_on_ray_in_tls_mode_trains_across_hosts_with_no_server_on_a_host_a
     events, lines = _run_on_ray(
         hosts[0], ray_on_hosts, ["--workers", "2", "--", *train], look, "--tls"
     )
-    assert any(e.get("event") == "run-succeeded" or e.get("ok") for e in events) or True
+    ended = [e for e in events if e.get("event") == "run-ended"]
+    assert ended and ended[-1]["outcome"] == "every task exited 0", "".join(lines[-40:])
     aliases = {alias(hosts[0].address), alias(hosts[1].address)}
     workers = seen["cluster"]["worker"]
     assert {a.rsplit(":", 1)[0] for a in workers} == aliases, workers
@@ -469,5 +472,5 @@ def test_a_run_on_ray_in_tls_mode_trains_across_hosts_with_no_server_on_a_host_a
     assert not any(
         "graphdist._net.gateway" in _cmdline(p) for host in hosts[:2] for p in host.pids()
     )
-    left = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("graphdist-tls-node-")]
+    left = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("graphdist-tls-received-")]
     assert not left, left

@@ -301,9 +301,7 @@ def test_a_string_tensor_between_hosts_is_in_clear_without_tls_and_never_with_it
 
 
 @pytest.mark.timeout(300)
-def test_a_killed_server_is_named_with_its_host_in_tls_mode(
-    hosts: Any, tls_served: Served
-) -> None:
+def test_a_killed_server_is_named_with_its_host_in_tls_mode(hosts: Any, tls_served: Served) -> None:
     """The server on host 2 is killed (SIGKILL): its gateway ends with it, and the next run of
     the client on host 3 fails within seconds with TaskFailedError naming local-1 and host 2."""
     gateway = tls_served.gateway_pids(1)
@@ -334,7 +332,7 @@ with graphdist.LocalFleet(cluster, tls=True) as fleet:
     with fleet.session("local", 0, graph, config=graphdist.no_folding_config()) as sess:
         own = int(sess.run(y))
     say(cluster=cluster, client=fleet.tls_client, own=own, tls_dir=fleet.tls_dir,
-        pids=fleet.pids, gateway=fleet._gateway.pid)
+        pids=fleet.pids, gateway=fleet._tls.gateway.pid)
     sys.stdin.read()
 """
 )
@@ -417,3 +415,107 @@ def test_up_tls_detached_is_reached_with_its_printed_credentials_and_down_leaves
         time.sleep(0.1)
     assert not before & set(hosts[0].pids()), before & set(hosts[0].pids())
     assert not os.path.exists(os.path.join(state, "tls")), os.listdir(state)
+
+
+# A task of `graphdist run --tls`: an MWMS strategy (its server, on the alias TF_CONFIG names),
+# then it waits for the file argv[1] and exits 0.
+RUN_TASK = """
+import os, sys, time
+import tensorflow as tf
+tf.distribute.MultiWorkerMirroredStrategy()
+print("serving", flush=True)
+deadline = time.monotonic() + 200
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+    time.sleep(0.1)
+"""
+
+# A client of a run's worker-1 through the run's gateway: argv: the cluster file, the
+# credentials folder ("" for none); one JSON line.
+RUN_CLIENT = r"""
+import json, sys, time
+import graphdist
+import tensorflow as tf
+
+tf.compat.v1.disable_eager_execution()
+graph = tf.Graph()
+with graph.as_default(), tf.device("/job:worker/task:1"):
+    y = tf.constant(2) + 236
+try:
+    fleet = graphdist.connect(sys.argv[1], timeout_s=8, tls=sys.argv[2] or None)
+except graphdist.GraphdistError as exc:
+    print(json.dumps({"step": "connect", "error": type(exc).__name__}), flush=True)
+    sys.exit(0)
+with fleet, fleet.session("worker", 1, graph) as sess:
+    print(json.dumps({"step": "run", "result": int(sess.run(y))}), flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_local_tls_run_is_reached_only_through_its_gateway_and_leaves_nothing(
+    hosts: Any, tmp_path: Any
+) -> None:
+    """``graphdist run --tls`` (local backend) on host 1: each TF_CONFIG names the tasks at
+    host 1's loopback alias; the attempt's client credentials, said on stderr, let a client on
+    host 3 reach worker-1's MWMS server (238) while a plain client there is refused; only the
+    gateway listens on host 1's address at the tasks' ports. The run exits 0, and then neither
+    the gateway nor the credentials are left."""
+    from graphdist._net.gateway import alias
+
+    flag, errors = tmp_path / "done", tmp_path / "run.err"
+    before = set(hosts[0].pids())
+    with open(errors, "w") as err:
+        run = hosts[0].popen(
+            [sys.executable, "-m", "graphdist", "run", "--tls", "--workers", "2",
+             "--output-format", "jsonl", "--", sys.executable, "-c", RUN_TASK, str(flag)],
+            stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **QUIET_TF},
+        )  # fmt: skip
+    assert run.stdout is not None
+    events: list[dict[str, Any]] = []
+    try:
+        while sum(e.get("text") == "serving" for e in events) < 2:
+            line = run.stdout.readline()
+            assert line, errors.read_text()[-3000:]
+            events.append(json.loads(line))
+        said = errors.read_text()
+        client = said.split("the client's credentials are in ", 1)[1].split()[0]
+        real = json.loads(said.split("CLUSTER being ", 1)[1].split(")\n", 1)[0])
+        workers = next(e for e in events if e["event"] == "attempt-started")["cluster"]["worker"]
+        assert {a.rsplit(":", 1)[0] for a in workers} == {alias(hosts[0].address)}, workers
+        ports = [a.rsplit(":", 1)[1] for a in workers]
+        assert real == {"worker": [f"{hosts[0].address}:{p}" for p in ports]}, (real, workers)
+        path = tmp_path / "cluster.json"
+        path.write_text(json.dumps(real))
+        served = type("S", (), {"path": str(path)})()
+        assert _client_of(hosts[2], served, client) == {"step": "run", "result": 238}
+        plain = _client_of(hosts[2], served, "")
+        assert plain["step"] == "connect" and plain["error"] in (
+            "StartTimeoutError",
+            "FleetStartError",
+        ), plain
+        assert f"refused a connection from {hosts[2].address}" in errors.read_text()
+        rows = [line.split()[3] for line in _listening(hosts[0]).splitlines()]
+        outside = [a for a in rows if "127." not in a and a.rsplit(":", 1)[1] in ports]
+        assert sorted(outside) == sorted(real["worker"]), rows  # the gateway's, nothing else
+    finally:
+        flag.touch()
+        try:
+            code = run.wait(60)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait(10)
+    assert code == 0, errors.read_text()[-3000:]
+    assert not os.path.exists(client), client
+    deadline = time.monotonic() + 10
+    while set(hosts[0].pids()) - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not set(hosts[0].pids()) - before, set(hosts[0].pids()) - before
+
+
+def _client_of(host: Any, served: Any, creds: str) -> dict[str, Any]:
+    result = host.run(
+        [sys.executable, "-c", RUN_CLIENT, served.path, creds],
+        env={**os.environ, **QUIET_TF}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])

@@ -205,6 +205,66 @@ def test_a_worker_killed_on_its_node_restarts_in_the_allocation_with_the_same_we
 
 
 @pytest.mark.timeout(300)
+def test_a_tls_run_trains_behind_the_nodes_gateways_and_restarts_with_fresh_credentials(
+    slurm, alloc, tmp_path
+):
+    """``run --backend slurm --tls``: each task's step gets its node's credentials on srun's
+    stdin, starts its gateway and keeps none on disk; every TF_CONFIG names the nodes' loopback
+    aliases; while the workers train, only a gateway listens on the node's address at the
+    tasks' ports. Worker-1 killed on its node: the run restarts (new ports, new credentials),
+    resumes and succeeds, and no step, gateway or credential of either attempt is left."""
+    from graphdist._net.gateway import alias
+
+    script = os.path.join(EXAMPLES, "seed_mwms_training.py")
+    train = [
+        sys.executable,
+        script,
+        "--epochs",
+        str(EPOCHS),
+        "--out",
+        os.path.join(slurm.jobs_dir, "tls"),
+    ]
+    seen: dict[str, Any] = {"clusters": []}
+    killed: list[int] = []
+
+    def look(event: dict[str, Any]) -> None:
+        if event.get("event") == "attempt-started":
+            seen["clusters"].append(event["cluster"])
+            seen["nodes"] = event["nodes"]
+        text = event.get("text", "") if event.get("event") == "line" else ""
+        if not killed and event.get("task") == "worker-1" and text.startswith(f"epoch 1/{EPOCHS}"):
+            node = slurm.node(seen["nodes"]["worker-1"])
+            seen["listening"] = node.run(["ss", "-Hltn"]).stdout.splitlines()
+            received = "ls -d ${TMPDIR:-/tmp}/graphdist-tls-received-* 2>/dev/null || true"
+            seen["received"] = node.run(["sh", "-c", received]).stdout.strip()
+            killed.extend(p for p in node.pids() if _cmdline(p)[1:2] == [script])
+            os.kill(killed[0], signal.SIGKILL)
+
+    args = ["--jobid", str(alloc), "--tls", "--workers", "2", "--max-restarts", "1"]
+    code, events, lines = _run_jsonl(slurm, [*args, "--", *train], look)
+    assert code == 0 and len(killed) == 1, "".join(lines[-60:])
+    first, second = seen["clusters"]
+    node = slurm.node(seen["nodes"]["worker-1"])
+    assert {a.rsplit(":", 1)[0] for a in first["worker"]} == {
+        alias(slurm.node(n).address) for n in seen["nodes"].values()
+    }, first
+    assert first != second, (first, second)  # a new attempt: new ports
+    ports = {a.rsplit(":", 1)[1] for a in first["worker"]}
+    outside = [
+        row.split()[3]
+        for row in seen["listening"]
+        if row.split()[3].rsplit(":", 1)[1] in ports and "127." not in row.split()[3]
+    ]
+    assert len(outside) == 1 and outside[0].startswith(node.address + ":"), seen["listening"]
+    assert seen["received"] == "", seen["received"]
+    assert any(e.get("event") == "resumed" for e in events), "".join(lines[-60:])
+    assert _steps(slurm, alloc) == []
+    assert all(is_gone(p) for p in killed)
+    gateways = [p for n in slurm.nodes for p in n.pids() if "graphdist._net.gateway" in _cmdline(p)]
+    assert wait_gone(gateways, 5) == [], gateways  # they end with their tasks' steps
+
+
+@pytest.mark.timeout(300)
 def test_a_frozen_worker_is_found_from_the_login_host_and_its_step_cancelled(slurm, alloc):
     """The launcher on the login host, outside the allocation: a worker SIGSTOPped on its node is
     found by the heartbeat's probes (its node's server stops answering) within the timeout and a
@@ -311,11 +371,13 @@ def test_a_lost_node_ends_the_run_in_one_line_when_the_nodes_left_are_too_few(sl
 
 
 @pytest.mark.timeout(300)
-def test_a_ps_run_on_slurm_survives_a_worker_server_killed_on_its_node(slurm, tmp_path):
+@pytest.mark.parametrize("tls", [False, True], ids=["members", "tls"])
+def test_a_ps_run_on_slurm_survives_a_worker_server_killed_on_its_node(slurm, tmp_path, tls):
     """``--chief --ps 1 --workers 2`` on 3 nodes, 2 tasks a node at most: the coordinator a
     step, the ps and worker servers ``graphdist serve`` steps (a SlurmFleet). A worker server
     killed on its node mid-training is restarted on its node and port, the coordinator carries
-    on, and the run ends with the example's accuracy."""
+    on, and the run ends with the example's accuracy. With ``--tls`` the servers and the
+    coordinator share the attempt's credentials (the servers at the nodes' aliases)."""
     jobid = slurm.salloc(3)
     killed: list[int] = []
     target: list[tuple[str, str]] = []
@@ -328,12 +390,19 @@ def test_a_ps_run_on_slurm_survives_a_worker_server_killed_on_its_node(slurm, tm
             node, address = target[0]
             port = address.rsplit(":", 1)[1]
             out = slurm.node(node).run(["ss", "-Hltnp", f"sport = :{port}"])
-            killed.append(int(out.stdout.split("pid=")[1].split(",")[0]))
+            rows = [  # the server's (TLS mode: not the gateway's on the node's address)
+                r
+                for r in out.stdout.splitlines()
+                if r.split()[3].replace("[::ffff:", "").replace("]", "") == address
+            ]
+            assert len(rows) == 1, (address, out.stdout)
+            row = rows[0]
+            killed.append(int(row.split("pid=")[1].split(",")[0]))
             os.kill(killed[0], signal.SIGKILL)
 
     try:
         args = ["--jobid", str(jobid), "--ntasks-per-node", "2", "--chief", "--ps", "1"]
-        args += ["--workers", "2", "--max-restarts", "2"]
+        args += ["--workers", "2", "--max-restarts", "2", *(["--tls"] if tls else [])]
         args += ["--", sys.executable, os.path.join(EXAMPLES, "ps_training.py"), "--mode", "custom"]
         code, events, lines = _run_jsonl(slurm, args, kill_a_worker_server)
         assert code == 0 and len(killed) == 1, "".join(lines[-60:])
