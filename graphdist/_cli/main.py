@@ -402,10 +402,9 @@ def build_parser() -> _Parser:
     up.add_argument(
         "--tls",
         action="store_true",
-        help="TLS mode (local: a cluster on this host's address; ray, slurm: every node; "
-        "--detach: local only): servers stay on loopback, mutual-TLS gateways on the tasks' "
-        "addresses let in holders of this fleet's own credentials only (the client's folder "
-        "is printed)",
+        help="TLS mode (local: a cluster on this host's address; ray, slurm: every node): "
+        "servers stay on loopback, mutual-TLS gateways on the tasks' addresses let in holders "
+        "of this fleet's own credentials only (the client's folder is printed)",
     )
     _add_backend_options(up)
     up.add_argument(
@@ -724,11 +723,6 @@ def _cmd_up(args: argparse.Namespace) -> int:
         _refuse_unused(args, "--detach --restart on-failure", "max_restarts", "restart_window_s")
     kind = _backend(args.backend)
     options = _backend_options(args)
-    if args.tls and args.backend != "local" and args.detach:
-        raise UsageError(
-            f"--tls --detach is built for the local backend, not for --backend {args.backend} "
-            "yet; drop --detach (a foreground fleet), or run `graphdist serve --tls` on each host"
-        )
     cluster = kind.parse_cluster(args.cluster)  # parsed once here; the fleet checks it
     if args.detach:
         return _up_detached(args, cluster, options)
@@ -850,8 +844,10 @@ def _up_detached(args: argparse.Namespace, cluster: Any, options: dict[str, Any]
 
     record = start_detached(spec, note=note)
     _print_rows(status_rows(record), args.json)
-    if spec.tls_client is not None:
-        _say_tls_client(spec.tls_client, cluster)
+    if spec.tls_client is not None:  # the real cluster: a Ray or Slurm fleet's nodes' addresses
+        from graphdist._cluster import Cluster
+
+        _say_tls_client(spec.tls_client, Cluster.parse(record.real_cluster or cluster))
     print(
         f"graphdist: fleet detached (supervisor pid {record.supervisor.pid}, state "
         f"{spec.state_dir}); stop it with `graphdist down`",

@@ -130,12 +130,14 @@ def live_record(state_dir: str, *, cleanup: bool) -> FleetRecord | None:
 
 
 def status_rows(record: FleetRecord) -> list[dict[str, Any]]:
-    """One row per task: job, task, address, pid, alive, log, restarts, gave_up."""
+    """One row per task: job, task, address (the real one, in TLS mode: not the alias), pid,
+    alive, log, restarts, gave_up."""
+    real = Cluster.parse(record.real_cluster) if record.real_cluster else None
     return [
         {
             "job": t.job,
             "task": t.task,
-            "address": t.address,
+            "address": real.task(t.job, t.task).address if real else t.address,
             "pid": t.pid,
             "alive": t.process.alive(),
             "log": t.log,

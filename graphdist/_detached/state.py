@@ -172,6 +172,7 @@ class FleetRecord:
     start_timeout_s: float = 60.0  # how long the supervisor waits for a (re)started server
     max_restarts: int = 0  # with "on-failure": restarts per task within restart_window_s
     restart_window_s: float = 60.0
+    real_cluster: dict[str, Any] | None = None  # TLS mode: the tasks' real addresses
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -188,6 +189,9 @@ class FleetRecord:
         cluster = _get(data, "cluster")
         if not isinstance(cluster, dict):
             raise ValueError(f"cluster must be an object, not {type(cluster).__name__}")
+        real = data.get("real_cluster")
+        if real is not None and not isinstance(real, dict):
+            raise ValueError(f"real_cluster must be an object, not {type(real).__name__}")
         return cls(
             supervisor=ProcessRef(_int(sup, "pid"), _num(sup, "create_time")),
             cluster=cluster,
@@ -197,6 +201,7 @@ class FleetRecord:
             start_timeout_s=_num(data, "start_timeout_s", 60.0),
             max_restarts=_int(data, "max_restarts", 0),
             restart_window_s=_num(data, "restart_window_s", 60.0),
+            real_cluster=real,
         )
 
 

@@ -108,9 +108,10 @@ class SupervisorSpec:
     - ``allow``: with ``expose``, the other machines let in besides the cluster's own hosts
       (addresses or networks; see :mod:`graphdist._net.members`).
     - ``restart_window_s``: the sliding window ``max_restarts`` counts in (default 60 s).
-    - ``tls``: TLS mode (the local backend): the servers on loopback aliases, a mutual-TLS
-      gateway on the tasks' addresses, credentials made in ``STATE_DIR/tls`` (the client's:
-      :func:`tls_client_folder`).
+    - ``tls``: TLS mode: the servers on loopback aliases, mutual-TLS gateways on the tasks'
+      addresses (and the supervisor's own, for the tasks on other hosts, which a process of
+      this user attached on its host goes through), credentials made in ``STATE_DIR/tls`` (the
+      client's: :func:`tls_client_folder`); the record keeps the real cluster.
     """
 
     state_dir: str
@@ -127,14 +128,7 @@ class SupervisorSpec:
 
     def __post_init__(self) -> None:
         flag(self.expose, "expose")  # first: a security switch, never read by truthiness
-        if flag(self.tls, "tls") and self.backend != "local":
-            raise ArgumentError(
-                f"tls is built for detached local fleets (and foreground ray and slurm ones), "
-                f"not for detached {self.backend!r} fleets yet; drop tls, or run the fleet in "
-                "the foreground",
-                name="tls",
-                value=self.tls,
-            )
+        flag(self.tls, "tls")
         allow = exposed_allow(self.allow or None, self.expose)
         object.__setattr__(self, "allow", allow)
         object.__setattr__(self, "state_dir", os.path.abspath(self.state_dir))
@@ -253,6 +247,11 @@ class _Supervisor:
             self._refs[(job, index)] = ref
         return ref
 
+    def _real_cluster(self) -> dict[str, Any] | None:
+        """TLS mode: the tasks' real addresses (the fleet's ``cluster`` is the aliases)."""
+        real = getattr(self.fleet, "real_cluster", None) if self.spec.tls else None
+        return real.as_dict() if real is not None else None
+
     def record(self) -> FleetRecord:
         tasks = []
         for t in self.fleet.tasks:
@@ -278,6 +277,7 @@ class _Supervisor:
         return FleetRecord(
             supervisor=ProcessRef.of(os.getpid()),
             cluster=self.fleet.cluster.as_dict(),
+            real_cluster=self._real_cluster(),
             tasks=tasks,
             started_at=self.started_at,
             restart_policy=self.spec.restart,

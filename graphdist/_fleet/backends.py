@@ -82,9 +82,10 @@ class Backend(Protocol):
         ...
 
     @classmethod
-    def check_cluster(cls, cluster: Any, *, expose: bool) -> None:
+    def check_cluster(cls, cluster: Any, *, expose: bool, tls: bool = False) -> None:
         """Raise before anything starts what the caller can see is wrong (ports taken, hosts
-        that are not this machine); the fleet's start checks again in its own process."""
+        that are not this machine); the fleet's start checks again in its own process. A
+        backend without TLS mode raises for ``tls``."""
         ...
 
     @classmethod

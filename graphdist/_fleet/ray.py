@@ -154,6 +154,8 @@ class TlsGateways:
         names: Sequence[tuple[str, int]],
         spots: Sequence[tuple[str, int, str]],
         timeout_s: float,
+        *,
+        folder: str | None = None,
     ) -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -170,7 +172,8 @@ class TlsGateways:
                 away,
             )
         self.actors: list[Any] = []
-        self._mode = TlsMode(real)  # the credentials, and this process's outbound gateway
+        # the credentials (in ``folder``: a detached fleet's), and this process's outbound gateway
+        self._mode = TlsMode(real, folder=folder)
         self.cluster = self._mode.cluster
         self.aliases = [alias(ip) for ip, _, _ in spots]
         try:
@@ -699,7 +702,9 @@ class RayFleet(OwnedFleet[RayTask]):
     (:mod:`graphdist._net.gateway`): each server on its node's loopback alias, one gateway
     actor per node, credentials made by this process and handed to each node's gateway over
     Ray's channel (authenticated with Ray's token auth; encrypted only where Ray's own TLS is
-    on), :attr:`tls_client` for clients elsewhere, :attr:`real_cluster` the node addresses.
+    on), :attr:`tls_client` for clients elsewhere, :attr:`real_cluster` the node addresses;
+    ``tls_dir``: where the credentials are made (a detached fleet's state folder), removed at
+    close.
     Sessions, devices, health: as :class:`LocalFleet`.
     """
 
@@ -736,9 +741,9 @@ class RayFleet(OwnedFleet[RayTask]):
         return sum(cluster.values())
 
     @classmethod
-    def check_cluster(cls, cluster: Mapping[str, int], *, expose: bool) -> None:
-        """Only ``expose``: Ray places the servers (it picks the nodes and ports)."""
-        flag(expose, "expose")
+    def check_cluster(cls, cluster: Mapping[str, int], *, expose: bool, tls: bool = False) -> None:
+        """Only ``expose`` and ``tls``: Ray places the servers (it picks the nodes and ports)."""
+        tls_flag(tls, expose=flag(expose, "expose"))
 
     @classmethod
     def for_command(
@@ -750,12 +755,19 @@ class RayFleet(OwnedFleet[RayTask]):
         log_dir: str | None = None,
         allow: Sequence[str] | None = None,
         tls: bool = False,
+        tls_dir: str | None = None,
         **options: Any,
     ) -> RayFleet:
         """``log_dir`` is not used: a Ray actor's output goes to Ray's logs on its node;
         ``options``: :attr:`options`."""
         return cls(
-            cluster, start_timeout_s=start_timeout_s, expose=expose, allow=allow, tls=tls, **options
+            cluster,
+            start_timeout_s=start_timeout_s,
+            expose=expose,
+            allow=allow,
+            tls=tls,
+            tls_dir=tls_dir,
+            **options,
         )
 
     def __init__(
@@ -770,6 +782,7 @@ class RayFleet(OwnedFleet[RayTask]):
         expose: bool = False,
         allow: Iterable[str] | str | None = None,
         tls: bool = False,
+        tls_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         # a security switch: checked first, never read by truthiness ("no" is a true string)
         expose = flag(expose, "expose")
@@ -779,6 +792,7 @@ class RayFleet(OwnedFleet[RayTask]):
         self.counts = _counts(cluster)
         self.real_cluster: Cluster | None = None
         self.tls_dir: str | None = None
+        self._tls_dir_given = os.fspath(tls_dir) if tls_dir is not None else None
         self._tls: TlsGateways | None = None
         if strategy not in STRATEGIES:
             raise ClusterSpecError(f"Strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
@@ -855,7 +869,9 @@ class RayFleet(OwnedFleet[RayTask]):
     ) -> list[str]:
         """TLS mode (:class:`TlsGateways`): the cluster becomes the aliased one, and each
         server's bind address its node's alias."""
-        self._tls = TlsGateways(self.cluster, names, spots, self.start_timeout_s)
+        self._tls = TlsGateways(
+            self.cluster, names, spots, self.start_timeout_s, folder=self._tls_dir_given
+        )
         self.real_cluster, self.cluster = self.cluster, self._tls.cluster
         self.tls_dir = self._tls.folder
         return self._tls.aliases

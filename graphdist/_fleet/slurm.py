@@ -169,7 +169,9 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
     ``tls``: TLS mode (each step ``serve --tls -`` fed its node's credentials on srun's stdin,
     this process's own gateway; ``allow`` refused); ``tls_mode``: a :class:`~graphdist._net.
     tlsmode.TlsMode` of the caller's to use instead of one of the fleet's own (a Slurm run's
-    attempt: one CA for its command tasks and its servers), which close leaves to the caller."""
+    attempt: one CA for its command tasks and its servers), which close leaves to the caller;
+    ``tls_dir``: where the fleet's own credentials are made (a detached fleet's state folder),
+    removed at close."""
 
     backend_name: ClassVar[str] = "slurm"
     DEFAULT_START_TIMEOUT_S: ClassVar[float] = 120.0
@@ -193,9 +195,10 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         return sum(cluster.values())
 
     @classmethod
-    def check_cluster(cls, cluster: Mapping[str, int], *, expose: bool) -> None:
-        """Only ``expose``: the allocation is read when the fleet starts."""
+    def check_cluster(cls, cluster: Mapping[str, int], *, expose: bool, tls: bool = False) -> None:
+        """Only ``expose`` and ``tls``: the allocation is read when the fleet starts."""
         flag(expose, "expose")
+        flag(tls, "tls")
 
     @classmethod
     def for_command(
@@ -207,6 +210,7 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         log_dir: str | None = None,
         allow: Sequence[str] | None = None,
         tls: bool = False,
+        tls_dir: str | None = None,
         **options: Any,
     ) -> SlurmFleet:
         return cls(
@@ -215,6 +219,7 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
             log_dir=log_dir,
             allow=allow,
             tls=tls,
+            tls_dir=tls_dir,
             **options,
         )
 
@@ -233,6 +238,7 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         step_prefix: str | None = None,
         tls: bool = False,
         tls_mode: TlsMode | None = None,
+        tls_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         expose = flag(expose, "expose")
         self.tls = tls_flag(tls, allow=allow)  # expose: always True on Slurm
@@ -258,6 +264,7 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         self.tls_dir: str | None = None
         # a run's attempt shares its own TlsMode (one CA for the command tasks and the servers)
         self._tls_given = tls_mode
+        self._tls_dir_given = os.fspath(tls_dir) if tls_dir is not None else None
         self._tls: TlsMode | None = None
         self.start_timeout_s = timeout_s(
             start_timeout_s, "start_timeout_s", self.DEFAULT_START_TIMEOUT_S
@@ -342,7 +349,7 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         other hosts (a run's own, when it gave one)."""
         from graphdist._net.tlsmode import TlsMode
 
-        self._tls = self._tls_given or TlsMode(self.real_cluster)
+        self._tls = self._tls_given or TlsMode(self.real_cluster, folder=self._tls_dir_given)
         self.tls_dir = self._tls.folder
 
     def _launch(self) -> None:

@@ -474,3 +474,64 @@ def test_a_run_on_ray_in_tls_mode_trains_across_hosts_with_no_server_on_a_host_a
     )
     left = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("graphdist-tls-received-")]
     assert not left, left
+
+
+ATTACHED = (
+    SPLIT_GRAPH
+    + r"""
+with graphdist.attach(sys.argv[1]) as fleet:  # leaving it detaches: the fleet stays up
+    with fleet.session("local", 0, graph, config=graphdist.no_folding_config()) as sess:
+        say(step="run", result=int(sess.run(y)))
+"""
+)
+
+
+@pytest.mark.timeout(400)
+def test_up_on_ray_in_tls_mode_detached_is_reached_by_its_printed_credentials(
+    hosts: Any, ray_on_hosts: RayOnHosts, tmp_path: Any
+) -> None:
+    """``graphdist up --backend ray --tls --detach`` on host 1: it prints the client's folder
+    (in the state folder) and the nodes' addresses; the status rows show those addresses; a
+    client on host 3 (no Ray node) holding the folder runs 238, and so does a process attached
+    on host 1 (through the supervisor's gateway); ``down`` leaves no gateway and no state."""
+    from tests.net.test_tls_hosts import _client as tls_client
+
+    ray_on_hosts.ensure_second_node()
+    state = str(tmp_path / "state")
+    graphdist = [sys.executable, "-m", "graphdist"]
+    up = hosts[0].run(
+        [*graphdist, "up", "--backend", "ray", "--address", ray_on_hosts.address,
+         "--strategy", "STRICT_SPREAD", "--cluster", "local=2", "--tls", "--detach",
+         "--state-dir", state, "--json"],
+        capture_output=True, text=True, timeout=300, env=ray_on_hosts.env,
+    )  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr
+        client = os.path.join(state, "tls", "credentials", "client")
+        assert f"the client's credentials are in {client}" in up.stderr, up.stderr
+        cluster = json.loads(up.stderr.split("CLUSTER being ", 1)[1].split(")\n", 1)[0])
+        rows = json.loads(up.stdout)
+        assert cluster == {"local": [r["address"] for r in rows]}, (cluster, rows)
+        assert sorted(a.rsplit(":", 1)[0] for a in cluster["local"]) == sorted(
+            [hosts[0].address, hosts[1].address]
+        ), cluster
+        served = type("S", (), {"path": str(tmp_path / "cluster.json")})()
+        with open(served.path, "w") as f:
+            json.dump(cluster, f)
+        ran = tls_client(hosts[2], served, client)  # type: ignore[arg-type]
+        assert ran[0]["result"] == 238, ran
+        attached = hosts[0].run(
+            [sys.executable, "-c", ATTACHED, state],
+            capture_output=True, text=True, timeout=120, env={**os.environ, **QUIET_TF},
+        )  # fmt: skip
+        assert '"result": 238' in attached.stdout, attached.stdout + attached.stderr[-3000:]
+    finally:
+        down = hosts[0].run(
+            [*graphdist, "down", "--state-dir", state],
+            capture_output=True, text=True, timeout=120, env=ray_on_hosts.env,
+        )  # fmt: skip
+    assert down.returncode == 0, down.stderr
+    pids = [pid for host in hosts[:2] for pid in host.pids()]
+    gateways = [pid for pid in pids if "graphdist._net.gateway" in _cmdline(pid)]
+    assert wait_gone(gateways, 15) == [], gateways
+    assert not os.path.exists(state), os.listdir(state)

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import EVENTUALLY_S, read_json, wait_gone
 from tests.net.test_hosts import SPLIT_GRAPH
-from tests.net.test_ray_hosts import _step
+from tests.net.test_ray_hosts import ATTACHED, _step
 
 pytestmark = [pytest.mark.promise]
 
@@ -115,22 +115,18 @@ def test_a_slurm_fleet_serves_runs_fails_fast_restarts_and_leaves_no_step(slurm,
         slurm.scancel(jobid)
 
 
-CLIENT = (
-    SPLIT_GRAPH
-    + r"""
-with graphdist.attach(sys.argv[1]) as fleet:  # leaving it detaches: the fleet stays up
-    with fleet.session("local", 0, graph, config=graphdist.no_folding_config()) as sess:
-        say(step="run", result=int(sess.run(y)))
-"""
-)
-
-
 @pytest.mark.timeout(300)
-def test_up_detach_on_slurm_serves_from_the_login_host_and_down_leaves_no_step(slurm, tmp_path):
+@pytest.mark.parametrize("tls", [False, True], ids=["members", "tls"])
+def test_up_detach_on_slurm_serves_from_the_login_host_and_down_leaves_no_step(
+    slurm, tmp_path, tls
+):
     """``graphdist up --backend slurm --jobid J --detach`` on the login host (outside the
     allocation): one server step per node at the node's address, a client attached on the login
     host runs the split graph (238), ``status`` shows both alive, and ``down`` stops the
-    supervisor and every step of it (issue 37, point 2: --detach on Slurm was untried)."""
+    supervisor and every step of it (issue 37, point 2: --detach on Slurm was untried). With
+    ``--tls`` the client's folder is printed with the nodes' addresses, the rows show those
+    (not the aliases), the attached client goes through the supervisor's gateway, and ``down``
+    removes the credentials with the state."""
     jobid = slurm.salloc(2)
     state = str(tmp_path / "state")
     env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -142,10 +138,15 @@ def test_up_detach_on_slurm_serves_from_the_login_host_and_down_leaves_no_step(s
     try:
         up = gd(
             "up", "--backend", "slurm", "--jobid", str(jobid), "--cluster", "local=2",
-            "--detach", "--json", "--state-dir", state,
+            "--detach", "--json", "--state-dir", state, *(["--tls"] if tls else []),
         )  # fmt: skip
         assert up.returncode == 0, up.stderr
         rows = json.loads(up.stdout)
+        if tls:
+            client_folder = os.path.join(state, "tls", "credentials", "client")
+            assert f"the client's credentials are in {client_folder}" in up.stderr, up.stderr
+            said = json.loads(up.stderr.split("CLUSTER being ", 1)[1].split(")\n", 1)[0])
+            assert said == {"local": [r["address"] for r in rows]}, (said, rows)
         assert [(r["job"], r["task"], r["alive"]) for r in rows] == [
             ("local", 0, True),
             ("local", 1, True),
@@ -157,7 +158,7 @@ def test_up_detach_on_slurm_serves_from_the_login_host_and_down_leaves_no_step(s
         assert len(hosts) == 2 and hosts <= addresses, (rows, addresses)  # one per node
         client = slurm.popen(
             None,
-            [sys.executable, "-c", CLIENT, state],
+            [sys.executable, "-c", ATTACHED, state],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
