@@ -45,10 +45,13 @@ Figures are medians over ``--repeats``, one block per case. Targets: recovery at
 most ``--save-every`` steps redone per failure in every case (a backup every N steps loses at
 most N). A missed target prints MISSED and the script exits 1 (``--no-check``: exit 0 all the
 same). With ``--readme``, every block printed becomes the section ``restart`` of
-docs/benchmarks.md.
+docs/benchmarks.md, with the plot of recovery by fault (``--plot``; with ``--readme``
+benchmarks/results/restart.png): per case, the cold start, the recovery split into its stop and
+the rest, and the target.
 
     python benchmarks/restart.py [--case CASE ...] [--steps 300] [--save-every 25]
         [--kill-at 110] [--repeats 3] [--json FILE] [--readme docs/benchmarks.md] [--no-check]
+        [--plot PATH]
 """
 
 from __future__ import annotations
@@ -317,6 +320,46 @@ def report(figures: dict[str, Any], repeats: int) -> tuple[list[str], list[str]]
     return [*lines, *targets, ""], missed
 
 
+PLOT = os.path.join(HERE, "results", "restart.png")
+
+
+def plot(results: dict[str, dict[str, Any]], path: str) -> None:
+    """Recovery by fault: one row per case, the cold start's bar beside the recovery's (its stop,
+    the fault to the launcher's restart line, then the rest; for a server restarted in place,
+    the fault to its restart line and to the next step), and the target's mark."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(results)
+    fig, ax = plt.subplots(figsize=(8.5, 0.55 * len(cases) + 1.4))
+    for y, case in enumerate(cases):
+        m = results[case]["median"]
+        cold_label = "cold start" if y == 0 else None
+        ax.barh(y + 0.2, m["cold_s"], 0.4, color="#9aa5b1", label=cold_label)
+        if case in IN_PLACE:
+            stop, total = m["restart_line_s"], m["next_step_s"]
+        else:
+            stop, total = m["stop_s"], m["recovery_s"]
+        stop_label = "fault to restart line" if y == 0 else None
+        ax.barh(y - 0.2, stop, 0.4, color="#c0392b", label=stop_label)
+        rest_label = "restart line to next step" if y == 0 else None
+        ax.barh(y - 0.2, total - stop, 0.4, left=stop, color="#2e86c1", label=rest_label)
+        ax.text(total, y - 0.2, f" {total:.1f} s", va="center", fontsize=7)
+        goal = target(case, m["cold_s"])
+        if goal is not None:
+            ax.vlines(goal * m["cold_s"], y - 0.4, y, colors="black", lw=2,
+                      label="recovery target" if case == cases[0] else None)  # fmt: skip
+    ax.set_yticks(range(len(cases)), cases, fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlabel="seconds (medians)", title="graphdist run: recovery by fault vs cold start")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="training steps in all (300)")
@@ -329,6 +372,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         choices=[*CASES, "all"],
         help="a case to run (repeatable; default: all)",
     )
+    parser.add_argument("--plot", metavar="PATH", help="the plot (with --readme: the record's)")
     add_report_options(parser)
     args = parser.parse_args(argv)
     if not 0 < args.kill_at < args.steps:
@@ -350,6 +394,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     figures = {"cases": results}
     command = command_line("restart.py", argv)
     body = "\n".join(["  ```", *(f"  {line}".rstrip() for line in printed[:-1]), "  ```"])
+    path = args.plot or (PLOT if args.readme else None)
+    if path and results:
+        plot(results, path)
+        if args.readme:
+            shown = os.path.relpath(path, os.path.dirname(os.path.abspath(args.readme)))
+            body += f"\n\n![Recovery by fault against the cold start]({shown})"
     update_readme_section(args.readme, "restart", body, command)
     finish(args.json, figures, [] if args.no_check else missed)
     return figures

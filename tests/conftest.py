@@ -253,6 +253,7 @@ SLOW_TESTS_S = {
     "tests/net/test_hosts.py::test_members_run_the_split_graph": 24,
     "tests/net/test_hosts.py::test_an_allowed_host_runs": 15,
     "tests/net/test_ps_hosts.py": 25,
+    "tests/net/test_hosts_guide.py": 14,
     "tests/net/test_ray_hosts.py::test_run_on_ray": 130,
     "tests/net/test_ray_hosts.py::test_a_ps_run_on_ray": 60,
     "tests/net/test_ray_hosts.py::test_a_two_node_ray_fleet": 40,

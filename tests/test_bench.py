@@ -632,6 +632,18 @@ def test_the_restart_report_holds_recovery_to_1_1x_a_cold_start_plus_5_s_when_fr
     assert set(restart.CASES) >= {"mwms-hang", "ps-freeze", "ps-worker-freeze"}
 
 
+def test_the_restart_plot_draws_every_case_run_restarted_or_in_place(tmp_path):
+    import restart
+
+    results = {
+        "mwms-kill": {"median": {"cold_s": 8.8, "recovery_s": 7.8, "stop_s": 0.2}},
+        "mwms-freeze": {"median": {"cold_s": 12.5, "recovery_s": 16.2, "stop_s": 3.5}},
+        "ps-worker-kill": {"median": {"cold_s": 16.4, "restart_line_s": 0.02, "next_step_s": 0.2}},
+    }
+    restart.plot(results, str(tmp_path / "restart.png"))
+    assert (tmp_path / "restart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_the_soak_report_fails_on_any_restart(capsys):
     import soak
 

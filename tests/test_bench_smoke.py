@@ -211,7 +211,8 @@ def test_restart_measures_one_kill_and_its_recovery(tmp_path):
     out = tmp_path / "rs.json"
     argv = ["--steps", "40", "--save-every", "10", "--kill-at", "15", "--repeats", "1"]
     argv += ["--case", "mwms-kill", "--no-check", "--json", str(out), "--readme", str(readme)]
-    proc = run_marked(["benchmarks/restart.py", *argv], 230)
+    png = tmp_path / "restart.png"
+    proc = run_marked(["benchmarks/restart.py", *argv, "--plot", str(png)], 230)
     assert proc.returncode == 0, proc.stderr[-3000:]
     case = json.loads(out.read_text())["cases"]["mwms-kill"]
     assert case["case"] == "mwms-kill" and case["save_every"] == 10
@@ -224,6 +225,7 @@ def test_restart_measures_one_kill_and_its_recovery(tmp_path):
     assert "steps redone per failure, worst:" in targets[1]
     text = section(readme.read_text(), "restart")
     assert "[mwms-kill]" in text and targets[1] in text and STAMP + "restart.py --steps" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "](restart.png)" in text
 
 
 @pytest.mark.timeout(150)

@@ -1,0 +1,73 @@
+"""docs/slurm.md as a user follows it, on the Slurm bed (tests/slurmbed.py): the interactive
+allocation's commands and the fleet's script run from the login host as the page writes them
+(the job id the page calls 42 is the one ``salloc`` granted, ``~/mwms`` a folder of the test's),
+their output compared with what the page shows; the batch script's command the page quotes is
+the example script's own (examples/slurm_mwms.sbatch, which tests/slurm/test_slurm_run.py
+submits). A page that drifts from the code turns this red."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, wait_gone
+
+pytestmark = [pytest.mark.promise]
+
+PAGE = Path(REPO, "docs", "slurm.md")
+_BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+
+
+def _blocks() -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2)) for m in _BLOCK.finditer(PAGE.read_text(encoding="utf-8"))]
+
+
+def _commands(block: str) -> list[str]:
+    """The shell commands of ``block``, continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    return [line.split("  #", 1)[0].strip() for line in joined.splitlines() if line.strip()]
+
+
+def test_the_batch_scripts_command_on_the_page_is_the_scripts_own() -> None:
+    quoted = _blocks()[1][1]
+    script = Path(REPO, "examples", "slurm_mwms.sbatch").read_text(encoding="utf-8")
+    assert _commands(quoted) == _commands(script)[-len(_commands(quoted)) :], quoted
+
+
+@pytest.mark.timeout(300)
+def test_the_interactive_allocation_and_the_fleet_run_as_the_page_writes_them(
+    slurm: Any, tmp_path: Any
+) -> None:
+    blocks = _blocks()
+    assert [lang for lang, _ in blocks] == ["bash", "bash", "bash", "python", "text"], blocks
+    salloc, run, scancel = _commands(blocks[2][1])
+    env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+           "TF_CPP_MIN_LOG_LEVEL": "2"}  # fmt: skip
+
+    def sh(command: str, timeout: float = 240) -> Any:
+        return slurm.run(None, ["sh", "-c", command], env=env, cwd=REPO, timeout=timeout)
+
+    granted = sh(salloc)
+    jobid = re.search(r"Granted job allocation (\d+)", granted.stdout + granted.stderr)
+    assert jobid and "# prints: Granted job allocation 42" in blocks[2][1], granted.stderr
+    job = jobid.group(1)
+    try:
+        out = tmp_path / "mwms"
+        ran = sh(run.replace("42", job).replace("~/mwms", str(out)))
+        assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+        assert "graphdist: the run succeeded: 2 task(s) exited 0" in ran.stdout, ran.stdout
+        assert (out / "weights-worker-0.npz").exists()
+        script = blocks[3][1].replace("jobid=42", f"jobid={job}")
+        fleet = slurm.run(None, [sys.executable, "-c", script], env=env, cwd=REPO, timeout=240)
+        assert fleet.returncode == 0, fleet.stderr[-3000:]
+        assert fleet.stdout.strip() == blocks[4][1].strip(), fleet.stdout
+    finally:
+        pids = slurm.job_pids(int(job))
+        cancelled = sh(scancel.replace("42", job))
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert wait_gone(pids, 20) == []  # the allocation's processes, on every node
