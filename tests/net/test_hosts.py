@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import QUIET_TF
+from tests.conftest import QUIET_TF, wait_gone
 
 pytestmark = [pytest.mark.promise]
 
@@ -98,19 +98,31 @@ def _client(host: Any, cluster_file: str, *extra: str) -> list[dict[str, Any]]:
 
 
 class Served:
-    """``graphdist serve`` of local:0 on hosts[0] and local:1 on hosts[1]."""
+    """``graphdist serve`` of local:0 on hosts[0] and local:1 on hosts[1]: members only, with
+    ``allow``; or (``tls``) in TLS mode, with the credentials ``graphdist certs`` made."""
 
-    def __init__(self, hosts: Any, folder: str, allow: str | None) -> None:
+    def __init__(
+        self, hosts: Any, folder: str, allow: str | None = None, *, tls: bool = False
+    ) -> None:
         port = random.randint(20000, 40000)  # the namespaces are the test's own: all ports free
         self.cluster = {"local": [f"{hosts[0].address}:{port}", f"{hosts[1].address}:{port}"]}
         self.path = os.path.join(folder, f"cluster-{port}.json")
         with open(self.path, "w") as f:
             json.dump(self.cluster, f)
+        self.creds = os.path.join(folder, f"creds-{port}")
         self.logs = [os.path.join(folder, f"serve-{port}-{i}.log") for i in range(2)]
         self.procs: list[subprocess.Popen[Any]] = []
+        if tls:
+            made = subprocess.run(
+                [sys.executable, "-m", "graphdist", "certs", "--cluster", self.path,
+                 "--out", self.creds],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert made.returncode == 0, made.stderr
         for i in range(2):
             argv = [sys.executable, "-m", "graphdist", "serve", "--cluster", self.path]
             argv += ["--job", "local", "--task", str(i)] + (["--allow", allow] if allow else [])
+            argv += ["--tls", self.host_creds(hosts[i])] if tls else []
             with open(self.logs[i], "wb") as log:
                 self.procs.append(
                     hosts[i].popen(argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
@@ -122,11 +134,27 @@ class Served:
             assert time.monotonic() < deadline, [self.log(i)[-2000:] for i in range(2)]
             time.sleep(0.2)
 
+    def host_creds(self, host: Any) -> str:
+        return os.path.join(self.creds, "hosts", host.address)
+
+    @property
+    def client_creds(self) -> str:
+        return os.path.join(self.creds, "client")
+
     def log(self, i: int) -> str:
         with open(self.logs[i], errors="replace") as f:
             return f.read()
 
+    def gateway_pids(self, i: int) -> list[int]:
+        """The serve process's children: its TLS gateway (none without TLS)."""
+        path = f"/proc/{self.procs[i].pid}/task/{self.procs[i].pid}/children"
+        with open(path) as f:
+            return [int(p) for p in f.read().split()]
+
     def stop(self) -> None:
+        """SIGTERM both serve processes; then they and their gateways are gone."""
+        gateways = [pid for i in range(2) if self.procs[i].poll() is None
+                    for pid in self.gateway_pids(i)]  # fmt: skip
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -136,9 +164,7 @@ class Served:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
-        for p in self.procs:  # gone: reaped, and no such pid left
-            with pytest.raises(ProcessLookupError):
-                os.kill(p.pid, 0)
+        assert wait_gone([p.pid for p in self.procs] + gateways, 10) == []
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import textwrap
@@ -23,12 +22,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import QUIET_TF
-from tests.net.test_hosts import SPLIT_GRAPH
+from tests.net.test_hosts import SPLIT_GRAPH, Served
 from tests.nobody import AS_NOBODY, AS_PLAIN_NOBODY, nobody_code
 
 pytestmark = [pytest.mark.promise]
 
-READY_S = 90.0
 SECRET = "graphdist-wire-secret-7f3a"
 
 # A client of the served cluster on a host, one JSON line per step. argv: the cluster file, the
@@ -81,78 +79,6 @@ CAPTURE = textwrap.dedent(
     print(f"{int(SECRET.encode() in data)} {len(data)}", flush=True)
     """
 ).replace("SECRET", repr(SECRET))
-
-
-class Served:
-    """``graphdist serve`` of local:0 on hosts[0] and local:1 on hosts[1]: with ``tls`` (in TLS
-    mode, the credentials made by ``graphdist certs``), else members only with ``allow``."""
-
-    def __init__(self, hosts: Any, folder: str, *, tls: bool, allow: str | None = None) -> None:
-        port = random.randint(20000, 40000)  # the namespaces are the test's own: all ports free
-        self.cluster = {"local": [f"{hosts[0].address}:{port}", f"{hosts[1].address}:{port}"]}
-        self.path = os.path.join(folder, f"cluster-{port}.json")
-        with open(self.path, "w") as f:
-            json.dump(self.cluster, f)
-        self.creds = os.path.join(folder, f"creds-{port}")
-        self.logs = [os.path.join(folder, f"serve-{port}-{i}.log") for i in range(2)]
-        self.procs: list[subprocess.Popen[Any]] = []
-        if tls:
-            made = subprocess.run(
-                [sys.executable, "-m", "graphdist", "certs", "--cluster", self.path,
-                 "--out", self.creds],
-                capture_output=True, text=True, timeout=60,
-            )  # fmt: skip
-            assert made.returncode == 0, made.stderr
-        for i in range(2):
-            argv = [sys.executable, "-m", "graphdist", "serve", "--cluster", self.path]
-            argv += ["--job", "local", "--task", str(i)]
-            argv += ["--tls", self.host_creds(hosts[i])] if tls else []
-            argv += ["--allow", allow] if allow else []
-            with open(self.logs[i], "wb") as log:
-                self.procs.append(
-                    hosts[i].popen(argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
-                )
-        deadline = time.monotonic() + READY_S
-        while not all("ready at" in self.log(i) for i in range(2)):
-            for i, p in enumerate(self.procs):
-                assert p.poll() is None, f"serve {i} exited {p.returncode}: {self.log(i)[-2000:]}"
-            assert time.monotonic() < deadline, [self.log(i)[-2000:] for i in range(2)]
-            time.sleep(0.2)
-
-    def host_creds(self, host: Any) -> str:
-        return os.path.join(self.creds, "hosts", host.address)
-
-    @property
-    def client_creds(self) -> str:
-        return os.path.join(self.creds, "client")
-
-    def log(self, i: int) -> str:
-        with open(self.logs[i], errors="replace") as f:
-            return f.read()
-
-    def gateway_pids(self, i: int) -> list[int]:
-        """The serve process's children: its TLS gateway."""
-        path = f"/proc/{self.procs[i].pid}/task/{self.procs[i].pid}/children"
-        with open(path) as f:
-            return [int(p) for p in f.read().split()]
-
-    def stop(self) -> None:
-        gateways = [pid for i in range(2) if self.procs[i].poll() is None
-                    for pid in self.gateway_pids(i)]  # fmt: skip
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-        deadline = time.monotonic() + 10
-        for pid in [p.pid for p in self.procs] + gateways:  # gone, servers and gateways
-            while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert not os.path.exists(f"/proc/{pid}"), f"pid {pid} left running"
 
 
 def _client(host: Any, served: Served, creds: str, *extra: str) -> list[dict[str, Any]]:
