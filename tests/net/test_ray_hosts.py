@@ -81,6 +81,11 @@ class RayOnHosts:
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN": secrets.token_hex(16),
             "RAY_USAGE_STATS_ENABLED": "0",
+            # the head's client server waits this long for the process it starts per ray://
+            # client (Ray's default 30 s): on the 2-core machine, busy with the suite's other
+            # worker, that start took longer once and the launcher of test_a_launcher_... got
+            # "Initialization failure from server" (CI, 2026-12-04)
+            "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S": "120",
         }
         self.env.pop("RAY_ADDRESS", None)
         port = random.randint(20000, 40000)
