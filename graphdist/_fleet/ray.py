@@ -303,6 +303,19 @@ def connect_ray(address: str | None, runtime_env: dict[str, Any] | None = None) 
         ray.init(
             address=address, log_to_driver=False, namespace="graphdist", runtime_env=runtime_env
         )
+    except ConnectionAbortedError as exc:
+        # a ray:// head answered, but its client server could not start this client's server
+        # process: its reply is a traceback whose last line is the cause (the first line says
+        # only "Initialization failure from server:")
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        raise ArgumentError(
+            f"The Ray cluster at {where} answered, but its client server failed to start this "
+            f"client's session ({lines[-1][:300] if lines else 'no reason given'}); see "
+            "ray_client_server*.err in the head's Ray logs (/tmp/ray/session_latest/logs), "
+            "then try again",
+            name="address",
+            value=address,
+        ) from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ArgumentError(
             f"Cannot reach a Ray cluster at {where} ({type(exc).__name__}: "

@@ -213,3 +213,36 @@ def test_a_ray_node_on_a_network_address_still_gets_loopback_servers(ray_env):
     assert exposed["server"] in ([f"::ffff:{OUTSIDE_IP}"], [OUTSIDE_IP]), facts
     assert exposed["reached"] == {"127.0.0.1": False, OUTSIDE_IP: True}, facts  # node's only
     assert wait_gone(processes_marked(mark), EVENTUALLY_S) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_ray_client_servers_failure_names_its_cause_not_an_unreachable_cluster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``ray://`` head that answers but whose client server fails to start the client's own
+    server process: Ray raises ConnectionAbortedError whose first line is only "Initialization
+    failure from server:" and whose last line is the cause. The error says the cluster answered,
+    names that cause and where the logs are, and does not advise starting a cluster (CI,
+    2026-12-04: the first line alone hid why)."""
+    pytest.importorskip("ray")
+    import ray
+
+    from graphdist._fleet import ray as rayfleet
+
+    reply = (
+        "Initialization failure from server:\nTraceback (most recent call last):\n"
+        '  File "proxier.py", line 778, in Datapath\n'
+        "RuntimeError: Proxy failed to Connect to backend! Check `ray_client_server.err`\n"
+    )
+
+    def init(*args: object, **kwargs: object) -> None:
+        raise ConnectionAbortedError(reply)
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(graphdist.ArgumentError) as caught:
+        rayfleet.connect_ray("ray://10.0.0.1:10001")
+    text = str(caught.value)
+    assert "The Ray cluster at ray://10.0.0.1:10001 answered" in text, text
+    assert "RuntimeError: Proxy failed to Connect to backend!" in text, text
+    assert "ray_client_server*.err" in text and "ray start --head" not in text, text

@@ -11,6 +11,7 @@ step as a JSON line; the test answers on its stdin when a step needs the test to
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import random
@@ -82,10 +83,10 @@ class RayOnHosts:
             "RAY_AUTH_TOKEN": secrets.token_hex(16),
             "RAY_USAGE_STATS_ENABLED": "0",
             # the head's client server waits this long for the process it starts per ray://
-            # client (Ray's default 30 s): on the 2-core machine, busy with the suite's other
-            # worker, that start took longer once and the launcher of test_a_launcher_... got
-            # "Initialization failure from server" (CI, 2026-12-04)
-            "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S": "120",
+            # client (Ray's default 30 s), twice Ray's on this busy 2-core machine; CI saw that
+            # wait run out at 30 s and at 120 s alike, so a longer one does not help: the test
+            # tries again instead (test_a_launcher_on_a_host_that_is_no_ray_node_...)
+            "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S": "60",
         }
         self.env.pop("RAY_ADDRESS", None)
         port = random.randint(20000, 40000)
@@ -100,6 +101,18 @@ class RayOnHosts:
         argv += ["--num-cpus", "2", "--disable-usage-stats"]
         result = host.run(argv, env=self.env, capture_output=True, text=True, timeout=180)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+    def client_server_logs(self) -> str:
+        """The tails of the head's Ray client server logs (the proxy's and each ray:// client's
+        own server's), for a failure message."""
+        paths = sorted(
+            glob.glob(os.path.join(self.tmp, "ray", "session_*", "logs", "ray_client_server*"))
+        )
+        tails = []
+        for path in paths:
+            with open(path, errors="replace") as f:
+                tails.append(f"--- {os.path.basename(path)}\n{f.read()[-1500:]}")
+        return "\n".join(tails)
 
     def ensure_second_node(self) -> None:
         """Start host 2's Ray node again if a test killed it (the lost-node tests do): a test
@@ -333,8 +346,17 @@ def test_a_launcher_on_a_host_that_is_no_ray_node_is_a_member_of_its_run(
     argv = [sys.executable, "-m", "graphdist", "run", "--backend", "ray", "--address"]
     argv += [f"ray://{head}:10001", "--expose", "--workers", "2", "--heartbeat-timeout", "off"]
     argv += ["--", sys.executable, "-c", show]
-    result = hosts[2].run(argv, env=ray_on_hosts.env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for _ in range(2):
+        result = hosts[2].run(
+            argv, env=ray_on_hosts.env, capture_output=True, text=True, timeout=300
+        )
+        # Ray's own client server failed twice in CI (2026-12-04) to bring up the process it
+        # starts per ray:// client, a failure of Ray's, not of the members list this test is
+        # about: such a failure is tried once more, and shown with Ray's logs if it repeats
+        if "client server failed to start" not in result.stderr:
+            break
+    logs = ray_on_hosts.client_server_logs()
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + logs
     lists = [
         ln.split("members ", 1)[1].split(",")
         for ln in result.stdout.splitlines()
