@@ -15,6 +15,8 @@ attempt-started    ``tasks`` (the command tasks), ``servers`` (ps runs: the serv
                    ``restarts`` (the value of ``GRAPHDIST_RESTART`` in this attempt),
                    ``backend`` (the run backend's name), ``nodes`` (task -> the host or node
                    it runs on), ``cluster`` (every task's address, as TF_CONFIG has it)
+task-started       ``pid`` (the task's guard), ``warm`` (forked from the run's warm interpreter,
+                   TensorFlow already imported), ``cold_because`` (why not, for a cold task)
 line               ``text``: one line of a task's output (cut at the launcher's line limit);
                    the console leaves out TensorFlow's own log lines unless
                    ``GRAPHDIST_TF_LOGS=1`` (:mod:`graphdist._tflog`)
@@ -66,6 +68,7 @@ __all__ = [
     "Resumed",
     "RunEnded",
     "TaskExited",
+    "TaskStarted",
     "render",
     "summary",
 ]
@@ -85,6 +88,17 @@ class AttemptStarted:
     backend: str  # the run backend's name
     nodes: dict[str, str]  # task -> where it runs (a host name, a Ray node's id)
     cluster: dict[str, list[str]]  # every task's address, as TF_CONFIG names it
+
+
+@dataclass(frozen=True)
+class TaskStarted:
+    """A command task's process started: warm (forked from the run's warm interpreter,
+    :mod:`graphdist._distribute.warm`) or cold (a fresh process), and why not warm."""
+
+    KIND: ClassVar[str] = "task-started"
+    pid: int | None
+    warm: bool
+    cold_because: str | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +188,7 @@ class OutputLost:
 
 Payload = (
     AttemptStarted
+    | TaskStarted
     | Line
     | TaskExited
     | Resumed
@@ -188,6 +203,7 @@ _TYPES: dict[str, type[Any]] = {
     t.KIND: t
     for t in (
         AttemptStarted,
+        TaskStarted,
         Line,
         TaskExited,
         Resumed,

@@ -28,6 +28,8 @@ from graphdist._cluster import Cluster, Task
 from graphdist._distribute.runbackends import register, start_servers
 from graphdist._distribute.runspec import RunSpec, launch_cluster
 from graphdist._distribute.taskproc import GuardedTask, RunSink
+from graphdist._distribute.warm import READY_TIMEOUT_S, Zygote, check_preload, warm_target
+from graphdist._exceptions import ArgumentError
 from graphdist._net.loopback import server_bind_address, shim_env
 from graphdist._net.members import KEEP_WILDCARD, members_env
 from graphdist._net.ports import release_ports
@@ -41,8 +43,9 @@ __all__ = ["LocalRun"]
 
 
 class _LocalPlacement:
-    def __init__(self, spec: RunSpec, attempt: int) -> None:
+    def __init__(self, spec: RunSpec, attempt: int, warm: Zygote | str) -> None:
         self.spec = spec
+        self._warm = warm  # the run's warm interpreter, or why its tasks run cold
         self.cluster: Cluster = launch_cluster(spec.workers, spec.ps, spec.chief)
         self._ports = [t.port for t in self.cluster]
         self._tls: TlsMode | None = None
@@ -107,7 +110,9 @@ class _LocalPlacement:
         self, task: Task, env: Mapping[str, str], run: RunSink, log_path: str | None
     ) -> GuardedTask:
         self._start_gateway()
-        return GuardedTask(task, self.spec.command, env, run, log_path)
+        if isinstance(self._warm, str):
+            return GuardedTask(task, self.spec.command, env, run, log_path, cold_because=self._warm)
+        return GuardedTask(task, self.spec.command, env, run, log_path, zygote=self._warm)
 
     def close(self) -> None:
         if self._tls is not None:
@@ -123,20 +128,62 @@ class LocalRun:
     summary: ClassVar[str] = "every task a process of this machine (default)"
     requires: ClassVar[tuple[str, str] | None] = None
     tls: ClassVar[bool] = True
-    options: ClassVar[tuple[Option, ...]] = ()
+    options: ClassVar[tuple[Option, ...]] = (
+        Option(
+            "preload",
+            "modules a warm interpreter imports once, from which the run's Python tasks are "
+            "forked instead of each importing them again: comma-separated, `auto` (default: "
+            "NumPy, TensorFlow, tf-keras) or `none` (every task a fresh process)",
+            metavar="MODULES",
+        ),
+    )
 
     @classmethod
     def check_options(cls, spec: RunSpec, options: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(options)
+        checked = dict(options)
+        checked["preload"] = check_preload(options.get("preload", "auto"))
+        return checked
 
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
+        self._warm: Zygote | str = self._start_warm()
+
+    def _start_warm(self) -> Zygote | str:
+        """The run's warm interpreter (:mod:`graphdist._distribute.warm`) once it has imported
+        the preloads, or why the run's tasks run cold. A preload that fails to import is an
+        ArgumentError, before anything starts."""
+        preload = self.spec.options.get("preload", ())
+        if not preload:
+            return "no warm interpreter in this run (--preload none)"
+        base = self.spec.base_env
+        env = {**base, **shim_env("127.0.0.1", base.get("LD_PRELOAD"), inherit=True)}
+        target = warm_target(self.spec.command, env, env, preload)
+        if isinstance(target, str):
+            return target
+        zygote = Zygote(preload, env)
+        why = zygote.ready(min(READY_TIMEOUT_S, self.spec.timeout_s or READY_TIMEOUT_S))
+        if why is not None:
+            zygote.close()
+            if not zygote.failed_import:  # slow or gone: the run goes on, cold
+                return f"{why} (its tasks run cold)"
+            raise ArgumentError(
+                f"preload: {why}; name modules that import in this Python, or pass "
+                "--preload none to run every task cold",
+                name="preload",
+                value=",".join(preload),
+            )
+        return zygote
 
     def place(self, attempt: int, signals: SignalScope) -> _LocalPlacement:
-        return _LocalPlacement(self.spec, attempt)
+        if isinstance(self._warm, Zygote) and not self._warm.alive:
+            self._warm.close()  # killed, say: a new one for this attempt
+            self._warm = self._start_warm()
+        return _LocalPlacement(self.spec, attempt, self._warm)
 
     def close(self) -> None:
-        pass
+        if isinstance(self._warm, Zygote):
+            self._warm.close()
+            self._warm = "the run has ended"
 
 
 register(LocalRun)

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
 from graphdist._cluster import Task
-from graphdist._distribute.events import Event, OutputLost, Payload, Resumed
+from graphdist._distribute.events import Event, OutputLost, Payload, Resumed, TaskStarted
 from graphdist._distribute.resume import RESUMED_PREFIX, tf_keras_requirement
 from graphdist._distribute.runlogs import RunLogs
+from graphdist._distribute.warm import WarmProc, Zygote, warm_target
 from graphdist._exceptions import TaskOutcome
 from graphdist._failures import how_ended
 from graphdist._proc.process import (
@@ -195,28 +196,42 @@ class GuardedTask(TaskOutput):
         log_path: str | None = None,
         grace_s: float = STOP_GRACE_S,
         stdin: bytes | None = None,
+        zygote: Zygote | None = None,
+        cold_because: str = "this backend runs no warm interpreter",
     ) -> None:
         self._start_output(task, run, log_path)
         self.mark = secrets.token_hex(12)  # every process of the task carries it (MARK_ENV)
         self.command_pid: int | None = None
         self.command_exit: tuple[int, float] | None = None  # (code, when: run seconds)
+        env = {**env, MARK_ENV: self.mark}
         report_r, report_w = os.pipe2(os.O_CLOEXEC)
         try:
-            self.proc = subprocess.Popen(
-                guarded_argv(argv, grace_s=grace_s, name=task.name, report_fd=report_w),
-                env={**env, MARK_ENV: self.mark},
-                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                pass_fds=(report_w,),
-            )
+            warm = None
+            if zygote is not None:
+                warm = self._start_warm(zygote, task, argv, env, grace_s, report_w, stdin)
+                cold_because = warm if isinstance(warm, str) else ""
+            if isinstance(warm, WarmProc):
+                self.proc: subprocess.Popen[bytes] | WarmProc = warm
+            else:
+                self.proc = subprocess.Popen(
+                    guarded_argv(argv, grace_s=grace_s, name=task.name, report_fd=report_w),
+                    env=env,
+                    stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=(report_w,),
+                )
         except BaseException:
             os.close(report_r)
             raise
         finally:
             os.close(report_w)
-        if stdin is not None:  # ``stdin``: what the command reads, then end of file
+        self.warm = isinstance(self.proc, WarmProc)
+        run.emit(
+            TaskStarted(self.proc.pid, self.warm, None if self.warm else cold_because), task.name
+        )
+        if stdin is not None and self.proc.stdin is not None:  # what the command reads, then EOF
             assert self.proc.stdin is not None
             with contextlib.suppress(OSError):  # a command gone already says so itself
                 self.proc.stdin.write(stdin)
@@ -230,6 +245,32 @@ class GuardedTask(TaskOutput):
             target=self._pump, daemon=True, name=f"graphdist-run-{task.name}"
         )
         self._reader.start()
+
+    @staticmethod
+    def _start_warm(
+        zygote: Zygote,
+        task: Task,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        grace_s: float,
+        report_w: int,
+        stdin: bytes | None,
+    ) -> WarmProc | str:
+        """The task forked from ``zygote`` (:mod:`graphdist._distribute.warm`), or why it runs
+        cold instead."""
+        if stdin is not None:
+            return "its stdin is fed by graphdist"
+        if not zygote.alive:
+            return "the run's warm interpreter is gone"
+        target = warm_target(argv, env, zygote.env, zygote.preload)
+        if isinstance(target, str):
+            return target
+        try:
+            return zygote.spawn(
+                argv, target, env, name=task.name, grace_s=grace_s, report_fd=report_w, stdin=None
+            )
+        except OSError as exc:
+            return f"the warm interpreter could not fork it ({exc})"
 
     # -- the guard's reports ---------------------------------------------------------------
 

@@ -279,6 +279,10 @@ class _Run:
     output: list[OutputLine] = field(default_factory=list)
     seen: dict[int, psutil.Process] = field(default_factory=dict)
     restart_values: set[int] = field(default_factory=set)
+    # (task, attempt from 0) -> its guard's pid, as the launcher's task-started event says:
+    # a warm task's guard is no child of the launcher, and its environment (GRAPHDIST_TASK)
+    # is not in its /proc/PID/environ (set after the fork, in memory)
+    guards: dict[tuple[str, int], int] = field(default_factory=dict)
     attempt: int = 0  # the launcher's current attempt (GRAPHDIST_RESTART), from its events
     summary_attempts: int = 0
     events: list[Event] = field(default_factory=list)
@@ -511,6 +515,9 @@ class FaultInjector:
                 run.attempt = max(run.attempt, attempt)
             elif event.kind == "run-ended":
                 run.summary_attempts = int(event.data.get("attempts", 0))
+            elif event.kind == "task-started" and event.task and event.data.get("pid"):
+                run.guards[(event.task, attempt)] = int(event.data["pid"])
+                run.restart_values.add(attempt)
             words = render(event, run.events)
             run.events.append(event)
             for said in [] if words is None else words.splitlines():
@@ -693,31 +700,21 @@ class FaultInjector:
                     if " ".join(proc.cmdline()).startswith(title) and _alive(proc):
                         return [proc, *self._tree(run, [proc])]
             return None
-        guards = []
+        pid = run.guards.get((task, attempt))
+        guard = next((p for p in procs if p.pid == pid), None)
+        if guard is None:
+            return None
+        children = []
         for proc in procs:
             with contextlib.suppress(psutil.Error):
-                if proc.ppid() == run.launcher.pid:
-                    env = _environ(proc)
-                    if env is not None and env.get("GRAPHDIST_TASK") == task:
-                        guards.append(proc)
-        for guard in guards:
-            children = []
-            for proc in procs:
-                with contextlib.suppress(psutil.Error):
-                    if proc.ppid() == guard.pid and _alive(proc):
-                        env = _environ(proc)
-                        if env is not None and env.get("GRAPHDIST_TASK") == task:
-                            children.append(proc)
-            children.sort(key=_started)
-            if not children:
-                continue
-            env = _environ(children[0]) or {}
-            if int(env.get("GRAPHDIST_RESTART", "0") or 0) != attempt:
-                continue
-            rest = [p for p in self._tree(run, children) if _alive(p)]
-            unique = {p.pid: p for p in [*children, *rest]}
-            return list(unique.values())
-        return None
+                if proc.ppid() == guard.pid and _alive(proc):
+                    children.append(proc)
+        children.sort(key=_started)
+        if not children:
+            return None
+        rest = [p for p in self._tree(run, children) if _alive(p)]
+        unique = {p.pid: p for p in [*children, *rest]}
+        return list(unique.values())
 
     # -- ending --
 

@@ -43,7 +43,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, TypeVar
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "Stoppable",
     "descendants",
     "end_marked",
+    "guard",
     "guarded_argv",
     "marked",
     "set_parent_death_signal",
@@ -301,8 +302,18 @@ def guarded_argv(
 
 
 class _Guard:
-    def __init__(self, command: Sequence[str], grace_s: float, *, in_step: bool = False) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        grace_s: float,
+        *,
+        in_step: bool = False,
+        run_child: Callable[[], object] | None = None,
+    ) -> None:
         self.command = list(command)
+        # the command run in the forked child instead of exec'ing it (a warm task: the child
+        # of an interpreter that has imported what the command needs; it never returns)
+        self.run_child = run_child
         self.in_step = in_step  # started by Slurm's step daemon: signalled with its whole step
         self.grace_s = grace_s
         self.pid = os.getpid()
@@ -339,6 +350,9 @@ class _Guard:
                 set_parent_death_signal(signal.SIGKILL)
                 if os.getppid() != self.pid:  # the guard died before the signal was armed
                     os._exit(128 + signal.SIGKILL)
+                if self.run_child is not None:  # no exec to close the report: it runs
+                    os.close(report_w)
+                    self.run_child()
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as subprocess's restore_signals
                     signal.signal(sig, signal.SIG_DFL)
                 if self.in_step:  # the notice meant for us reaches the command too
@@ -448,13 +462,28 @@ def _guard_main(args: Sequence[str]) -> int:
         return 2
     owner = os.getppid() if args[0] == "parent" else int(args[0])
     grace_s, command = float(args[1]), args[3:]
+    return guard(command, owner, grace_s, report_fd=report_fd, in_step=args[0] == "parent")
+
+
+def guard(
+    command: Sequence[str],
+    owner: int,
+    grace_s: float,
+    *,
+    report_fd: int | None = None,
+    in_step: bool = False,
+    run_child: Callable[[], object] | None = None,
+) -> int:
+    """Be ``command``'s guard (the module docstring) in this process, for ``owner`` (its parent)
+    and return the exit code to exit with; ``run_child``: what the command's forked child runs
+    instead of exec'ing ``command`` (a warm task, :mod:`graphdist._distribute.warm`)."""
     # Signals first: from here on a stop request waits for us instead of killing us.
     signal.pthread_sigmask(signal.SIG_BLOCK, _GUARD_SIGNALS)
     set_parent_death_signal(GUARD_DEATH_SIGNAL)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     if os.getppid() != owner:  # the owner died before the death signal was armed
         return 128 + GUARD_DEATH_SIGNAL
-    guard = _Guard(command, grace_s, in_step=args[0] == "parent")
+    guard = _Guard(command, grace_s, in_step=in_step, run_child=run_child)
     failed = guard.spawn()
     if failed is not None:
         _report(report_fd, f"exit {failed} {time.monotonic()!r}")

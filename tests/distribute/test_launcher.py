@@ -319,7 +319,7 @@ def test_a_preempted_attempt_restarts_at_once_and_spends_no_restart(tmp_path):
     events = [
         json.loads(line) for line in (tmp_path / "run-1" / "events.jsonl").read_text().splitlines()
     ]
-    kinds = [e["event"] for e in events if e["event"] != "task-exited"]
+    kinds = [e["event"] for e in events if e["event"] not in ("task-started", "task-exited")]
     assert kinds == ["attempt-started", "preempted", "attempt-started", "run-ended"]
     assert wait_gone([r.pid for r in results], EVENTUALLY_S) == []
 
@@ -376,17 +376,19 @@ def test_a_task_that_cannot_start_spends_no_restart(command, error):
     assert "restarting the run" not in out.getvalue()
 
 
-def test_ps_shows_each_guard_with_its_task():
-    """Each task's guard carries its task's name on its command line: `ps` tells them apart."""
+@pytest.mark.parametrize("preload", ["none", "auto"])
+def test_ps_shows_each_guard_with_its_task(preload: str) -> None:
+    """Each task's guard carries its task's name on its command line: `ps` tells them apart,
+    cold (the launcher's child) or warm (the warm interpreter's)."""
     seen: dict[str, list[str]] = {}
-    code = "import time; time.sleep(30)"
+    code = "import numpy, time; time.sleep(30)"  # numpy: a preload (warm with auto)
 
     def look() -> None:
         deadline = time.monotonic() + 20
         while len(seen) < 2 and time.monotonic() < deadline:
-            for proc in psutil.Process().children():
+            for proc in psutil.Process().children(recursive=True):
                 with contextlib.suppress(psutil.Error):
-                    cmd = proc.cmdline()
+                    cmd = " ".join(proc.cmdline()).split()  # a warm guard's title: one string
                     if "--name" in cmd:
                         seen[cmd[cmd.index("--name") + 1]] = cmd
             time.sleep(0.05)
@@ -394,7 +396,9 @@ def test_ps_shows_each_guard_with_its_task():
     watcher = threading.Thread(target=look)
     watcher.start()
     with pytest.raises(graphdist.LaunchTimeoutError):
-        graphdist.run_command([PY, "-c", code], workers=2, output=io.StringIO(), timeout_s=3)
+        graphdist.run_command(
+            [PY, "-c", code], workers=2, output=io.StringIO(), timeout_s=3, preload=preload
+        )
     watcher.join()
     assert sorted(seen) == ["worker-0", "worker-1"]
 
