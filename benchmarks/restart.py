@@ -100,6 +100,7 @@ FREEZE_NOTICE_S = 5.0
 """A frozen task only: the seconds allowed on top of ``RECOVERY_TARGET`` x the cold start for
 finding it (the launcher's heartbeat, 3 s by default, and its 0.5 s looks)."""
 CASES = (
+    "warm",
     "mwms-kill",
     "mwms-freeze",
     "mwms-hang",
@@ -108,6 +109,13 @@ CASES = (
     "ps-kill",
     "ps-freeze",
 )
+WARM_START_TARGET = 0.75
+"""``warm``: a warm run's cold start / a cold-task run's cold start (issue 40): at most this."""
+WARM_RECOVERY_TARGET = 0.6
+"""``warm``: a warm run's kill recovery / a cold-task run's cold start: at most this."""
+WARM_RATE_TARGET = 1.05
+"""``warm``: a cold-task run's steps/s in attempt 0 / a warm run's: at most this (the warm
+path must not slow training)."""
 FROZEN = ("mwms-freeze", "mwms-hang", "ps-freeze", "ps-worker-freeze")
 IN_PLACE = ("ps-worker-kill", "ps-worker-freeze")
 """The cases where nothing restarts but the one server: the run goes on in its attempt."""
@@ -127,6 +135,7 @@ class Restart(TypedDict, total=False):
     redone: int
     restart_line_s: float
     next_step_s: float
+    rate: float
 
 
 def _steps(outcome: Any, attempt: int, task: str) -> list[tuple[float, int]]:
@@ -140,7 +149,7 @@ def _steps(outcome: Any, attempt: int, task: str) -> list[tuple[float, int]]:
     return found
 
 
-def _run(case: str, steps: int, save_every: int, kill_at: int) -> Any:
+def _run(case: str, steps: int, save_every: int, kill_at: int, preload: str = "auto") -> Any:
     """Run ``case`` once under the fault injector; its :class:`RunOutcome`."""
     from graphdist._faults.injector import FaultInjector
 
@@ -165,6 +174,7 @@ def _run(case: str, steps: int, save_every: int, kill_at: int) -> Any:
                 cwd=HERE,
                 env={"TF_CPP_MIN_LOG_LEVEL": "2"},
                 faults=[fault],
+                launcher_args=["--preload", preload],
             )
     finally:
         left = injector.close()
@@ -179,9 +189,12 @@ def _run(case: str, steps: int, save_every: int, kill_at: int) -> Any:
     return outcome
 
 
-def measure_once(case: str, steps: int, save_every: int, kill_at: int) -> Restart:
-    """One run of ``case`` with one fault (see the module docstring)."""
-    outcome = _run(case, steps, save_every, kill_at)
+def measure_once(
+    case: str, steps: int, save_every: int, kill_at: int, preload: str = "auto"
+) -> Restart:
+    """One run of ``case`` with one fault (see the module docstring); ``preload``: the
+    launcher's ``--preload`` (``none``: every task a fresh process)."""
+    outcome = _run(case, steps, save_every, kill_at, preload)
     runner = "chief-0" if case.startswith("ps-") else "worker-0"
     first = _steps(outcome, 0, runner)
     killed_at = outcome.injected[0].at_s
@@ -205,11 +218,13 @@ def measure_once(case: str, steps: int, save_every: int, kill_at: int) -> Restar
     restart_at = next(o.at_s for o in outcome.output if "restarting the run" in o.text)
     cold, recovery = first[0][0], again[0][0] - killed_at
     last, resumed_after = max(s for _, s in first), again[0][1] - 1
+    (t0, s0), (t1, s1) = first[0], first[-1]
     return {
         "cold_s": cold,
         "recovery_s": recovery,
         "stop_s": restart_at - killed_at,
         "ratio": recovery / cold,
+        "rate": (s1 - s0) / (t1 - t0) if t1 > t0 else float("nan"),
         "last_step": last,
         "resumed_after": resumed_after,
         "redone": last - resumed_after,
@@ -241,6 +256,68 @@ def measure(case: str, steps: int, save_every: int, kill_at: int, repeats: int) 
         "median": median,
         "worst_redone": max(r["redone"] for r in runs),
     }
+
+
+def measure_warm(steps: int, save_every: int, kill_at: int, repeats: int) -> dict[str, Any]:
+    """``warm``: ``mwms-kill`` with cold tasks (``--preload none``, the baseline) and with warm
+    ones (the default), alternating, ``repeats`` pairs; each ratio's median over the pairs."""
+    pairs = []
+    for _ in range(repeats):
+        cold = measure_once("mwms-kill", steps, save_every, kill_at, "none")
+        warm = measure_once("mwms-kill", steps, save_every, kill_at, "auto")
+        pairs.append(
+            {
+                "cold": cold,
+                "warm": warm,
+                "start": warm["cold_s"] / cold["cold_s"],
+                "recovery": warm["recovery_s"] / cold["cold_s"],
+                "rate": cold["rate"] / warm["rate"],
+            }
+        )
+    median = {
+        k: statistics.median(float(p[k]) for p in pairs) for k in ("start", "recovery", "rate")
+    }
+    for side in ("cold", "warm"):
+        for key in ("cold_s", "recovery_s", "rate"):
+            median[f"{side}_{key}"] = statistics.median(float(p[side][key]) for p in pairs)
+    return {"case": "warm", "steps": steps, "save_every": save_every, "kill_at": kill_at,
+            "runs": pairs, "median": median}  # fmt: skip
+
+
+def report_warm(figures: dict[str, Any], repeats: int) -> tuple[list[str], list[str]]:
+    """Print the ``warm`` block; its lines and the texts of its targets missed."""
+    m = figures["median"]
+    lines = [
+        f"[warm] MWMS, 2 workers, worker-1 SIGKILLed after step {figures['kill_at']}: warm "
+        f"tasks (--preload auto) against cold ones (--preload none) in the same run; medians "
+        f"of {repeats} pair(s)",
+        f"cold tasks: start {m['cold_cold_s']:6.2f} s, recovery {m['cold_recovery_s']:6.2f} s, "
+        f"{m['cold_rate']:6.1f} steps/s",
+        f"warm tasks: start {m['warm_cold_s']:6.2f} s, recovery {m['warm_recovery_s']:6.2f} s, "
+        f"{m['warm_rate']:6.1f} steps/s",
+    ]
+    print("\n".join(lines))
+    targets, missed = report_targets_kept(
+        [
+            (
+                f"warm: start / cold tasks' start: {m['start']:.2f}x (target <= "
+                f"{WARM_START_TARGET:g})",
+                m["start"] <= WARM_START_TARGET,
+            ),
+            (
+                f"warm: kill recovery / cold tasks' start: {m['recovery']:.2f}x (target <= "
+                f"{WARM_RECOVERY_TARGET:g})",
+                m["recovery"] <= WARM_RECOVERY_TARGET,
+            ),
+            (
+                f"warm: cold tasks' steps/s / warm tasks': {m['rate']:.2f}x (target <= "
+                f"{WARM_RATE_TARGET:g}: warm trains no slower)",
+                m["rate"] <= WARM_RATE_TARGET,
+            ),
+        ]
+    )
+    print()
+    return [*lines, *targets, ""], missed
 
 
 def target(case: str, cold_s: float) -> float | None:
@@ -380,6 +457,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     chosen = args.case or ["all"]
     cases = [c for c in CASES if c in chosen or "all" in chosen]
     results, printed, missed = {}, [], []
+    figures_warm: dict[str, Any] | None = None
     for case in cases:
         if case == "mwms-hang" and freezer_root() is None:
             line = f"[{case}] not run: it needs a writable cgroup v2 hierarchy (root)"
@@ -388,10 +466,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if "mwms-hang" in chosen:
                 missed.append(line)
             continue
+        if case == "warm":
+            warm = measure_warm(args.steps, args.save_every, args.kill_at, args.repeats)
+            lines, case_missed = report_warm(warm, args.repeats)
+            printed, missed = printed + lines, missed + case_missed
+            figures_warm = warm
+            continue
         results[case] = measure(case, args.steps, args.save_every, args.kill_at, args.repeats)
         lines, case_missed = report(results[case], args.repeats)
         printed, missed = printed + lines, missed + case_missed
-    figures = {"cases": results}
+    figures = {"cases": results, "warm": figures_warm}
     command = command_line("restart.py", argv)
     body = "\n".join(["  ```", *(f"  {line}".rstrip() for line in printed[:-1]), "  ```"])
     path = args.plot or (PLOT if args.readme else None)

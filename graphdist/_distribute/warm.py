@@ -1,29 +1,30 @@
-"""Warm task interpreters: a run's Python tasks forked from an interpreter that has imported
-TensorFlow (and tf-keras) once, instead of each task importing them again.
+"""Warm task interpreters, the launcher's side: a run's Python tasks forked from an interpreter
+that has imported TensorFlow (and tf-keras) once, instead of each task importing them again.
 
-A :class:`Zygote` is this module run as a program (``python -m graphdist._distribute.warm
-MODULE...``), the launcher's child: it imports the run's preloads (:func:`check_preload`; by
-default TensorFlow, tf-keras and NumPy), says ``ready`` and then, for each task the launcher
-asks for, forks a child that is that task's guard (:func:`graphdist._proc.process.guard`: the
-same subreaper, death signal and tree ending as a cold task's guard, in the forked process
-instead of ``python -I -S process.py``). The guard forks the task, which sets what a fresh
-interpreter would have (:func:`_run_task`): its environment, ``sys.argv``, ``sys.path[0]``, its
-working folder, its stdin/stdout/stderr (passed with the request over the zygote's socket), the
-signals' default handlers, no ``atexit`` handler of the zygote's; then runs the script, ``-m``
-module or ``-c`` code as ``__main__`` and exits as the interpreter does (``sys.exit``, an
-exception's traceback and exit 1, a KeyboardInterrupt's SIGINT, ``atexit``, non-daemon threads
-joined). The process tree is ``launcher - zygote - guard - task``: ``os.getppid()`` in a task is
-its guard, as for a cold task.
+A :class:`Zygote` starts the warm interpreter (:mod:`graphdist._distribute.zygote`, its own
+side), the launcher's child: it imports the run's preloads (:func:`check_preload`; by default
+TensorFlow, tf-keras and NumPy), says ``ready`` and then, for each task the launcher asks for,
+forks a child that is that task's guard (:func:`graphdist._proc.process.guard`: the same
+subreaper, death signal and tree ending as a cold task's guard, in the forked process instead
+of ``python -I -S process.py``). The guard forks the task, which sets what a fresh interpreter
+would have: its environment, ``sys.argv``, ``sys.path[0]``, its working folder, its
+stdin/stdout/stderr (passed with the request over the zygote's socket), the signals' default
+handlers, no ``atexit`` handler of the zygote's; then runs the script, ``-m`` module or ``-c``
+code as ``__main__`` and exits as the interpreter does (``sys.exit``, an exception's traceback
+and exit 1, a KeyboardInterrupt's SIGINT, ``atexit``, non-daemon threads joined). The process
+tree is ``launcher - zygote - guard - task``: ``os.getppid()`` in a task is its guard, as for a
+cold task.
 
 The zygote never starts TensorFlow's runtime: it only imports, so no task forks from a process
 with the runtime's threads. It dies with the launcher (``PR_SET_PDEATHSIG``), and its guards with
 it (their death signal), each ending its task's tree.
 
 Which tasks run warm (:func:`warm_target`): ``PY SCRIPT ARGS``, ``PY -m MODULE ARGS`` and ``PY -c
-CODE ARGS`` (``-u`` allowed before them), ``PY`` being the interpreter graphdist runs in, and an
+CODE ARGS`` (``-u`` allowed before them), ``PY`` being the interpreter graphdist runs in, an
 environment that agrees with the zygote's in every variable read when the preloads are imported
-(:data:`IMPORT_TIME_ENV` and every ``PYTHON*``). Anything else runs cold, as before, and the
-``task-started`` event says which way each task ran and why not warm.
+(:data:`IMPORT_TIME_ENV` and every ``PYTHON*``), and code that imports a preload (or graphdist).
+Anything else runs cold, as before, and the ``task-started`` event says which way each task ran
+and why not warm.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import io
 import json
 import os
 import select
@@ -47,13 +47,6 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from graphdist._exceptions import ArgumentError
-from graphdist._proc.process import (
-    _PR_SET_CHILD_SUBREAPER,
-    _prctl,
-    descendants,
-    guard,
-    set_parent_death_signal,
-)
 
 __all__ = [
     "IMPORT_TIME_ENV",
@@ -450,318 +443,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-# -- the zygote's side --------------------------------------------------------------------------
-
-
-def _zygote_main(preload: Sequence[str]) -> int:
-    sock = socket.socket(fileno=int(os.environ.pop(_FD_ENV)))
-    set_parent_death_signal(signal.SIGKILL)
-    launcher = os.getppid()
-    if launcher == 1:
-        return 1
-    path0, sys.path[:1] = sys.path[:1], []  # preloads from the environment, not this folder
-    for name in preload:
-        try:
-            importlib.import_module(name)
-        except BaseException as exc:  # an import that fails in any way: said in one line
-            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            sock.send(json.dumps({"ready": f"cannot import {name!r} ({why.strip()})"}).encode())
-            return 2
-    sys.path[:0] = path0
-    # a subreaper: what a guard SIGKILLed left of its task's tree (a process forked without
-    # exec, which carries no mark in /proc/PID/environ) comes here, and is ended (_orphans)
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGTERM, lambda *_: None)  # the socket's end ends the loop
-    sock.send(json.dumps({"ready": True}).encode())
-    guards: set[int] = set()
-    open_ = True
-    while open_ or guards:
-        with contextlib.suppress(InterruptedError):
-            select.select([sock.fileno(), wake_r] if open_ else [wake_r], [], [], 1.0)
-        with contextlib.suppress(BlockingIOError):
-            while os.read(wake_r, 512):
-                pass
-        for pid, status in _reap():
-            if pid in guards:
-                guards.discard(pid)
-                with contextlib.suppress(OSError):
-                    sock.send(json.dumps({"exit": pid, "status": status}).encode())
-        _end_orphans(guards)
-        if not open_:
-            continue
-        try:
-            data, fds = _recv_fds(sock)
-        except BlockingIOError:
-            continue
-        except OSError:
-            data, fds = b"", []
-        if not data:  # the launcher closed its end (or is gone): stop every guard
-            open_ = False
-            for pid in guards:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
-            continue
-        request = json.loads(data)
-        try:
-            pid = _fork_guard(request, fds, sock, (wake_r, wake_w))
-        except OSError as exc:
-            answer: dict[str, Any] = {"id": request["id"], "error": str(exc)}
-        else:
-            guards.add(pid)
-            answer = {"id": request["id"], "pid": pid}
-        finally:
-            for fd in fds:
-                os.close(fd)
-        sock.send(json.dumps(answer).encode())
-    return 0
-
-
-def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
-    """One request and its file descriptors, without waiting (BlockingIOError where none is
-    there: socket.recv_fds passes no flags to recvmsg on every Python this supports)."""
-    import array
-
-    fds = array.array("i")
-    space = socket.CMSG_SPACE(3 * fds.itemsize)
-    data, ancdata, _, _ = sock.recvmsg(
-        _MSG_MAX, space, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
-    )
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
-    return data, list(fds)
-
-
-def _end_orphans(guards: set[int]) -> None:
-    """SIGKILL every child of the zygote that is none of its guards: an orphan of a task whose
-    guard is gone (the zygote is a subreaper), which nobody else would end."""
-    me = os.getpid()
-    for pid in descendants(me):
-        if pid not in guards and _parent(pid) == me:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _reap() -> list[tuple[int, int]]:
-    reaped: list[tuple[int, int]] = []
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return reaped
-        if pid == 0:
-            return reaped
-        reaped.append((pid, status))
-
-
-def _fork_guard(
-    request: dict[str, Any], fds: list[int], sock: socket.socket, wake: tuple[int, int]
-) -> int:
-    zygote = os.getpid()
-    pid = os.fork()
-    if pid != 0:
-        return pid
-    code = 70
-    try:  # the guard: never returns
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-        sock.close()
-        for fd in wake:
-            os.close(fd)
-        out, report = fds[0], fds[1]
-        stdin = fds[2] if request["stdin"] else os.open(os.devnull, os.O_RDONLY)
-        os.dup2(stdin, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        for fd in {out, stdin}:
-            if fd > 2:
-                os.close(fd)
-        os.set_inheritable(report, True)
-        os.setsid()
-        _title(f"graphdist-guard --name {request['name']} -- {' '.join(request['command'])}")
-        code = guard(
-            request["command"],
-            zygote,
-            float(request["grace_s"]),
-            report_fd=report,
-            run_child=lambda: _run_task(request, report),
-        )
-    except BaseException:
-        code = 70
-    finally:
-        os._exit(code)
-
-
-def _title(text: str) -> None:
-    """The process's command line as ``ps`` shows it, where setproctitle is installed."""
-    try:
-        import setproctitle
-    except ImportError:
-        return
-    with contextlib.suppress(Exception):
-        setproctitle.setproctitle(text)
-
-
-def _run_task(request: dict[str, Any], report: int) -> None:
-    """The task, in the guard's forked child: a fresh interpreter's state, then its code as
-    ``__main__``; exits as the interpreter would. Never returns."""
-    code = 1
-    try:
-        os.close(report)
-        os.environ.clear()
-        os.environ.update(request["env"])
-        os.chdir(request["cwd"])
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        _fresh_stdio(request["unbuffered"] or bool(request["env"].get("PYTHONUNBUFFERED")))
-        import atexit
-
-        atexit._clear()
-        _title(" ".join(request["command"]))
-        code = _run_main(request)
-    except BaseException:  # graphdist's own failure before the task's code ran
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
-
-
-def _fresh_stdio(unbuffered: bool) -> None:
-    """New sys.stdin/stdout/stderr on fds 0-2 (the zygote's were its own), buffered as a
-    fresh interpreter's would be."""
-    encoding = sys.stdout.encoding if sys.stdout is not None else "utf-8"
-    errors = sys.stdout.errors if sys.stdout is not None else "strict"
-
-    def opened(fd: int, mode: str) -> io.TextIOWrapper:
-        interactive = os.isatty(fd)
-        raw = io.FileIO(fd, mode, closefd=False)
-        binary: Any = raw
-        if not (unbuffered and mode == "wb"):
-            binary = io.BufferedWriter(raw) if mode == "wb" else io.BufferedReader(raw)
-        return io.TextIOWrapper(
-            binary,
-            encoding=encoding,
-            errors="backslashreplace" if fd == 2 else errors,
-            line_buffering=(interactive or fd == 2) and not unbuffered,
-            write_through=unbuffered and mode == "wb",
-        )
-
-    sys.stdin, sys.stdout, sys.stderr = opened(0, "rb"), opened(1, "wb"), opened(2, "wb")
-    for name in ("stdin", "stdout", "stderr"):
-        setattr(sys, f"__{name}__", getattr(sys, name))
-
-
-def _run_main(request: dict[str, Any]) -> int:
-    """Run the task's code as ``python`` would, in a ``__main__`` module of its own: a script
-    (``__file__`` its path), ``-m`` (runpy, as ``python -m``) or ``-c``."""
-    import runpy
-    import tokenize
-    import types
-
-    mode, target = request["mode"], request["target"]
-    sys.argv = list(request["argv"])
-    main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = __builtins__
-    if mode == "script":
-        path = os.path.abspath(target)
-        try:
-            with tokenize.open(path) as f:
-                source = f.read()
-        except OSError as exc:
-            print(
-                f"{sys.executable}: can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}",
-                file=sys.stderr,
-            )
-            return 2
-        sys.path[0] = os.path.dirname(os.path.realpath(path))
-        main.__file__ = path  # absolute, as Python 3.9+ sets it
-    else:
-        sys.path[0] = os.getcwd() if mode == "module" else ""
-    try:
-        if mode == "module":
-            runpy._run_module_as_main(target, alter_argv=True)  # type: ignore[attr-defined]
-        else:
-            sys.modules["__main__"] = main
-            filename = os.path.abspath(target) if mode == "script" else "<string>"
-            exec(compile(source if mode == "script" else target, filename, "exec"), main.__dict__)
-        code = 0
-    except SystemExit as exc:
-        code = _exit_code(exc)
-    except KeyboardInterrupt as exc:
-        _print_exception(exc)
-        _at_exit()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-        return 130
-    except BaseException as exc:
-        _print_exception(exc)
-        code = 1
-    return _at_exit(code)
-
-
-def _print_exception(exc: BaseException) -> None:
-    """The uncaught exception as the interpreter prints it: sys.excepthook, with the traceback
-    from the task's own first frame (the hook prints the exception's ``__traceback__``)."""
-    exc.__traceback__ = _own_frames_cut(exc.__traceback__)
-    sys.excepthook(type(exc), exc, exc.__traceback__)
-
-
-def _exit_code(exc: SystemExit) -> int:
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code & 0xFF
-    with contextlib.suppress(Exception):
-        print(exc.code, file=sys.stderr)
-    return 1
-
-
-def _at_exit(code: int = 0) -> int:
-    """What the interpreter does at its end: join non-daemon threads, run ``atexit``, flush."""
-    import atexit
-
-    with contextlib.suppress(Exception):
-        threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            code = code or 120
-    return code
-
-
-def _own_frames_cut(tb: Any) -> Any:
-    """A traceback without this module's frames at its top, as a fresh interpreter's starts
-    at the script's own frame (``-m``'s keeps runpy's, as ``python -m`` shows them)."""
-    ours = os.path.abspath(__file__)
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == ours:
-        tb = tb.tb_next
-    return tb
-
-
-#: How the launcher starts a zygote: ``-c``, so that this module is no ``__main__`` (a task's
+#: How the launcher starts a zygote: ``-c``, so that no graphdist module is ``__main__`` (a task's
 #: ``__main__`` is a module of its own) and ``sys.path[0]`` is ``''`` as for ``-c``.
 _ZYGOTE_CODE = (
-    "import sys; from graphdist._distribute.warm import _zygote_main; "
-    "sys.exit(_zygote_main(sys.argv[1:]))"
+    "import sys; from graphdist._distribute.zygote import zygote_main; "
+    "sys.exit(zygote_main(sys.argv[1:]))"
 )

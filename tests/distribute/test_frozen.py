@@ -66,7 +66,12 @@ def test_a_worker_hung_in_native_code_is_found_by_its_silence_and_the_run_resume
     assert "worker-1 was frozen (its server at " in line.text, line.text
     assert "did not answer for " in line.text and "and was killed" in line.text
     assert line.at_s - hung.at_s < NOTICED_BOUND_S, (line.at_s - hung.at_s, line.text)
-    assert SAVE_EVERY <= _resumed_after(out, "worker-0") <= FAULT_AT
+    # from the last backup before the hang took hold: a cgroup freeze lands some steps after
+    # the line it follows on a loaded machine (CI: the backup at 40 of a fault at 30)
+    last = max(
+        int(t.split()[1]) for t in out.lines_of("worker-0", attempt=0) if t.startswith("step ")
+    )
+    assert max(SAVE_EVERY, last - SAVE_EVERY) <= _resumed_after(out, "worker-0") <= last
     # (TensorFlow may log after it: the coordination service of a worker that ends last says
     # the other "crashed" when it simply exited first)
     assert "training done" in out.lines_of("worker-0", attempt=1)

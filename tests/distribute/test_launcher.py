@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -377,14 +378,17 @@ def test_a_task_that_cannot_start_spends_no_restart(command, error):
 
 
 @pytest.mark.parametrize("preload", ["none", "auto"])
-def test_ps_shows_each_guard_with_its_task(preload: str) -> None:
+def test_ps_shows_each_guard_with_its_task(preload: str, tmp_path: Any) -> None:
     """Each task's guard carries its task's name on its command line: `ps` tells them apart,
-    cold (the launcher's child) or warm (the warm interpreter's)."""
+    cold (the launcher's child) or warm (the warm interpreter's). The tasks end once both
+    guards were seen."""
     seen: dict[str, list[str]] = {}
-    code = "import numpy, time; time.sleep(30)"  # numpy: a preload (warm with auto)
+    done = tmp_path / "seen"
+    # numpy: a preload (warm with auto)
+    code = f"import numpy, os, time\nwhile not os.path.exists({str(done)!r}): time.sleep(0.05)"
 
     def look() -> None:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while len(seen) < 2 and time.monotonic() < deadline:
             for proc in psutil.Process().children(recursive=True):
                 with contextlib.suppress(psutil.Error):
@@ -392,15 +396,19 @@ def test_ps_shows_each_guard_with_its_task(preload: str) -> None:
                     if "--name" in cmd:
                         seen[cmd[cmd.index("--name") + 1]] = cmd
             time.sleep(0.05)
+        done.write_text("")
 
     watcher = threading.Thread(target=look)
     watcher.start()
-    with pytest.raises(graphdist.LaunchTimeoutError):
-        graphdist.run_command(
-            [PY, "-c", code], workers=2, output=io.StringIO(), timeout_s=3, preload=preload
-        )
+    out = io.StringIO()
+    graphdist.run_command(
+        [PY, "-c", code], workers=2, output=out, timeout_s=90, preload=preload, log_dir=tmp_path
+    )
     watcher.join()
     assert sorted(seen) == ["worker-0", "worker-1"]
+    events = [json.loads(line) for line in (tmp_path / "run-1" / "events.jsonl").open()]
+    warm = [e["warm"] for e in events if e["event"] == "task-started"]
+    assert warm == [preload == "auto"] * 2, events
 
 
 @pytest.mark.parametrize("expose", [False, True])

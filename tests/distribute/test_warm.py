@@ -240,7 +240,7 @@ def test_bad_preloads_and_a_missing_script_are_one_line(tmp_path: Any) -> None:
 def _zygote_of(launcher: int) -> int | None:
     for child in psutil.Process(launcher).children():
         try:
-            if any("_zygote_main" in part for part in child.cmdline()):
+            if any("zygote_main" in part for part in child.cmdline()):
                 return child.pid
         except psutil.Error:
             continue
