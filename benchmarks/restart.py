@@ -45,7 +45,7 @@ Figures are medians over ``--repeats``, one block per case. Targets: recovery at
 most ``--save-every`` steps redone per failure in every case (a backup every N steps loses at
 most N). A missed target prints MISSED and the script exits 1 (``--no-check``: exit 0 all the
 same). With ``--readme``, every block printed becomes the section ``restart`` of
-docs/benchmarks.md, with the plot of recovery by fault (``--plot``; with ``--readme``
+docs/benchmarks.md (``--case warm`` alone: the section ``warm``), with the plot of recovery by fault (``--plot``; with ``--readme``
 benchmarks/results/restart.png): per case, the cold start, the recovery split into its stop and
 the rest, and the target.
 
@@ -484,7 +484,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.readme:
             shown = os.path.relpath(path, os.path.dirname(os.path.abspath(args.readme)))
             body += f"\n\n![Recovery by fault against the cold start]({shown})"
-    update_readme_section(args.readme, "restart", body, command)
+    # the warm case alone is a section of its own (the faults' record stays as it was)
+    update_readme_section(args.readme, "warm" if cases == ["warm"] else "restart", body, command)
     finish(args.json, figures, [] if args.no_check else missed)
     return figures
 
