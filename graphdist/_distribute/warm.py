@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from graphdist._exceptions import ArgumentError
+from graphdist._proc.process import _stat
 
 __all__ = [
     "IMPORT_TIME_ENV",
@@ -436,11 +437,7 @@ class Zygote:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    return (_stat(pid) or ("X", 0))[0] not in ("Z", "X")
 
 
 #: How the launcher starts a zygote: ``-c``, so that no graphdist module is ``__main__`` (a task's

@@ -24,6 +24,7 @@ from graphdist._distribute.warm import _FD_ENV, _MSG_MAX
 from graphdist._proc.process import (
     _PR_SET_CHILD_SUBREAPER,
     _prctl,
+    _stat,
     descendants,
     guard,
     set_parent_death_signal,
@@ -119,17 +120,9 @@ def _end_orphans(guards: set[int]) -> None:
     guard is gone (the zygote is a subreaper), which nobody else would end."""
     me = os.getpid()
     for pid in descendants(me):
-        if pid not in guards and _parent(pid) == me:
+        if pid not in guards and (_stat(pid) or ("X", 0))[1] == me:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _reap() -> list[tuple[int, int]]:

@@ -4,11 +4,13 @@ same task warm and cold (``--preload none``) where the promise is "indistinguish
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -247,6 +249,26 @@ def _zygote_of(launcher: int) -> int | None:
     return None
 
 
+@contextlib.contextmanager
+def _launcher(*args: str, cwd: Any) -> Iterator[subprocess.Popen[str]]:
+    """``graphdist run --output-format jsonl ARGS`` in the background (its stdout: events),
+    killed on the way out if it is still running."""
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "graphdist", "run", "--output-format", "jsonl", *args],
+        env={**os.environ, **QUIET_TF},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(cwd),
+    )
+    try:
+        yield launcher
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.communicate(timeout=30)
+
+
 SLEEPER = "import numpy, os, time; print('up', os.getpid(), flush=True); time.sleep(120)"
 
 
@@ -261,17 +283,9 @@ def test_a_killed_warm_interpreter_ends_its_tasks_and_the_run_restarts_with_a_ne
         "import numpy, os, sys, time; print('up', os.getpid(), flush=True); "
         "sys.exit(0) if os.environ['GRAPHDIST_RESTART'] == '1' else time.sleep(120)"
     )
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "graphdist", "run", "--output-format", "jsonl", "--workers", "2",
-         "--max-restarts", "1", "--min-uptime", "0", "--", sys.executable, "-c", code],
-        env={**os.environ, **QUIET_TF},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=str(tmp_path),
-    )  # fmt: skip
-    assert launcher.stdout is not None
-    try:
+    args = ["--workers", "2", "--max-restarts", "1", "--min-uptime", "0"]
+    with _launcher(*args, "--", sys.executable, "-c", code, cwd=tmp_path) as launcher:
+        assert launcher.stdout is not None
         first: list[int] = []
         tasks: list[int] = []
         for line in launcher.stdout:
@@ -287,30 +301,18 @@ def test_a_killed_warm_interpreter_ends_its_tasks_and_the_run_restarts_with_a_ne
                 os.kill(zygote, signal.SIGKILL)
             if event["event"] == "run-ended":
                 break
-        assert launcher.wait(120) == 0, launcher.stderr.read() if launcher.stderr else ""
+        assert launcher.wait(120) == 0
         assert first and wait_gone(first, 30) == [], first
         assert len(tasks) == 4, tasks  # two attempts of two tasks
         assert wait_gone(tasks, 30) == []
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait(30)
 
 
 @pytest.mark.timeout(300)
 def test_a_sigkilled_launcher_leaves_no_warm_interpreter_guard_or_task(tmp_path: Any) -> None:
     """The launcher SIGKILLed while its warm tasks run: the warm interpreter dies with it (its
     death signal), the guards with that, and their tasks with them."""
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "graphdist", "run", "--output-format", "jsonl", "--workers", "2",
-         "--", sys.executable, "-c", SLEEPER],
-        env={**os.environ, **QUIET_TF},
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=str(tmp_path),
-    )  # fmt: skip
-    assert launcher.stdout is not None
-    try:
+    with _launcher("--workers", "2", "--", sys.executable, "-c", SLEEPER, cwd=tmp_path) as launcher:
+        assert launcher.stdout is not None
         up = 0
         for line in launcher.stdout:
             event = json.loads(line)
@@ -322,10 +324,6 @@ def test_a_sigkilled_launcher_leaves_no_warm_interpreter_guard_or_task(tmp_path:
         launcher.kill()
         launcher.wait(30)
         assert wait_gone(everything, 30) == [], everything
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait(30)
 
 
 @pytest.mark.timeout(400)
