@@ -45,9 +45,16 @@ Figures are medians over ``--repeats``, one block per case. Targets: recovery at
 most ``--save-every`` steps redone per failure in every case (a backup every N steps loses at
 most N). A missed target prints MISSED and the script exits 1 (``--no-check``: exit 0 all the
 same). With ``--readme``, every block printed becomes the section ``restart`` of
-docs/benchmarks.md (``--case warm`` alone: the section ``warm``), with the plot of recovery by fault (``--plot``; with ``--readme``
-benchmarks/results/restart.png): per case, the cold start, the recovery split into its stop and
-the rest, and the target.
+docs/benchmarks.md (``--case warm`` alone: the section ``warm``), with the plot of recovery by
+fault (``--plot``; with ``--readme`` benchmarks/results/restart.png): per case, the cold start,
+the recovery split into its stop and the rest, and the target.
+
+The case ``warm`` (issue 40) runs ``mwms-kill`` with cold tasks (``--preload none``: each a fresh
+``python``) and warm ones (the default: forked from the run's warm interpreter) alternately,
+``--repeats`` pairs, and checks the medians of the pairs' ratios: the warm run's start at most
+``WARM_START_TARGET`` x the cold one's, its kill recovery at most ``WARM_RECOVERY_TARGET`` x the
+cold run's start, the cold run's steps/s before the kill at most ``WARM_RATE_TARGET`` x the warm
+one's.
 
     python benchmarks/restart.py [--case CASE ...] [--steps 300] [--save-every 25]
         [--kill-at 110] [--repeats 3] [--json FILE] [--readme docs/benchmarks.md] [--no-check]
