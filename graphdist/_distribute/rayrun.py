@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
+from graphdist._distribute.events import TaskStarted
 from graphdist._distribute.runbackends import register
 from graphdist._distribute.runspec import RunSpec, check_folder
 from graphdist._distribute.taskproc import LINE_LIMIT, RunSink, TaskOutput, TaskResult
@@ -214,6 +215,10 @@ class _RayTaskProcess(TaskOutput):
         self.node = node
         self._done = threading.Event()
         self.result.pid = ray.get(actor.pid.remote())
+        run.emit(
+            TaskStarted(self.result.pid, False, "the ray backend runs no warm interpreter"),
+            task.name,
+        )
         self._reader = threading.Thread(
             target=self._pump, daemon=True, name=f"graphdist-run-{task.name}"
         )

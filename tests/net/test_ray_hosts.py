@@ -197,6 +197,9 @@ def test_run_on_ray_restarts_a_worker_killed_on_host_2_and_ends_with_the_same_we
     assert len(killed) == 1, "".join(lines[-60:])
     started = [e for e in events if e.get("event") == "attempt-started"]
     assert len(started) == 2, started
+    tasks = [e for e in events if e.get("event") == "task-started"]  # two attempts, two tasks
+    assert len(tasks) == 4 and all(e["warm"] is False for e in tasks), tasks
+    assert all("ray backend runs no warm interpreter" in e["cold_because"] for e in tasks)
     for attempt in started:  # one task per node: two nodes, two addresses
         assert len(set(attempt["nodes"].values())) == 2, attempt
     workers = started[0]["cluster"]["worker"]
