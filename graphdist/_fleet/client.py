@@ -135,6 +135,8 @@ class Fleet(Generic[_TaskT]):
         self._exits: list[TaskExit] = []
         self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
         self._sessions_closed = False
+        # (job, index) -> the signal kill() is ending it with, while kill() waits for the end
+        self._killing: dict[tuple[str, int], int] = {}
 
     @property
     def state(self) -> FleetState:
@@ -164,10 +166,16 @@ class Fleet(Generic[_TaskT]):
         SIGTERM, return once it is gone (a backend that brings servers back by itself, like Ray,
         may start it again at once). For fault drills; see :meth:`restart`."""
         self._require_running()
+        task = self.task(job, index)
+        ending = sig in (signal.SIGKILL, signal.SIGTERM)
+        if ending:  # a guard whose probes fail meanwhile says dead, not "not answering"
+            self._killing[(task.job, task.index)] = sig
         try:
-            self._kill_task(self.task(job, index), sig)
+            self._kill_task(task, sig)
         finally:
             self._changed()
+            if ending:
+                self._killing.pop((task.job, task.index), None)
 
     def restart(self, job: str | None = None, index: int = 0) -> _TaskT:
         """Start the server of ``job:index`` again on the same address (killing it first if it

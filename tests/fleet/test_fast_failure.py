@@ -173,6 +173,27 @@ def test_a_frozen_task_is_reported_not_answering(fleet):
     assert closes_at_once(sess)
 
 
+def test_a_task_the_fleet_is_still_killing_is_reported_dead_not_frozen(fleet):
+    """fleet.kill() waits for its task's end, which on a loaded machine came after the run's
+    probes had missed three times: the run said "not answering" for a task the fleet itself
+    was killing (CI, 2026-12-04). Here the task is stopped (its probes miss, it stays alive)
+    while the fleet says it is killing it with SIGKILL: the run fails it as dead."""
+    task = fleet.task("local", 1)
+    fleet._killing[("local", 1)] = signal.SIGKILL  # what kill() holds until the end comes
+
+    def freeze():
+        os.kill(task.pid, signal.SIGSTOP)
+
+    try:
+        sess, err = fail_mid_run(fleet, freeze, FAST_S + 10)
+    finally:
+        fleet._killing.clear()
+        os.kill(task.pid, signal.SIGCONT)
+    assert (err.task, err.status) == ("local-1", "dead"), str(err)
+    assert "SIGKILL" in str(err), str(err)
+    assert closes_at_once(sess)
+
+
 def test_a_killed_master_fails_the_run(fleet):
     sess, err = fail_mid_run(fleet, lambda: fleet.kill("local", 0))
     assert (err.task, err.status) == ("local-0", "dead")
