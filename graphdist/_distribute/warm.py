@@ -30,6 +30,7 @@ and why not warm.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import json
@@ -176,23 +177,39 @@ def warm_target(
     return target
 
 
-def _imports(target: WarmTarget) -> set[str] | str:
+def _imports(target: WarmTarget) -> frozenset[str] | str:
     """The top-level names of every module the task's own code imports (anywhere in it), or
-    why they cannot be read."""
+    why they cannot be read. A file is parsed once while it is unchanged (every task of every
+    attempt of a run asks about the same script)."""
+    if target.mode == "code":
+        return _names_in(target.target, "its -c code")
+    path = target.target if target.mode == "script" else _module_source(target.target)
+    if path is None:
+        return f"the source of -m {target.target} is not found from {os.getcwd()}"
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror or exc})"
+    return _file_imports(os.path.abspath(path), path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _file_imports(key: str, path: str, mtime_ns: int, size: int) -> frozenset[str] | str:
+    """:func:`_names_in` of the file at ``path``; cached by its absolute path (``key``), time
+    of change and size."""
+    try:
+        with open(path, "rb") as f:
+            source = f.read().decode("utf-8", "replace")
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror or exc})"
+    return _names_in(source, path)
+
+
+@functools.lru_cache(maxsize=32)
+def _names_in(source: str, where: str) -> frozenset[str] | str:
+    """The top-level module names ``source`` imports, or why it does not parse."""
     import ast
 
-    if target.mode == "code":
-        source, where = target.target, "its -c code"
-    else:
-        path = target.target if target.mode == "script" else _module_source(target.target)
-        where = path or f"module {target.target}"
-        if path is None:
-            return f"the source of -m {target.target} is not found from {os.getcwd()}"
-        try:
-            with open(path, "rb") as f:
-                source = f.read().decode("utf-8", "replace")
-        except OSError as exc:
-            return f"{path} cannot be read ({exc.strerror or exc})"
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
@@ -203,7 +220,7 @@ def _imports(target: WarmTarget) -> set[str] | str:
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module.split(".")[0])
-    return names
+    return frozenset(names)
 
 
 def _module_source(module: str) -> str | None:
@@ -237,9 +254,10 @@ class WarmProc:
     ``poll``, ``wait``, ``returncode``). Its guard is the zygote's child; the zygote tells its
     exit status."""
 
-    def __init__(self, zygote: Zygote, pid: int, stdout: IO[bytes]) -> None:
+    def __init__(self, zygote: Zygote, pid: int, stdout: IO[bytes], spare: bool = False) -> None:
         self._zygote = zygote
         self.pid = pid
+        self.spare = spare  # its guard was a spare, forked before the task was asked for
         self.stdout: IO[bytes] | None = stdout
         self.stdin: IO[bytes] | None = None
         self.returncode: int | None = None
@@ -356,7 +374,9 @@ class Zygote:
             answer = self._answers.pop(ident)
             if "error" in answer:
                 raise OSError(answer["error"])
-            proc = WarmProc(self, int(answer["pid"]), os.fdopen(out_r, "rb"))
+            proc = WarmProc(
+                self, int(answer["pid"]), os.fdopen(out_r, "rb"), bool(answer.get("spare"))
+            )
         except BaseException:
             os.close(out_r)
             raise
@@ -368,6 +388,14 @@ class Zygote:
         if early is not None:
             proc.returncode = early
         return proc
+
+    def prepare(self, count: int) -> None:
+        """Have ``count`` guards forked ahead (spares): the next ``count`` :meth:`spawn` calls
+        hand their task to one instead of waiting for a fork of the big zygote. Asked while a
+        failed attempt is stopped, so that the restart pays no fork; never waits."""
+        if count > 0 and not self._gone:
+            with contextlib.suppress(OSError):
+                self._sock.send(json.dumps({"spares": count}).encode(), socket.MSG_DONTWAIT)
 
     def wait_message(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for the zygote to say something (or to be gone)."""
