@@ -16,7 +16,8 @@ attempt-started    ``tasks`` (the command tasks), ``servers`` (ps runs: the serv
                    ``backend`` (the run backend's name), ``nodes`` (task -> the host or node
                    it runs on), ``cluster`` (every task's address, as TF_CONFIG has it)
 task-started       ``pid`` (the task's guard), ``warm`` (forked from the run's warm interpreter,
-                   TensorFlow already imported), ``cold_because`` (why not, for a cold task)
+                   TensorFlow already imported), ``cold_because`` (why not, for a cold task),
+                   ``spare`` (its guard was forked while the failed attempt was stopped)
 line               ``text``: one line of a task's output (cut at the launcher's line limit);
                    the console leaves out TensorFlow's own log lines unless
                    ``GRAPHDIST_TF_LOGS=1`` (:mod:`graphdist._tflog`)
@@ -93,12 +94,14 @@ class AttemptStarted:
 @dataclass(frozen=True)
 class TaskStarted:
     """A command task's process started: warm (forked from the run's warm interpreter,
-    :mod:`graphdist._distribute.warm`) or cold (a fresh process), and why not warm."""
+    :mod:`graphdist._distribute.warm`) or cold (a fresh process), and why not warm; ``spare``:
+    its guard was forked ahead, while the failed attempt before it was being stopped."""
 
     KIND: ClassVar[str] = "task-started"
     pid: int | None
     warm: bool
     cold_because: str | None = None
+    spare: bool = False
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,12 @@ class _LocalPlacement:
                 self.close()
                 raise
 
+    def prepare_next(self, count: int) -> None:
+        """A failed attempt is being stopped: have the warm interpreter fork ``count`` guards
+        for the next attempt's tasks now (:meth:`Zygote.prepare`)."""
+        if isinstance(self._warm, Zygote):
+            self._warm.prepare(count)
+
     def _start_tls(self, attempt: int) -> None:
         """TLS mode: the tasks at this machine's address, their servers on its alias, and the
         attempt's gateway in front of them all."""

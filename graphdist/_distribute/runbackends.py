@@ -13,7 +13,10 @@ A backend class declares its ``name``, a ``summary``, what it ``requires`` and i
 ``options`` (:class:`graphdist._registry.Option`: Ray's ``address``), which
 :meth:`RunBackend.check_options` checks before anything starts and no other backend sees. One
 instance serves one run: made once the spec is checked (it joins its engine: ``ray.init``),
-it places every attempt, and :meth:`RunBackend.close` gives back what it joined.
+it places every attempt, and :meth:`RunBackend.close` gives back what it joined. A backend
+may have ``gone()`` (what is lost for good: no attempt can be placed), and a placement
+``prepare_next(count)``: called as a failed attempt is stopped, before the restart is decided,
+to ready ``count`` tasks of the next (the local backend's spare guards).
 """
 
 from __future__ import annotations

@@ -283,6 +283,11 @@ def attempt(
             procs.append(placement.start_task(task, env, run, log_path))
         run.policy.started()
         return supervise(procs, signals, run, servers)
+    except (TaskExitError, _Preempted):  # a restart may follow: its guards forked meanwhile
+        prepare_next = getattr(placement, "prepare_next", None)
+        if prepare_next is not None and run.policy.max_restarts:
+            prepare_next(len(procs))
+        raise
     finally:  # no signal interrupts this: it is deferred to the end of the scope
         results = end_tasks(procs, run)
         if servers is not None:

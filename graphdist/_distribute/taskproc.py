@@ -229,7 +229,13 @@ class GuardedTask(TaskOutput):
             os.close(report_w)
         self.warm = isinstance(self.proc, WarmProc)
         run.emit(
-            TaskStarted(self.proc.pid, self.warm, None if self.warm else cold_because), task.name
+            TaskStarted(
+                self.proc.pid,
+                self.warm,
+                None if self.warm else cold_because,
+                spare=isinstance(self.proc, WarmProc) and self.proc.spare,
+            ),
+            task.name,
         )
         if stdin is not None and self.proc.stdin is not None:  # what the command reads, then EOF
             assert self.proc.stdin is not None

@@ -57,6 +57,7 @@ def zygote_main(preload: Sequence[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: None)  # the socket's end ends the loop
     sock.send(json.dumps({"ready": True}).encode())
     guards: set[int] = set()
+    spares: dict[int, socket.socket] = {}  # forked guards that wait for their task's request
     open_ = True
     while open_ or guards:
         with contextlib.suppress(InterruptedError):
@@ -65,11 +66,13 @@ def zygote_main(preload: Sequence[str]) -> int:
             while os.read(wake_r, 512):
                 pass
         for pid, status in _reap():
-            if pid in guards:
+            if pid in spares:
+                spares.pop(pid).close()
+            elif pid in guards:
                 guards.discard(pid)
                 with contextlib.suppress(OSError):
                     sock.send(json.dumps({"exit": pid, "status": status}).encode())
-        _end_orphans(guards)
+        _end_orphans(guards | spares.keys())
         if not open_:
             continue
         try:
@@ -80,23 +83,88 @@ def zygote_main(preload: Sequence[str]) -> int:
             data, fds = b"", []
         if not data:  # the launcher closed its end (or is gone): stop every guard
             open_ = False
-            for pid in guards:
+            for pid in [*guards, *spares]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
             continue
         request = json.loads(data)
+        if "spares" in request:  # fork them now: the next requests are answered at once
+            while len(spares) < int(request["spares"]):
+                try:
+                    pid, waiting = _fork_spare(sock, (wake_r, wake_w), [*spares.values()])
+                except OSError:
+                    break  # no more now: the next requests fork as before
+                spares[pid] = waiting
+            continue
         try:
-            pid = _fork_guard(request, fds, sock, (wake_r, wake_w))
+            handed = _hand_to_spare(spares, data, fds)
+            spare = handed is not None
+            wake = (wake_r, wake_w)
+            others = [*spares.values()]  # a fresh guard must not hold the spares' sockets
+            pid = handed if handed is not None else _fork_guard(request, fds, sock, wake, others)
         except OSError as exc:
             answer: dict[str, Any] = {"id": request["id"], "error": str(exc)}
         else:
             guards.add(pid)
-            answer = {"id": request["id"], "pid": pid}
+            answer = {"id": request["id"], "pid": pid, "spare": spare}
         finally:
             for fd in fds:
                 os.close(fd)
         sock.send(json.dumps(answer).encode())
     return 0
+
+
+def _hand_to_spare(spares: dict[int, socket.socket], data: bytes, fds: list[int]) -> int | None:
+    """Give a task's request and its file descriptors to a spare guard; its pid, or None where
+    no spare is left (one that died meanwhile is skipped)."""
+    while spares:
+        pid, waiting = spares.popitem()
+        try:
+            socket.send_fds(waiting, [data], fds)
+        except OSError:
+            continue
+        finally:
+            waiting.close()
+        return pid
+    return None
+
+
+def _fork_spare(
+    sock: socket.socket, wake: tuple[int, int], others: list[socket.socket]
+) -> tuple[int, socket.socket]:
+    """Fork a guard ahead of its task (a restart's, while the failed attempt is stopped): it
+    waits for the request the zygote hands it, then is that task's guard as a guard forked on
+    request is. The zygote's end of its socket comes back with its pid."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    zygote = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError:
+        ours.close()
+        theirs.close()
+        raise
+    if pid != 0:
+        theirs.close()
+        return pid, ours
+    code = 70
+    try:  # the spare: never returns
+        set_parent_death_signal(signal.SIGKILL)
+        _leave_zygote(sock, wake, [ours, *others])
+        _title("graphdist-guard (a spare: no task yet)")
+        code = 0
+        while os.getppid() == zygote:
+            with contextlib.suppress(InterruptedError):
+                select.select([theirs], [], [])
+            with contextlib.suppress(BlockingIOError):
+                data, fds = _recv_fds(theirs)
+                theirs.close()
+                if data:
+                    _be_guard(json.loads(data), fds, zygote)
+                break
+    except BaseException:
+        code = 70
+    finally:
+        os._exit(code)
 
 
 def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
@@ -138,20 +206,40 @@ def _reap() -> list[tuple[int, int]]:
 
 
 def _fork_guard(
-    request: dict[str, Any], fds: list[int], sock: socket.socket, wake: tuple[int, int]
+    request: dict[str, Any],
+    fds: list[int],
+    sock: socket.socket,
+    wake: tuple[int, int],
+    others: list[socket.socket],
 ) -> int:
     zygote = os.getpid()
     pid = os.fork()
     if pid != 0:
         return pid
-    code = 70
     try:  # the guard: never returns
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-        sock.close()
-        for fd in wake:
-            os.close(fd)
+        _leave_zygote(sock, wake, others)
+        _be_guard(request, fds, zygote)
+    finally:
+        os._exit(70)
+
+
+def _leave_zygote(sock: socket.socket, wake: tuple[int, int], others: list[socket.socket]) -> None:
+    """In a forked child: none of the zygote's signal handling, sockets (its launcher's and
+    its spares') or wake-up pipe."""
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    for each in (sock, *others):
+        each.close()
+    for fd in wake:
+        os.close(fd)
+
+
+def _be_guard(request: dict[str, Any], fds: list[int], zygote: int) -> None:
+    """Be the guard of ``request``'s task, with its output and report pipes (and stdin) in
+    ``fds``; exits with the guard's status, never returns."""
+    code = 70
+    try:
         out, report = fds[0], fds[1]
         stdin = fds[2] if request["stdin"] else os.open(os.devnull, os.O_RDONLY)
         os.dup2(stdin, 0)

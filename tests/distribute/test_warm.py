@@ -372,3 +372,102 @@ def test_the_documented_warm_fallbacks_are_the_ones_checked() -> None:
     assert isinstance(
         warm_target([sys.executable, "x.py"], {**env, "PYTHONHASHSEED": "1"}, env), str
     )
+
+
+def test_a_script_is_parsed_once_while_unchanged_and_again_once_it_changes(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """Every task of every attempt asks whether the run's script imports a preload: it is
+    parsed once, and read again when it changed (a script edited between runs of one kernel
+    is judged by what it says now)."""
+    import ast
+
+    from graphdist._distribute.warm import warm_target
+
+    parsed: list[str] = []
+    real_parse = ast.parse
+    monkeypatch.setattr(
+        ast, "parse", lambda source, *a, **k: parsed.append(source) or real_parse(source, *a, **k)
+    )
+    script = tmp_path / "train.py"
+    script.write_text("import numpy\n")
+    env = {"PATH": os.environ.get("PATH", "")}
+    for _ in range(3):
+        assert not isinstance(warm_target([sys.executable, str(script)], env, env, ["numpy"]), str)
+    assert len(parsed) == 1, parsed
+    script.write_text("print('no imports at all')\n")
+    why = warm_target([sys.executable, str(script)], env, env, ["numpy"])
+    assert isinstance(why, str) and "imports none of" in why, why
+    assert len(parsed) == 2, parsed
+
+
+FAIL_FIRST = """
+task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+if os.environ["GRAPHDIST_RESTART"] == "0":
+    if task == 1:
+        sys.exit(3)  # attempt 1 fails: worker-1 exits 3 while worker-0 runs
+    import time
+    time.sleep(60)
+"""
+
+
+def _ours(mark: str) -> list[int]:
+    """Processes whose environment holds ``mark`` (a forked process keeps its zygote's)."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("GRAPHDIST_TEST_MARK") == mark:
+                found.append(proc.pid)
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_a_restart_hands_its_tasks_to_guards_forked_while_the_failed_attempt_stopped(
+    tmp_path: Any,
+) -> None:
+    """worker-1 fails in attempt 1: while attempt 1 is stopped, the warm interpreter forks a
+    spare guard per task, and attempt 2's tasks start in them (``task-started``: ``spare``),
+    attempt 1's did not. A task in a spare sees what a task forked on request sees (its parent
+    its guard, the same open files: no socket of a spare's, the same signals); once the run
+    ended no process of it is left."""
+    (tmp_path / "view.py").write_text(VIEW + FAIL_FIRST)
+    (tmp_path / "helper.py").write_text("VALUE = 'beside'\n")
+    mark = f"spares-{os.getpid()}-{id(tmp_path)}"
+    args = ["--workers", "2", "--max-restarts", "1", "--min-uptime", "0"]
+    result = _run(
+        [*args, "--", sys.executable, "view.py"], cwd=str(tmp_path),
+        env={"GRAPHDIST_TEST_MARK": mark},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    events = _events(result)
+    started = [e for e in events if e["event"] == "task-started"]
+    assert [(e["warm"], e["spare"]) for e in started] == [(True, False)] * 2 + [(True, True)] * 2
+    views = {}
+    for e in events:
+        if e["event"] == "line" and e["text"].startswith("VIEW "):
+            view = json.loads(e["text"][5:])
+            views.setdefault(view["env"]["GRAPHDIST_RESTART"], {})[e["task"]] = view
+    guards = {(e["task"], i // 2): e["pid"] for i, e in enumerate(started)}
+    for attempt, seen in views.items():
+        for task, view in seen.items():
+            assert view.pop("ppid_is_guard") == guards[task, int(attempt)], (attempt, task)
+            view["env"].pop("GRAPHDIST_RESTART")
+    assert views["1"]["worker-0"] == views["0"]["worker-0"], views
+    assert views["1"]["worker-0"]["fds"] == ["0", "1", "2"], views["1"]
+    assert wait_gone(_ours(mark), 30) == []
+
+
+@pytest.mark.timeout(300)
+def test_spares_that_no_restart_uses_end_with_the_run(tmp_path: Any) -> None:
+    """worker-1 fails in both attempts and the run gives up after attempt 2 (one restart
+    allowed): the spares forked while attempt 2 was stopped are ended with the warm
+    interpreter; nothing of the run is left."""
+    (tmp_path / "view.py").write_text(VIEW + FAIL_FIRST.replace('== "0"', '!= "9"'))
+    (tmp_path / "helper.py").write_text("VALUE = 'beside'\n")
+    mark = f"unused-{os.getpid()}-{id(tmp_path)}"
+    result = _run(
+        ["--workers", "2", "--max-restarts", "1", "--min-uptime", "0", "--", sys.executable,
+         "view.py"], cwd=str(tmp_path), env={"GRAPHDIST_TEST_MARK": mark},
+    )  # fmt: skip
+    assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    assert wait_gone(_ours(mark), 30) == []
