@@ -10,6 +10,7 @@ step as a JSON line; the test answers on its stdin when a step needs the test to
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import glob
 import json
@@ -23,12 +24,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import QUIET_TF, REPO, wait_gone
 from tests.net.test_hosts import SPLIT_GRAPH, _client
+from tests.net.test_hosts_guide import PAGE, Guide, _blocks, _section
 
 pytestmark = [pytest.mark.promise, pytest.mark.xdist_group("ray_hosts")]
 
@@ -75,12 +78,14 @@ class RayOnHosts:
     def __init__(self, hosts: Any) -> None:
         self.hosts = hosts
         self.tmp = tempfile.mkdtemp(prefix="gdrh-")  # short: Ray's AF_UNIX paths are below it
+        self.token = secrets.token_hex(16)
         self.env = {
             **os.environ,
             **QUIET_TF,
             "RAY_TMPDIR": self.tmp,
             "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN": secrets.token_hex(16),
+            "RAY_AUTH_TOKEN": self.token,
+            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
             "RAY_USAGE_STATS_ENABLED": "0",
             # the head's client server waits this long for the process it starts per ray://
             # client (Ray's default 30 s), twice Ray's on this busy 2-core machine; CI saw that
@@ -93,13 +98,32 @@ class RayOnHosts:
         self.address = f"{hosts[0].address}:{port}"
         for host in hosts:  # Ray finds a node's address from its route to the internet
             host.run(["ip", "route", "replace", "default", "dev", "eth0"], check=True)
-        self._start(hosts[0], ["--head", "--port", str(port), "--include-dashboard=false"])
-        self._start(hosts[1], ["--address", self.address])
+        self.port = port
+        self._start(hosts[0], "head")
+        self._start(hosts[1], "node")
 
-    def _start(self, host: Any, role: list[str]) -> None:
-        argv = [RAY, "start", *role, "--node-ip-address", host.address]
-        argv += ["--num-cpus", "2", "--disable-usage-stats"]
-        result = host.run(argv, env=self.env, capture_output=True, text=True, timeout=180)
+    def _start(self, host: Any, role: str) -> None:
+        """Start Ray on ``host`` with docs/hosts.md's own commands ("Ray: a fleet", steps 1
+        and 2: its ``export`` line, then its head's or its other node's ``ray start`` line),
+        the bed's addresses, port and token put in, and the bed's resources added."""
+        export, head, node = (
+            line.split("#", 1)[0].strip()
+            for line in _blocks(_section("Ray: a fleet"))[0][1].splitlines()
+        )
+        swaps = {
+            "10.0.0.1": self.hosts[0].address,
+            "10.0.0.2": host.address,
+            "6379": str(self.port),
+            "RAY_AUTH_TOKEN=...": f"RAY_AUTH_TOKEN={self.token}",
+        }
+        line = f"{export}; {head if role == 'head' else node}"
+        for page, bed in swaps.items():
+            line = line.replace(page, bed)
+        line += " --num-cpus 2 --disable-usage-stats"
+        line += " --include-dashboard=false" if role == "head" else ""
+        env = {k: v for k, v in self.env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+        result = host.run(["sh", "-c", line], env=env, capture_output=True, text=True,
+                          timeout=180)  # fmt: skip
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
     def client_server_logs(self) -> str:
@@ -118,7 +142,7 @@ class RayOnHosts:
         """Start host 2's Ray node again if a test killed it (the lost-node tests do): a test
         that needs both nodes then waits only for Ray to place on the new one."""
         if not self.hosts[1].pids():
-            self._start(self.hosts[1], ["--address", self.address])
+            self._start(self.hosts[1], "node")
 
     def stop(self) -> None:
         """Kill every process of the two hosts (all this module's: Ray's own) by pid."""
@@ -264,10 +288,15 @@ def _run_on_ray(
                 on_event(events[-1])
         assert driver.wait(60) == 0, "".join(lines[-60:])
     finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait(30)
+        _kill_if_running(driver)
     return events, lines
+
+
+def _kill_if_running(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL ``proc`` if a failed step left it running, and reap it."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(30)
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -331,9 +360,7 @@ def test_a_two_node_ray_fleet_across_hosts(
         assert closed["state"] == "closed" and closed["seconds"] < 30, closed
         assert driver.wait(60) == 0
     finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait(30)
+        _kill_if_running(driver)
 
 
 @pytest.mark.timeout(400)
@@ -438,9 +465,7 @@ def test_a_ray_fleet_in_tls_mode_across_hosts(
         assert _step(driver, "closed")["state"] == "closed"
         assert driver.wait(60) == 0
     finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait(30)
+        _kill_if_running(driver)
     deadline = time.monotonic() + 15
     gateways = []
     while time.monotonic() < deadline:
@@ -565,3 +590,75 @@ def test_up_on_ray_in_tls_mode_detached_is_reached_by_its_printed_credentials(
     gateways = [pid for pid in pids if "graphdist._net.gateway" in _cmdline(pid)]
     assert wait_gone(gateways, 15) == [], gateways
     assert not os.path.exists(state), os.listdir(state)
+
+
+def _until_ctrl_c(guide: Guide, host: Any, block: str) -> None:
+    """Run ``block`` (a foreground ``graphdist up``) on ``host`` until it says its fleet runs,
+    then press Ctrl-C: it must end as an interrupted command (130), its output saying nothing
+    else went wrong."""
+    log = os.path.join(guide.folder, f"up-{len(guide.procs)}.log")
+    with open(log, "wb") as out:
+        proc = host.popen(["sh", "-c", "exec " + guide.here(block)], cwd=guide.folder,
+                          env=guide.env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while "fleet running" not in (said := Path(log).read_text(errors="replace")):
+            assert proc.poll() is None and time.monotonic() < deadline, said[-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130, Path(log).read_text(errors="replace")[-3000:]
+    finally:
+        _kill_if_running(proc)
+
+
+@pytest.mark.timeout(600)
+def test_the_ray_guide_runs_as_the_page_writes_it(
+    hosts: Any, ray_on_hosts: RayOnHosts, tmp_path: Any
+) -> None:
+    """docs/hosts.md's Ray steps as written, on the bed whose Ray the page's own ``ray start``
+    lines started (RayOnHosts): "Ray: a fleet" (its script prints one node per server, two
+    nodes; its ``up`` runs until Ctrl-C), "Ray: a run" (the seeds' MWMS script trained on both
+    nodes, its weights and log folder written), and Ray in TLS mode (its script writes the
+    nodes' cluster file and prints the client's folder, removed at close; its ``up --tls`` runs
+    until Ctrl-C). Only the page's addresses, port, token and output folder are the bed's."""
+    ray_on_hosts.ensure_second_node()
+    guide = Guide(hosts, str(tmp_path))
+    guide.swaps = {"10.0.0.1:6379": ray_on_hosts.address, **guide.swaps,
+                   "/shared/mwms": str(tmp_path / "mwms")}  # fmt: skip
+    guide.env = dict(ray_on_hosts.env)
+    blocks = _blocks(_section("Ray: a fleet"))
+    assert [lang for lang, _ in blocks] == ["sh", "python", "sh"], blocks
+    nodes = ast.literal_eval(guide.run(hosts[0], guide.here(blocks[1][1]), "python").strip())
+    assert sorted(nodes) == ["worker-0", "worker-1"] and len(set(nodes.values())) == 2, nodes
+    _until_ctrl_c(guide, hosts[0], blocks[2][1])
+
+    (language, run), *_ = _blocks(_section("Ray: a run"))
+    assert language == "sh" and run.startswith("graphdist run --backend ray"), run
+    os.symlink(EXAMPLES, tmp_path / "examples")
+    guide.run(hosts[0], run, "sh")
+    assert (tmp_path / "mwms" / "weights-worker-0.npz").exists(), os.listdir(tmp_path)
+    assert any((tmp_path / "runs").iterdir()), "no log folder in runs/"
+
+    text = Path(PAGE).read_text(encoding="utf-8")
+    tls = text.split("\n### Ray and Slurm fleets in TLS mode", 1)[1].split("\n## ", 1)[0]
+    blocks = _blocks(tls.split("**Ray**, on a Ray cluster", 1)[1].split("**Slurm**", 1)[0])
+    assert [lang for lang, _ in blocks] == ["python", "sh"], blocks
+    script = hosts[0].popen([sys.executable, "-c", guide.here(blocks[0][1])], cwd=guide.folder,
+                            env=guide.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert script.stdin is not None and script.stdout is not None
+    try:
+        client = script.stdout.readline().strip()
+        assert os.path.isdir(client), client + script.stderr.read()[-3000:]  # type: ignore[union-attr]
+        with open(tmp_path / "cluster.json") as f:
+            addresses = json.load(f)["worker"]
+        assert sorted(a.rsplit(":", 1)[0] for a in addresses) == sorted(
+            [hosts[0].address, hosts[1].address]
+        ), addresses
+        script.stdin.write("\n")
+        script.stdin.flush()
+        assert script.wait(60) == 0
+    finally:
+        _kill_if_running(script)
+    assert not os.path.exists(client), client
+    _until_ctrl_c(guide, hosts[0], blocks[1][1])
