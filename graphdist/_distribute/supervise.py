@@ -282,11 +282,10 @@ def attempt(
             log_path = None if folder is None else os.path.join(folder, f"{task.name}.log")
             procs.append(placement.start_task(task, env, run, log_path))
         run.policy.started()
+        _prepare_next(placement, procs, run)  # while this attempt runs: off a restart's path
         return supervise(procs, signals, run, servers)
-    except (TaskExitError, _Preempted):  # a restart may follow: its guards forked meanwhile
-        prepare_next = getattr(placement, "prepare_next", None)
-        if prepare_next is not None and run.policy.max_restarts:
-            prepare_next(len(procs))
+    except (TaskExitError, _Preempted):  # a restart may follow: what it needs, made now
+        _prepare_next(placement, procs, run)
         raise
     finally:  # no signal interrupts this: it is deferred to the end of the scope
         results = end_tasks(procs, run)
@@ -302,6 +301,14 @@ def attempt(
         placement.close()
         if run.logs is not None:
             run.logs.record_exits(run.attempt, exit_rows(results, servers))
+
+
+def _prepare_next(placement: Any, procs: Sequence[TaskProcess], run: RunState) -> None:
+    """Have the placement ready the next attempt's tasks (``prepare_next``, where it has one:
+    the local backend's spare guards), where the policy may restart."""
+    prepare_next = getattr(placement, "prepare_next", None)
+    if prepare_next is not None and run.policy.max_restarts:
+        prepare_next(len(procs))
 
 
 def end_tasks(procs: Sequence[TaskProcess], run: RunState) -> list[TaskResult]:
