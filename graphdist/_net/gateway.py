@@ -635,7 +635,12 @@ def _main() -> int:
         return 2
     print("ready", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    asyncio.run(gateway.serve())
+    try:  # libuv's loop: less added latency a step than asyncio's (benchmarks/tls.py)
+        import uvloop
+    except ImportError:  # a dependency, but the relay works on asyncio's own loop too
+        asyncio.run(gateway.serve())
+    else:
+        uvloop.run(gateway.serve())
     return 0
 
 
