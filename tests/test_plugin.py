@@ -240,3 +240,32 @@ def test_user_tests_inject_faults_into_a_run_and_nothing_is_left(pytester):
     assert len(pids) >= 6 * 4  # every run's launcher-side guards and commands were seen
     assert wait_gone(pids, EVENTUALLY_S) == []
     assert processes_marked(mark) == []
+
+
+PAGE_TRAIN = """
+import argparse, time
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.parse_args()
+for epoch in range(1, 4):
+    time.sleep(1.0)
+    print(f"epoch {epoch}/3 done", flush=True)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_the_pytest_page_example_runs_as_written(pytester):
+    """docs/pytest.md's test, as the page writes it, in a user's project whose train.py prints
+    "epoch N/3 done" lines: it passes (worker-1 killed once worker-0 printed epoch 2, one
+    restart, exit 0)."""
+    import re
+    from pathlib import Path
+
+    from tests.conftest import REPO
+
+    text = Path(REPO, "docs", "pytest.md").read_text(encoding="utf-8")
+    [block] = re.findall(r"^```python\n(.*?)^```", text, re.M | re.S)
+    pytester.makepyfile(test_page=block)
+    (pytester.path / "train.py").write_text(PAGE_TRAIN)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
+    result.assert_outcomes(passed=1)
