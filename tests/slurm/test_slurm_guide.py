@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +69,37 @@ def test_the_interactive_allocation_and_the_fleet_run_as_the_page_writes_them(
         fleet = slurm.run(None, [sys.executable, "-c", script], env=env, cwd=REPO, timeout=240)
         assert fleet.returncode == 0, fleet.stderr[-3000:]
         assert fleet.stdout.strip() == blocks[4][1].strip(), fleet.stdout
+        _hosts_md_slurm_tls(slurm, env, job)
     finally:
         pids = slurm.job_pids(int(job))
         cancelled = sh(scancel.replace("42", job))
     assert cancelled.returncode == 0, cancelled.stderr
     assert wait_gone(pids, 20) == []  # the allocation's processes, on every node
+
+
+def _hosts_md_slurm_tls(slurm: Any, env: dict[str, str], job: str) -> None:
+    """docs/hosts.md's Slurm fleet in TLS mode, in the same allocation (the page's 4242): its
+    script starts and closes the fleet; its ``up --tls`` runs in the foreground until Ctrl-C
+    (exit 130)."""
+    hosts_md = Path(REPO, "docs", "hosts.md").read_text(encoding="utf-8")
+    part = hosts_md.split("**Slurm**, from the login host", 1)[1].split("\n## ", 1)[0]
+    blocks = [(m.group(1), m.group(2)) for m in _BLOCK.finditer(part)]
+    assert [lang for lang, _ in blocks][:2] == ["python", "sh"], blocks
+    script, up = (text.replace("4242", job) for _, text in blocks[:2])
+    fleet = slurm.run(None, [sys.executable, "-c", script], env=env, cwd=REPO, timeout=240)
+    assert fleet.returncode == 0, fleet.stderr[-3000:]
+    log = Path(slurm.jobs_dir, f"up-tls-{job}.log")
+    with open(log, "wb") as out:
+        proc = slurm.popen(None, ["sh", "-c", "exec " + up], env=env, cwd=REPO, stdout=out,
+                           stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while "fleet running" not in (said := log.read_text(errors="replace")):
+            assert proc.poll() is None and time.monotonic() < deadline, said[-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130, log.read_text(errors="replace")[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
