@@ -44,6 +44,18 @@ def _blocks(section: str) -> list[tuple[str, str]]:
     return [(m.group(1), m.group(2)) for m in _BLOCK.finditer(section)]
 
 
+def tls_runs() -> dict[str, str]:
+    """The page's three ``graphdist run --tls`` commands (TLS mode's Ray and Slurm part), by
+    where they run: ``ray``, ``slurm``, ``local`` (each under its own comment line)."""
+    text = Path(PAGE).read_text(encoding="utf-8")
+    part = text.split("A tf.distribute run takes the same mode on every backend", 1)[1]
+    (language, block), *_ = _blocks(part)
+    assert language == "sh", block
+    runs = [c.strip() for c in re.split(r"^#.*$", block, flags=re.M) if c.strip()]
+    assert len(runs) == 3, block
+    return dict(zip(("ray", "slurm", "local"), runs, strict=True))
+
+
 class Guide:
     """The page's examples made the bed's: a folder of the guide's files and the substitutions."""
 

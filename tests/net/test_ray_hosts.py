@@ -31,7 +31,7 @@ import pytest
 
 from tests.conftest import QUIET_TF, REPO, wait_gone
 from tests.net.test_hosts import SPLIT_GRAPH, _client
-from tests.net.test_hosts_guide import PAGE, Guide, _blocks, _section
+from tests.net.test_hosts_guide import PAGE, Guide, _blocks, _section, tls_runs
 
 pytestmark = [pytest.mark.promise, pytest.mark.xdist_group("ray_hosts")]
 
@@ -662,3 +662,9 @@ def test_the_ray_guide_runs_as_the_page_writes_it(
         _kill_if_running(script)
     assert not os.path.exists(client), client
     _until_ctrl_c(guide, hosts[0], blocks[1][1])
+    runs = tls_runs()  # the page's run commands in TLS mode: Ray's, and one host's own
+    guide.swaps["/tmp/mwms"] = str(tmp_path / "local")
+    for where in ("ray", "local"):
+        guide.run(hosts[0], runs[where], "sh")
+    for out in ("mwms", "local"):
+        assert (tmp_path / out / "weights-worker-0.npz").exists(), os.listdir(tmp_path)

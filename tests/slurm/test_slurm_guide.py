@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, wait_gone
+from tests.net.test_hosts_guide import tls_runs
 
 pytestmark = [pytest.mark.promise]
 
@@ -78,9 +79,9 @@ def test_the_interactive_allocation_and_the_fleet_run_as_the_page_writes_them(
 
 
 def _hosts_md_slurm_tls(slurm: Any, env: dict[str, str], job: str) -> None:
-    """docs/hosts.md's Slurm fleet in TLS mode, in the same allocation (the page's 4242): its
-    script starts and closes the fleet; its ``up --tls`` runs in the foreground until Ctrl-C
-    (exit 130)."""
+    """docs/hosts.md's Slurm fleet and run in TLS mode, in the same allocation (the page's
+    4242): its script starts and closes the fleet; its run trains the seeds' MWMS script; its
+    ``up --tls`` runs in the foreground until Ctrl-C (exit 130)."""
     hosts_md = Path(REPO, "docs", "hosts.md").read_text(encoding="utf-8")
     part = hosts_md.split("**Slurm**, from the login host", 1)[1].split("\n## ", 1)[0]
     blocks = [(m.group(1), m.group(2)) for m in _BLOCK.finditer(part)]
@@ -88,6 +89,11 @@ def _hosts_md_slurm_tls(slurm: Any, env: dict[str, str], job: str) -> None:
     script, up = (text.replace("4242", job) for _, text in blocks[:2])
     fleet = slurm.run(None, [sys.executable, "-c", script], env=env, cwd=REPO, timeout=240)
     assert fleet.returncode == 0, fleet.stderr[-3000:]
+    out = Path(slurm.jobs_dir, f"mwms-tls-{job}")
+    run = tls_runs()["slurm"].replace("4242", job).replace("/shared/mwms", str(out))
+    ran = slurm.run(None, ["sh", "-c", run], env=env, cwd=REPO, timeout=240)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert (out / "weights-worker-0.npz").exists()
     log = Path(slurm.jobs_dir, f"up-tls-{job}.log")
     with open(log, "wb") as out:
         proc = slurm.popen(None, ["sh", "-c", "exec " + up], env=env, cwd=REPO, stdout=out,
