@@ -28,7 +28,13 @@ from graphdist._cluster import Cluster, Task
 from graphdist._distribute.runbackends import register, start_servers
 from graphdist._distribute.runspec import RunSpec, launch_cluster
 from graphdist._distribute.taskproc import GuardedTask, RunSink
-from graphdist._distribute.warm import READY_TIMEOUT_S, Zygote, check_preload, warm_target
+from graphdist._distribute.warm import (
+    PRELOAD_OPTION,
+    READY_TIMEOUT_S,
+    Zygote,
+    check_preload,
+    warm_target,
+)
 from graphdist._exceptions import ArgumentError
 from graphdist._net.loopback import server_bind_address, shim_env
 from graphdist._net.members import KEEP_WILDCARD, members_env
@@ -134,15 +140,7 @@ class LocalRun:
     summary: ClassVar[str] = "every task a process of this machine (default)"
     requires: ClassVar[tuple[str, str] | None] = None
     tls: ClassVar[bool] = True
-    options: ClassVar[tuple[Option, ...]] = (
-        Option(
-            "preload",
-            "modules a warm interpreter imports once, from which the run's Python tasks are "
-            "forked instead of each importing them again: comma-separated, `auto` (default: "
-            "NumPy, TensorFlow, tf-keras) or `none` (every task a fresh process)",
-            metavar="MODULES",
-        ),
-    )
+    options: ClassVar[tuple[Option, ...]] = (PRELOAD_OPTION,)
 
     @classmethod
     def check_options(cls, spec: RunSpec, options: Mapping[str, Any]) -> dict[str, Any]:

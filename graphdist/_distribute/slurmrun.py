@@ -31,7 +31,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
+import os
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -40,9 +43,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
+from graphdist._distribute.nodewarm import AGENT_CODE, CLIENT_CODE
 from graphdist._distribute.runbackends import register, start_servers
 from graphdist._distribute.runspec import RunSpec
 from graphdist._distribute.taskproc import GuardedTask, RunSink
+from graphdist._distribute.warm import PRELOAD_OPTION, READY_TIMEOUT_S, check_preload, warm_target
 from graphdist._exceptions import ArgumentError, LaunchError
 from graphdist._net.loopback import shim_env
 from graphdist._net.members import ALLOW_ENV, members_env, parse_allow
@@ -106,13 +111,16 @@ class _SlurmTask(GuardedTask):
         step: str,
         kill_wait_s: float,
         stdin: bytes | None = None,
+        cold_because: str | None = "the task's node has no warm interpreter",
     ) -> None:
         self.jobid, self.step, self._slurm_env = jobid, step, env
         self.stop_grace_s = kill_wait_s + TASK_STOP_GRACE_S  # a checkpoint's save, then reaping
         # the local guard's grace too: Slurm's stop of the batch step (scancel, requeue) reaches
         # it and srun as well, which must wait for the tasks' own exits
         grace = kill_wait_s + STOP_GRACE_S
-        super().__init__(task, argv, env, run, log_path, grace_s=grace, stdin=stdin)
+        super().__init__(
+            task, argv, env, run, log_path, grace_s=grace, stdin=stdin, cold_because=cold_because
+        )
 
     def _line(self, raw: bytes, more: int) -> None:
         if raw.startswith(b"srun: error: Node failure on "):  # srun then exits 0 (Slurm 22.05)
@@ -163,8 +171,10 @@ class _SlurmTask(GuardedTask):
 
 
 class _SlurmPlacement:
-    def __init__(self, spec: RunSpec, alloc: Allocation, attempt: int, tag: str) -> None:
-        self.spec, self.alloc = spec, alloc
+    def __init__(
+        self, spec: RunSpec, alloc: Allocation, attempt: int, tag: str, agents: _Agents
+    ) -> None:
+        self.spec, self.alloc, self.agents = spec, alloc, agents
         self.prefix = f"graphdist-{tag}-{attempt}-"
         per_node = int(spec.options["ntasks_per_node"])
         env = spec.base_env
@@ -194,6 +204,8 @@ class _SlurmPlacement:
 
             self._tls = TlsMode(self.real_cluster)
             self.cluster = self._tls.cluster
+        else:  # the warm agents of the attempt's nodes (those not up from an earlier attempt)
+            agents.ensure(sorted(set(self.nodes.values())))
 
     def _node_env(self, task: Task) -> dict[str, str]:
         """What the task's processes on its node get besides the run's env: the bind shim on
@@ -239,6 +251,11 @@ class _SlurmPlacement:
             real = self.real_cluster.task(task.job, task.index)
             on_node = tls_exec_argv(self.real_cluster, real, on_node)
             stdin = self._tls.host_json(real.host)
+        cold_because = self._warm_client(task, env, grace, on_node)
+        if cold_because is None:
+            on_node = on_node[: 1 + len(node_env)] + self.agents.client_argv(
+                self.nodes[task.name], task.name, grace, on_node[1 + len(node_env) :]
+            )
         step = self.prefix + task.name
         argv = srun_argv(
             self.alloc.jobid,
@@ -258,7 +275,25 @@ class _SlurmPlacement:
             step=step,
             kill_wait_s=self.alloc.kill_wait_s,
             stdin=stdin,
+            cold_because=cold_because,
         )
+
+    def _warm_client(
+        self, task: Task, env: Mapping[str, str], grace: float, on_node: Sequence[str]
+    ) -> str | None:
+        """Why ``task`` runs cold on its node, or None: it runs warm, its step a client of the
+        node's agent (:mod:`graphdist._distribute.nodewarm`, which decides again there)."""
+        if self._tls is not None:
+            return "TLS mode's wrapper runs the task cold"
+        node = self.nodes[task.name]
+        why = self.agents.why_cold(node)
+        if why is not None:
+            return why
+        task_env = {**env, **self._node_env(task)}
+        target = warm_target(
+            self.spec.command, task_env, self.agents.env(node), self.agents.preload
+        )
+        return target if isinstance(target, str) else None
 
     def close(self) -> None:
         env = self.spec.base_env
@@ -275,6 +310,104 @@ class _SlurmPlacement:
                 f"`scancel {' '.join(left)}` ends them",
                 file=sys.stderr,
             )
+
+
+class _Agents:
+    """The run's warm agents (:mod:`graphdist._distribute.nodewarm`): one step per node, started
+    when an attempt first places a task there (or again if it ended), kept across attempts,
+    cancelled with the run. Each imports ``--preload`` in a warm interpreter of its node."""
+
+    def __init__(self, spec: RunSpec, alloc: Allocation, tag: str) -> None:
+        self.spec, self.alloc, self.tag = spec, alloc, tag
+        self.preload: tuple[str, ...] = tuple(spec.options.get("preload", ()))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.paths: dict[str, str] = {}  # node -> its agent's socket
+        self.why: dict[str, str] = {}  # node -> why its agent serves no task
+        self.cold: str | None = "no warm interpreter in this run (--preload none)"
+        if self.preload:  # a command that would not run warm starts no agent (as locally)
+            base = spec.base_env
+            target = warm_target(spec.command, base, base, self.preload)
+            self.cold = target if isinstance(target, str) else None
+
+    def env(self, node: str) -> dict[str, str]:
+        """The agent's environment on ``node`` (as its tasks', in what is read at import)."""
+        return {**self.spec.base_env, **shim_env(self.alloc.addresses[node], None, inherit=True)}
+
+    def why_cold(self, node: str) -> str | None:
+        if self.cold is not None:
+            return self.cold
+        proc = self.procs.get(node)
+        if proc is None or proc.poll() is not None or node not in self.paths:
+            return self.why.get(node, f"the warm agent on {node} is not running")
+        return None
+
+    def client_argv(self, node: str, name: str, grace: float, cold: Sequence[str]) -> list[str]:
+        """A task's command on ``node`` as a client of its agent; ``cold`` where it cannot be."""
+        spec = json.dumps({"name": name, "command": list(self.spec.command), "grace_s": grace})
+        client = [sys.executable, "-I", "-S", "-c", CLIENT_CODE, self.paths[node], spec]
+        return [*client, "--", *cold]
+
+    def ensure(self, nodes: Sequence[str]) -> None:
+        """Start the agents of ``nodes`` that are not running, and wait for their first line
+        (bounded: one that says nothing in time serves no task, which then runs cold)."""
+        if self.cold is not None:
+            return
+        started = []
+        for node in nodes:
+            proc = self.procs.get(node)
+            if proc is not None and proc.poll() is None:
+                continue
+            self.paths.pop(node, None)
+            env = [f"{k}={v}" for k, v in shim_env(self.alloc.addresses[node], None,
+                                                  inherit=True).items()]  # fmt: skip
+            on_node = ["env", *env, sys.executable, "-c", AGENT_CODE, self.tag, *self.preload]
+            step = f"graphdist-{self.tag}-warm-{node}"
+            argv = srun_argv(self.alloc.jobid, node, step, on_node, grace_s=STOP_GRACE_S)
+            self.procs[node] = subprocess.Popen(
+                argv,
+                env=self.spec.base_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            started.append(node)
+        deadline = time.monotonic() + min(READY_TIMEOUT_S, self.spec.timeout_s or READY_TIMEOUT_S)
+        for node in started:
+            line = _first_line(self.procs[node], deadline)
+            if line.startswith("ready "):
+                self.paths[node] = line.split(" ", 1)[1]
+            else:
+                self.why[node] = f"the warm agent on {node} did not start ({line or 'no word'})"
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()  # srun cancels the agent's step: SIGTERM, then KillWait
+        for proc in self.procs.values():
+            try:
+                proc.wait(STOP_GRACE_S + self.alloc.kill_wait_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def _first_line(proc: subprocess.Popen[bytes], deadline: float) -> str:
+    """The first line ``proc`` prints before ``deadline`` ('' if none)."""
+    assert proc.stdout is not None
+    fd, said = proc.stdout.fileno(), b""
+    while b"\n" not in said and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        said += chunk
+    return said.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
 
 
 class SlurmRun:
@@ -295,6 +428,7 @@ class SlurmRun:
             "N",
             parse=int,
         ),
+        PRELOAD_OPTION,
     )
 
     @classmethod
@@ -311,17 +445,25 @@ class SlurmRun:
                 name="ntasks_per_node",
                 value=per_node,
             )
-        return {"jobid": alloc.jobid, "ntasks_per_node": per_node, "allocation": alloc}
+        preload = check_preload(options.get("preload", "auto"))
+        return {
+            "jobid": alloc.jobid,
+            "ntasks_per_node": per_node,
+            "allocation": alloc,
+            "preload": preload,
+        }
 
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
         self.alloc: Allocation = spec.options["allocation"]
         self.tag = secrets.token_hex(4)
+        self.agents = _Agents(spec, self.alloc, self.tag)
 
     def place(self, attempt: int, signals: SignalScope) -> _SlurmPlacement:
-        return _SlurmPlacement(self.spec, self.alloc, attempt, self.tag)
+        return _SlurmPlacement(self.spec, self.alloc, attempt, self.tag, self.agents)
 
     def close(self) -> None:
+        self.agents.close()
         with contextlib.suppress(ArgumentError, OSError, subprocess.SubprocessError):
             cancel_steps(self.alloc.jobid, f"graphdist-{self.tag}-", env=self.spec.base_env)
 

@@ -197,7 +197,7 @@ class GuardedTask(TaskOutput):
         grace_s: float = STOP_GRACE_S,
         stdin: bytes | None = None,
         zygote: Zygote | None = None,
-        cold_because: str = "this backend runs no warm interpreter",
+        cold_because: str | None = "this backend runs no warm interpreter",
     ) -> None:
         self._start_output(task, run, log_path)
         self.mark = secrets.token_hex(12)  # every process of the task carries it (MARK_ENV)
@@ -227,7 +227,9 @@ class GuardedTask(TaskOutput):
             raise
         finally:
             os.close(report_w)
-        self.warm = isinstance(self.proc, WarmProc)
+        # cold_because None: argv is a warm client of its node's agent (graphdist._distribute
+        # .nodewarm), the task forked warm there
+        self.warm = isinstance(self.proc, WarmProc) or cold_because is None
         run.emit(
             TaskStarted(
                 self.proc.pid,

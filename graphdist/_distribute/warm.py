@@ -49,10 +49,12 @@ from typing import IO, Any
 
 from graphdist._exceptions import ArgumentError
 from graphdist._proc.process import _stat
+from graphdist._registry import Option
 
 __all__ = [
     "IMPORT_TIME_ENV",
     "PRELOAD_DEFAULT",
+    "PRELOAD_OPTION",
     "READY_TIMEOUT_S",
     "WarmProc",
     "WarmTarget",
@@ -86,6 +88,16 @@ _FD_ENV = "GRAPHDIST_ZYGOTE_FD"
 _MSG_MAX = 1 << 20  # one request: a task's environment and command
 #: Seconds the launcher waits for a zygote's preloads to import before it gives up on it.
 READY_TIMEOUT_S = 300.0
+
+
+#: ``--preload``: a run backend's option where its tasks can run warm (local, slurm).
+PRELOAD_OPTION = Option(
+    "preload",
+    "modules a warm interpreter imports once, from which the run's Python tasks are "
+    "forked instead of each importing them again: comma-separated, `auto` (default: "
+    "NumPy, TensorFlow, tf-keras) or `none` (every task a fresh process)",
+    metavar="MODULES",
+)
 
 
 def check_preload(value: object) -> tuple[str, ...]:
@@ -254,7 +266,9 @@ class WarmProc:
     ``poll``, ``wait``, ``returncode``). Its guard is the zygote's child; the zygote tells its
     exit status."""
 
-    def __init__(self, zygote: Zygote, pid: int, stdout: IO[bytes], spare: bool = False) -> None:
+    def __init__(
+        self, zygote: Zygote, pid: int, stdout: IO[bytes] | None, spare: bool = False
+    ) -> None:
         self._zygote = zygote
         self.pid = pid
         self.spare = spare  # its guard was a spare, forked before the task was asked for
@@ -341,11 +355,14 @@ class Zygote:
         grace_s: float,
         report_fd: int,
         stdin: int | None,
+        out: int | None = None,
+        cwd: str | None = None,
     ) -> WarmProc:
-        """Fork ``command``'s guard and task (``target``) with ``env``, this process's working
-        folder, ``stdin`` (a file descriptor, or None: /dev/null) and ``report_fd``; its output
-        is the returned proc's ``stdout``. OSError when the zygote cannot."""
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        """Fork ``command``'s guard and task (``target``) with ``env``, ``cwd`` (default: this
+        process's working folder), ``stdin`` (a file descriptor, or None: /dev/null) and
+        ``report_fd``; its output goes to ``out`` (a file descriptor), or where that is None
+        to a pipe, the returned proc's ``stdout``. OSError when the zygote cannot."""
+        out_r, out_w = os.pipe2(os.O_CLOEXEC) if out is None else (-1, out)
         try:
             with self._lock:
                 self._next += 1
@@ -359,7 +376,7 @@ class Zygote:
                 "argv": list(target.argv),
                 "unbuffered": target.unbuffered,
                 "env": dict(env),
-                "cwd": os.getcwd(),
+                "cwd": cwd or os.getcwd(),
                 "grace_s": grace_s,
                 "stdin": stdin is not None,
             }
@@ -374,14 +391,15 @@ class Zygote:
             answer = self._answers.pop(ident)
             if "error" in answer:
                 raise OSError(answer["error"])
-            proc = WarmProc(
-                self, int(answer["pid"]), os.fdopen(out_r, "rb"), bool(answer.get("spare"))
-            )
+            stdout = None if out is not None else os.fdopen(out_r, "rb")
+            proc = WarmProc(self, int(answer["pid"]), stdout, bool(answer.get("spare")))
         except BaseException:
-            os.close(out_r)
+            if out is None:
+                os.close(out_r)
             raise
         finally:
-            os.close(out_w)
+            if out is None:
+                os.close(out_w)
         with self._lock:
             self._procs[proc.pid] = proc
             early = self._early.pop(proc.pid, None)

@@ -75,12 +75,10 @@ def zygote_main(preload: Sequence[str]) -> int:
         _end_orphans(guards | spares.keys())
         if not open_:
             continue
-        try:
-            data, fds = _recv_fds(sock)
-        except BlockingIOError:
+        got = receive(sock)
+        if got is None:
             continue
-        except OSError:
-            data, fds = b"", []
+        data, fds = got
         if not data:  # the launcher closed its end (or is gone): stop every guard
             open_ = False
             for pid in [*guards, *spares]:
@@ -165,6 +163,17 @@ def _fork_spare(
         code = 70
     finally:
         os._exit(code)
+
+
+def receive(sock: socket.socket) -> tuple[bytes, list[int]] | None:
+    """One message on ``sock`` and its file descriptors; None where none is there yet, ``b""``
+    once the peer closed its end (or it failed)."""
+    try:
+        return _recv_fds(sock)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b"", []
 
 
 def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:

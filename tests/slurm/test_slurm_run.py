@@ -108,6 +108,12 @@ def test_each_task_runs_on_its_own_node_with_the_allocations_addresses(slurm, al
     assert _steps(slurm, alloc) == []  # every step of the run is gone
 
 
+def _is_command(pid: int, script: str) -> bool:
+    """Whether ``pid`` is the task's command ``python SCRIPT ...``: a cold one's argv, or a warm
+    one's (forked from its node's warm interpreter, its command line set to the command's)."""
+    return " ".join(_cmdline(pid)).startswith(f"{sys.executable} {script} ")
+
+
 def _expand(slurm: Any, job: dict[str, str]) -> list[str]:
     out = slurm.run(None, ["scontrol", "show", "hostnames", job["NodeList"]], check=True)
     return out.stdout.split()
@@ -158,15 +164,16 @@ def test_bad_slurm_runs_are_one_line_and_exit_2_with_nothing_started(slurm, allo
 def test_a_worker_killed_on_its_node_restarts_in_the_allocation_with_the_same_weights(
     slurm, alloc, tmp_path
 ):
-    """The seeds' MWMS script, one worker per node. The command of worker-1 SIGKILLed on its
-    node after epoch 2: the group restarts inside the same allocation, resumes from the chief's
-    backup, and its final weights equal an uninterrupted local run's, bit for bit."""
+    """The seeds' MWMS script, one worker per node, each task forked warm from its node's warm
+    interpreter. The command of worker-1 SIGKILLed on its node after epoch 2: the group
+    restarts inside the same allocation, resumes from the chief's backup, and its final
+    weights equal an uninterrupted local (cold) run's, bit for bit."""
     script = os.path.join(EXAMPLES, "seed_mwms_training.py")
     train = [sys.executable, script, "--epochs", str(EPOCHS), "--out"]
     out = str(slurm.jobs_dir)
     whole = subprocess.run(
-        [sys.executable, "-m", "graphdist", "run", "--workers", "2", "--", *train,
-         os.path.join(out, "whole")],
+        [sys.executable, "-m", "graphdist", "run", "--workers", "2", "--preload", "none", "--",
+         *train, os.path.join(out, "whole")],
         env={**os.environ, **QUIET_TF},
         capture_output=True,
         text=True,
@@ -182,7 +189,7 @@ def test_a_worker_killed_on_its_node_restarts_in_the_allocation_with_the_same_we
         text = event.get("text", "") if event.get("event") == "line" else ""
         if not killed and event.get("task") == "worker-1" and text.startswith(f"epoch 2/{EPOCHS}"):
             node = slurm.node(node_of["worker-1"])
-            killed.extend(p for p in node.pids() if _cmdline(p)[1:2] == [script])
+            killed.extend(p for p in node.pids() if _is_command(p, script))
             os.kill(killed[0], signal.SIGKILL)
 
     args = ["--jobid", str(alloc), "--workers", "2", "--max-restarts", "1", "--log-dir", out]
@@ -196,6 +203,8 @@ def test_a_worker_killed_on_its_node_restarts_in_the_allocation_with_the_same_we
     restarting = [e for e in events if e.get("event") == "restarting"]
     assert len(restarting) == 1 and restarting[0]["cause"]["task"] == "worker-1", restarting
     assert "SIGKILL" in restarting[0]["cause"]["how"], restarting
+    tasks = [e for e in events if e.get("event") == "task-started"]  # forked on their nodes
+    assert len(tasks) == 4 and all(e["warm"] for e in tasks), tasks
     assert any(e.get("event") == "resumed" for e in events), "".join(lines[-60:])
     a = _weights(os.path.join(out, "whole", "weights-worker-0.npz"))
     b = _weights(os.path.join(out, "killed", "weights-worker-0.npz"))
