@@ -4,8 +4,9 @@
 The agent (:func:`agent_main`, a ``srun --overlap`` step of its own, started by the run before
 the first attempt places a task on the node and kept across attempts) starts a
 :class:`~graphdist._distribute.warm.Zygote` on its node, which imports the run's preloads, then
-listens on a socket in this user's private runtime folder there (``SOCK_SEQPACKET``; a peer of
-another user is closed at once, ``SO_PEERCRED``) and prints ``ready PATH``. Each task's step is
+listens on a socket there (``SOCK_SEQPACKET``, in Linux's abstract namespace: no file, nothing
+left behind; a peer of another user is closed at once, ``SO_PEERCRED``) and prints ``ready
+@NAME``. Each task's step is
 then the client (:data:`CLIENT_CODE`, ``python -I -S``: the standard library only, no
 TensorFlow): it sends its environment (the task's, as srun set it), working folder and command
 with its stdin/stdout/stderr (``SCM_RIGHTS``); the agent asks :func:`warm_target` and has the
@@ -52,7 +53,7 @@ def run_cold():
     os.execvp(cold[0], cold)
 try:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    sock.connect(path)
+    sock.connect("\0" + path[1:] if path.startswith("@") else path)
     spec.update(env=dict(os.environ), cwd=os.getcwd())
     socket.send_fds(sock, [json.dumps(spec).encode()], [0, 1, 2])
     answer = json.loads(sock.recv(1 << 16) or b'{"cold": "gone"}')
@@ -84,7 +85,7 @@ while True:
 def agent_main(tag: str, preload: Sequence[str]) -> int:
     """The agent on its node (module docstring): 0 once stopped (SIGTERM: its step cancelled
     at the run's end), 1 where no warm interpreter could start (said in one line)."""
-    from graphdist._private import runtime_dir
+    import secrets
 
     zygote = Zygote(preload, dict(os.environ))
     why = zygote.ready(READY_TIMEOUT_S)
@@ -92,10 +93,13 @@ def agent_main(tag: str, preload: Sequence[str]) -> int:
         zygote.close()
         print(f"cold: {why}", flush=True)
         return 1
-    path = os.path.join(runtime_dir(), f"warm-{tag}-{os.getpid()}.sock")
+    # Linux's abstract namespace: no file to leave behind, even if the agent is SIGKILLed;
+    # any process of the node's network namespace may connect, so SO_PEERCRED (_accept) is the
+    # check: only this user's processes are served
+    name = f"graphdist-warm-{tag}-{os.getpid()}-{secrets.token_hex(8)}"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(path)
-    os.chmod(path, 0o600)
+    listener.bind("\0" + name)
+    path = "@" + name  # as ss and lsof write it; the client turns "@" back into NUL
     listener.listen(64)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
@@ -117,8 +121,6 @@ def agent_main(tag: str, preload: Sequence[str]) -> int:
             client.close()
         zygote.close()
         listener.close()
-        with contextlib.suppress(OSError):
-            os.unlink(path)
     return 0
 
 

@@ -120,3 +120,40 @@ def test_a_sigterm_to_the_agent_waits_for_its_running_tasks(agent):
     client.send_signal(signal.SIGTERM)  # Slurm signals the client's step as well
     assert client.wait(30) == 42
     assert proc.wait(30) == 0
+
+
+@pytest.mark.promise
+@pytest.mark.timeout(120)
+def test_another_user_is_never_served(agent, tmp_path):
+    """The agent's socket is in the abstract namespace (no file mode keeps anyone out): a
+    process of ``nobody`` that connects and asks for a task (which would run as this user) is
+    closed at once, and the task never runs."""
+    import shutil
+
+    from tests.nobody import AS_NOBODY, AS_PLAIN_NOBODY, nobody_code
+
+    if os.getuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run a process as nobody")
+    _, path = agent
+    marker = tmp_path / "ran-as-the-agents-user"
+    command = [sys.executable, "-c", f"import numpy; open({str(marker)!r}, 'w')"]
+    code = nobody_code(
+        "import json, socket, sys\n",
+        f"""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sock.connect("\\0" + {path[1:]!r})
+        spec = {{"name": "x", "command": {command!r}, "grace_s": 1, "env": {{}}, "cwd": "/"}}
+        try:
+            socket.send_fds(sock, [json.dumps(spec).encode()], [0, 1, 2])
+            print("answer", repr(sock.recv(4096)))
+        except OSError as exc:
+            print("refused", type(exc).__name__)
+        """,
+    )
+    done = subprocess.run([*AS_NOBODY, sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    lines = done.stdout.splitlines()
+    assert lines[:1] == [AS_PLAIN_NOBODY], done.stdout + done.stderr
+    assert lines[1] in ("answer b''", "refused BrokenPipeError", "refused ConnectionResetError")
+    time.sleep(1.0)
+    assert not marker.exists()
