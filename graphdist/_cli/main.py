@@ -59,7 +59,7 @@ from graphdist._proc.restarts import (
     DEFAULT_RESTART_WINDOW_S,
     STARTUP_FAILURES,
 )
-from graphdist._proc.signals import STOP_SIGNALS
+from graphdist._proc.signals import STOP_SIGNALS, wait_for_stop
 from graphdist._tflog import TF_LOGS_ENV, LossyText, lossy_stream, tf_logs_live
 from graphdist._validate import is_ascii_digits
 from graphdist._version import __version__
@@ -752,7 +752,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         _print_rows(rows, args.json)
         print("graphdist: fleet running; press Ctrl-C to stop it", file=sys.stderr, flush=True)
         fleet.watch(_report_death)
-        stop.wait()
+        wait_for_stop(stop)
         print("graphdist: stopping the fleet", file=sys.stderr, flush=True)
     # Ctrl-C ends it as a shell expects of an interrupted command (a loop of them stops);
     # SIGTERM and SIGHUP, a service manager's stop, are a normal end

@@ -43,7 +43,7 @@ from graphdist._net.members import (
     shim_members,
 )
 from graphdist._net.ports import is_port_free, port_holder
-from graphdist._proc.signals import stop_on_signals
+from graphdist._proc.signals import stop_on_signals, wait_for_stop
 from graphdist._tflog import tf_logs_kept_out
 from graphdist._validate import show
 
@@ -258,7 +258,7 @@ def _run_server(cluster: Cluster, job: str, index: int, *, check: bool, how: str
         flush=True,
     )
     threading.Thread(target=server.join, name="tf-server", daemon=True).start()
-    stop.wait()
+    wait_for_stop(stop)
     print(f"graphdist serve: /job:{job}/task:{index} stopping", file=sys.stderr, flush=True)
     with contextlib.suppress(OSError, ValueError):  # a reader gone: nothing left to say
         sys.stdout.flush()

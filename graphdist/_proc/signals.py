@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "Interrupted", "SignalScope", "stop_on_signals"]
+__all__ = ["STOP_SIGNALS", "Interrupted", "SignalScope", "stop_on_signals", "wait_for_stop"]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -39,6 +39,19 @@ def stop_on_signals() -> threading.Event:
     for sig in STOP_SIGNALS:
         signal.signal(sig, handler)
     return event
+
+
+#: Seconds between two looks at the stop event by :func:`wait_for_stop`.
+STOP_POLL_S = 0.25
+
+
+def wait_for_stop(event: threading.Event) -> None:
+    """Wait in the main thread until ``event`` is set by a stop signal's handler. In slices: a
+    process-directed signal that the kernel hands to another thread (gRPC's, Ray's) leaves an
+    untimed wait asleep, since Python runs the handler only when the main thread next runs
+    bytecode; ``graphdist up`` on Ray once ignored a Ctrl-C that way for over 60 s."""
+    while not event.wait(STOP_POLL_S):
+        pass
 
 
 class Interrupted(BaseException):
