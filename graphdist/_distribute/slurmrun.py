@@ -32,9 +32,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
-import os
 import secrets
-import select
 import signal
 import subprocess
 import sys
@@ -49,6 +47,7 @@ from graphdist._distribute.runspec import RunSpec
 from graphdist._distribute.taskproc import GuardedTask, RunSink
 from graphdist._distribute.warm import PRELOAD_OPTION, READY_TIMEOUT_S, check_preload, warm_target
 from graphdist._exceptions import ArgumentError, LaunchError
+from graphdist._net.gateway import read_line
 from graphdist._net.loopback import shim_env
 from graphdist._net.members import ALLOW_ENV, members_env, parse_allow
 from graphdist._net.tlsmode import tls_exec_argv
@@ -374,7 +373,7 @@ class _Agents:
             started.append(node)
         deadline = time.monotonic() + min(READY_TIMEOUT_S, self.spec.timeout_s or READY_TIMEOUT_S)
         for node in started:
-            line = _first_line(self.procs[node], deadline)
+            line = read_line(self.procs[node], max(0.0, deadline - time.monotonic()))
             if line.startswith("ready "):
                 self.paths[node] = line.split(" ", 1)[1]
             else:
@@ -393,21 +392,6 @@ class _Agents:
                 proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
-
-
-def _first_line(proc: subprocess.Popen[bytes], deadline: float) -> str:
-    """The first line ``proc`` prints before ``deadline`` ('' if none)."""
-    assert proc.stdout is not None
-    fd, said = proc.stdout.fileno(), b""
-    while b"\n" not in said and time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        said += chunk
-    return said.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
 
 
 class SlurmRun:

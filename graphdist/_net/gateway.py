@@ -63,6 +63,7 @@ __all__ = [
     "Route",
     "alias",
     "is_here",
+    "read_line",
     "routes",
     "start_gateway",
     "stop_gateway",
@@ -678,7 +679,7 @@ def start_gateway(
     config = {"credentials": credentials, "routes": [asdict(r) for r in route_list]}
     proc.stdin.write(json.dumps(config).encode())
     proc.stdin.close()
-    line = _read_line(proc, READY_S)
+    line = read_line(proc, READY_S)
     if line == "ready":
         return proc
     with contextlib.suppress(OSError):
@@ -690,7 +691,8 @@ def start_gateway(
     raise CredentialsError(f"The TLS gateway did not start ({line or 'no answer'})")
 
 
-def _read_line(proc: subprocess.Popen[bytes], wait_s: float) -> str:
+def read_line(proc: subprocess.Popen[bytes], wait_s: float) -> str:
+    """The next line ``proc`` prints within ``wait_s`` seconds ('' if none): a ready line."""
     import selectors
 
     assert proc.stdout is not None
