@@ -54,7 +54,11 @@ The case ``warm`` (issue 40) runs ``mwms-kill`` with cold tasks (``--preload non
 ``--repeats`` pairs, and checks the medians of the pairs' ratios: the warm run's start at most
 ``WARM_START_TARGET`` x the cold one's, its kill recovery at most ``WARM_RECOVERY_TARGET`` x the
 cold run's start, the cold run's steps/s before the kill at most ``WARM_RATE_TARGET`` x the warm
-one's.
+one's. The case ``warm-ray`` is the same on ``--backend ray`` (a Ray instance of each run's own,
+on this machine: the tasks forked by the node's warm agent, :mod:`graphdist._distribute.
+nodewarm`), with the same targets; ``--case warm --case warm-ray`` writes both into the section
+``warm``. The fault injector kills what the task's guard runs: on Ray a warm task's client, whose
+end has the agent SIGKILL the task.
 
     python benchmarks/restart.py [--case CASE ...] [--steps 300] [--save-every 25]
         [--kill-at 110] [--repeats 3] [--json FILE] [--readme docs/benchmarks.md] [--no-check]
@@ -108,6 +112,7 @@ FREEZE_NOTICE_S = 5.0
 finding it (the launcher's heartbeat, 3 s by default, and its 0.5 s looks)."""
 CASES = (
     "warm",
+    "warm-ray",
     "mwms-kill",
     "mwms-freeze",
     "mwms-hang",
@@ -156,8 +161,11 @@ def _steps(outcome: Any, attempt: int, task: str) -> list[tuple[float, int]]:
     return found
 
 
-def _run(case: str, steps: int, save_every: int, kill_at: int, preload: str = "auto") -> Any:
-    """Run ``case`` once under the fault injector; its :class:`RunOutcome`."""
+def _run(
+    case: str, steps: int, save_every: int, kill_at: int, preload: str = "auto", ray: bool = False
+) -> Any:
+    """Run ``case`` once under the fault injector (``ray``: with ``--backend ray`` on a Ray
+    instance of the run's own); its :class:`RunOutcome`."""
     from graphdist._faults.injector import FaultInjector
 
     ps = case.startswith("ps-")
@@ -179,9 +187,9 @@ def _run(case: str, steps: int, save_every: int, kill_at: int, preload: str = "a
                 chief=ps,
                 max_restarts=1,
                 cwd=HERE,
-                env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+                env={"TF_CPP_MIN_LOG_LEVEL": "2", **({"RAY_ADDRESS": "local"} if ray else {})},
                 faults=[fault],
-                launcher_args=["--preload", preload],
+                launcher_args=["--preload", preload, *(["--backend", "ray"] if ray else [])],
             )
     finally:
         left = injector.close()
@@ -197,11 +205,11 @@ def _run(case: str, steps: int, save_every: int, kill_at: int, preload: str = "a
 
 
 def measure_once(
-    case: str, steps: int, save_every: int, kill_at: int, preload: str = "auto"
+    case: str, steps: int, save_every: int, kill_at: int, preload: str = "auto", ray: bool = False
 ) -> Restart:
     """One run of ``case`` with one fault (see the module docstring); ``preload``: the
-    launcher's ``--preload`` (``none``: every task a fresh process)."""
-    outcome = _run(case, steps, save_every, kill_at, preload)
+    launcher's ``--preload`` (``none``: every task a fresh process); ``ray``: on Ray."""
+    outcome = _run(case, steps, save_every, kill_at, preload, ray)
     runner = "chief-0" if case.startswith("ps-") else "worker-0"
     first = _steps(outcome, 0, runner)
     killed_at = outcome.injected[0].at_s
@@ -265,13 +273,16 @@ def measure(case: str, steps: int, save_every: int, kill_at: int, repeats: int) 
     }
 
 
-def measure_warm(steps: int, save_every: int, kill_at: int, repeats: int) -> dict[str, Any]:
+def measure_warm(
+    steps: int, save_every: int, kill_at: int, repeats: int, ray: bool = False
+) -> dict[str, Any]:
     """``warm``: ``mwms-kill`` with cold tasks (``--preload none``, the baseline) and with warm
-    ones (the default), alternating, ``repeats`` pairs; each ratio's median over the pairs."""
+    ones (the default), alternating, ``repeats`` pairs; each ratio's median over the pairs.
+    ``ray`` (``warm-ray``): both on a Ray instance of each run's own."""
     pairs = []
     for _ in range(repeats):
-        cold = measure_once("mwms-kill", steps, save_every, kill_at, "none")
-        warm = measure_once("mwms-kill", steps, save_every, kill_at, "auto")
+        cold = measure_once("mwms-kill", steps, save_every, kill_at, "none", ray)
+        warm = measure_once("mwms-kill", steps, save_every, kill_at, "auto", ray)
         pairs.append(
             {
                 "cold": cold,
@@ -287,17 +298,19 @@ def measure_warm(steps: int, save_every: int, kill_at: int, repeats: int) -> dic
     for side in ("cold", "warm"):
         for key in ("cold_s", "recovery_s", "rate"):
             median[f"{side}_{key}"] = statistics.median(float(p[side][key]) for p in pairs)
-    return {"case": "warm", "steps": steps, "save_every": save_every, "kill_at": kill_at,
-            "runs": pairs, "median": median}  # fmt: skip
+    return {"case": "warm-ray" if ray else "warm", "steps": steps, "save_every": save_every,
+            "kill_at": kill_at, "runs": pairs, "median": median}  # fmt: skip
 
 
 def report_warm(figures: dict[str, Any], repeats: int) -> tuple[list[str], list[str]]:
     """Print the ``warm`` block; its lines and the texts of its targets missed."""
     m = figures["median"]
+    case = figures["case"]
+    where = " on Ray (--backend ray, a Ray instance of each run's own)" if case != "warm" else ""
     lines = [
-        f"[warm] MWMS, 2 workers, worker-1 SIGKILLed after step {figures['kill_at']}: warm "
-        f"tasks (--preload auto) against cold ones (--preload none) in the same run; medians "
-        f"of {repeats} pair(s)",
+        f"[{case}] MWMS, 2 workers{where}, worker-1 SIGKILLed after step {figures['kill_at']}: "
+        f"warm tasks (--preload auto) against cold ones (--preload none) in the same run; "
+        f"medians of {repeats} pair(s)",
         f"cold tasks: start {m['cold_cold_s']:6.2f} s, recovery {m['cold_recovery_s']:6.2f} s, "
         f"{m['cold_rate']:6.1f} steps/s",
         f"warm tasks: start {m['warm_cold_s']:6.2f} s, recovery {m['warm_recovery_s']:6.2f} s, "
@@ -307,17 +320,17 @@ def report_warm(figures: dict[str, Any], repeats: int) -> tuple[list[str], list[
     targets, missed = report_targets_kept(
         [
             (
-                f"warm: start / cold tasks' start: {m['start']:.2f}x (target <= "
+                f"{case}: start / cold tasks' start: {m['start']:.2f}x (target <= "
                 f"{WARM_START_TARGET:g})",
                 m["start"] <= WARM_START_TARGET,
             ),
             (
-                f"warm: kill recovery / cold tasks' start: {m['recovery']:.2f}x (target <= "
+                f"{case}: kill recovery / cold tasks' start: {m['recovery']:.2f}x (target <= "
                 f"{WARM_RECOVERY_TARGET:g})",
                 m["recovery"] <= WARM_RECOVERY_TARGET,
             ),
             (
-                f"warm: cold tasks' steps/s / warm tasks': {m['rate']:.2f}x (target <= "
+                f"{case}: cold tasks' steps/s / warm tasks': {m['rate']:.2f}x (target <= "
                 f"{WARM_RATE_TARGET:g}: warm trains no slower)",
                 m["rate"] <= WARM_RATE_TARGET,
             ),
@@ -473,11 +486,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if "mwms-hang" in chosen:
                 missed.append(line)
             continue
-        if case == "warm":
-            warm = measure_warm(args.steps, args.save_every, args.kill_at, args.repeats)
+        if case in ("warm", "warm-ray"):
+            ray = case == "warm-ray"
+            warm = measure_warm(args.steps, args.save_every, args.kill_at, args.repeats, ray)
             lines, case_missed = report_warm(warm, args.repeats)
             printed, missed = printed + lines, missed + case_missed
-            figures_warm = warm
+            figures_warm = warm if figures_warm is None else {**figures_warm, "ray": warm}
             continue
         results[case] = measure(case, args.steps, args.save_every, args.kill_at, args.repeats)
         lines, case_missed = report(results[case], args.repeats)
@@ -492,7 +506,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             shown = os.path.relpath(path, os.path.dirname(os.path.abspath(args.readme)))
             body += f"\n\n![Recovery by fault against the cold start]({shown})"
     # the warm case alone is a section of its own (the faults' record stays as it was)
-    update_readme_section(args.readme, "warm" if cases == ["warm"] else "restart", body, command)
+    warm_only = set(cases) <= {"warm", "warm-ray"}
+    update_readme_section(args.readme, "warm" if warm_only else "restart", body, command)
     finish(args.json, figures, [] if args.no_check else missed)
     return figures
 

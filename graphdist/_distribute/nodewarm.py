@@ -12,13 +12,20 @@ TensorFlow): it sends its environment (the task's, as srun set it), working fold
 with its stdin/stdout/stderr (``SCM_RIGHTS``); the agent asks :func:`warm_target` and has the
 zygote fork the task's guard on those descriptors, so the task's output goes through srun as a
 cold task's does. The client forwards the signals srun and Slurm send its step to the guard (a
-stop, the preemption notice) and exits with the guard's status. A client the agent cannot serve
-(no agent, a task that runs cold) executes the cold command in its place, so the step is a cold
-task's. A client that ends first (its step cancelled: a frozen task, a broken attempt) has its
-guard SIGKILLed by the agent; the zygote (a subreaper) ends what the guard leaves.
+stop, the preemption notice) and exits with the guard's status, or dies of its signal. A client
+the agent cannot serve (no agent, a task that runs cold) executes the cold command in its place,
+so the step is a cold task's. A client that ends first (its step cancelled: a frozen task, a
+broken attempt) has its guard SIGKILLed by the agent; the zygote (a subreaper) ends what the
+guard leaves.
 
 A warm task runs in the agent's step, not its own: Slurm accounts its CPU and memory to the
 agent's step (``sstat`` on the task's step shows the client only).
+
+On Ray (:class:`RayAgents`) the agent is a process of a Ray actor pinned to its node (no CPU of
+its own), under graphdist's guard tied to the actor, so it ends with the actor however the actor
+ends; each task's actor runs the client under its guard instead of the command (the client's cold
+fallback is the command itself, under the same guard). Abstract sockets are per network
+namespace: a node's agent and its tasks share the node's.
 """
 
 from __future__ import annotations
@@ -30,13 +37,24 @@ import select
 import signal
 import socket
 import struct
+import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from graphdist._distribute.warm import READY_TIMEOUT_S, WarmProc, Zygote, warm_target
 
-__all__ = ["AGENT_CODE", "CLIENT_CODE", "agent_main"]
+__all__ = [
+    "AGENT_CODE",
+    "CLIENT_CODE",
+    "AgentActor",
+    "RayAgents",
+    "agent_main",
+    "client_argv",
+    "run_cold_because",
+]
 
 #: The agent's command: ``python -c AGENT_CODE TAG PRELOAD...``.
 AGENT_CODE = (
@@ -78,8 +96,37 @@ while True:
     if not said:
         sys.exit(70)
     code = int(json.loads(said)["exit"])
+    if code < 0:  # die of the guard's signal, as the guard died of its command's (no core)
+        import resource
+        sock.close()
+        try:
+            hard = resource.getrlimit(resource.RLIMIT_CORE)[1]
+            resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+            signal.signal(-code, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {-code})
+        os.kill(os.getpid(), -code)
     sys.exit(code if code >= 0 else 128 - code)
 """
+
+
+def run_cold_because(
+    command: Sequence[str], base_env: Mapping[str, str], preload: Sequence[str]
+) -> str | None:
+    """Why none of a run's tasks can run warm (so it starts no agent, as a local run starts no
+    zygote), or None."""
+    if not preload:
+        return "no warm interpreter in this run (--preload none)"
+    target = warm_target(command, base_env, base_env, preload)
+    return target if isinstance(target, str) else None
+
+
+def client_argv(path: str, name: str, command: Sequence[str], grace_s: float) -> list[str]:
+    """The client's argv up to its ``--`` (the cold command follows): task ``name`` running
+    ``command`` as a client of the agent at ``path``, its warm guard's grace ``grace_s``."""
+    spec = json.dumps({"name": name, "command": list(command), "grace_s": grace_s})
+    return [sys.executable, "-I", "-S", "-c", CLIENT_CODE, path, spec, "--"]
 
 
 def agent_main(tag: str, preload: Sequence[str]) -> int:
@@ -228,6 +275,128 @@ def _spawn(zygote: Zygote, request: dict[str, Any], fds: list[int]) -> WarmProc 
         return f"the warm interpreter could not fork it ({exc})"
     finally:
         os.close(devnull)
+
+
+# -- Ray ------------------------------------------------------------------------------------------
+
+
+class AgentActor:
+    """A Ray actor on one node: the run's agent there, under a guard started by a thread of the
+    actor that lives as long as the agent (the guard's death signal is tied to that thread)."""
+
+    def __init__(self, tag: str, preload: list[str], env: dict[str, str]) -> None:
+        self._line: str | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._said = threading.Event()
+        threading.Thread(target=self._run, args=(tag, preload, env), daemon=True).start()
+
+    def _run(self, tag: str, preload: list[str], env: dict[str, str]) -> None:
+        from graphdist._proc.process import guarded_argv
+
+        argv = guarded_argv([sys.executable, "-c", AGENT_CODE, tag, *preload], name="warm-agent")
+        try:
+            self._proc = proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._line = f"cold: {exc}"
+            self._said.set()
+            return
+        assert proc.stdout is not None
+        self._line = proc.stdout.readline().decode("utf-8", "replace").strip()
+        self._said.set()
+        proc.wait()
+        proc.stdout.close()
+
+    def ready(self, timeout_s: float) -> str:
+        """The agent's first line (``ready @NAME``, or why it serves no task), once said."""
+        self._said.wait(timeout_s)
+        return self._line or ""
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+
+class RayAgents:
+    """A Ray run's warm agents: one :class:`AgentActor` per node, started when an attempt first
+    places a task there (or again if it ended), kept across attempts, killed with the run."""
+
+    def __init__(self, command: Sequence[str], base_env: Mapping[str, str], preload: Sequence[str]):
+        import secrets
+
+        from graphdist._net.loopback import shim_env
+
+        self.command, self.preload = list(command), tuple(preload)
+        self.tag = secrets.token_hex(4)
+        # as a task's on its node (rayrun's _CommandActor) in what is read at import
+        self.env = {**base_env, **shim_env("127.0.0.1", base_env.get("LD_PRELOAD"), inherit=True)}
+        self.actors: dict[str, Any] = {}  # node id -> its AgentActor
+        self.paths: dict[str, str] = {}  # node id -> its agent's socket
+        self.why: dict[str, str] = {}  # node id -> why its agent serves no task
+        self.cold = run_cold_because(self.command, base_env, self.preload)
+
+    def why_cold(self, node: str) -> str | None:
+        if self.cold is not None:
+            return self.cold
+        if node not in self.paths:
+            return self.why.get(node, f"the warm agent on Ray node {node[:8]} is not running")
+        return None
+
+    def ensure(self, nodes: Sequence[str], timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Start the agents of ``nodes`` that are not running, and wait for their first line
+        (bounded: one that says nothing in time serves no task, which then runs cold)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        if self.cold is not None:
+            return
+        for node in [n for n in nodes if n in self.actors]:  # up from an earlier attempt?
+            try:
+                if ray.get(self.actors[node].alive.remote(), timeout=10.0):
+                    continue
+            except Exception:  # its node was lost, or Ray cannot tell: a new one
+                pass
+            self._drop(node)
+        started = [n for n in dict.fromkeys(nodes) if n not in self.actors]
+        actor_class = ray.remote(AgentActor)
+        for node in started:
+            self.why.pop(node, None)
+            self.actors[node] = actor_class.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                num_cpus=0,
+                max_restarts=0,
+            ).remote(self.tag, list(self.preload), self.env)
+        deadline = time.monotonic() + timeout_s
+        for node in started:
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                line = str(ray.get(self.actors[node].ready.remote(left), timeout=left + 10.0))
+            except Exception as exc:
+                line = f"{type(exc).__name__}"
+            if line.startswith("ready "):
+                self.paths[node] = line.split(" ", 1)[1]
+            else:
+                self.why[node] = (
+                    f"the warm agent on Ray node {node[:8]} did not start ({line or 'no word'})"
+                )
+
+    def _drop(self, node: str) -> None:
+        import ray
+
+        self.paths.pop(node, None)
+        actor = self.actors.pop(node, None)
+        if actor is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+
+    def close(self) -> None:
+        for node in list(self.actors):
+            self._drop(node)
 
 
 if __name__ == "__main__":  # pragma: no cover - started as AGENT_CODE

@@ -38,11 +38,13 @@ from typing import Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
 from graphdist._distribute.events import TaskStarted
+from graphdist._distribute.nodewarm import RayAgents
 from graphdist._distribute.runbackends import register
 from graphdist._distribute.runspec import RunSpec, check_folder
 from graphdist._distribute.taskproc import LINE_LIMIT, RunSink, TaskOutput, TaskResult
+from graphdist._distribute.warm import PRELOAD_OPTION, check_preload, warm_target
 from graphdist._exceptions import ArgumentError, LaunchError
-from graphdist._proc.process import guarded_argv
+from graphdist._proc.process import STOP_GRACE_S, guarded_argv
 from graphdist._proc.signals import SignalScope
 from graphdist._registry import Option
 
@@ -56,6 +58,9 @@ PLACE_TIMEOUT_S = 180.0
 HEAD_PROBE_S = 0.5
 """How often the run asks the Ray head's GCS port for a connection."""
 HEAD_MISSES = 2
+WARM_GRACE_MARGIN_S = 2.0
+"""How much longer a warm task's guard in its actor waits for the client than the warm guard on
+the node waits for the task: the task's stop is the warm guard's to end."""
 """Refused probes in a row that make the head lost (its GCS gone: the cluster ends with it)."""
 
 
@@ -130,9 +135,22 @@ class _CommandActor:
     is started by a thread of the actor's own that lives until the command has exited."""
 
     def __init__(
-        self, argv: list[str], env: dict[str, str], bind: str, name: str, cwd: str
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        bind: str,
+        name: str,
+        cwd: str,
+        warm: str | None = None,
     ) -> None:
+        from graphdist._distribute.nodewarm import client_argv
         from graphdist._net.loopback import shim_env
+
+        grace = STOP_GRACE_S
+        if warm is not None:  # a client of its node's agent, the command its cold fallback;
+            # its own guard's grace a little longer than the warm guard's, which has the task
+            argv = [*client_argv(warm, name, argv, STOP_GRACE_S), *argv]
+            grace += WARM_GRACE_MARGIN_S
 
         self._env = {**env, **shim_env(bind, env.get("LD_PRELOAD"), inherit=True)}
         # the driver's folder where the node has it; "" (a shipped working_dir): the actor's own
@@ -144,15 +162,15 @@ class _CommandActor:
         self._pid: int | None = None
         self._error: str | None = None
         self._limit = LINE_LIMIT
-        thread = threading.Thread(target=self._run, args=(argv, name), daemon=True)
+        thread = threading.Thread(target=self._run, args=(argv, name, grace), daemon=True)
         thread.start()
         with self._ready:
             self._ready.wait_for(lambda: self._pid is not None or self._error is not None, 60)
 
-    def _run(self, argv: list[str], name: str) -> None:
+    def _run(self, argv: list[str], name: str, grace_s: float) -> None:
         try:
             proc = subprocess.Popen(
-                guarded_argv(argv, name=name),
+                guarded_argv(argv, grace_s=grace_s, name=name),
                 env=self._env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -202,7 +220,15 @@ class _RayTaskProcess(TaskOutput):
     when, its output, stop and finish), from the task's actor."""
 
     def __init__(
-        self, task: Task, run: RunSink, log_path: str | None, *, actor: Any, node: str, head: _Head
+        self,
+        task: Task,
+        run: RunSink,
+        log_path: str | None,
+        *,
+        actor: Any,
+        node: str,
+        head: _Head,
+        cold_because: str | None,
     ) -> None:
         import ray
 
@@ -215,10 +241,7 @@ class _RayTaskProcess(TaskOutput):
         self.node = node
         self._done = threading.Event()
         self.result.pid = ray.get(actor.pid.remote())
-        run.emit(
-            TaskStarted(self.result.pid, False, "the ray backend runs no warm interpreter"),
-            task.name,
-        )
+        run.emit(TaskStarted(self.result.pid, cold_because is None, cold_because), task.name)
         self._reader = threading.Thread(
             target=self._pump, daemon=True, name=f"graphdist-run-{task.name}"
         )
@@ -326,6 +349,7 @@ class RayRun:
     requires: ClassVar[tuple[str, str] | None] = ("ray", "pip install 'ray==2.60.*'")
     tls: ClassVar[bool] = True
     options: ClassVar[tuple[Option, ...]] = (
+        PRELOAD_OPTION,
         Option(
             "address",
             "the Ray cluster (default: RAY_ADDRESS, else a Ray instance of this machine's own)",
@@ -341,7 +365,7 @@ class RayRun:
 
     @classmethod
     def check_options(cls, spec: RunSpec, options: Mapping[str, Any]) -> dict[str, Any]:
-        checked: dict[str, Any] = {}
+        checked: dict[str, Any] = {"preload": check_preload(options.get("preload", "auto"))}
         if options.get("address") is not None:
             checked["address"] = _address(options["address"])
         if options.get("working_dir") is not None:
@@ -358,10 +382,11 @@ class RayRun:
             spec.options.get("address"), {"working_dir": folder} if folder else None
         )
         self._head = _Head()
+        self._agents = RayAgents(spec.command, spec.base_env, spec.options.get("preload", ()))
 
     def place(self, attempt: int, signals: SignalScope) -> _RayPlacement:
         self._head.check(attempt)
-        placement = _RayPlacement(self.spec, attempt, self._seen, self._head)
+        placement = _RayPlacement(self.spec, attempt, self._seen, self._head, self._agents)
         self._seen.update({node: ip for ip, _, node in placement._spots})
         return placement
 
@@ -373,6 +398,8 @@ class RayRun:
 
     def close(self) -> None:
         self._head.close()
+        if self._head.lost is None:  # else Ray's calls would wait for the GCS
+            self._agents.close()
         # without its GCS, Ray's shutdown waits ~5 s (measured) to tell it: at exit instead
         if self._owns_ray and self._head.lost is None:
             import ray
@@ -396,7 +423,14 @@ class _RayPlacement:
     is lost the next attempt places on the nodes left at once, or, when they have too few CPUs
     for the run, says so in one line (:class:`LaunchError`) instead of waiting for Ray."""
 
-    def __init__(self, spec: RunSpec, attempt: int, seen: Mapping[str, str], head: _Head) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        attempt: int,
+        seen: Mapping[str, str],
+        head: _Head,
+        agents: RayAgents,
+    ) -> None:
         from graphdist._fleet.ray import (
             _driver_node,
             live_nodes,
@@ -405,7 +439,7 @@ class _RayPlacement:
             ray_members,
         )
 
-        self.spec, self._head = spec, head
+        self.spec, self._head, self._agents = spec, head, agents
         names = [(n, i) for n in sorted(spec.jobs) for i in range(spec.jobs[n])]  # Cluster's
         live, lost = live_nodes()
         gone = _lost_nodes(seen, lost, {n["NodeID"] for n in live})
@@ -444,6 +478,13 @@ class _RayPlacement:
             raise
         self._index = {t.name: i for i, t in enumerate(self.cluster)}  # the bundle of each
         self.nodes = {t.name: self._spots[i][2][:8] for i, t in enumerate(self.cluster)}
+        # the warm agents of the nodes of the command's tasks (kept from an earlier attempt)
+        commands = [i for i, t in enumerate(self.cluster) if t.job not in spec.served]
+        try:
+            agents.ensure(sorted({self._spots[i][2] for i in commands}))
+        except BaseException:
+            self.close()
+            raise
 
     def start_servers(self, jobs: Sequence[str], log_folder: str | None, signals: Any) -> None:
         """A parameter-server run's worker and ps servers, as a RayFleet's: a Ray actor each on
@@ -481,6 +522,8 @@ class _RayPlacement:
     ) -> _RayTaskProcess:
         import ray
 
+        from graphdist._net.loopback import shim_env
+
         i = self._index[task.name]
         options: dict[str, Any] = {
             "scheduling_strategy": self._on_bundle[i],
@@ -491,13 +534,28 @@ class _RayPlacement:
         # with a working_dir, Ray shipped it (the job's runtime_env) and the actor starts in its
         # copy; else the task starts in this folder, where its node has it
         cwd = "" if self.spec.options.get("working_dir") else os.getcwd()
+        node = self._spots[i][2]
+        agents = self._agents
+        cold_because = agents.why_cold(node)
+        if cold_because is None:  # the node's agent decides again there, as on Slurm
+            task_env = {**env, **shim_env(self._hosts[i], env.get("LD_PRELOAD"), inherit=True)}
+            target = warm_target(self.spec.command, task_env, agents.env, agents.preload)
+            cold_because = target if isinstance(target, str) else None
+        warm = agents.paths[node] if cold_because is None else None
         actor = (
             ray.remote(_CommandActor)
             .options(**options)
-            .remote(list(self.spec.command), dict(env), self._hosts[i], task.name, cwd)
+            .remote(list(self.spec.command), dict(env), self._hosts[i], task.name, cwd, warm)
         )
-        node = self._spots[i][2]
-        return _RayTaskProcess(task, run, log_path, actor=actor, node=node, head=self._head)
+        return _RayTaskProcess(
+            task,
+            run,
+            log_path,
+            actor=actor,
+            node=node,
+            head=self._head,
+            cold_because=cold_because,
+        )
 
     def close(self) -> None:
         import ray

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import secrets
 import signal
 import subprocess
@@ -41,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
-from graphdist._distribute.nodewarm import AGENT_CODE, CLIENT_CODE
+from graphdist._distribute.nodewarm import AGENT_CODE, client_argv, run_cold_because
 from graphdist._distribute.runbackends import register, start_servers
 from graphdist._distribute.runspec import RunSpec
 from graphdist._distribute.taskproc import GuardedTask, RunSink
@@ -322,11 +321,7 @@ class _Agents:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.paths: dict[str, str] = {}  # node -> its agent's socket
         self.why: dict[str, str] = {}  # node -> why its agent serves no task
-        self.cold: str | None = "no warm interpreter in this run (--preload none)"
-        if self.preload:  # a command that would not run warm starts no agent (as locally)
-            base = spec.base_env
-            target = warm_target(spec.command, base, base, self.preload)
-            self.cold = target if isinstance(target, str) else None
+        self.cold = run_cold_because(spec.command, spec.base_env, self.preload)
 
     def env(self, node: str) -> dict[str, str]:
         """The agent's environment on ``node`` (as its tasks', in what is read at import)."""
@@ -342,9 +337,7 @@ class _Agents:
 
     def client_argv(self, node: str, name: str, grace: float, cold: Sequence[str]) -> list[str]:
         """A task's command on ``node`` as a client of its agent; ``cold`` where it cannot be."""
-        spec = json.dumps({"name": name, "command": list(self.spec.command), "grace_s": grace})
-        client = [sys.executable, "-I", "-S", "-c", CLIENT_CODE, self.paths[node], spec]
-        return [*client, "--", *cold]
+        return [*client_argv(self.paths[node], name, self.spec.command, grace), *cold]
 
     def ensure(self, nodes: Sequence[str]) -> None:
         """Start the agents of ``nodes`` that are not running, and wait for their first line

@@ -90,7 +90,7 @@ _MSG_MAX = 1 << 20  # one request: a task's environment and command
 READY_TIMEOUT_S = 300.0
 
 
-#: ``--preload``: a run backend's option where its tasks can run warm (local, slurm).
+#: ``--preload``: a run backend's option where its tasks can run warm (local, slurm, ray).
 PRELOAD_OPTION = Option(
     "preload",
     "modules a warm interpreter imports once, from which the run's Python tasks are "

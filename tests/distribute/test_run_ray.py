@@ -8,13 +8,15 @@ import importlib.util
 import ipaddress
 import json
 import os
+import secrets
 import subprocess
 import sys
 from typing import Any
 
 import pytest
 
-from tests.conftest import QUIET_TF
+from graphdist._proc.process import marked
+from tests.conftest import EVENTUALLY_S, QUIET_TF, wait_gone
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip("Ray is not installed (pip install 'graphdist[ray]')", allow_module_level=True)
@@ -22,11 +24,13 @@ if importlib.util.find_spec("ray") is None:
 PRINT_TASK = "import json, os; print(json.dumps(json.loads(os.environ['TF_CONFIG'])))"
 
 
-def _graphdist(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RAY_ADDRESS": "local"}  # never a cluster another test started
+def _graphdist(
+    *argv: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    base = {**os.environ, "RAY_ADDRESS": "local"}  # never a cluster another test started
     return subprocess.run(
         [sys.executable, "-m", "graphdist", *argv],
-        env={**env, **QUIET_TF},
+        env={**base, **QUIET_TF, **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -114,3 +118,49 @@ def test_a_ray_run_tasks_server_listens_on_loopback_only() -> None:
     ips = [ipaddress.ip_address(h) for h in hosts]
     mapped = [getattr(ip, "ipv4_mapped", None) or ip for ip in ips]  # ::ffff:127.0.0.1 too
     assert mapped and all(ip.is_loopback for ip in mapped), hosts
+
+
+WARM_TASK = (
+    "import os, sys\n"
+    "warm = 'tensorflow' in sys.modules  # imported before the script's own import: forked warm\n"
+    "import tensorflow as tf\n"
+    "restart, name = os.environ['GRAPHDIST_RESTART'], os.environ['GRAPHDIST_TASK']\n"
+    "print('WARM' if warm else 'COLD', restart, flush=True)\n"
+    "sys.exit(3 if (restart, name) == ('0', 'worker-1') else 0)\n"
+)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("preload", ["auto", "none"])
+def test_ray_tasks_run_warm_on_their_node_across_a_restart_and_leave_nothing(
+    tmp_path: Any, preload: str
+) -> None:
+    """Each Ray node's warm agent forks the run's tasks (TensorFlow already imported when the
+    script starts), in both attempts: worker-1 exits 3 in the first, the run restarts, and the
+    agent serves again. ``--preload none``: every task a fresh process, and said why. Once the
+    run is over, no agent or warm interpreter is left. Red if the actor ran the command cold
+    (planted: warm=None in start_task) or the agent outlived the run."""
+    script = tmp_path / "task.py"
+    script.write_text(WARM_TASK)
+    mark = {"GRAPHDIST_TEST_MARK": secrets.token_hex(8)}  # every process of the run inherits it
+    result = _graphdist(
+        "run", "--backend", "ray", "--workers", "2", "--max-restarts", "1", "--preload", preload,
+        "--output-format", "jsonl", "--", sys.executable, str(script), timeout=200, env=mark,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    events = [json.loads(ln) for ln in result.stdout.splitlines() if ln.startswith("{")]
+    tasks = [e for e in events if e["event"] == "task-started"]
+    lines = sorted(
+        e["text"] for e in events if e["event"] == "line" and e["text"][:4] in ("WARM", "COLD")
+    )
+    restarting = [e for e in events if e["event"] == "restarting"]
+    assert len(restarting) == 1 and "exited with code 3" in restarting[0]["cause"]["how"]
+    assert len(tasks) == 4, tasks
+    if preload == "auto":
+        assert all(e["warm"] and e["cold_because"] is None for e in tasks), tasks
+        assert lines == ["WARM 0", "WARM 0", "WARM 1", "WARM 1"], lines
+    else:
+        assert all(not e["warm"] and "--preload none" in e["cold_because"] for e in tasks)
+        assert lines == ["COLD 0", "COLD 0", "COLD 1", "COLD 1"], lines
+    [(key, value)] = mark.items()
+    assert wait_gone(marked(value, env=key), EVENTUALLY_S) == []
