@@ -7,7 +7,9 @@ import os
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import tensorflow as tf
@@ -15,6 +17,7 @@ import tensorflow as tf
 import graphdist
 from graphdist._detached.state import SUPERVISOR_LOG
 from graphdist._detached.supervisor import MONITOR_INTERVAL_S
+from graphdist._distribute.heartbeat import process_state
 from graphdist._graph.graphs import split_graph
 from tests.conftest import EVENTUALLY_S, read_json, run_python, wait_gone
 
@@ -82,21 +85,48 @@ def test_master_killed_names_the_master_and_new_sessions_refuse_at_once(fleet):
         fleet.restart("local", 0)
 
 
+def stop(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until it is stopped (state ``T``), every thread of it."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + EVENTUALLY_S
+    while process_state(pid) != "T":
+        assert time.monotonic() < deadline, f"pid {pid} not stopped: {process_state(pid)}"
+        time.sleep(0.005)
+
+
+def frozen_run(sess: Any, y: Any, pid: int, tries: int = 3) -> graphdist.TaskFailedError:
+    """Run ``y`` while ``pid`` is stopped: the error it raises. A run that answers is a failure
+    if the task was stopped all along; if another process continued it meanwhile (seen in CI
+    under load, twice in 8 runs beside tests/distribute; the sender was not found: no Python
+    process of the suite sent it), the freeze did not hold and the run is tried again, up to
+    ``tries`` times."""
+    for _ in range(tries):
+        stop(pid)
+        try:
+            try:
+                value = sess.run(y)
+            except graphdist.TaskFailedError as exc:
+                return exc
+            state = process_state(pid)
+            assert state != "T", f"a run needing a stopped task returned {value!r}"
+            warnings.warn(
+                f"the stopped task was continued by another process ({state})", stacklevel=2
+            )
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    raise AssertionError(f"the stopped task was continued by another process {tries} times")
+
+
 def test_frozen_worker_is_reported_within_the_operation_timeout(fleet):
     graph, y = seed_graph(fleet)
     pid = fleet.task("local", 1).pid
     for _ in range(REPEATS):
         with fleet.session("local", 0, graph=graph) as sess:
             assert sess.run(y) == 238
-            os.kill(pid, signal.SIGSTOP)
-            try:
-                with pytest.raises(graphdist.TaskFailedError) as info:
-                    sess.run(y)
-            finally:
-                os.kill(pid, signal.SIGCONT)
-        assert (info.value.task, info.value.status) == ("local-1", "not answering")
-        assert info.value.timeout_ms == TIMEOUT_MS
-        assert type(info.value.__cause__).__name__ == "DeadlineExceededError"
+            error = frozen_run(sess, y, pid)
+        assert (error.task, error.status) == ("local-1", "not answering")
+        assert error.timeout_ms == TIMEOUT_MS
+        assert type(error.__cause__).__name__ == "DeadlineExceededError"
     with fleet.session("local", 0, graph=graph) as sess:
         assert sess.run(y) == 238
 

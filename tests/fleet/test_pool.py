@@ -12,9 +12,12 @@ import json
 import os
 import signal
 import textwrap
+import time
+import warnings
 
 import pytest
 
+from graphdist._distribute.heartbeat import process_state
 from graphdist._exceptions import ArgumentError
 from graphdist._proc.forkserver_pool import DEFAULT_SPARES, MAX_SPARES, SPARES_ENV, spares_wanted
 from tests.conftest import EVENTUALLY_S, is_gone, run_python, start_python, wait_gone
@@ -304,6 +307,15 @@ def test_a_pools_spares_die_with_their_owner_while_the_fork_server_is_stopped(mo
     its own owner watch cannot run) when the owner is SIGKILLed: every spare is gone all the
     same, each by its own owner watch. Red if a spare skipped prepare_spare or its pidfd watch."""
     monkeypatch.setenv(SPARES_ENV, "2")
+    for tried in range(2):
+        if _spares_outlive_no_owner(tried):
+            return
+    raise AssertionError("the stopped fork server was ended by another process twice")
+
+
+def _spares_outlive_no_owner(tried: int) -> bool:
+    """The scenario once: False if its premise failed (the stopped fork server was ended by
+    another process, seen once in CI under load, sender not found), so it is tried again."""
     proc = start_python("-c", OWNER.replace("wait_spares(3)", "wait_spares(2)"))
     fork_server = None
     pids: list[int] = []
@@ -315,10 +327,16 @@ def test_a_pools_spares_die_with_their_owner_while_the_fork_server_is_stopped(mo
         spares = pids[2:]
         assert len(spares) == 2 and not any(is_gone(p) for p in [fork_server, *pids])
         os.kill(fork_server, signal.SIGSTOP)
+        deadline = time.monotonic() + EVENTUALLY_S
+        while process_state(fork_server) != "T":  # stopped, every thread of it
+            assert time.monotonic() < deadline, process_state(fork_server)
+            time.sleep(0.005)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         assert wait_gone(spares, 5.0) == [], "spares outlived their owner"
-        assert not is_gone(fork_server)  # stopped, not gone: nothing else ended them
+        held = not is_gone(fork_server)  # stopped, not gone: nothing else ended the spares
+        if not held:
+            warnings.warn(f"try {tried}: the stopped fork server was ended", stacklevel=2)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -329,3 +347,4 @@ def test_a_pools_spares_die_with_their_owner_while_the_fork_server_is_stopped(mo
                     os.kill(pid, signal.SIGCONT)
                     os.kill(pid, signal.SIGKILL)
     assert wait_gone([p for p in [*pids, fork_server] if p is not None], EVENTUALLY_S) == []
+    return held
