@@ -657,6 +657,10 @@ class FaultInjector:
 
         from graphdist._proc.process import descendants
 
+        if run.launcher.returncode is not None:
+            # reaped: its pid is free, maybe another process's already, whose tree is not the
+            # run's (the final sweep would SIGCONT and SIGKILL it): what was seen is all
+            return [p for p in run.seen.values() if _alive(p)]
         found = []
         for pid in descendants(run.launcher.pid):
             proc = run.seen.get(pid)

@@ -5,6 +5,7 @@ through the pytest plugin (tests/test_plugin.py) and on real training
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -298,3 +299,34 @@ def test_a_run_that_never_ends_is_stopped_after_the_default_wait(
     new = {p.pid for p in me.children(recursive=True)} - before
     assert not wait_gone(new, EVENTUALLY_S)
     assert graphdist_faults.close() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_reaped_launchers_pid_is_never_scanned_again():
+    """Once the launcher is reaped its pid is free, and may be another process's: the
+    injector's scans (which go on while the launcher's output is still open) must not take
+    that process's tree for the run's, which the final sweep would SIGCONT and SIGKILL. Here
+    the reaped launcher's pid is pointed at a live process with a child, as a reuse would.
+    Red without the check in _scan: both strangers are taken for the run's."""
+    import subprocess
+
+    launcher = subprocess.Popen([sys.executable, "-c", "pass"])
+    launcher.wait()
+    code = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
+    stranger = subprocess.Popen([sys.executable, "-c", code])
+    tree = [stranger.pid]
+    try:
+        deadline = time.monotonic() + EVENTUALLY_S
+        while not psutil.Process(stranger.pid).children():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        tree += [c.pid for c in psutil.Process(stranger.pid).children()]
+        launcher.pid = stranger.pid  # as if the kernel had given the pid to it
+        run = injector_module._Run(["python"], "mark", launcher, 0)
+        assert FaultInjector()._scan(run) == [] and run.seen == {}
+    finally:
+        for pid in reversed(tree):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        stranger.wait(10)
+    assert wait_gone(tree, EVENTUALLY_S) == []
