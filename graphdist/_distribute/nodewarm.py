@@ -333,12 +333,15 @@ class RayAgents:
 
         self.command, self.preload = list(command), tuple(preload)
         self.tag = secrets.token_hex(4)
-        # as a task's on its node (rayrun's _CommandActor) in what is read at import
-        self.env = {**base_env, **shim_env("127.0.0.1", base_env.get("LD_PRELOAD"), inherit=True)}
         self.actors: dict[str, Any] = {}  # node id -> its AgentActor
         self.paths: dict[str, str] = {}  # node id -> its agent's socket
         self.why: dict[str, str] = {}  # node id -> why its agent serves no task
         self.cold = run_cold_because(self.command, base_env, self.preload)
+        # as a task's on its node (rayrun's _CommandActor) in what is read at import
+        self.env: dict[str, str] = {}
+        if self.cold is None:
+            shim = shim_env("127.0.0.1", base_env.get("LD_PRELOAD"), inherit=True)
+            self.env = {**base_env, **shim}
 
     def why_cold(self, node: str) -> str | None:
         if self.cold is not None:

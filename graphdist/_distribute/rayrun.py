@@ -58,10 +58,10 @@ PLACE_TIMEOUT_S = 180.0
 HEAD_PROBE_S = 0.5
 """How often the run asks the Ray head's GCS port for a connection."""
 HEAD_MISSES = 2
+"""Refused probes in a row that make the head lost (its GCS gone: the cluster ends with it)."""
 WARM_GRACE_MARGIN_S = 2.0
 """How much longer a warm task's guard in its actor waits for the client than the warm guard on
 the node waits for the task: the task's stop is the warm guard's to end."""
-"""Refused probes in a row that make the head lost (its GCS gone: the cluster ends with it)."""
 
 
 class _Head:
