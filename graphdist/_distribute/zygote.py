@@ -33,7 +33,16 @@ from graphdist._proc.process import (
 __all__ = ["zygote_main"]
 
 
+#: The signals a task gets back as a fresh interpreter has them, and those of them that the
+#: zygote found ignored as it started (``nohup graphdist run``: SIGHUP): a cold task inherits
+#: an ignored signal through exec, so a warm one keeps it ignored too.
+_TASK_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+_ignored_at_start: frozenset[int] = frozenset()
+
+
 def zygote_main(preload: Sequence[str]) -> int:
+    global _ignored_at_start
+    _ignored_at_start = frozenset(s for s in _TASK_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
     sock = socket.socket(fileno=int(os.environ.pop(_FD_ENV)))
     set_parent_death_signal(signal.SIGKILL)
     launcher = os.getppid()
@@ -292,9 +301,9 @@ def _run_task(request: dict[str, Any], report: int) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig in _TASK_SIGNALS:
+            fresh = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+            signal.signal(sig, signal.SIG_IGN if sig in _ignored_at_start else fresh)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         _fresh_stdio(request["unbuffered"] or bool(request["env"].get("PYTHONUNBUFFERED")))
         import atexit

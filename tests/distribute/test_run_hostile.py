@@ -417,6 +417,13 @@ def test_the_deadline_holds_during_the_back_off_and_the_summary_says_so(tmp_path
     assert "graphdist: run summary: 1 attempt(s)" in out.getvalue()
 
 
+def _signals_by_default() -> None:
+    """Between fork and exec: the signals the launcher is sent, by default (a suite run under
+    nohup has SIGHUP ignored, and every process it starts inherits that)."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_run_stopped_by_a_signal_writes_its_summary(tmp_path, sig):
     mark = uuid.uuid4().hex
@@ -437,7 +444,7 @@ def test_a_run_stopped_by_a_signal_writes_its_summary(tmp_path, sig):
         text=True,
         cwd=REPO,
         env={**os.environ, "GRAPHDIST_TEST_MARK": mark},
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=_signals_by_default,
     )
     assert proc.stdout is not None
     assert proc.stdout.readline() == "[worker-0] up\n"

@@ -57,6 +57,7 @@ ESCAPING = '"$0" -c "$3" "$0" -c "$1" "$2"; "$0" -c "$1" "$2" .fg; true'
 
 def _default_sigint() -> None:  # between fork and exec: Ctrl-C must reach the launcher
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # and SIGHUP, in a suite run under nohup
 
 
 def start_run(mark: str, *shell: str, run: tuple[str, ...] = ("--workers", str(WORKERS))):

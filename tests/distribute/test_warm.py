@@ -66,8 +66,20 @@ atexit.register(lambda: print("atexit ran", flush=True))
 
 
 def _run(
-    args: list[str], *, cwd: str, env: dict[str, str] | None = None, timeout: float = 180
+    args: list[str],
+    *,
+    cwd: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 180,
+    ignore: tuple[int, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
+    """``graphdist run --output-format jsonl ARGS``; ``ignore``: signals the launcher starts
+    with ignored (``nohup``: SIGHUP), as every process it starts inherits them."""
+
+    def ignored() -> None:
+        for sig in ignore:
+            signal.signal(sig, signal.SIG_IGN)
+
     return subprocess.run(
         [sys.executable, "-m", "graphdist", "run", "--output-format", "jsonl", *args],
         env={**os.environ, **QUIET_TF, **(env or {})},
@@ -75,6 +87,7 @@ def _run(
         text=True,
         timeout=timeout,
         cwd=cwd,
+        preexec_fn=ignored if ignore else None,
     )
 
 
@@ -104,6 +117,7 @@ def test_a_warm_task_sees_what_a_cold_one_sees(tmp_path: Any) -> None:
             ["--workers", "2", "--preload", preload, "--", sys.executable, "view.py", "a b", "-x"],
             cwd=str(tmp_path),
             env={"FOO": "bar"},
+            ignore=(signal.SIGHUP,),  # started under nohup: a cold task inherits it ignored
         )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         events = _events(result)
