@@ -14,6 +14,9 @@ from typing import Any
 import psutil
 import pytest
 
+# --dist loadgroup that ends after a crashed worker instead of hanging (xdist 3.8's #1323, #1327)
+from tests.xdist_sched import pytest_xdist_make_scheduler  # noqa: F401 - a hook
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 # How long a test waits for something that must happen "eventually" (a stopped or orphaned
