@@ -60,7 +60,8 @@ class NoHangLoadGroup(LoadGroupScheduling):
             node.shutdown()
 
 
-@pytest.hookimpl(tryfirst=True)
+# optionalhook: a pytest without xdist (mutmut's, -p no:xdist) has no such hook to check it by
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """:class:`NoHangLoadGroup` for ``--dist loadgroup``; xdist's own for every other mode."""
     if config.getvalue("dist") == "loadgroup":
