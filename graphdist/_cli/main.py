@@ -365,7 +365,8 @@ def build_parser() -> _Parser:
         "Start a fleet of TensorFlow servers (one process each) and print its tasks once every "
         "server answers. In the foreground it runs until Ctrl-C, SIGTERM or SIGHUP; with "
         "--detach a supervisor keeps it and the command returns. Ctrl-C at any moment stops "
-        "everything it started and exits 130 (SIGTERM or SIGHUP once it runs: 0).",
+        "everything it started and exits 130 (SIGTERM or SIGHUP once it runs: 0), until a "
+        "fleet is detached: that one keeps running, and the command exits 0.",
     )
     up.add_argument(
         "--cluster",
@@ -842,7 +843,13 @@ def _up_detached(args: argparse.Namespace, cluster: Any, options: dict[str, Any]
     def note(text: str) -> None:
         print(f"graphdist: {text}", file=sys.stderr, flush=True)
 
-    record = start_detached(spec, note=note)
+    def detached() -> None:
+        # the fleet runs and is the supervisor's now: a Ctrl-C from here on (while the rows are
+        # printed, or as Python exits) would kill this command with the fleet left running
+        # while saying "interrupted"; it is ignored, and the command ends with 0 as it says
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    record = start_detached(spec, note=note, on_ready=detached)
     _print_rows(status_rows(record), args.json)
     if spec.tls_client is not None:  # the real cluster: a Ray or Slurm fleet's nodes' addresses
         from graphdist._cluster import Cluster

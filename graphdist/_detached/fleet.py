@@ -255,7 +255,9 @@ def _clean_before_start(state_dir: str, note: Note) -> None:
 _NO = FleetRecord(ProcessRef(0, 0.0), {})
 
 
-def start_detached(spec: SupervisorSpec, *, note: Note | None = None) -> FleetRecord:
+def start_detached(
+    spec: SupervisorSpec, *, note: Note | None = None, on_ready: Callable[[], None] | None = None
+) -> FleetRecord:
     """Start a supervisor for ``spec`` and return the fleet's record once every server answers.
 
     Holds the state folder's lock throughout. Raises :class:`StateError` if a fleet is already
@@ -263,7 +265,10 @@ def start_detached(spec: SupervisorSpec, *, note: Note | None = None) -> FleetRe
     :class:`PortInUseError` before anything starts, and :class:`FleetStartError` if the
     supervisor reports a failed start, exits, or is not ready within ``spec.start_timeout_s``
     (plus a margin for its own start); then nothing it started is left running. ``note`` gets a
-    one-line message for each thing cleaned up on the way (what an earlier fleet left)."""
+    one-line message for each thing cleaned up on the way (what an earlier fleet left).
+    ``on_ready`` is called once the fleet is ready, still inside the start's clean-up: a Ctrl-C
+    that comes before it returns stops everything as any other; the CLI has it ignore SIGINT,
+    so that a Ctrl-C after that point cannot leave a fleet the command calls interrupted."""
     # checked when the spec was built; again before anything is created or started, for a
     # spec changed since (it is frozen, but object.__setattr__ gets past that)
     flag(spec.expose, "expose")
@@ -298,7 +303,10 @@ def start_detached(spec: SupervisorSpec, *, note: Note | None = None) -> FleetRe
                 also.append(ProcessRef.of(proc.pid))
             except Exception:  # psutil.Error: it is gone already; the wait below says why
                 also.append(ProcessRef(proc.pid, 0.0))
-            return _wait_ready(spec, proc, log_path)
+            record = _wait_ready(spec, proc, log_path)
+            if on_ready is not None:
+                on_ready()
+            return record
         except BaseException:
             # a failed start, or Ctrl-C at any moment of it (a supervisor started before its
             # Popen returned carries the marker): nothing runs after it, and nothing is left in

@@ -6,6 +6,7 @@ adopted them) and, for `up --detach`, no state folder."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,9 +33,9 @@ def _interpreter_start_s() -> float:
     return _startup[0]
 
 
-def _start(*args: str) -> tuple[subprocess.Popen[str], str]:
+def _start(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
     mark = f"interrupt-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, **QUIET_TF, "GRAPHDIST_TEST_MARK": mark}
+    env = {**os.environ, **QUIET_TF, **(env or {}), "GRAPHDIST_TEST_MARK": mark}
     proc = subprocess.Popen(
         [sys.executable, "-m", "graphdist", *args],
         stdout=subprocess.PIPE,
@@ -47,9 +48,11 @@ def _start(*args: str) -> tuple[subprocess.Popen[str], str]:
     return proc, mark
 
 
-def _interrupt(proc: subprocess.Popen[str], mark: str) -> tuple[int, str, str]:
+def _interrupt(
+    proc: subprocess.Popen[str], mark: str, *, check_left: bool = True
+) -> tuple[int, str, str]:
     """SIGINT to the command's group; its status and output once it returned (how long that
-    took: ``proc.took_s``), and nothing of it left."""
+    took: ``proc.took_s``), and nothing of it left (``check_left``)."""
     os.killpg(proc.pid, signal.SIGINT)
     began = time.monotonic()
     try:
@@ -59,6 +62,8 @@ def _interrupt(proc: subprocess.Popen[str], mark: str) -> tuple[int, str, str]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    if not check_left:
+        return proc.returncode, out, err
     left = wait_gone(processes_marked(mark), LEFT_S)
     for pid in left:  # only ours: they carry this test's mark
         os.kill(pid, signal.SIGKILL)
@@ -111,8 +116,9 @@ def test_ctrl_c_while_up_detach_starts_leaves_no_state_folder(tmp_path, after_s)
     start_s = _interpreter_start_s()
     proc, mark = _start("up", "--cluster", "local=2", "--detach", "--state-dir", state_dir)
     time.sleep(start_s + after_s)
-    code, _out, err = _interrupt(proc, mark)
-    if code == 0:  # it was up already on a fast machine: then `down` is the way out
+    code, _out, err = _interrupt(proc, mark, check_left=False)  # a detached fleet runs on
+    if code == 0:  # it was detached already on a fast machine: then `down` is the way out
+        assert "fleet detached" in err, err
         result = subprocess.run(
             [sys.executable, "-m", "graphdist", "down", "--state-dir", state_dir],
             capture_output=True,
@@ -127,6 +133,62 @@ def test_ctrl_c_while_up_detach_starts_leaves_no_state_folder(tmp_path, after_s)
         assert proc.took_s < 3.0, proc.took_s  # type: ignore[attr-defined]
     assert not os.path.exists(state_dir), os.listdir(state_dir)
     assert wait_gone(processes_marked(mark), EVENTUALLY_S) == []
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_as_up_detach_returns_keeps_the_fleet_it_reports_detached(tmp_path):
+    """Ctrl-C between the fleet being ready and the command's exit (its rows printed, Python
+    exiting): the command says the fleet is detached, so it exits 0 and the fleet runs until
+    `down`; it used to end interrupted (130, or dead of the SIGINT) with the fleet left running.
+    The moment is made exact: the command's stdout is a pipe filled beforehand, so its first
+    row blocks it once the fleet is ready; the SIGINT comes then, and the pipe is drained."""
+    state_dir = str(tmp_path / "fleet")
+    mark = f"interrupt-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, **QUIET_TF, "GRAPHDIST_TEST_MARK": mark}
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(write_end, b"." * 4096)
+    os.set_blocking(write_end, True)
+    argv = ["up", "--cluster", "local=2", "--detach", "--state-dir", state_dir]
+    with os.fdopen(read_end, "rb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "graphdist", *argv], stdout=write_end,
+            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env, start_new_session=True,
+        )  # fmt: skip
+        os.close(write_end)
+        try:
+            deadline = time.monotonic() + 90
+            while not _blocked_writing(proc.pid):
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "the command never printed its rows"
+                time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGINT)
+            time.sleep(0.5)  # delivered, and acted on where it is not ignored
+            out.read()  # drained: the command goes on
+            _out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, (proc.returncode, err)
+            assert "fleet detached" in err and "interrupted" not in err, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            down = subprocess.run(
+                [sys.executable, "-m", "graphdist", "down", "--state-dir", state_dir],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+    assert down.returncode == 0, down.stderr
+    assert wait_gone(processes_marked(mark), EVENTUALLY_S) == []
+
+
+def _blocked_writing(pid: int) -> bool:
+    """Whether ``pid`` sleeps in a write to a full pipe (its first row of output)."""
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            return "pipe_write" in f.read()
+    except OSError:
+        return False
 
 
 @pytest.mark.timeout(120)
