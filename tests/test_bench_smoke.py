@@ -253,3 +253,27 @@ def test_tls_measures_both_sides_on_a_bed_of_hosts(tmp_path):
     assert "![TLS against plain, as ratios to plain](tls.png)" in text
     assert STAMP + "tls.py --smoke" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(90)
+def test_relay_measures_the_gateway_pair_against_stunnel_and_direct(tmp_path):
+    """One round, 100 round trips, one 4 MB transfer a side (``--smoke``): graphdist's gateway
+    pair, stunnel's (where installed) and no relay, on loopback; every relay and the echo server
+    gone after it."""
+    import shutil
+
+    readme = readme_with(tmp_path, "relay")
+    out = tmp_path / "relay.json"
+    argv = ["--smoke", "--no-check", "--json", str(out), "--readme", str(readme)]
+    proc = run_marked(["benchmarks/relay.py", *argv], 80)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    sides = ["direct", "gateway"] + (["stunnel"] if shutil.which("stunnel") else [])
+    assert sorted(figures["round_trip_us"]) == sorted(sides)
+    assert all(positive(figures[k][s]) for k in ("round_trip_us", "mb_per_s") for s in sides)
+    assert sorted(figures["added_us"]) == sorted(sides[1:])  # may be < 0 on a noisy machine
+    text = section(readme.read_text(), "relay")
+    assert "| graphdist's gateways (Python ssl, uvloop) |" in text
+    assert STAMP + "relay.py --smoke" in text
+    targets = [line for line in proc.stdout.splitlines() if line.startswith(("met ", "MISSED "))]
+    assert len(targets) == (2 if "stunnel" in sides else 0)
