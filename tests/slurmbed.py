@@ -805,13 +805,17 @@ class SlurmBed:
         if self._closed:
             return
         t = time.monotonic()
-        seen = {p.pid for p in self._popens}
+        # only processes alive now, each with its start time: a pid of one that ended long ago
+        # (a reaped Popen's) may be a stranger's by now (pids wrap in about 25 minutes of a suite:
+        # CI once found its own xdist worker's fresh child "left behind")
+        seen = {p.pid for p in self._popens if p.poll() is None}
         for proc in self._daemons.values():
             if proc.poll() is None:
                 proc.kill()
         for host in self.hosts:
             with contextlib.suppress(HostBedError):
                 seen.update(host.pids())
+        born = _start_times(seen)
         left = []
         try:
             self.hosts.close()
@@ -822,7 +826,9 @@ class SlurmBed:
                 proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=GONE_S)
-        alive = wait_gone(seen, LEFT_WAIT_S)
+        alive = [
+            pid for pid in wait_gone(born, LEFT_WAIT_S) if _start_times([pid]) == {pid: born[pid]}
+        ]
         if alive:
             left.append(f"processes {alive} ({_described(alive)})")
         if os.path.exists(self.folder):
@@ -837,3 +843,14 @@ class SlurmBed:
         if left:
             raise AssertionError(f"{self!r} left behind: {'; '.join(left)}")
         self._closed = True
+
+
+def _start_times(pids: Iterable[int]) -> dict[int, float]:
+    """Each live pid of ``pids`` with its process's start time (a pid reused later has another)."""
+    import psutil
+
+    found = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found[pid] = psutil.Process(pid).create_time()
+    return found
