@@ -171,12 +171,19 @@ class Bed:
     all and checks each is gone."""
 
     def __init__(self, folder: str, with_stunnel: bool) -> None:
-        from graphdist._net.gateway import Route, start_gateway
-        from graphdist._net.tlscerts import client_folder, host_folder, make_credentials
-
         self.procs: list[subprocess.Popen[Any]] = []
         self.gateways: list[subprocess.Popen[bytes]] = []
         self.entries: dict[str, tuple[str, int]] = {}
+        try:
+            self._start(folder, with_stunnel)
+        except BaseException:  # nothing started is left running
+            self.close()
+            raise
+
+    def _start(self, folder: str, with_stunnel: bool) -> None:
+        from graphdist._net.gateway import Route, start_gateway
+        from graphdist._net.tlscerts import client_folder, host_folder, make_credentials
+
         echo = subprocess.Popen(
             [sys.executable, "-I", "-c", ECHO, SERVER], stdout=subprocess.PIPE, text=True
         )
