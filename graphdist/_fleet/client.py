@@ -35,7 +35,7 @@ from graphdist._exceptions import (
     TaskFailedError,
     TaskNotFoundError,
 )
-from graphdist._failures import ALIVE, DEAD, NOT_ANSWERING, dead_detail, task_failed
+from graphdist._failures import ALIVE, DEAD, NOT_ANSWERING, dead_detail, how_ended, task_failed
 from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS, SessionGuard
 from graphdist._fleet.health import HealthReport, TaskHealth, probe_all
 from graphdist._fleet.task import TaskExit, TaskHandle
@@ -55,6 +55,9 @@ log = logging.getLogger("graphdist.fleet")
 SESSION_CLOSE_WAIT_S = 2.0
 """How long, in seconds, closing a fleet waits for its open sessions to close before it stops
 the servers (they close side by side; one to a frozen master gives up then)."""
+EXIT_NEWS_S = 2.0
+"""How long, in seconds, a health check waits for the exit of a task whose server refuses
+connections while its process still reads as alive (the exit's news is on its way)."""
 _TaskT = TypeVar("_TaskT", bound=TaskHandle)
 
 
@@ -322,7 +325,10 @@ class Fleet(Generic[_TaskT]):
         results = probe_all([t.address for t in tasks], timeout_s)
         out = []
         for ft, (answered, error) in zip(tasks, results, strict=True):
-            if not ft.alive:
+            ending = None if answered or not ft.alive else self._ending(ft, error or "")
+            if ending is not None:
+                status, detail = self._explain(ft, DEAD, ending)
+            elif not ft.alive:
                 status, detail = self._explain(ft, DEAD, dead_detail(ft.exitcode))
             elif answered:
                 status, detail = ALIVE, ""
@@ -330,6 +336,22 @@ class Fleet(Generic[_TaskT]):
                 status, detail = self._explain(ft, NOT_ANSWERING, error or "")
             out.append(TaskHealth(ft.job, ft.index, ft.address, ft.pid, status, detail))
         return HealthReport(out)
+
+    def _ending(self, task: _TaskT, error: str) -> str | None:
+        """How a task that did not answer is ending, if it is, though its process still reads as
+        alive: one :meth:`kill` is ending (it waits for the end), or one whose server refuses
+        connections and whose end comes within :data:`EXIT_NEWS_S` (a killed server's socket
+        closes before its parent learns of the exit: a loaded machine, CI 2026-12-05). None:
+        it lives (a frozen task's socket still accepts; only its answer does not come)."""
+        killing = self._killing.get((task.job, task.index))
+        if killing:
+            return how_ended(-killing)
+        if "Connection refused" not in error:
+            return None
+        deadline = time.monotonic() + EXIT_NEWS_S
+        while task.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return None if task.alive else dead_detail(task.exitcode)
 
     def reopening_session(
         self,

@@ -61,7 +61,7 @@ from graphdist._exceptions import (
     TaskFailedError,
     copy_error,
 )
-from graphdist._failures import DEAD, NOT_ANSWERING, how_ended, task_failed
+from graphdist._failures import DEAD, NOT_ANSWERING, task_failed
 from graphdist._fleet.health import probe_all, problem_of
 from graphdist._fleet.task import TaskHandle
 from graphdist._graph.session import TASK_FAILURE_ERRORS
@@ -88,8 +88,7 @@ class GuardedFleet(Protocol):
     def _epoch(self) -> int: ...
     @property
     def _sessions_closed(self) -> bool: ...
-    @property
-    def _killing(self) -> dict[tuple[str, int], int]: ...
+    def _ending(self, task: Any, error: str) -> str | None: ...
     def _diagnose(self, exc: BaseException, timeout_ms: int) -> FleetError | None: ...
     def _explain(self, task: Any, status: str, detail: str) -> tuple[str, str]: ...
 
@@ -346,13 +345,13 @@ class _Watchdog:
                     detail = f"{run.misses[key]} gRPC probes in a row unanswered, last: {error}"
                     run.cancelled = True
                     # a task whose process is gone misses its probes too: dead, not frozen (its
-                    # death may not have reached the fleet's epoch yet on a loaded machine)
-                    # and one the fleet is killing (kill() waits for its end, which on a
-                    # loaded machine comes after the probes' misses: CI, 2026-12-04)
-                    killing = guard.fleet._killing.get((task.job, task.index))
+                    # death may not have reached the fleet's epoch yet on a loaded machine),
+                    # and so does one that is ending (the fleet is killing it, or its server
+                    # refuses connections and its exit's news comes: CI, 2026-12-04)
+                    ending = guard.fleet._ending(task, error or "")
                     problem = (
                         guard._gone([task])
-                        or (killing and guard._failed(task, DEAD, how_ended(-killing)))
+                        or (ending is not None and guard._failed(task, DEAD, ending))
                         or guard._failed(task, NOT_ANSWERING, detail)
                     )
                     self._cancel(guard, ident, started, problem)

@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 import pytest
 import tensorflow as tf
 
@@ -49,6 +50,32 @@ def test_health_reports_alive_dead_and_not_answering(fleet):
     fleet.kill("local", 1)
     health = fleet.health()
     assert [h.status for h in health] == ["alive", "dead"]
+    assert "was killed by SIGKILL" in str(health[1])
+
+
+@pytest.mark.parametrize("killer", ["outside", "fleet.kill"])
+def test_a_killed_task_whose_exit_news_is_late_is_reported_dead(fleet, killer):
+    """A killed server's socket closes before its parent (the fork server) reaps it and tells
+    the fleet: a health check in between said "not answering", and so did a run's diagnosis of
+    a task that fleet.kill() was still killing (CI, 2026-12-05). Here the fork server is stopped
+    while the task is killed, from outside or by fleet.kill() (which waits for the end), and
+    resumed 0.5 s into the check: the check reports the task dead, as killed by SIGKILL."""
+    task = fleet.task("local", 1)
+    pid, parent = task.pid, psutil.Process(task.pid).ppid()
+    assert parent != os.getpid(), "the task is not the fork server's child"
+    os.kill(parent, signal.SIGSTOP)
+    try:
+        if killer == "outside":
+            os.kill(pid, signal.SIGKILL)
+        else:
+            threading.Thread(target=fleet.kill, args=("local", 1), daemon=True).start()
+        assert wait_gone([pid], EVENTUALLY_S) == []  # its socket is closed
+        assert task.alive  # no news yet
+        threading.Timer(0.5, os.kill, (parent, signal.SIGCONT)).start()
+        health = fleet.health()
+    finally:
+        os.kill(parent, signal.SIGCONT)
+    assert [h.status for h in health] == ["alive", "dead"], str(health)
     assert "was killed by SIGKILL" in str(health[1])
 
 
