@@ -83,7 +83,10 @@ def main():
         results = [coordinator.schedule(step, args=(iterator,)) for _ in range(chunk)]
         for result in results:
             # its loss may be on a worker that died since: the step ran, its value is lost
-            with contextlib.suppress(tf.errors.UnavailableError, tf.errors.CancelledError):
+            # (Unavailable while the worker is down, Aborted once its server was restarted:
+            # the new server has no such context, "Perhaps the worker was restarted")
+            lost = (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError)
+            with contextlib.suppress(*lost):
                 result.fetch()
             done += 1
             print(f"step {done}", flush=True)

@@ -68,6 +68,12 @@ __all__ = ["PREEMPTION_WAIT_S", "RunState", "attempt", "run_attempts", "supervis
 #: checkpoint at a step they agree on first); past it, the first one's exit is a failure.
 PREEMPTION_WAIT_S = 30.0
 
+#: Seconds the launcher waits, once a task exited with an error code, for a peer's death (by a
+#: signal, frozen, or lost with its node) to be reported: a peer's death makes the others fail
+#: fast (a collective's broken connection), and which exit reaches the launcher first is a race
+#: it cannot see (two srun steps on Slurm, under load: CI, 2026-12-05). The death is the cause.
+CAUSE_WINDOW_S = 1.0
+
 
 def _stop(procs: Sequence[TaskProcess], grace_s: float) -> None:
     stop_all(procs, grace_s)
@@ -423,6 +429,7 @@ def _watch(
             ):
                 _stop(procs, TASK_STOP_GRACE_S)
                 raise _Preempted(code, [p.finish() for p in procs])
+            failed = _cause(procs, failed, signals)
             ended_at = failed.ended_at_s()
             stop_broken(procs)  # the failed one's guard may still be ending its tree
             results = [p.finish() for p in procs]
@@ -442,6 +449,30 @@ def _watch(
             raise run.timed_out([p.finish() for p in procs], f"still running: {', '.join(running)}")
         with signals.interruptible():
             time.sleep(0.05)
+
+
+def _died(proc: TaskProcess) -> bool:
+    """Whether a task that ended was killed (by a signal other than SIGABRT, which is
+    TensorFlow's own fatal error, often about a peer), found frozen, or lost with its node."""
+    code, result = proc.ended(), proc.result
+    killed = code is not None and code < 0 and code != -signal.SIGABRT
+    marked = (getattr(result, name, None) is not None for name in ("frozen", "lost"))
+    return killed or any(marked)
+
+
+def _cause(procs: Sequence[TaskProcess], first: TaskProcess, signals: SignalScope) -> TaskProcess:
+    """The task that broke the attempt, of those that failed: ``first`` (the first seen) unless
+    it exited with a code and a task's death is reported within :data:`CAUSE_WINDOW_S`; the
+    earliest death, else the earliest exit."""
+    deadline = time.monotonic() + CAUSE_WINDOW_S
+    while not _died(first) and time.monotonic() < deadline:
+        codes = [p.ended() for p in procs]
+        if None not in codes or any(_died(p) for p, c in zip(procs, codes, strict=True) if c):
+            break
+        with signals.interruptible():
+            time.sleep(0.05)
+    failed = [p for p in procs if p.ended() not in (None, 0)]
+    return min(failed, key=lambda p: (not _died(p), p.ended_at_s()))
 
 
 def _forward_notice(procs: Sequence[TaskProcess], notice: int, run: RunState) -> None:

@@ -290,6 +290,30 @@ def test_a_task_killed_by_a_signal_makes_the_run_exit_128_plus_n():
     assert "Error: Task worker-1 was killed by SIGKILL (exit status 137)" in result.stderr
 
 
+def test_a_death_reported_after_a_peers_error_exit_is_named_the_cause(tmp_path):
+    """A peer's death makes the others fail fast, and which exit reaches the launcher first is
+    a race it cannot see: on Slurm, under load, the srun of a worker that exited 1 because its
+    peer was SIGKILLed ended before the dead one's (CI, 2026-12-05). Here worker-0 exits 1 as
+    soon as worker-1 says it dies, and worker-1 is SIGKILLed 0.3 s later: the run names
+    worker-1, killed by SIGKILL, as the cause."""
+    flag = tmp_path / "dying"
+    code = (
+        "import os, pathlib, signal, sys, time\n"
+        f"flag = pathlib.Path({str(flag)!r})\n"
+        "if os.environ['GRAPHDIST_TASK'] == 'worker-1':\n"
+        "    flag.write_text('x')\n"
+        "    time.sleep(0.3)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "while not flag.exists():\n"
+        "    time.sleep(0.01)\n"
+        "sys.exit(1)\n"
+    )
+    with pytest.raises(graphdist.TaskExitError) as info:
+        graphdist.run_command([PY, "-c", code], workers=2, output=io.StringIO())
+    assert info.value.failed.name == "worker-1", str(info.value)
+    assert str(info.value).startswith("Task worker-1 was killed by SIGKILL"), str(info.value)
+
+
 # Attempt 1: every task exits 42, as TensorFlow's PreemptionCheckpointHandler makes them after a
 # SIGTERM (the workers agree on a step, save, and exit with it); attempt 2 finishes.
 PREEMPTED = (
