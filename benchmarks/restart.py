@@ -50,15 +50,17 @@ fault (``--plot``; with ``--readme`` benchmarks/results/restart.png): per case, 
 the recovery split into its stop and the rest, and the target.
 
 The case ``warm`` (issue 40) runs ``mwms-kill`` with cold tasks (``--preload none``: each a fresh
-``python``) and warm ones (the default: forked from the run's warm interpreter) alternately,
-``--repeats`` pairs, and checks the medians of the pairs' ratios: the warm run's start at most
-``WARM_START_TARGET`` x the cold one's, its kill recovery at most ``WARM_RECOVERY_TARGET`` x the
-cold run's start, the cold run's steps/s before the kill at most ``WARM_RATE_TARGET`` x the warm
-one's. The case ``warm-ray`` is the same on ``--backend ray`` (a Ray instance of each run's own,
-on this machine: the tasks forked by the node's warm agent, :mod:`graphdist._distribute.
-nodewarm`), with the same targets; ``--case warm --case warm-ray`` writes both into the section
-``warm``. The fault injector kills what the task's guard runs: on Ray a warm task's client, whose
-end has the agent SIGKILL the task.
+``python``), warm ones (the default: forked from the run's warm interpreter) and warm ones with a
+warm agent running (``graphdist warm start``, started once for the case; the run is checked to have
+been served by it: a session of the agent's was seen) in turn, ``--repeats`` rounds, and checks the
+medians of the rounds' ratios: the start with the agent at most ``WARM_START_TARGET`` x the cold
+run's (the run's own warm interpreter's ratio printed beside), each warm side's kill recovery at
+most ``WARM_RECOVERY_TARGET`` x the cold run's start, the cold run's steps/s before the kill at most
+``WARM_RATE_TARGET`` x each warm side's. The case ``warm-ray`` is the same on ``--backend ray`` (a
+Ray instance of each run's own, on this machine: the tasks forked by the node's warm agent,
+:mod:`graphdist._distribute.nodewarm`), with the same targets (its start: the run's own agents');
+``--case warm --case warm-ray`` writes both into the section ``warm``. The fault injector kills what
+the task's guard runs: on Ray a warm task's client, whose end has the agent SIGKILL the task.
 
     python benchmarks/restart.py [--case CASE ...] [--steps 300] [--save-every 25]
         [--kill-at 110] [--repeats 3] [--json FILE] [--readme docs/benchmarks.md] [--no-check]
@@ -68,12 +70,19 @@ end has the agent SIGKILL the task.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from typing import Any, TypedDict
+
+import psutil
 
 try:
     from ._common import (
@@ -162,10 +171,40 @@ def _steps(outcome: Any, attempt: int, task: str) -> list[tuple[float, int]]:
 
 
 def _run(
-    case: str, steps: int, save_every: int, kill_at: int, preload: str = "auto", ray: bool = False
+    case: str,
+    steps: int,
+    save_every: int,
+    kill_at: int,
+    preload: str = "auto",
+    ray: bool = False,
+    warm_dir: str | None = None,
 ) -> Any:
     """Run ``case`` once under the fault injector (``ray``: with ``--backend ray`` on a Ray
-    instance of the run's own); its :class:`RunOutcome`."""
+    instance of the run's own; ``warm_dir``: where it looks for a warm agent, by default a
+    folder with none); its :class:`RunOutcome`."""
+    sessions: set[int] = set()
+    done = threading.Event()
+    if warm_dir is not None:  # what shows that the agent served the run: its session
+        agent = psutil.Process(_agents[warm_dir])
+        threading.Thread(target=_sessions, args=(agent, sessions, done), daemon=True).start()
+    try:
+        outcome = _run_once(case, steps, save_every, kill_at, preload, ray, warm_dir)
+    finally:
+        done.set()
+    if warm_dir is not None and not sessions:
+        raise RuntimeError(f"{case}: the run's tasks did not come from the warm agent:\n{outcome}")
+    return outcome
+
+
+def _run_once(
+    case: str,
+    steps: int,
+    save_every: int,
+    kill_at: int,
+    preload: str,
+    ray: bool,
+    warm_dir: str | None,
+) -> Any:
     from graphdist._faults.injector import FaultInjector
 
     ps = case.startswith("ps-")
@@ -187,7 +226,7 @@ def _run(
                 chief=ps,
                 max_restarts=1,
                 cwd=HERE,
-                env={"TF_CPP_MIN_LOG_LEVEL": "2", **({"RAY_ADDRESS": "local"} if ray else {})},
+                env={**_run_env(warm_dir), **({"RAY_ADDRESS": "local"} if ray else {})},
                 faults=[fault],
                 launcher_args=["--preload", preload, *(["--backend", "ray"] if ray else [])],
             )
@@ -204,12 +243,45 @@ def _run(
     return outcome
 
 
-def measure_once(
-    case: str, steps: int, save_every: int, kill_at: int, preload: str = "auto", ray: bool = False
-) -> Restart:
-    """One run of ``case`` with one fault (see the module docstring); ``preload``: the
-    launcher's ``--preload`` (``none``: every task a fresh process); ``ray``: on Ray."""
-    outcome = _run(case, steps, save_every, kill_at, preload, ray)
+def _run_env(warm_dir: str | None) -> dict[str, str]:
+    """A measured run's environment (and its warm agent's): where it looks for an agent."""
+    none = os.path.join(tempfile.gettempdir(), f"graphdist-bench-no-agent-{os.getpid()}")
+    return {"TF_CPP_MIN_LOG_LEVEL": "2", "GRAPHDIST_WARM_DIR": warm_dir or none}
+
+
+@contextlib.contextmanager
+def warm_agent() -> Iterator[str]:
+    """A warm agent (``graphdist warm start``, the default preloads) in a folder of its own,
+    for the runs of the ``warm`` case's third side; stopped, and checked gone, at the end."""
+    with tempfile.TemporaryDirectory(prefix="graphdist-bench-agent-") as folder:
+        env = {**os.environ, **_run_env(folder)}
+        warm = [sys.executable, "-m", "graphdist", "warm"]
+        subprocess.run([*warm, "start"], env=env, check=True, capture_output=True, timeout=300)
+        try:
+            [name] = [n for n in os.listdir(folder) if n.endswith(".json")]
+            with open(os.path.join(folder, name)) as f:
+                _agents[folder] = json.load(f)["pid"]
+            yield folder
+        finally:
+            stopped = subprocess.run([*warm, "stop"], env=env, capture_output=True, text=True)
+            if stopped.returncode != 0 or "stopped" not in stopped.stdout:
+                raise RuntimeError(f"the warm agent did not stop: {stopped}")
+
+
+_agents: dict[str, int] = {}  # a warm agent's folder -> its pid
+
+
+def _sessions(agent: psutil.Process, seen: set[int], done: threading.Event) -> None:
+    """Note every session (child) of ``agent`` until ``done``."""
+    while not done.wait(0.1):
+        with contextlib.suppress(psutil.Error):
+            seen.update(c.pid for c in agent.children())
+
+
+def measure_once(case: str, steps: int, save_every: int, kill_at: int, **how: Any) -> Restart:
+    """One run of ``case`` with one fault (see the module docstring); ``how``: ``_run``'s
+    ``preload``, ``ray`` and ``warm_dir``."""
+    outcome = _run(case, steps, save_every, kill_at, **how)
     runner = "chief-0" if case.startswith("ps-") else "worker-0"
     first = _steps(outcome, 0, runner)
     killed_at = outcome.injected[0].at_s
@@ -276,26 +348,36 @@ def measure(case: str, steps: int, save_every: int, kill_at: int, repeats: int) 
 def measure_warm(
     steps: int, save_every: int, kill_at: int, repeats: int, ray: bool = False
 ) -> dict[str, Any]:
-    """``warm``: ``mwms-kill`` with cold tasks (``--preload none``, the baseline) and with warm
-    ones (the default), alternating, ``repeats`` pairs; each ratio's median over the pairs.
-    ``ray`` (``warm-ray``): both on a Ray instance of each run's own."""
+    """``warm``: ``mwms-kill`` with cold tasks (``--preload none``, the baseline), with warm
+    ones (the default: the run's own warm interpreter) and, on this machine, with a warm agent
+    running (``graphdist warm start``), in turn, ``repeats`` rounds; each ratio's median over
+    the rounds. ``ray`` (``warm-ray``): cold and warm on a Ray instance of each run's own."""
     pairs = []
-    for _ in range(repeats):
-        cold = measure_once("mwms-kill", steps, save_every, kill_at, "none", ray)
-        warm = measure_once("mwms-kill", steps, save_every, kill_at, "auto", ray)
-        pairs.append(
-            {
+    agent = contextlib.nullcontext(None) if ray else warm_agent()
+    with agent as folder:
+        for _ in range(repeats):
+            cold = measure_once("mwms-kill", steps, save_every, kill_at, preload="none", ray=ray)
+            warm = measure_once("mwms-kill", steps, save_every, kill_at, ray=ray)
+            pair: dict[str, Any] = {
                 "cold": cold,
                 "warm": warm,
                 "start": warm["cold_s"] / cold["cold_s"],
                 "recovery": warm["recovery_s"] / cold["cold_s"],
                 "rate": cold["rate"] / warm["rate"],
             }
-        )
-    median = {
-        k: statistics.median(float(p[k]) for p in pairs) for k in ("start", "recovery", "rate")
-    }
-    for side in ("cold", "warm"):
+            if folder is not None:
+                pair["agent"] = measure_once(
+                    "mwms-kill", steps, save_every, kill_at, warm_dir=folder
+                )
+                pair["agent_start"] = pair["agent"]["cold_s"] / cold["cold_s"]
+                pair["agent_recovery"] = pair["agent"]["recovery_s"] / cold["cold_s"]
+                pair["agent_rate"] = cold["rate"] / pair["agent"]["rate"]
+            pairs.append(pair)
+    keys = [k for k in pairs[0] if k not in ("cold", "warm", "agent")]
+    median = {k: statistics.median(float(p[k]) for p in pairs) for k in keys}
+    for side in ("cold", "warm", "agent"):
+        if side not in pairs[0]:
+            continue
         for key in ("cold_s", "recovery_s", "rate"):
             median[f"{side}_{key}"] = statistics.median(float(p[side][key]) for p in pairs)
     return {"case": "warm-ray" if ray else "warm", "steps": steps, "save_every": save_every,
@@ -307,35 +389,46 @@ def report_warm(figures: dict[str, Any], repeats: int) -> tuple[list[str], list[
     m = figures["median"]
     case = figures["case"]
     where = " on Ray (--backend ray, a Ray instance of each run's own)" if case != "warm" else ""
+    agent = "agent_start" in m
+    sides = "warm tasks (--preload auto)" + (
+        ", and warm tasks with a warm agent running" if agent else ""
+    )
     lines = [
         f"[{case}] MWMS, 2 workers{where}, worker-1 SIGKILLed after step {figures['kill_at']}: "
-        f"warm tasks (--preload auto) against cold ones (--preload none) in the same run; "
-        f"medians of {repeats} pair(s)",
-        f"cold tasks: start {m['cold_cold_s']:6.2f} s, recovery {m['cold_recovery_s']:6.2f} s, "
-        f"{m['cold_rate']:6.1f} steps/s",
-        f"warm tasks: start {m['warm_cold_s']:6.2f} s, recovery {m['warm_recovery_s']:6.2f} s, "
-        f"{m['warm_rate']:6.1f} steps/s",
+        f"{sides} against cold ones (--preload none) in the same run; medians of {repeats} "
+        f"round(s)",
     ]
+    for side, words in [("cold", "cold tasks"), ("warm", "warm tasks"), ("agent", "warm agent")]:
+        if f"{side}_cold_s" in m:
+            lines.append(
+                f"{words + ':':12s}start {m[f'{side}_cold_s']:6.2f} s, recovery "
+                f"{m[f'{side}_recovery_s']:6.2f} s, {m[f'{side}_rate']:6.1f} steps/s"
+            )
     print("\n".join(lines))
-    targets, missed = report_targets_kept(
-        [
+    first = "agent_start" if agent else "start"
+    with_agent = " with a warm agent running" if agent else ""
+    checked = [
+        (
+            f"{case}: start{with_agent} / cold tasks' start: {m[first]:.2f}x (target <= "
+            f"{WARM_START_TARGET:g}; the run's own warm interpreter: {m['start']:.2f}x)",
+            m[first] <= WARM_START_TARGET,
+        )
+    ]
+    for prefix, who in [("", "warm tasks'"), *([("agent_", "a warm agent's tasks'")] * agent)]:
+        recovery, rate = m[f"{prefix}recovery"], m[f"{prefix}rate"]
+        checked += [
             (
-                f"{case}: start / cold tasks' start: {m['start']:.2f}x (target <= "
-                f"{WARM_START_TARGET:g})",
-                m["start"] <= WARM_START_TARGET,
+                f"{case}: kill recovery{' with a warm agent' if prefix else ''} / cold tasks' "
+                f"start: {recovery:.2f}x (target <= {WARM_RECOVERY_TARGET:g})",
+                recovery <= WARM_RECOVERY_TARGET,
             ),
             (
-                f"{case}: kill recovery / cold tasks' start: {m['recovery']:.2f}x (target <= "
-                f"{WARM_RECOVERY_TARGET:g})",
-                m["recovery"] <= WARM_RECOVERY_TARGET,
-            ),
-            (
-                f"{case}: cold tasks' steps/s / warm tasks': {m['rate']:.2f}x (target <= "
+                f"{case}: cold tasks' steps/s / {who}: {rate:.2f}x (target <= "
                 f"{WARM_RATE_TARGET:g}: warm trains no slower)",
-                m["rate"] <= WARM_RATE_TARGET,
+                rate <= WARM_RATE_TARGET,
             ),
         ]
-    )
+    targets, missed = report_targets_kept(checked)
     print()
     return [*lines, *targets, ""], missed
 

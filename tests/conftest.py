@@ -37,6 +37,9 @@ ALLOW_PROMISE_SKIPS = "GRAPHDIST_ALLOW_PROMISE_SKIPS"
 # or `run --backend ray` of another test, given no address, would then pick that cluster, which
 # it cannot reach from this namespace. Tests that want a cluster name its address.
 os.environ.setdefault("RAY_ADDRESS", "local")
+# A warm agent of the user's (`graphdist warm start`) would serve the runs of every test: tests
+# that want one start their own in a folder of their own; the others look where none is.
+os.environ["GRAPHDIST_WARM_DIR"] = os.path.join(REPO, ".no-warm-agents")
 
 
 def is_gone(pid: int) -> bool:

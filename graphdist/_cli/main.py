@@ -21,6 +21,7 @@ import signal
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, ClassVar, NoReturn, cast
 
@@ -30,6 +31,7 @@ from graphdist._distribute.heartbeat import HEARTBEAT_TIMEOUT_S, MIN_HEARTBEAT_T
 from graphdist._distribute.runbackends import describe as describe_run_backend
 from graphdist._distribute.runbackends import names as run_backend_names
 from graphdist._distribute.runbackends import run_backend
+from graphdist._distribute.warmagent import IDLE_TIMEOUT_S
 from graphdist._exceptions import (
     ArgumentError,
     ClusterSpecError,
@@ -274,7 +276,9 @@ ENVIRONMENT = f"""environment:
   {TF_LOGS_ENV}=1  show TensorFlow's own log lines live (its C++ start-up notices,
                        cuInit, the coordination service...); by default they are only in each
                        task's and server's log file (and in `run --output-format jsonl`)
-  GRAPHDIST_STATE_DIR  where detached fleets keep their state (see --state-dir)"""
+  GRAPHDIST_STATE_DIR  where detached fleets keep their state (see --state-dir)
+  GRAPHDIST_WARM_DIR   where warm agents keep their records (default: graphdist's runtime
+                       folder; see `graphdist warm`)"""
 EXAMPLES = {
     "": """examples:
   graphdist demo                                  the seeds' split graph on a two-task fleet
@@ -324,6 +328,14 @@ or a file); job=N, which picks new free ports on each call, is refused.""",
 
 It prints one folder per host and one for the client; copy each host's folder to that host.
 The CA's private key is never written: to add a host, make new credentials for the cluster.""",
+    "warm": """examples:
+  graphdist warm start                  # runs on this machine now start warm from it
+  graphdist run --workers 2 -- python train.py
+  graphdist warm status
+  graphdist warm stop
+
+A run uses the agent whose preloads are its --preload (default auto) and whose environment
+agrees with its own in what the imports read; otherwise it starts its own warm interpreter.""",
     "demo": """examples:
   graphdist demo
   graphdist demo --master 1 --picture placed.svg""",
@@ -618,6 +630,35 @@ def build_parser() -> _Parser:
     )
     certs.add_argument(
         "--days", type=_int, default=365, metavar="N", help="days the certificates are valid (365)"
+    )
+
+    warm = _command(
+        sub,
+        "warm",
+        "keep a warm agent: TensorFlow imported once, for every run on this machine",
+        "Start, show or stop a warm agent: a process of yours that has imported the preloads "
+        "(TensorFlow, tf-keras, NumPy) and waits. `graphdist run` on this machine forks its "
+        "tasks from it instead of importing TensorFlow again, so a run starts without waiting "
+        "for the import. It serves your user only, exits after --idle-timeout without a run "
+        "and is stopped by `graphdist warm stop` (the tasks of runs using it end with it). "
+        "Exit status of status: 0 it runs, 2 none runs.",
+    )
+    warm.add_argument("action", choices=("start", "status", "stop"), help="what to do")
+    warm.add_argument(
+        "--preload",
+        default="auto",
+        metavar="MODULES",
+        help="comma-separated modules the agent imports, or auto (NumPy, TensorFlow, tf-keras; "
+        "default): a run uses the agent of its own --preload",
+    )
+    warm.add_argument(
+        "--idle-timeout",
+        dest="idle_timeout_s",
+        type=_float,
+        default=None,
+        metavar="S",
+        help=f"with start: exit after S seconds without a run (default {IDLE_TIMEOUT_S:g}; "
+        "0: never)",
     )
 
     demo = _command(
@@ -921,6 +962,46 @@ def _cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_warm(args: argparse.Namespace) -> int:
+    from graphdist._distribute.localrun import zygote_env
+    from graphdist._distribute.warm import check_preload
+    from graphdist._distribute.warmagent import live_agent, start_agent, stop_agent
+
+    preload = check_preload(args.preload)
+    if not preload:
+        raise UsageError("--preload none: a warm agent imports at least one module; name them")
+    if args.idle_timeout_s is not None and args.action != "start":
+        raise UsageError(f"--idle-timeout goes with start only, not with {args.action}")
+    what = ",".join(preload)
+    if args.action == "start":
+        idle = IDLE_TIMEOUT_S if args.idle_timeout_s is None else args.idle_timeout_s
+        if idle < 0:
+            raise UsageError(f"--idle-timeout must be 0 or more seconds, not {idle:g}")
+        env = zygote_env({**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+        record, started = start_agent(preload, env, idle)
+        said = "started" if started else "already running"
+        print(f"graphdist: warm agent {said}: pid {record.pid}, preloads {what}")
+        return 0
+    if args.action == "stop":
+        stopped = stop_agent(preload)
+        if stopped is None:
+            print(f"graphdist: no warm agent runs (preloads {what})")
+        else:
+            print(f"graphdist: warm agent pid {stopped.pid} stopped (preloads {what})")
+        return 0
+    found = live_agent(preload)
+    if found is None:
+        print(f"graphdist: no warm agent runs (preloads {what})")
+        return 2
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(found.started))
+    idle = "never" if not found.idle_timeout_s else f"after {found.idle_timeout_s:g} s idle"
+    print(
+        f"graphdist: warm agent pid {found.pid}, preloads {what}, since {since}, exits {idle}; "
+        f"log {found.log}"
+    )
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from graphdist._graph.trace import check_log_dir, check_picture_path
 
@@ -1078,6 +1159,7 @@ _COMMANDS = {
     "down": _cmd_down,
     "demo": _cmd_demo,
     "certs": _cmd_certs,
+    "warm": _cmd_warm,
 }
 
 

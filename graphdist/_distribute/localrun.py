@@ -35,6 +35,7 @@ from graphdist._distribute.warm import (
     check_preload,
     warm_target,
 )
+from graphdist._distribute.warmagent import attach
 from graphdist._exceptions import ArgumentError
 from graphdist._net.loopback import server_bind_address, shim_env
 from graphdist._net.members import KEEP_WILDCARD, members_env
@@ -133,6 +134,13 @@ class _LocalPlacement:
         release_ports(self._ports)
 
 
+def zygote_env(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a local run's warm interpreter (or agent's) from the run's base
+    environment: with the bind shim preloaded (at 127.0.0.1; each task sets its own address),
+    which a forked task cannot load any more."""
+    return {**base, **shim_env("127.0.0.1", base.get("LD_PRELOAD"), inherit=True)}
+
+
 class LocalRun:
     """The ``local`` run backend: every task a process of this machine."""
 
@@ -159,11 +167,13 @@ class LocalRun:
         preload = self.spec.options.get("preload", ())
         if not preload:
             return "no warm interpreter in this run (--preload none)"
-        base = self.spec.base_env
-        env = {**base, **shim_env("127.0.0.1", base.get("LD_PRELOAD"), inherit=True)}
+        env = zygote_env(self.spec.base_env)
         target = warm_target(self.spec.command, env, env, preload)
         if isinstance(target, str):
             return target
+        session = attach(preload, env)  # a warm agent's (graphdist warm start), if one runs
+        if isinstance(session, Zygote):
+            return session
         zygote = Zygote(preload, env)
         why = zygote.ready(min(READY_TIMEOUT_S, self.spec.timeout_s or READY_TIMEOUT_S))
         if why is not None:

@@ -60,6 +60,8 @@ __all__ = [
     "WarmTarget",
     "Zygote",
     "check_preload",
+    "env_differs",
+    "import_time_env",
     "warm_target",
 ]
 
@@ -175,10 +177,9 @@ def warm_target(
         return f"the Python option {args[0]} (only -u, then a script, -m or -c, runs warm)"
     else:
         target = WarmTarget("script", args[0], tuple(args), unbuffered)
-    keys = {*IMPORT_TIME_ENV, *(k for k in (*env, *zygote_env) if k.startswith("PYTHON"))}
-    for key in sorted(keys):
-        if env.get(key) != zygote_env.get(key):
-            return f"its {key} differs from the warm interpreter's (read at import)"
+    differs = env_differs(env, zygote_env)
+    if differs is not None:
+        return f"its {differs} differs from the warm interpreter's (read at import)"
     if preload is not None:
         wanted = {name.split(".")[0] for name in preload} | {"graphdist"}
         imported = _imports(target)
@@ -187,6 +188,22 @@ def warm_target(
         if not imported & wanted:
             return f"its code imports none of {', '.join(sorted(wanted))}"
     return target
+
+
+def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What of ``env`` a warm interpreter's imports read (:data:`IMPORT_TIME_ENV`, ``PYTHON*``):
+    what a task's environment must agree with to be forked from it."""
+    return {k: v for k, v in env.items() if k in IMPORT_TIME_ENV or k.startswith("PYTHON")}
+
+
+def env_differs(env: Mapping[str, str], zygote_env: Mapping[str, str]) -> str | None:
+    """The first variable read at import whose value differs between ``env`` and the warm
+    interpreter's ``zygote_env``, or None."""
+    keys = {*IMPORT_TIME_ENV, *(k for k in (*env, *zygote_env) if k.startswith("PYTHON"))}
+    for key in sorted(keys):
+        if env.get(key) != zygote_env.get(key):
+            return key
+    return None
 
 
 def _imports(target: WarmTarget) -> frozenset[str] | str:
@@ -297,11 +314,15 @@ class Zygote:
     :meth:`ready` waits for that, :meth:`spawn` forks a task's guard, :meth:`close` ends it
     and what it still runs."""
 
-    def __init__(self, preload: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        preload: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        session: socket.socket | None = None,
+    ) -> None:
         self.preload = tuple(preload)
         self.env = dict(env)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._sock = ours
         self._lock = threading.Lock()
         self._procs: dict[int, WarmProc] = {}
         self._early: dict[int, int] = {}  # exits told before their spawn's answer was read
@@ -310,6 +331,15 @@ class Zygote:
         self._gone = False
         self._ready: bool | str | None = None  # True, or the error that stopped the zygote
         self.failed_import = False  # a preload failed to import (ready's answer says which)
+        self.pid: int | None = None  # the zygote's, once ready
+        self.proc: subprocess.Popen[bytes] | None = None  # None: a warm agent's session
+        if session is not None:
+            # a session of a warm agent (graphdist._distribute.warmagent): the agent forked
+            # this zygote, which imported nothing (its agent had); ``env`` is the agent's
+            self._sock = session
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock = ours
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _ZYGOTE_CODE, *self.preload],
@@ -441,6 +471,7 @@ class Zygote:
     def _said(self, msg: dict[str, Any]) -> None:
         if "ready" in msg:
             self._ready = True if msg["ready"] is True else str(msg["ready"])
+            self.pid = msg.get("pid")
         elif "exit" in msg:
             pid, code = int(msg["exit"]), os.waitstatus_to_exitcode(int(msg["status"]))
             if pid in self._procs:
@@ -454,7 +485,8 @@ class Zygote:
         """The zygote is gone: its guards, orphaned, got their death signal and end their
         tasks; each proc ends once its guard is gone (its exit status was the zygote's)."""
         self._gone = True
-        self.proc.poll()
+        if self.proc is not None:
+            self.proc.poll()
         waiters = list(self._procs.values())
         threading.Thread(target=self._watch_orphans, args=(waiters,), daemon=True).start()
 
@@ -468,6 +500,9 @@ class Zygote:
 
     def close(self) -> None:
         """End the zygote: its guards get their death signal and end their tasks."""
+        if self.proc is None:
+            self._end_session()
+            return
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         if self.proc.poll() is None:
@@ -479,6 +514,21 @@ class Zygote:
                 self.proc.kill()
                 self.proc.wait()
         self.pump()
+        self._sock.close()
+
+    def _end_session(self) -> None:
+        """A warm agent's session ends as a zygote does once its launcher's end closes: it
+        SIGTERMs its guards, which end their tasks, and exits once they are gone, which closes
+        its end; SIGKILL (by its pid, the agent's child: our user's) if that takes over 10 s."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + 10.0
+        while not self._gone and time.monotonic() < deadline:
+            self.wait_message(0.1)
+            self.pump()
+        if not self._gone and self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
         self._sock.close()
 
 

@@ -30,19 +30,19 @@ from graphdist._proc.process import (
     set_parent_death_signal,
 )
 
-__all__ = ["zygote_main"]
+__all__ = ["TASK_SIGNALS", "serve", "zygote_main"]
 
 
 #: The signals a task gets back as a fresh interpreter has them, and those of them that the
 #: zygote found ignored as it started (``nohup graphdist run``: SIGHUP): a cold task inherits
 #: an ignored signal through exec, so a warm one keeps it ignored too.
-_TASK_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+TASK_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 _ignored_at_start: frozenset[int] = frozenset()
 
 
 def zygote_main(preload: Sequence[str]) -> int:
     global _ignored_at_start
-    _ignored_at_start = frozenset(s for s in _TASK_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
+    _ignored_at_start = frozenset(s for s in TASK_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
     sock = socket.socket(fileno=int(os.environ.pop(_FD_ENV)))
     set_parent_death_signal(signal.SIGKILL)
     launcher = os.getppid()
@@ -57,6 +57,17 @@ def zygote_main(preload: Sequence[str]) -> int:
             sock.send(json.dumps({"ready": f"cannot import {name!r} ({why.strip()})"}).encode())
             return 2
     sys.path[:0] = path0
+    return serve(sock)
+
+
+def serve(sock: socket.socket, ignored: frozenset[int] | None = None) -> int:
+    """The zygote's loop on ``sock`` (its launcher's end): say ready, then fork a guard per
+    request and report their exits, until the launcher closes its end and every guard is gone.
+    Also a warm agent's session (:mod:`graphdist._distribute.warmagent`), with the signals its
+    launcher found ``ignored``."""
+    global _ignored_at_start
+    if ignored is not None:
+        _ignored_at_start = ignored
     # a subreaper: what a guard SIGKILLed left of its task's tree (a process forked without
     # exec, which carries no mark in /proc/PID/environ) comes here, and is ended (_orphans)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
@@ -64,7 +75,7 @@ def zygote_main(preload: Sequence[str]) -> int:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: None)  # the socket's end ends the loop
-    sock.send(json.dumps({"ready": True}).encode())
+    sock.send(json.dumps({"ready": True, "pid": os.getpid()}).encode())
     guards: set[int] = set()
     spares: dict[int, socket.socket] = {}  # forked guards that wait for their task's request
     open_ = True
@@ -301,7 +312,7 @@ def _run_task(request: dict[str, Any], report: int) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        for sig in _TASK_SIGNALS:
+        for sig in TASK_SIGNALS:
             fresh = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
             signal.signal(sig, signal.SIG_IGN if sig in _ignored_at_start else fresh)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())

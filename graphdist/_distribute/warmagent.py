@@ -1,0 +1,458 @@
+"""Warm agents: a warm interpreter that outlives runs (``graphdist warm start``), so that a run on
+this machine pays no TensorFlow import at all, not even once.
+
+A run's own warm interpreter (:class:`~graphdist._distribute.warm.Zygote`) saves every task but
+one import; the run still waits for that one, which on a small machine is most of a cold start.
+An agent is a process of its own session that has imported the preloads and waits, listening on
+a socket in Linux's abstract namespace (a random name: nothing to leave behind, nothing to guess)
+that serves this user only (``SO_PEERCRED``; the launcher checks the agent's pid and user the same
+way before it sends anything). Its record (pid and start time, socket, Python, preloads, the
+environment its imports read, idle timeout) is ``warm-agent-KEY.json`` in :func:`warm_dir`, KEY
+naming the Python and the preloads: one agent per interpreter and preload list.
+
+A local run (:class:`~graphdist._distribute.localrun.LocalRun`) whose preloads and Python are an
+agent's, and whose environment agrees with it in every variable read at import, connects instead
+of starting its own zygote. The agent forks a *session* for the connection: a zygote
+(:func:`graphdist._distribute.zygote.serve`) on that socket, with the signals the launcher found
+ignored, which forks the run's guards and tasks as the run's own zygote would. A session ends as
+a zygote does when its launcher's end closes (the run ends, or the launcher dies: the kernel
+closes it), SIGTERMing its guards, which end their tasks; a session and its guards die with the
+agent (their death signal). The agent is a subreaper and ends what is orphaned under it.
+
+The agent exits after ``idle_timeout_s`` without a session (0: never), on SIGTERM (``graphdist
+warm stop``: the sessions, and the runs' tasks in them, end with it; the runs restart their
+attempt on their own zygote if they may restart), and removes its record as it goes. A record
+whose process is gone (SIGKILL) is stale: found so, it is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import psutil
+
+from graphdist._distribute.warm import (
+    _MSG_MAX,
+    READY_TIMEOUT_S,
+    Zygote,
+    env_differs,
+    import_time_env,
+)
+from graphdist._distribute.zygote import TASK_SIGNALS, _end_orphans, _reap, _title, serve
+from graphdist._exceptions import ArgumentError, StateError
+from graphdist._private import private_dir, runtime_dir
+from graphdist._proc.process import _PR_SET_CHILD_SUBREAPER, _prctl, set_parent_death_signal
+
+__all__ = [
+    "IDLE_TIMEOUT_S",
+    "WARM_DIR_ENV",
+    "AgentRecord",
+    "attach",
+    "live_agent",
+    "start_agent",
+    "stop_agent",
+    "warm_dir",
+]
+
+WARM_DIR_ENV = "GRAPHDIST_WARM_DIR"
+#: Seconds an agent waits without a session before it exits (``--idle-timeout``; 0: never).
+IDLE_TIMEOUT_S = 1800.0
+#: Seconds a launcher waits for an agent's session to say ready (it imports nothing).
+SESSION_READY_S = 10.0
+#: ``python -c AGENT_CODE RECORD IDLE_S PRELOAD...``: ``-c``, as the run's own zygote.
+AGENT_CODE = (
+    "import sys; from graphdist._distribute.warmagent import agent_main; "
+    "sys.exit(agent_main(sys.argv[1], float(sys.argv[2]), sys.argv[3:]))"
+)
+_UCRED = struct.Struct("3i")
+
+
+@dataclass(frozen=True)
+class AgentRecord:
+    """A warm agent as its record says it (the module docstring)."""
+
+    pid: int
+    create_time: float
+    path: str  # "@NAME": its socket in the abstract namespace
+    python: str
+    preload: tuple[str, ...]
+    env: dict[str, str]  # what of its environment its imports read
+    idle_timeout_s: float
+    started: float  # time.time()
+    log: str
+
+    def alive(self) -> bool:
+        """Whether the agent still runs: this pid, started at this time, not a zombie."""
+        try:
+            proc = psutil.Process(self.pid)
+            same = abs(proc.create_time() - self.create_time) < 0.01
+            return same and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+
+def warm_dir(create: bool = True) -> str:
+    """Where warm agents' records live: ``$GRAPHDIST_WARM_DIR``, else ``warm`` in graphdist's
+    runtime folder; private to this user either way (:func:`graphdist._private.private_dir`:
+    a folder another user owns or can write to is a :class:`StateError`). Without ``create``,
+    a missing folder stays missing (no agent is recorded there)."""
+    chosen = os.environ.get(WARM_DIR_ENV)
+    path = os.path.abspath(chosen) if chosen else os.path.join(runtime_dir(), "warm")
+    return private_dir(path, "graphdist's warm agents' folder", create=create)
+
+
+def _record_path(preload: Sequence[str], *, create: bool = True) -> str:
+    key = json.dumps([os.path.abspath(sys.executable), list(preload)])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return os.path.join(warm_dir(create), f"warm-agent-{digest}.json")
+
+
+def _read(path: str) -> AgentRecord | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        data["preload"] = tuple(data["preload"])
+        return AgentRecord(**data)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError):
+        return None  # torn or foreign: no agent to use (start replaces it)
+
+
+def live_agent(preload: Sequence[str]) -> AgentRecord | None:
+    """The running agent of this Python and these preloads, or None (a stale record, whose
+    process is gone, is removed)."""
+    path = _record_path(preload, create=False)
+    record = _read(path)
+    if record is None:
+        return None
+    if record.alive():
+        return record
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    return None
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """The record's lock (``RECORD.lock``): one start or stop at a time."""
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def start_agent(
+    preload: Sequence[str], env: Mapping[str, str], idle_timeout_s: float = IDLE_TIMEOUT_S
+) -> tuple[AgentRecord, bool]:
+    """The agent of these preloads, started with ``env`` unless one runs: ``(record, started)``.
+    A preload that fails to import is an :class:`ArgumentError` naming it; an agent that does
+    not get ready in :data:`READY_TIMEOUT_S` is a :class:`StateError`; neither leaves a
+    process."""
+    path = _record_path(preload)
+    with _locked(path):
+        running = live_agent(preload)
+        if running is not None:
+            return running, False
+        log = path.removesuffix(".json") + ".log"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(log, flags, 0o600), "ab") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", AGENT_CODE, path, repr(float(idle_timeout_s)), *preload],
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,
+            )
+        try:
+            line = _first_line(proc, READY_TIMEOUT_S)
+        except BaseException:
+            _end(proc)
+            raise
+        record = _read(path) if line.startswith("ready ") else None
+        if record is None:
+            _end(proc)
+            why = line.removeprefix("cold: ") or f"it exited with code {proc.returncode}"
+            if line.startswith("cold: cannot import"):
+                raise ArgumentError(
+                    f"preload: {why}; name modules that import in this Python",
+                    name="preload",
+                    value=",".join(preload),
+                )
+            raise StateError(f"The warm agent did not start: {why}; see {log}", log)
+        assert proc.stdout is not None
+        proc.stdout.close()
+        return record, True
+
+
+def _first_line(proc: subprocess.Popen[bytes], timeout_s: float) -> str:
+    """The agent's first line on stdout ("ready @NAME" or "cold: WHY"), "" if it exited or
+    said nothing in ``timeout_s``."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    if not ready:
+        return ""
+    return proc.stdout.readline().decode("utf-8", "replace").strip()
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def stop_agent(preload: Sequence[str], wait_s: float = 10.0) -> AgentRecord | None:
+    """Stop the agent of these preloads (SIGTERM, then SIGKILL after ``wait_s``), check it is
+    gone and remove its record; the record it had, or None where none ran."""
+    path = _record_path(preload)
+    with _locked(path):
+        record = live_agent(preload)
+        if record is None:
+            return None
+        for sig, wait in ((signal.SIGTERM, wait_s), (signal.SIGKILL, wait_s)):
+            if record.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(record.pid, sig)
+            deadline = time.monotonic() + wait
+            while record.alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        if record.alive():
+            raise StateError(f"The warm agent (pid {record.pid}) did not end", path)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return record
+
+
+def attach(preload: Sequence[str], env: Mapping[str, str]) -> Zygote | str:
+    """A session of the running agent of these preloads, as the run's zygote (its tasks forked
+    from it), or why the run starts its own: no agent, another environment at import, an agent
+    that does not answer as itself."""
+    if not preload:
+        return "no preloads"
+    try:
+        record = live_agent(preload)
+    except StateError as exc:  # a folder that is not ours: no agent of it is used
+        return str(exc)
+    if record is None:
+        return "no warm agent runs (graphdist warm start)"
+    differs = env_differs(env, record.env)
+    if differs is not None:
+        return f"the run's {differs} differs from the warm agent's"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        sock.connect("\0" + record.path[1:])
+        pid, uid, _ = _UCRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        )
+        if (pid, uid) != (record.pid, os.getuid()):  # someone else's socket: send nothing
+            sock.close()
+            return f"the socket {record.path} is not the warm agent's (pid {pid}, uid {uid})"
+        elsewhere = _elsewhere(record.pid)
+        if elsewhere is not None:
+            sock.close()
+            return elsewhere
+        sock.send(json.dumps(_hello()).encode())
+    except OSError as exc:
+        sock.close()
+        return f"the warm agent does not answer ({exc.strerror or exc})"
+    zygote = Zygote(record.preload, record.env, session=sock)
+    why = zygote.ready(SESSION_READY_S)
+    if why is not None:
+        zygote.close()
+        return f"the warm agent's session: {why}"
+    return zygote
+
+
+def _elsewhere(pid: int) -> str | None:
+    """Why a task forked by agent ``pid`` would not be where a task of this launcher is: another
+    cgroup (a Slurm job's, a systemd scope's: its limits and accounting) or namespace; None
+    where it would be."""
+    try:
+        with open("/proc/self/cgroup") as mine, open(f"/proc/{pid}/cgroup") as its:
+            if mine.read() != its.read():
+                return "the warm agent is in another cgroup than this run"
+        for ns in sorted(os.listdir("/proc/self/ns")):
+            if os.stat(f"/proc/self/ns/{ns}").st_ino != os.stat(f"/proc/{pid}/ns/{ns}").st_ino:
+                return f"the warm agent is in another {ns} namespace than this run"
+    except OSError as exc:
+        return f"the warm agent's cgroup and namespaces cannot be read ({exc.strerror or exc})"
+    return None
+
+
+#: The resource limits a session takes from its launcher, as a fresh process would have them.
+_RLIMITS = ("RLIMIT_CORE", "RLIMIT_NOFILE", "RLIMIT_STACK", "RLIMIT_AS", "RLIMIT_NPROC")
+
+
+def _hello() -> dict[str, Any]:
+    """What a session takes from its launcher that a fresh process would inherit from it:
+    ignored signals, umask, resource limits, CPU affinity, niceness."""
+    import resource
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return {
+        "ignored": [int(s) for s in TASK_SIGNALS if signal.getsignal(s) == signal.SIG_IGN],
+        "umask": umask,
+        "rlimits": {n: resource.getrlimit(getattr(resource, n)) for n in _RLIMITS},
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "nice": os.nice(0),
+    }
+
+
+def _take(hello: dict[str, Any]) -> None:
+    """In a session: what its launcher passed (:func:`_hello`), each as far as the kernel lets
+    (a hard limit above the agent's, a niceness below it: kept as they are)."""
+    import resource
+
+    os.umask(int(hello.get("umask", 0o022)))
+    for name, (soft, hard) in dict(hello.get("rlimits", {})).items():
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+    with contextlib.suppress(OSError, ValueError):
+        os.sched_setaffinity(0, hello.get("affinity") or os.sched_getaffinity(0))
+    with contextlib.suppress(OSError):
+        os.nice(int(hello.get("nice", 0)) - os.nice(0))
+
+
+# -- the agent's own side -------------------------------------------------------------------------
+
+
+def agent_main(record_path: str, idle_timeout_s: float, preload: Sequence[str]) -> int:
+    """The agent (module docstring): 0 once stopped or idle, 2 where a preload did not import
+    (said on stdout: ``cold: cannot import ...``)."""
+    import importlib
+
+    path0, sys.path[:1] = sys.path[:1], []  # preloads from the environment, not this folder
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            print(f"cold: cannot import {name!r} ({why.strip()})", flush=True)
+            return 2
+    sys.path[:0] = path0
+    os.chdir("/")  # holds no folder busy (each task goes to its own)
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    name = f"graphdist-warm-agent-{os.getpid()}-{secrets.token_hex(8)}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind("\0" + name)
+    listener.listen(64)
+    listener.setblocking(False)
+    me = psutil.Process()
+    record = AgentRecord(
+        me.pid,
+        me.create_time(),
+        "@" + name,
+        os.path.abspath(sys.executable),
+        tuple(preload),
+        import_time_env(os.environ),
+        idle_timeout_s,
+        time.time(),
+        record_path.removesuffix(".json") + ".log",
+    )
+    _write_record(record_path, record)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    stop: list[int] = []
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+    print(f"ready {record.path}", flush=True)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # the starter stops reading: nothing more to say there
+    os.close(devnull)
+    sessions: set[int] = set()
+    idle_since = time.monotonic()
+    try:
+        while not stop:
+            with contextlib.suppress(InterruptedError):
+                select.select([listener.fileno(), wake_r], [], [], 1.0)
+            with contextlib.suppress(BlockingIOError):
+                while os.read(wake_r, 512):
+                    pass
+            for pid, _ in _reap():
+                sessions.discard(pid)
+            _end_orphans(sessions)
+            now = time.monotonic()
+            if sessions:
+                idle_since = now
+            elif idle_timeout_s > 0 and now - idle_since >= idle_timeout_s:
+                break
+            while not stop:
+                try:
+                    conn, _ = listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                session = _session(conn, listener, (wake_r, wake_w))
+                if session is not None:
+                    sessions.add(session)
+    finally:
+        if (_read(record_path) or record).pid == record.pid:
+            with contextlib.suppress(OSError):
+                os.unlink(record_path)
+        listener.close()
+    return 0  # the sessions die with us (their death signal), their guards with them
+
+
+def _write_record(path: str, record: AgentRecord) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(asdict(record), f)
+    os.replace(tmp, path)
+
+
+def _session(conn: socket.socket, listener: socket.socket, wake: tuple[int, int]) -> int | None:
+    """Fork a session for ``conn`` if its peer is this user's; its pid, or None."""
+    _, uid, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    if uid != os.getuid():
+        conn.close()  # another user's process: nothing is read, nothing forked
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        conn.close()
+        return None
+    if pid != 0:
+        conn.close()
+        return pid
+    code = 70
+    try:  # the session: never returns
+        set_parent_death_signal(signal.SIGKILL)
+        listener.close()
+        signal.set_wakeup_fd(-1)
+        for fd in wake:
+            os.close(fd)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        _title("graphdist-warm-session")
+        conn.setblocking(True)
+        ready, _, _ = select.select([conn], [], [], SESSION_READY_S)
+        hello = json.loads(conn.recv(_MSG_MAX) or b"{}") if ready else None
+        if hello is not None:
+            _take(hello)
+            code = serve(conn, frozenset(int(s) for s in hello.get("ignored", ())))
+    except BaseException:
+        code = 70
+    finally:
+        os._exit(code)
