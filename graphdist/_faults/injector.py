@@ -283,6 +283,8 @@ class _Run:
     # a warm task's guard is no child of the launcher, and its environment (GRAPHDIST_TASK)
     # is not in its /proc/PID/environ (set after the fork, in memory)
     guards: dict[tuple[str, int], int] = field(default_factory=dict)
+    # each guard as it was when the run said it started: a reused pid is not it (is_running)
+    guard_procs: dict[int, psutil.Process] = field(default_factory=dict)
     attempt: int = 0  # the launcher's current attempt (GRAPHDIST_RESTART), from its events
     summary_attempts: int = 0
     events: list[Event] = field(default_factory=list)
@@ -517,6 +519,11 @@ class FaultInjector:
                 run.summary_attempts = int(event.data.get("attempts", 0))
             elif event.kind == "task-started" and event.task and event.data.get("pid"):
                 run.guards[(event.task, attempt)] = int(event.data["pid"])
+                import psutil
+
+                with contextlib.suppress(psutil.Error):
+                    guard = psutil.Process(int(event.data["pid"]))
+                    run.guard_procs[guard.pid] = guard
                 run.restart_values.add(attempt)
             words = render(event, run.events)
             run.events.append(event)
@@ -662,7 +669,14 @@ class FaultInjector:
             # run's (the final sweep would SIGCONT and SIGKILL it): what was seen is all
             return [p for p in run.seen.values() if _alive(p)]
         found = []
-        for pid in descendants(run.launcher.pid):
+        # a warm agent's session forks the tasks' guards (graphdist warm): not the launcher's
+        # descendants, they are found from the guards the run said it started
+        pids = descendants(run.launcher.pid)
+        mine = set(pids)
+        for guard in list(run.guard_procs.values()):
+            if guard.pid not in mine and guard.is_running():
+                pids += [guard.pid, *(p for p in descendants(guard.pid) if p not in mine)]
+        for pid in dict.fromkeys(pids):
             proc = run.seen.get(pid)
             if proc is None or not proc.is_running():
                 try:

@@ -173,6 +173,39 @@ def test_a_sigkilled_launcher_ends_its_session_and_tasks_and_the_agent_serves_on
     assert _tree(tmp_path)[2] == agent
 
 
+def test_the_fault_injector_kills_a_task_of_the_agent_and_sees_nothing_left(
+    warm_dir: Agents, graphdist_faults: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The injector finds a run's tasks among its launcher's descendants; an agent's are not:
+    it finds them from the guards the run said it started, kills worker-1 there, and its sweep
+    sees them gone."""
+    # the injector's runs get PYTHONUNBUFFERED=1: the agent's environment must agree
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    agent = _start(warm_dir)
+    code = (
+        "import numpy, os, psutil, sys, time\n"
+        "print('agent', psutil.Process(psutil.Process(os.getppid()).ppid()).ppid(), flush=True)\n"
+        "if os.environ['GRAPHDIST_RESTART'] == '1': sys.exit(0)\n"
+        "for i in range(600):\n"
+        "    print('tick', i, flush=True); time.sleep(0.05)\n"
+    )
+    kill = graphdist_faults.kill("worker-1", after=r"^tick 3$", of="worker-0")
+    out = graphdist_faults.run(
+        [sys.executable, "-c", code],
+        max_restarts=1,
+        faults=[kill],
+        launcher_args=PRELOAD,
+        env=QUIET_TF,
+    )
+    assert out.returncode == 0 and out.attempts == 2, out.describe()
+    said = [o.text for o in out.output if o.task and o.text.startswith("agent ")]
+    assert said == [f"agent {agent}"] * 4, said  # every task of both attempts: the agent's
+    [killed] = out.injected
+    assert killed.confirmed, out.describe()
+    assert out.leftovers == [] and wait_gone(out.pids, EVENTUALLY_S) == []
+    assert _children(agent) == []  # the sessions ended with the run
+
+
 def test_without_a_usable_agent_a_run_starts_its_own_warm_interpreter(
     warm_dir: Agents, tmp_path: Any
 ) -> None:
