@@ -59,6 +59,10 @@ most ``WARM_RECOVERY_TARGET`` x the cold run's start, the cold run's steps/s bef
 ``WARM_RATE_TARGET`` x each warm side's. The case ``warm-ray`` is the same on ``--backend ray`` (a
 Ray instance of each run's own, on this machine: the tasks forked by the node's warm agent,
 :mod:`graphdist._distribute.nodewarm`), with the same targets (its start: the run's own agents');
+``warm-ray`` also runs Ray Train's ``TensorflowTrainer`` on the same task (``_raytrain_run.py``,
+``max_failures=1``, a Ray instance of its own, rank 1's process SIGKILLed after rank 0's step
+KILL_AT) and checks graphdist's warm recovery at most ``RAYTRAIN_TARGET`` x Ray Train's; where
+Ray Train does not import (``pip install -e '.[raytrain]'``) that target is MISSED, not skipped.
 ``--case warm --case warm-ray`` writes both into the section ``warm``. The fault injector kills what
 the task's guard runs: on Ray a warm task's client, whose end has the agent SIGKILL the task.
 
@@ -74,11 +78,13 @@ import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any, TypedDict
 
@@ -134,6 +140,8 @@ WARM_START_TARGET = 0.75
 """``warm``: a warm run's cold start / a cold-task run's cold start (issue 40): at most this."""
 WARM_RECOVERY_TARGET = 0.6
 """``warm``: a warm run's kill recovery / a cold-task run's cold start: at most this."""
+RAYTRAIN_TARGET = 0.5
+"""``warm-ray``: graphdist's warm kill recovery on Ray / Ray Train's (issue 40): at most this."""
 WARM_RATE_TARGET = 1.05
 """``warm``: a cold-task run's steps/s in attempt 0 / a warm run's: at most this (the warm
 path must not slow training)."""
@@ -254,7 +262,8 @@ def warm_agent() -> Iterator[str]:
     """A warm agent (``graphdist warm start``, the default preloads) in a folder of its own,
     for the runs of the ``warm`` case's third side; stopped, and checked gone, at the end."""
     with tempfile.TemporaryDirectory(prefix="graphdist-bench-agent-") as folder:
-        env = {**os.environ, **_run_env(folder)}
+        # PYTHONUNBUFFERED: as the fault injector sets it for its runs (read at import)
+        env = {**os.environ, **_run_env(folder), "PYTHONUNBUFFERED": "1"}
         warm = [sys.executable, "-m", "graphdist", "warm"]
         subprocess.run([*warm, "start"], env=env, check=True, capture_output=True, timeout=300)
         try:
@@ -345,8 +354,102 @@ def measure(case: str, steps: int, save_every: int, kill_at: int, repeats: int) 
     }
 
 
+RAYTRAIN = os.path.join(HERE, "_raytrain_run.py")
+# Ray's prefix of a worker's line, in colour where it thinks a terminal reads it
+_WORKER_LINE = re.compile(r"\(RayTrainWorker pid=(\d+)[^)]*\)(?:\x1b\[[0-9;]*m)?\s*(.*)")
+
+
+def measure_raytrain(steps: int, save_every: int, kill_at: int) -> dict[str, float]:
+    """Ray Train's side of ``warm-ray`` (``_raytrain_run.py``): the same task under
+    ``TensorflowTrainer`` on a Ray instance of its own, rank 1's process SIGKILLed once rank 0
+    said ``step KILL_AT``; its cold start (launch to rank 0's first step) and recovery (the
+    kill to rank 0's first step in a new process). Everything the run started (its session) is
+    killed at the end and checked gone."""
+    with tempfile.TemporaryDirectory(prefix="graphdist-bench-raytrain-") as out:
+        argv = [sys.executable, RAYTRAIN, "--out", out, "--steps", str(steps)]
+        argv += ["--save-every", str(save_every)]
+        # RAY_DEDUP_LOGS=0: Ray would fold the two workers' equal "step N" lines into one
+        env = {**os.environ, "RAY_ADDRESS": "local", "TF_CPP_MIN_LOG_LEVEL": "2"}
+        env["RAY_DEDUP_LOGS"] = "0"
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True, cwd=HERE,
+        )  # fmt: skip
+        ranks: dict[int, int] = {}
+        first = killed = recovered = None
+        tail: list[str] = []
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                now = time.monotonic() - started
+                tail = [*tail[-40:], line]
+                found = _WORKER_LINE.search(line)
+                if found is None:
+                    continue
+                pid, text = int(found.group(1)), found.group(2).strip()
+                if text.startswith("rank "):
+                    ranks[pid] = int(text.split()[1])
+                if ranks.get(pid) != 0 or _STEP.fullmatch(text) is None:
+                    continue
+                if first is None:
+                    first = now
+                if killed is None and text == f"step {kill_at}":
+                    [victim] = [p for p, r in ranks.items() if r == 1]
+                    os.kill(victim, signal.SIGKILL)
+                    killed, old = now, set(ranks)
+                elif killed is not None and recovered is None and pid not in old:
+                    recovered = now
+            code = proc.wait(600)
+        finally:
+            group = [p.pid for p in psutil.process_iter() if _in_session(p, proc.pid)]
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            left = [p for p in group if psutil.pid_exists(p) and _alive(p)]
+        if code != 0 or first is None or killed is None or recovered is None or left:
+            raise RuntimeError(
+                f"Ray Train's run did not go as planned (exit {code}, left {left}):\n"
+                + "".join(tail)
+            )
+        return {"cold_s": first, "recovery_s": recovered - killed}
+
+
+def _raytrain_missing() -> str | None:
+    """Why Ray Train cannot run here (its dependencies are not graphdist's), or None."""
+    check = [sys.executable, "-c", "import ray.train.tensorflow"]
+    done = subprocess.run(check, capture_output=True, text=True, timeout=300)
+    if done.returncode == 0:
+        return None
+    last = (done.stderr.strip().splitlines() or ["it does not import"])[-1]
+    return f"{last} (pip install -e '.[raytrain]')"
+
+
+def _in_session(proc: psutil.Process, sid: int) -> bool:
+    with contextlib.suppress(psutil.Error, OSError):
+        return os.getsid(proc.pid) == sid
+    return False
+
+
+def _alive(pid: int) -> bool:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.Error:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def measure_warm(
-    steps: int, save_every: int, kill_at: int, repeats: int, ray: bool = False
+    steps: int,
+    save_every: int,
+    kill_at: int,
+    repeats: int,
+    ray: bool = False,
+    raytrain: bool = False,
 ) -> dict[str, Any]:
     """``warm``: ``mwms-kill`` with cold tasks (``--preload none``, the baseline), with warm
     ones (the default: the run's own warm interpreter) and, on this machine, with a warm agent
@@ -365,21 +468,25 @@ def measure_warm(
                 "recovery": warm["recovery_s"] / cold["cold_s"],
                 "rate": cold["rate"] / warm["rate"],
             }
+            if ray and raytrain:
+                pair["raytrain"] = measure_raytrain(steps, save_every, kill_at)
+                pair["vs_raytrain"] = warm["recovery_s"] / pair["raytrain"]["recovery_s"]
             if folder is not None:
                 pair["agent"] = measure_once(
                     "mwms-kill", steps, save_every, kill_at, warm_dir=folder
                 )
                 pair["agent_start"] = pair["agent"]["cold_s"] / cold["cold_s"]
                 pair["agent_recovery"] = pair["agent"]["recovery_s"] / cold["cold_s"]
-                pair["agent_rate"] = cold["rate"] / pair["agent"]["rate"]
+                pair["agent_slower"] = cold["rate"] / pair["agent"]["rate"]
             pairs.append(pair)
-    keys = [k for k in pairs[0] if k not in ("cold", "warm", "agent")]
+    keys = [k for k in pairs[0] if k not in ("cold", "warm", "agent", "raytrain")]
     median = {k: statistics.median(float(p[k]) for p in pairs) for k in keys}
-    for side in ("cold", "warm", "agent"):
+    for side in ("cold", "warm", "agent", "raytrain"):
         if side not in pairs[0]:
             continue
         for key in ("cold_s", "recovery_s", "rate"):
-            median[f"{side}_{key}"] = statistics.median(float(p[side][key]) for p in pairs)
+            if key in pairs[0][side]:
+                median[f"{side}_{key}"] = statistics.median(float(p[side][key]) for p in pairs)
     return {"case": "warm-ray" if ray else "warm", "steps": steps, "save_every": save_every,
             "kill_at": kill_at, "runs": pairs, "median": median}  # fmt: skip
 
@@ -390,19 +497,21 @@ def report_warm(figures: dict[str, Any], repeats: int) -> tuple[list[str], list[
     case = figures["case"]
     where = " on Ray (--backend ray, a Ray instance of each run's own)" if case != "warm" else ""
     agent = "agent_start" in m
-    sides = "warm tasks (--preload auto)" + (
+    compared = "warm tasks (--preload auto)" + (
         ", and warm tasks with a warm agent running" if agent else ""
     )
     lines = [
         f"[{case}] MWMS, 2 workers{where}, worker-1 SIGKILLed after step {figures['kill_at']}: "
-        f"{sides} against cold ones (--preload none) in the same run; medians of {repeats} "
+        f"{compared} against cold ones (--preload none) in the same run; medians of {repeats} "
         f"round(s)",
     ]
-    for side, words in [("cold", "cold tasks"), ("warm", "warm tasks"), ("agent", "warm agent")]:
+    sides = [("cold", "cold tasks"), ("warm", "warm tasks"), ("agent", "warm agent")]
+    for side, words in [*sides, ("raytrain", "Ray Train")]:
         if f"{side}_cold_s" in m:
+            rate = f", {m[f'{side}_rate']:6.1f} steps/s" if f"{side}_rate" in m else ""
             lines.append(
                 f"{words + ':':12s}start {m[f'{side}_cold_s']:6.2f} s, recovery "
-                f"{m[f'{side}_recovery_s']:6.2f} s, {m[f'{side}_rate']:6.1f} steps/s"
+                f"{m[f'{side}_recovery_s']:6.2f} s{rate}"
             )
     print("\n".join(lines))
     first = "agent_start" if agent else "start"
@@ -415,7 +524,7 @@ def report_warm(figures: dict[str, Any], repeats: int) -> tuple[list[str], list[
         )
     ]
     for prefix, who in [("", "warm tasks'"), *([("agent_", "a warm agent's tasks'")] * agent)]:
-        recovery, rate = m[f"{prefix}recovery"], m[f"{prefix}rate"]
+        recovery, rate = m[f"{prefix}recovery"], m["agent_slower" if prefix else "rate"]
         checked += [
             (
                 f"{case}: kill recovery{' with a warm agent' if prefix else ''} / cold tasks' "
@@ -428,6 +537,15 @@ def report_warm(figures: dict[str, Any], repeats: int) -> tuple[list[str], list[
                 rate <= WARM_RATE_TARGET,
             ),
         ]
+    if "vs_raytrain" in m:
+        checked.append(
+            (
+                f"{case}: kill recovery / Ray Train's (TensorflowTrainer, max_failures=1, same "
+                f"task and Ray instance kind): {m['vs_raytrain']:.2f}x (target <= "
+                f"{RAYTRAIN_TARGET:g})",
+                m["vs_raytrain"] <= RAYTRAIN_TARGET,
+            )
+        )
     targets, missed = report_targets_kept(checked)
     print()
     return [*lines, *targets, ""], missed
@@ -581,7 +699,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             continue
         if case in ("warm", "warm-ray"):
             ray = case == "warm-ray"
-            warm = measure_warm(args.steps, args.save_every, args.kill_at, args.repeats, ray)
+            why = _raytrain_missing() if ray else None
+            if why is not None:
+                line = f"[{case}] Ray Train not measured: {why}"
+                print(line, end="\n\n")
+                printed, missed = [*printed, line, ""], [*missed, line]
+            warm = measure_warm(
+                args.steps, args.save_every, args.kill_at, args.repeats, ray, why is None and ray
+            )
             lines, case_missed = report_warm(warm, args.repeats)
             printed, missed = printed + lines, missed + case_missed
             figures_warm = warm if figures_warm is None else {**figures_warm, "ray": warm}

@@ -224,7 +224,9 @@ def _end(proc: subprocess.Popen[bytes]) -> None:
 def stop_agent(preload: Sequence[str], wait_s: float = 10.0) -> AgentRecord | None:
     """Stop the agent of these preloads (SIGTERM, then SIGKILL after ``wait_s``), check it is
     gone and remove its record; the record it had, or None where none ran."""
-    path = _record_path(preload)
+    path = _record_path(preload, create=False)
+    if not os.path.isdir(os.path.dirname(path)):
+        return None  # no folder: no agent was ever started there (nothing is made to say so)
     with _locked(path):
         record = live_agent(preload)
         if record is None:

@@ -22,7 +22,7 @@ from graphdist._tflog import TF_LOGS_ENV, is_tf_log
 from tests.cli.test_cli import assert_user_error, gd
 from tests.conftest import EVENTUALLY_S, REPO, wait_gone
 
-COMMANDS = ["up", "status", "down", "run", "serve", "tf-config", "demo"]
+COMMANDS = ["up", "status", "down", "run", "serve", "tf-config", "demo", "warm"]
 
 
 def _bare_env(**extra: str) -> dict[str, str]:
