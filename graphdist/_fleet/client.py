@@ -339,14 +339,15 @@ class Fleet(Generic[_TaskT]):
 
     def _ending(self, task: _TaskT, error: str) -> str | None:
         """How a task that did not answer is ending, if it is, though its process still reads as
-        alive: one :meth:`kill` is ending (it waits for the end), or one whose server refuses
-        connections and whose end comes within :data:`EXIT_NEWS_S` (a killed server's socket
-        closes before its parent learns of the exit: a loaded machine, CI 2026-12-05). None:
-        it lives (a frozen task's socket still accepts; only its answer does not come)."""
+        alive: one :meth:`kill` is ending (it waits for the end), or one whose server refuses or
+        resets connections (UNAVAILABLE) and whose end comes within :data:`EXIT_NEWS_S` (a
+        killed server's socket closes before its parent learns of the exit: a loaded machine,
+        CI 2026-12-05). None: it lives (a frozen task's socket still accepts; only its answer
+        does not come: DEADLINE_EXCEEDED)."""
         killing = self._killing.get((task.job, task.index))
         if killing:
             return how_ended(-killing)
-        if "Connection refused" not in error:
+        if not error.startswith("UNAVAILABLE"):
             return None
         deadline = time.monotonic() + EXIT_NEWS_S
         while task.alive and time.monotonic() < deadline:
