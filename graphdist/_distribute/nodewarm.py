@@ -36,7 +36,6 @@ import os
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -44,7 +43,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from graphdist._distribute.warm import READY_TIMEOUT_S, WarmProc, Zygote, warm_target
+from graphdist._distribute.warm import (
+    READY_TIMEOUT_S,
+    WarmProc,
+    Zygote,
+    peer_credentials,
+    warm_target,
+)
 
 __all__ = [
     "AGENT_CODE",
@@ -210,8 +215,7 @@ def _tell_exits(clients: dict[socket.socket, WarmProc | None]) -> None:
 def _accept(listener: socket.socket, clients: dict[socket.socket, WarmProc | None]) -> None:
     with contextlib.suppress(BlockingIOError, InterruptedError):
         conn, _ = listener.accept()
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        if struct.unpack("3i", creds)[1] != os.getuid():  # another user's: never served
+        if peer_credentials(conn)[1] != os.getuid():  # another user's: never served
             conn.close()
             return
         clients[conn] = None

@@ -39,6 +39,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -62,6 +63,7 @@ __all__ = [
     "check_preload",
     "env_differs",
     "import_time_env",
+    "peer_credentials",
     "warm_target",
 ]
 
@@ -530,6 +532,14 @@ class Zygote:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
         self._sock.close()
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """``(pid, uid, gid)`` of the process at the other end of a Unix socket (``SO_PEERCRED``:
+    the kernel's word, which the peer cannot forge)."""
+    ucred = struct.Struct("3i")
+    pid, uid, gid = ucred.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, ucred.size))
+    return pid, uid, gid
 
 
 def _alive(pid: int) -> bool:

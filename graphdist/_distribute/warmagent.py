@@ -36,7 +36,6 @@ import secrets
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -46,12 +45,14 @@ from typing import Any
 
 import psutil
 
+from graphdist._detached.state import ProcessRef
 from graphdist._distribute.warm import (
     _MSG_MAX,
     READY_TIMEOUT_S,
     Zygote,
     env_differs,
     import_time_env,
+    peer_credentials,
 )
 from graphdist._distribute.zygote import TASK_SIGNALS, _end_orphans, _reap, _title, serve
 from graphdist._exceptions import ArgumentError, StateError
@@ -79,7 +80,6 @@ AGENT_CODE = (
     "import sys; from graphdist._distribute.warmagent import agent_main; "
     "sys.exit(agent_main(sys.argv[1], float(sys.argv[2]), sys.argv[3:]))"
 )
-_UCRED = struct.Struct("3i")
 
 
 @dataclass(frozen=True)
@@ -98,12 +98,7 @@ class AgentRecord:
 
     def alive(self) -> bool:
         """Whether the agent still runs: this pid, started at this time, not a zombie."""
-        try:
-            proc = psutil.Process(self.pid)
-            same = abs(proc.create_time() - self.create_time) < 0.01
-            return same and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+        return ProcessRef(self.pid, self.create_time).alive()
 
 
 def warm_dir(create: bool = True) -> str:
@@ -263,9 +258,7 @@ def attach(preload: Sequence[str], env: Mapping[str, str]) -> Zygote | str:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
         sock.connect("\0" + record.path[1:])
-        pid, uid, _ = _UCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-        )
+        pid, uid, _ = peer_credentials(sock)
         if (pid, uid) != (record.pid, os.getuid()):  # someone else's socket: send nothing
             sock.close()
             return f"the socket {record.path} is not the warm agent's (pid {pid}, uid {uid})"
@@ -426,7 +419,7 @@ def _write_record(path: str, record: AgentRecord) -> None:
 
 def _session(conn: socket.socket, listener: socket.socket, wake: tuple[int, int]) -> int | None:
     """Fork a session for ``conn`` if its peer is this user's; its pid, or None."""
-    _, uid, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    _, uid, _ = peer_credentials(conn)
     if uid != os.getuid():
         conn.close()  # another user's process: nothing is read, nothing forked
         return None
