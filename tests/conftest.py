@@ -39,7 +39,9 @@ ALLOW_PROMISE_SKIPS = "GRAPHDIST_ALLOW_PROMISE_SKIPS"
 os.environ.setdefault("RAY_ADDRESS", "local")
 # A warm agent of the user's (`graphdist warm start`) would serve the runs of every test: tests
 # that want one start their own in a folder of their own; the others look where none is.
-os.environ["GRAPHDIST_WARM_DIR"] = os.path.join(REPO, ".no-warm-agents")
+# Those whose runs' subject is not how tasks start share one (:func:`warm_agent`).
+WARM_DIR = "GRAPHDIST_WARM_DIR"
+os.environ[WARM_DIR] = os.path.join(REPO, ".no-warm-agents")
 
 
 def is_gone(pid: int) -> bool:
@@ -341,3 +343,76 @@ def hosts() -> Generator[Any, None, None]:
     require_hostbed()
     with HostBed(3) as bed:
         yield bed
+
+
+# -- a warm agent for the suite's local runs (issue 40) -----------------------------------------
+
+
+class SuiteAgent:
+    """The warm agent (``graphdist warm start``, default preloads) of one xdist worker, in a
+    folder of its own: a local ``graphdist run`` of a test that uses :func:`warm_agent` forks its
+    tasks from it instead of importing TensorFlow in a warm interpreter of its own (the run's
+    subject is then its restarts, faults or training, not how its tasks start)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.env = {**os.environ, **QUIET_TF, "PYTHONUNBUFFERED": "1", WARM_DIR: folder}
+        self.pid: int | None = None
+        self.used = 0  # tests that asked for it
+
+    def _warm(self, action: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "graphdist", "warm", action, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    def start(self) -> None:
+        if self.pid is None:
+            # idle 900 s: gone on its own after a crashed worker, never during a suite
+            started = self._warm("start", "--idle-timeout", "900")
+            assert started.returncode == 0, started.stdout + started.stderr
+            self.pid = int(started.stdout.split("pid ")[1].split(",")[0])
+
+    def served(self) -> int:
+        status = self._warm("status")
+        assert status.returncode == 0, status.stdout + status.stderr
+        return int(status.stdout.split("served ")[1].split()[0])
+
+    def stop(self) -> None:
+        if self.pid is not None:
+            stopped = self._warm("stop")
+            assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+            assert wait_gone([self.pid], EVENTUALLY_S) == [], f"warm agent {self.pid} survived"
+
+
+
+@pytest.fixture(scope="session")
+def _suite_agent(tmp_path_factory: pytest.TempPathFactory) -> Generator[SuiteAgent, None, None]:
+    """:class:`SuiteAgent`, started on first use. At the end: it must have served a run if a
+    test used it (else every run started its own warm interpreter, silently, and the suite
+    paid for it), and it is stopped and checked gone."""
+    agent = SuiteAgent(str(tmp_path_factory.mktemp("warm-agent")))
+    try:
+        yield agent
+        if agent.pid is not None and agent.used:
+            served = agent.served()
+            assert served > 0, (
+                f"the suite's warm agent served none of the runs of {agent.used} test(s): "
+                "their environment differs from its own at import (graphdist warm status)"
+            )
+    finally:
+        agent.stop()
+
+
+@pytest.fixture
+def warm_agent(_suite_agent: SuiteAgent, monkeypatch: pytest.MonkeyPatch) -> SuiteAgent:
+    """This test's local runs use the worker's :class:`SuiteAgent` (with ``PYTHONUNBUFFERED=1``,
+    as the fault injector sets it for its runs: read at import, it must agree)."""
+    _suite_agent.start()
+    _suite_agent.used += 1
+    monkeypatch.setenv(WARM_DIR, _suite_agent.folder)
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    return _suite_agent

@@ -996,7 +996,8 @@ def _cmd_warm(args: argparse.Namespace) -> int:
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(found.started))
     idle = "never" if not found.idle_timeout_s else f"after {found.idle_timeout_s:g} s idle"
     print(
-        f"graphdist: warm agent pid {found.pid}, preloads {what}, since {since}, exits {idle}; "
+        f"graphdist: warm agent pid {found.pid}, preloads {what}, since {since}, "
+        f"served {found.served} run{'' if found.served == 1 else 's'}, exits {idle}; "
         f"log {found.log}"
     )
     return 0

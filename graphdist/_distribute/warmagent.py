@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import psutil
@@ -95,6 +95,7 @@ class AgentRecord:
     idle_timeout_s: float
     started: float  # time.time()
     log: str
+    served: int = 0  # sessions forked so far (runs served), rewritten as each one starts
 
     def alive(self) -> bool:
         """Whether the agent still runs: this pid, started at this time, not a zombie."""
@@ -401,6 +402,9 @@ def agent_main(record_path: str, idle_timeout_s: float, preload: Sequence[str]) 
                 session = _session(conn, listener, (wake_r, wake_w))
                 if session is not None:
                     sessions.add(session)
+                    record = replace(record, served=record.served + 1)
+                    with contextlib.suppress(OSError):  # a count for status: not worth dying for
+                        _write_record(record_path, record)
     finally:
         if (_read(record_path) or record).pid == record.pid:
             with contextlib.suppress(OSError):
@@ -412,9 +416,14 @@ def agent_main(record_path: str, idle_timeout_s: float, preload: Sequence[str]) 
 def _write_record(path: str, record: AgentRecord) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(asdict(record), f)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(asdict(record), f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # a full disk, say: no half-written record left beside the real one
+        raise
 
 
 def _session(conn: socket.socket, listener: socket.socket, wake: tuple[int, int]) -> int | None:

@@ -17,7 +17,12 @@ import pytest
 from graphdist._faults.freezer import freezer_root
 from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, wait_gone
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+# warm_agent: the subject is the freezes, not how tasks start (tests/distribute/test_warm.py)
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(240),
+    pytest.mark.usefixtures("warm_agent"),
+]
 BENCH = os.path.join(REPO, "benchmarks")
 STEPS, SAVE_EVERY, FAULT_AT = 80, 20, 30
 NOTICED_BOUND_S = 9.0

@@ -39,6 +39,7 @@ def check_no_step_lost(events: list[dict[str, Any]], steps: int) -> None:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.usefixtures("warm_agent")  # the subject is the notice, not how tasks start
 def test_a_preemption_notice_saves_and_resumes_with_no_step_lost(tmp_path):
     argv = [sys.executable, "-m", "graphdist", "run", "--workers", "2", "--output-format"]
     argv += ["jsonl", "--", sys.executable, SCRIPT, "--out", str(tmp_path), "--steps", "80"]

@@ -17,7 +17,12 @@ import pytest
 
 from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, wait_gone
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+# warm_agent: the subject is the restarts, not how tasks start (tests/distribute/test_warm.py)
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(400),
+    pytest.mark.usefixtures("warm_agent"),
+]
 EXAMPLES = os.path.join(REPO, "examples")
 EPOCHS = 3
 # What a resumed attempt says: the example's own line, or graphdist's resume helpers' one.

@@ -115,12 +115,14 @@ def test_runs_fork_their_tasks_from_the_agent_which_ends_its_sessions_and_stops(
     assert again.returncode == 0 and f"already running: pid {agent}" in again.stdout, again
     status = _warm("status", *PRELOAD)
     assert status.returncode == 0 and f"pid {agent}" in status.stdout, status
-    assert "after 600 s idle" in status.stdout, status.stdout
+    assert "after 600 s idle" in status.stdout and "served 0 runs" in status.stdout, status
 
     guard, session, above = _tree(tmp_path)
     assert above == agent and session != agent, (guard, session, above)
     assert wait_gone([session, guard], EVENTUALLY_S) == []  # the session ended with the run
     assert _children(agent) == []
+    served = _warm("status", *PRELOAD)  # how a user (or the suite's own agent) sees it is used
+    assert served.returncode == 0 and "served 1 run," in served.stdout, served
 
     (tmp_path / "view.py").write_text(VIEW)
     (tmp_path / "helper.py").write_text("VALUE = 'beside'\n")
