@@ -388,7 +388,6 @@ class SuiteAgent:
             assert wait_gone([self.pid], EVENTUALLY_S) == [], f"warm agent {self.pid} survived"
 
 
-
 @pytest.fixture(scope="session")
 def _suite_agent(tmp_path_factory: pytest.TempPathFactory) -> Generator[SuiteAgent, None, None]:
     """:class:`SuiteAgent`, started on first use. At the end: it must have served a run if a

@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import QUIET_TF, wait_gone
+from tests.conftest import QUIET_TF, SuiteAgent, wait_gone
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "examples")
 
@@ -150,12 +150,15 @@ EXITS = {
 
 @pytest.mark.timeout(300)
 def test_exits_tracebacks_signals_and_threads_end_a_warm_task_as_a_cold_one(
-    tmp_path: Any,
+    tmp_path: Any, warm_agent: SuiteAgent
 ) -> None:
     """``sys.exit`` with a code or a message, an uncaught exception (its traceback starts at
     the script's own frame: nothing of graphdist's in it), death by a signal, a
     KeyboardInterrupt and a non-daemon thread joined before the end: the same exit code, warm
-    and cold, and the same last lines."""
+    and cold, and the same last lines. The warm tasks are forked by the suite's warm agent
+    (the same task set-up as a run's own warm interpreter's, ``zygote.serve``, without its
+    TensorFlow import; that one's tree and spares are the other tests' subject)."""
+    served = warm_agent.served()
     for i, statement in enumerate(EXITS):
         (tmp_path / f"exit{i}.py").write_text(
             "import os, signal, sys, threading, time\nimport numpy\n"
@@ -184,6 +187,7 @@ def test_exits_tracebacks_signals_and_threads_end_a_warm_task_as_a_cold_one(
             assert "warm.py" not in "\n".join(seen["auto"])
         if "Thread" in statement:
             assert "thread joined" in seen["auto"]
+    assert warm_agent.served() == served + len(EXITS)  # every warm run was the agent's
 
 
 @pytest.mark.timeout(300)
