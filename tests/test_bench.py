@@ -653,3 +653,38 @@ def test_the_soak_report_fails_on_any_restart(capsys):
     assert missed == [] and "steps done (worker-0):" in lines[1]
     _, missed = soak.report({**healthy, "restarts": 1, "attempts": 2})
     assert [m.split(":")[1].strip() for m in missed] == ["false restarts", "attempts"]
+
+
+def test_the_suite_cost_charges_each_process_to_its_kind_and_its_workers_test():
+    """A made-up sample: a worker ran test a, then test b; a fork server its test a started,
+    a task under that, and a process re-parented to init; CPU used before the run is not
+    charged."""
+    import suite_cost
+    from suite_cost import Proc, Samples
+
+    worker = Proc(10, 1, "python", "[pytest-xdist running] tests/b.py::t", 0.0, 5.0, 0.0)
+    procs = [
+        worker,
+        Proc(11, 10, "python", "python -c from graphdist._proc.forkserver import main", 1.0, 3.0),
+        Proc(12, 11, "python", "graphdist local:0 (fleet of pid 10)", 1.5, 0.5),
+        Proc(13, 10, "python", "python -c import tensorflow", 20.0, 6.0),
+        Proc(14, 1, "python", "python daemon.py", 2.0, 1.0),
+        Proc(15, 1, "kdamond.0", "", 0.0, 100.0, 99.0),  # 99 CPU s before the run
+    ]
+    samples = Samples(
+        procs={f"{p.pid}:0": p for p in procs},
+        titles={10: [(0.0, "tests/a.py::x"), (10.0, "tests/b.py::t")]},
+        busy_s=20.0,
+        idle_s=20.0,
+        wall_s=20.0,
+    )
+    result = suite_cost.report(samples, top=5)
+    kinds = {name: (cpu, n) for name, cpu, n, _ in result["kinds"]}
+    assert kinds["fleet fork servers (one per process that owns a fleet)"] == (3.0, 1)
+    assert kinds["tests' helper scripts (python -c)"] == (6.0, 1)
+    assert kinds["fleet servers, spares, guards (forked: no import)"] == (0.5, 1)
+    assert kinds["other"] == (1.0, 1)  # kdamond: only its CPU during the run
+    files = {name: cpu for name, cpu, _, _ in result["files"]}
+    assert files["tests/a.py"] == 3.5 and files["tests/b.py"] == 6.0
+    assert result["busy_share"] == 0.5 and result["unsampled_cpu_s"] == 20.0 - 16.5
+    assert "| tests/b.py | 6 | 1 | 30% |" in suite_cost.render(result)
