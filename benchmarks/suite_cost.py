@@ -267,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     thread = threading.Thread(target=sampler, name="suite-cost-sampler", daemon=True)
     thread.start()
     try:
-        code = subprocess.call([sys.executable, "-m", "pytest", *args.pytest_args])
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        code = subprocess.call([sys.executable, "-m", "pytest", *args.pytest_args], cwd=repo)
     finally:
         done.set()
         thread.join()

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Generator, Iterable
 from typing import Any
 
@@ -352,13 +353,23 @@ class SuiteAgent:
     """The warm agent (``graphdist warm start``, default preloads) of one xdist worker, in a
     folder of its own: a local ``graphdist run`` of a test that uses :func:`warm_agent` forks its
     tasks from it instead of importing TensorFlow in a warm interpreter of its own (the run's
-    subject is then its restarts, faults or training, not how its tasks start)."""
+    subject is then its restarts, faults or training, not how its tasks start).
+
+    A run uses it only while the worker's environment agrees with the agent's in what imports
+    read (``graphdist warm status``'s troubleshooting entry): :meth:`ensure`, before each test
+    that uses it, starts it again with the environment of the moment where that changed (a
+    test left such a variable set: said as a warning) or where it is gone."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
-        self.env = {**os.environ, **QUIET_TF, "PYTHONUNBUFFERED": "1", WARM_DIR: folder}
+        self.env: dict[str, str] = {}
         self.pid: int | None = None
         self.used = 0  # tests that asked for it
+        self.seen = 0  # runs the running agent had served at its last look
+        self.served_before = 0  # runs served by the agents this one replaced
+
+    def _env_now(self) -> dict[str, str]:
+        return {**os.environ, **QUIET_TF, "PYTHONUNBUFFERED": "1", WARM_DIR: self.folder}
 
     def _warm(self, action: str, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -369,49 +380,73 @@ class SuiteAgent:
             timeout=300,
         )
 
-    def start(self) -> None:
-        if self.pid is None:
-            # idle 900 s: gone on its own after a crashed worker, never during a suite
-            started = self._warm("start", "--idle-timeout", "900")
-            assert started.returncode == 0, started.stdout + started.stderr
-            self.pid = int(started.stdout.split("pid ")[1].split(",")[0])
+    def ensure(self) -> None:
+        """The agent running, with an environment a run of this moment agrees with."""
+        from graphdist._distribute.warm import env_differs
+
+        env = self._env_now()
+        if self.pid is not None:
+            differs = env_differs(env, self.env)
+            if differs is None and not is_gone(self.pid):
+                return
+            if differs is not None:
+                warnings.warn(
+                    f"the suite's warm agent is started again: {differs} changed in this "
+                    "worker's environment (a test left it so)",
+                    stacklevel=2,
+                )
+            self.stop()
+        self.env = env
+        # idle 3600 s: longer than a suite, and gone on its own after a crashed worker
+        started = self._warm("start", "--idle-timeout", "3600")
+        assert started.returncode == 0, started.stdout + started.stderr
+        self.pid = int(started.stdout.split("pid ")[1].split(",")[0])
+        self.seen = 0
 
     def served(self) -> int:
+        """Runs the running agent has served."""
         status = self._warm("status")
         assert status.returncode == 0, status.stdout + status.stderr
-        return int(status.stdout.split("served ")[1].split()[0])
+        self.seen = int(status.stdout.split("served ")[1].split()[0])
+        return self.seen
 
     def stop(self) -> None:
         if self.pid is not None:
-            stopped = self._warm("stop")
-            assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+            if not is_gone(self.pid):
+                self.served()
+                stopped = self._warm("stop")
+                assert stopped.returncode == 0, stopped.stdout + stopped.stderr
             assert wait_gone([self.pid], EVENTUALLY_S) == [], f"warm agent {self.pid} survived"
+            self.served_before += self.seen
+            self.pid, self.seen = None, 0
 
 
 @pytest.fixture(scope="session")
 def _suite_agent(tmp_path_factory: pytest.TempPathFactory) -> Generator[SuiteAgent, None, None]:
-    """:class:`SuiteAgent`, started on first use. At the end: it must have served a run if a
-    test used it (else every run started its own warm interpreter, silently, and the suite
-    paid for it), and it is stopped and checked gone."""
+    """:class:`SuiteAgent`, started on first use. At the end it is stopped and checked gone,
+    and it must have served a run if a test used it (else every run started its own warm
+    interpreter, silently, and the suite paid for it)."""
     agent = SuiteAgent(str(tmp_path_factory.mktemp("warm-agent")))
     try:
         yield agent
-        if agent.pid is not None and agent.used:
-            served = agent.served()
-            assert served > 0, (
-                f"the suite's warm agent served none of the runs of {agent.used} test(s): "
-                "their environment differs from its own at import (graphdist warm status)"
-            )
     finally:
         agent.stop()
+    assert agent.served_before > 0 or not agent.used, (
+        f"the suite's warm agent served none of the runs of {agent.used} test(s): "
+        "their environment differs from its own at import (graphdist warm status)"
+    )
 
 
 @pytest.fixture
-def warm_agent(_suite_agent: SuiteAgent, monkeypatch: pytest.MonkeyPatch) -> SuiteAgent:
+def warm_agent(
+    _suite_agent: SuiteAgent, monkeypatch: pytest.MonkeyPatch
+) -> Generator[SuiteAgent, None, None]:
     """This test's local runs use the worker's :class:`SuiteAgent` (with ``PYTHONUNBUFFERED=1``,
     as the fault injector sets it for its runs: read at import, it must agree)."""
-    _suite_agent.start()
-    _suite_agent.used += 1
-    monkeypatch.setenv(WARM_DIR, _suite_agent.folder)
     monkeypatch.setenv("PYTHONUNBUFFERED", "1")
-    return _suite_agent
+    monkeypatch.setenv(WARM_DIR, _suite_agent.folder)
+    _suite_agent.ensure()
+    _suite_agent.used += 1
+    yield _suite_agent
+    if not is_gone(_suite_agent.pid or 0):
+        _suite_agent.served()  # its count so far, kept if it is replaced or ends on its own
