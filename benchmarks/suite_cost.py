@@ -41,6 +41,7 @@ except ImportError:  # run as a script
     from _common import command_line, update_readme_section  # type: ignore[no-redef]
 
 XDIST_TITLE = "[pytest-xdist running] "
+WORKER_CMD = "import sys;exec(eval(sys.stdin.readline()))"  # an xdist worker before its title
 HZ = os.sysconf("SC_CLK_TCK")
 
 
@@ -123,7 +124,7 @@ def sample(samples: Samples, me: int, now: float, since_ticks: int) -> None:
         elif cpu >= 0.5 and proc.cpu_s < 0.5:  # its title now (a server, a warm task)
             proc.cmd = _cmdline(proc.pid) or proc.cmd
         proc.cpu_s = cpu
-        if proc.cmd.startswith(XDIST_TITLE) or "[pytest-xdist" in proc.cmd:
+        if WORKER_CMD in proc.cmd or "[pytest-xdist" in proc.cmd:  # a worker: its test now
             title = _cmdline(proc.pid)
             proc.cmd = title or proc.cmd
             test = title.removeprefix(XDIST_TITLE) if title.startswith(XDIST_TITLE) else ""
@@ -235,9 +236,9 @@ def render(result: Mapping[str, Any]) -> str:
         *_table("kind of process", result["kinds"]),
         f"| not seen (lived under one interval), the kernel's | {result['unsampled_cpu_s']:.0f} |"
         f" | {result['unsampled_cpu_s'] / max(result['busy_cpu_s'], 1e-9):.0%} |",
-        "",
-        *_table("test file (processes it started)", result["files"]),
     ]
+    if result["files"]:
+        lines += ["", *_table("test file (processes it started)", result["files"])]
     return "\n".join(lines)
 
 
@@ -247,8 +248,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=20, help="test files to list (20)")
     parser.add_argument("--json", help="write the result here too")
     parser.add_argument("--readme", metavar="PATH", help="write the tables into its section")
+    parser.add_argument(
+        "--from-json", metavar="PATH", help="print (and --readme) a saved --json result; no run"
+    )
     parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments")
     args = parser.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        saved["files"] = saved["files"][: args.top]
+        print(render(saved))
+        update_readme_section(
+            args.readme, "suite-cost", render(saved), command_line("suite_cost.py", argv)
+        )
+        return 0
     if args.interval <= 0:
         parser.error(f"--interval must be more than 0 seconds, not {args.interval:g}")
     samples = Samples()

@@ -358,7 +358,7 @@ class SuiteAgent:
     A run uses it only while the worker's environment agrees with the agent's in what imports
     read (``graphdist warm status``'s troubleshooting entry): :meth:`ensure`, before each test
     that uses it, starts it again with the environment of the moment where that changed (a
-    test left such a variable set: said as a warning) or where it is gone."""
+    test left such a variable set: said as a warning) or where it is gone (its idle timeout)."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
@@ -397,8 +397,9 @@ class SuiteAgent:
                 )
             self.stop()
         self.env = env
-        # idle 3600 s: longer than a suite, and gone on its own after a crashed worker
-        started = self._warm("start", "--idle-timeout", "3600")
+        # idle 600 s: gone on its own soon after a crashed worker (whose teardown never runs);
+        # one that ended so between two tests is started again above
+        started = self._warm("start", "--idle-timeout", "600")
         assert started.returncode == 0, started.stdout + started.stderr
         self.pid = int(started.stdout.split("pid ")[1].split(",")[0])
         self.seen = 0
@@ -445,6 +446,9 @@ def warm_agent(
     as the fault injector sets it for its runs: read at import, it must agree)."""
     monkeypatch.setenv("PYTHONUNBUFFERED", "1")
     monkeypatch.setenv(WARM_DIR, _suite_agent.folder)
+    # Ray's ray.init sets PYTHONBREAKPOINT in its driver's environment, and leaves it there:
+    # in-process Ray tests of this worker would make the agent's environment another's
+    monkeypatch.delenv("PYTHONBREAKPOINT", raising=False)
     _suite_agent.ensure()
     _suite_agent.used += 1
     yield _suite_agent

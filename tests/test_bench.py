@@ -355,6 +355,7 @@ RECORD_SECTIONS = (
     "restart",
     "soak",
     "tls",
+    "suite-cost",
 )
 RECORD_SENTENCES = ("master_choice_line", "accept_check")
 
