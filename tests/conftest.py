@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -61,6 +62,19 @@ def listening(pid: int) -> list[tuple[str, int]]:
         for c in psutil.Process(pid).net_connections(kind="tcp")
         if c.status == psutil.CONN_LISTEN
     )
+
+
+def on_loopback(address: str) -> bool:
+    """Whether ``ss``'s local-address column ``address`` (``10.1.2.3:80``, ``*:80``,
+    ``[::ffff:127.0.0.2]:80``) is a loopback address. Parsed, not matched: a host bed's
+    subnet may be ``10.169.127.0/24``, whose addresses contain ``"127."`` and are not loopback."""
+    host = address.rsplit(":", 1)[0].strip("[]").split("%", 1)[0]
+    if host == "*":
+        return False
+    ip = ipaddress.ip_address(host)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
 
 
 def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:

@@ -182,3 +182,19 @@ def test_two_beds_at_once_stay_apart() -> None:
         b.close()
     assert_nothing_left(a)
     assert_nothing_left(b)
+
+
+def test_a_host_address_with_127_in_it_is_not_taken_for_loopback() -> None:
+    """Beds draw 10.x.y.0/24 at random: 10.169.127.2 (a CI run's bed) and 10.127.4.1 are host
+    addresses, and the tests that look for servers off loopback must count them as such."""
+    from tests.conftest import on_loopback
+
+    for address in ("10.169.127.2:36901", "10.127.4.1:80", "*:15421", "[::]:22", "0.0.0.0:1"):
+        assert not on_loopback(address), address
+    for address in (
+        "127.149.98.93:13547",
+        "[::ffff:127.219.143.3]:17263",
+        "[::1]:22",
+        "127.0.0.1:1",
+    ):
+        assert on_loopback(address), address

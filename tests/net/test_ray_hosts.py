@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import QUIET_TF, REPO, wait_gone
+from tests.conftest import QUIET_TF, REPO, on_loopback, wait_gone
 from tests.net.test_hosts import SPLIT_GRAPH, _client
 from tests.net.test_hosts_guide import PAGE, Guide, _blocks, _section, tls_runs
 
@@ -457,7 +457,7 @@ def test_a_ray_fleet_in_tls_mode_across_hosts(
             for line in _listening(hosts[1]).splitlines()
             if line.split()[3].endswith(f":{port}")
         ]
-        outside = [a for a in on_port if "127." not in a]
+        outside = [a for a in on_port if not on_loopback(a)]
         assert outside == [on_host2], on_port
         # the nodes' credentials (one file system here): read by their gateways, then removed
         left = [
@@ -519,7 +519,7 @@ def test_a_run_on_ray_in_tls_mode_trains_across_hosts_with_no_server_on_a_host_a
     assert {a.rsplit(":", 1)[0] for a in workers} == aliases, workers
     ports = {a.rsplit(":", 1)[1] for a in workers}
     rows = [line.split()[3] for line in seen["listening"].splitlines()]
-    outside = [a for a in rows if "127." not in a and a.rsplit(":", 1)[1] in ports]
+    outside = [a for a in rows if not on_loopback(a) and a.rsplit(":", 1)[1] in ports]
     assert outside and all(a.startswith(hosts[1].address + ":") for a in outside), rows
     assert len(outside) == 1, rows  # the gateway for the worker on host 2, nothing else
     assert os.path.exists(str(tmp_path / "tls" / "weights-worker-0.npz")), "".join(lines[-40:])

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import QUIET_TF
+from tests.conftest import QUIET_TF, on_loopback
 from tests.net.test_hosts import SPLIT_GRAPH, Served
 from tests.nobody import AS_NOBODY, AS_PLAIN_NOBODY, nobody_code
 
@@ -120,7 +120,7 @@ def test_a_client_with_the_credentials_runs_from_any_host_and_no_server_is_on_a_
         port = tls_served.cluster["local"][i].rsplit(":", 1)[1]
         rows = [line.split() for line in _listening(hosts[i]).splitlines()]
         on_port = [row[3] for row in rows if row[3].endswith(f":{port}")]
-        loopback = [a for a in on_port if a.strip("[").removeprefix("::ffff:").startswith("127.")]
+        loopback = [a for a in on_port if on_loopback(a)]
         host_address = [a for a in on_port if a not in loopback]
         assert host_address == [tls_served.cluster["local"][i]], on_port  # the gateway only
         assert len(loopback) == 2, on_port  # the server on its alias, the gateway on the other
@@ -290,7 +290,7 @@ def test_a_tls_local_fleet_is_reached_with_its_own_credentials_only_and_leaves_n
         on_host = [
             line.split()[3]
             for line in _listening(hosts[0]).splitlines()
-            if not line.split()[3].strip("[").removeprefix("::ffff:").startswith("127.")
+            if not on_loopback(line.split()[3])
         ]
         assert sorted(on_host) == sorted(info["cluster"]["local"]), on_host
     finally:
@@ -420,7 +420,7 @@ def test_a_local_tls_run_is_reached_only_through_its_gateway_and_leaves_nothing(
         ), plain
         assert f"refused a connection from {hosts[2].address}" in errors.read_text()
         rows = [line.split()[3] for line in _listening(hosts[0]).splitlines()]
-        outside = [a for a in rows if "127." not in a and a.rsplit(":", 1)[1] in ports]
+        outside = [a for a in rows if not on_loopback(a) and a.rsplit(":", 1)[1] in ports]
         assert sorted(outside) == sorted(real["worker"]), rows  # the gateway's, nothing else
     finally:
         flag.touch()

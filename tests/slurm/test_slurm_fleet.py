@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import EVENTUALLY_S, read_json, wait_gone
+from tests.conftest import EVENTUALLY_S, on_loopback, read_json, wait_gone
 from tests.net.test_hosts import SPLIT_GRAPH
 from tests.net.test_ray_hosts import ATTACHED, _step
 
@@ -266,7 +266,7 @@ def test_a_slurm_fleet_in_tls_mode_is_reached_by_its_credentials_only(slurm, tmp
             outside = [
                 row.split()[3]
                 for row in listening
-                if row.split()[3].endswith(f":{port}") and "127." not in row.split()[3]
+                if row.split()[3].endswith(f":{port}") and not on_loopback(row.split()[3])
             ]
             assert outside == [address], listening  # the gateway, never the server
             received = "ls -d ${TMPDIR:-/tmp}/graphdist-tls-received-* 2>/dev/null || true"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import is_gone, wait_gone
+from tests.conftest import is_gone, on_loopback, wait_gone
 from tests.net.test_ray_hosts import _cmdline, _weights
 
 pytestmark = [pytest.mark.promise]
@@ -262,7 +262,7 @@ def test_a_tls_run_trains_behind_the_nodes_gateways_and_restarts_with_fresh_cred
     outside = [
         row.split()[3]
         for row in seen["listening"]
-        if row.split()[3].rsplit(":", 1)[1] in ports and "127." not in row.split()[3]
+        if row.split()[3].rsplit(":", 1)[1] in ports and not on_loopback(row.split()[3])
     ]
     assert len(outside) == 1 and outside[0].startswith(node.address + ":"), seen["listening"]
     assert seen["received"] == "", seen["received"]
