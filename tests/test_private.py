@@ -91,6 +91,40 @@ def test_a_fleets_own_temp_folder_carries_its_owners_pid(tmp_path, monkeypatch):
     assert mode(path) == 0o700 and os.lstat(path).st_uid == os.getuid()
 
 
+# Makes a TLS cluster's credentials (no gateway), prints their folder, then dies by SIGKILL:
+# an owner that could not remove them.
+KILLED_TLS_OWNER = """
+import os, signal
+from graphdist import Cluster
+from graphdist._net.tlsmode import TlsMode
+mode = TlsMode(Cluster.parse({"worker": ["127.0.0.1:1", "127.0.0.1:2"]}), start=False)
+print(mode.folder, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_credentials_of_a_tls_owner_killed_by_sigkill_are_swept_at_the_next_tls_start(
+    tmp_path,
+):
+    """A TLS cluster's credentials folder holds private keys; an owner killed by SIGKILL cannot
+    remove it. The next TLS cluster made (in any process of this user's) removes it, and leaves
+    a live owner's folder alone."""
+    env = {"TMPDIR": str(tmp_path)}
+    killed = run_python(["-c", KILLED_TLS_OWNER], env=env)
+    assert killed.returncode == -9, killed.stderr
+    left = killed.stdout.strip()
+    assert os.path.basename(left).startswith("graphdist-tls-"), left
+    assert os.path.exists(os.path.join(left, "credentials", "client", "key.pem")), left
+    live = tmp_path / f"graphdist-tls-{os.getpid()}-live"
+    live.mkdir(mode=0o700)
+    again = run_python(
+        ["-c", KILLED_TLS_OWNER.replace("os.kill", "mode.close() or print")], env=env
+    )
+    assert again.returncode == 0, again.stderr
+    assert not os.path.exists(left), sorted(os.listdir(tmp_path))
+    assert live.exists(), sorted(os.listdir(tmp_path))
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to plant a folder as another user")
 def test_a_port_lock_folder_planted_by_another_user_is_a_one_line_error(tmp_path):
     runtime = tmp_path / "run"

@@ -22,10 +22,12 @@ the next one gets a fresh fork server.
 
 Temporary folders: the fork server's socket lives in a folder of the owner's own,
 ``graphdist-forkserver-<owner pid>-*`` (not multiprocess's ``pymp-*``, which only a clean exit
-removes), and a fleet's logs in ``graphdist-fleet-<owner pid>-*``. An owner killed by a signal
-cannot remove them: its fork servers remove the socket folder as they exit after it
+removes), a fleet's logs in ``graphdist-fleet-<owner pid>-*`` and a TLS cluster's credentials
+(private keys) in ``graphdist-tls-<owner pid>-*``. An owner killed by a signal cannot remove
+them: its fork servers remove the socket folder as they exit after it
 (:mod:`graphdist._proc.forkserver_exit`), and :func:`sweep_stale_temp_dirs` removes this user's
-folders whose owner is gone (the logs, kept for a post-mortem until the next start).
+folders whose owner is gone (the logs, kept for a post-mortem until the next start) whenever a
+fleet starts or a new one of these folders is made.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ FORK_SERVER_LOG = "forkserver.log"
 task) goes to this file in the owner's fork-server folder, not to the owner's stderr; with
 ``GRAPHDIST_TF_LOGS=1`` (:data:`graphdist._tflog.TF_LOGS_ENV`, the CLI's switch too) it stays
 live. A server's own output always goes to its ``JOB-INDEX.log``."""
-_STALE_DIR = re.compile(r"^graphdist-(?:fleet|forkserver)-(\d+)-")
+_STALE_DIR = re.compile(r"^graphdist-(?:fleet|forkserver|tls)-(\d+)-")
 _DEATH_WAIT_S = 1.0
 # Longest socket folder path used: a socket path (folder + "/listener-XXXXXXXX") must fit in
 # sun_path (108 bytes); past this, multiprocess's own (shorter) pymp-* folder is used.
@@ -91,7 +93,9 @@ class ForkServerDiedError(RuntimeError):
 
 
 def owned_temp_dir(kind: str) -> str:
-    """A new private temporary folder ``graphdist-KIND-<this pid>-*`` (see the module doc)."""
+    """A new private temporary folder ``graphdist-KIND-<this pid>-*`` (see the module doc), once
+    the folders of owners that are gone are swept."""
+    sweep_stale_temp_dirs()
     return tempfile.mkdtemp(prefix=f"graphdist-{kind}-{os.getpid()}-")
 
 
@@ -106,8 +110,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 def sweep_stale_temp_dirs(root: str | None = None) -> list[str]:
-    """Remove this user's ``graphdist-fleet-<pid>-*`` and ``graphdist-forkserver-<pid>-*``
-    folders in ``root`` (the temp folder) whose owner pid is no longer running; return them.
+    """Remove this user's ``graphdist-fleet-<pid>-*``, ``graphdist-forkserver-<pid>-*`` and
+    ``graphdist-tls-<pid>-*`` folders in ``root`` (the temp folder) whose owner pid is no longer
+    running; return them.
 
     Only real folders (not links) owned by this uid are touched: never another user's."""
     root = root or tempfile.gettempdir()
