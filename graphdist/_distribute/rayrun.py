@@ -402,9 +402,9 @@ class RayRun:
             self._agents.close()
         # without its GCS, Ray's shutdown waits ~5 s (measured) to tell it: at exit instead
         if self._owns_ray and self._head.lost is None:
-            import ray
+            from graphdist._fleet.ray import shutdown_ray
 
-            ray.shutdown()
+            shutdown_ray()
 
 
 def _lost_nodes(seen: Mapping[str, str], lost: Mapping[str, str], live: set[str]) -> str:

@@ -274,12 +274,51 @@ def plan_hosts(
     )
 
 
+# PYTHONBREAKPOINT as it was before connect_ray's ray.init, which sets it in this process (to
+# Ray's debugger hook) and leaves it there after ray.shutdown(): restored by shutdown_ray.
+_breakpoint_before: list[str | None] = []
+
+
+def _restore_breakpoint() -> None:
+    if _breakpoint_before:
+        before = _breakpoint_before.pop()
+        if before is None:
+            os.environ.pop("PYTHONBREAKPOINT", None)
+        else:
+            os.environ["PYTHONBREAKPOINT"] = before
+
+
+def shutdown_ray() -> None:
+    """Shut down the Ray that :func:`connect_ray` connected this process to (it returned True),
+    and put back the ``PYTHONBREAKPOINT`` that ``ray.init`` had set in this process's
+    environment: the user's ``breakpoint()`` and the processes they start later are not Ray's."""
+    import ray
+
+    try:
+        ray.shutdown()
+    finally:
+        _restore_breakpoint()
+
+
 def connect_ray(address: str | None, runtime_env: dict[str, Any] | None = None) -> bool:
     """Connect this process to Ray, as a RayFleet or a Ray run does: a runtime already up in
     this process is used as it is (returns False); else ``address``, ``RAY_ADDRESS`` or the
     latest local cluster, else a new Ray instance on loopback only (returns True: the caller
-    shuts it down). An address where no Ray answers is an :class:`ArgumentError` saying how to
-    start or point at one."""
+    shuts it down with :func:`shutdown_ray`). An address where no Ray answers is an
+    :class:`ArgumentError` saying how to start or point at one."""
+    import ray
+
+    if ray.is_initialized():
+        return _connect_ray(address, runtime_env)
+    _breakpoint_before[:] = [os.environ.get("PYTHONBREAKPOINT")]
+    try:
+        return _connect_ray(address, runtime_env)
+    except BaseException:
+        _restore_breakpoint()
+        raise
+
+
+def _connect_ray(address: str | None, runtime_env: dict[str, Any] | None) -> bool:
     import ray
 
     if ray.is_initialized():
@@ -984,7 +1023,7 @@ class RayFleet(OwnedFleet[RayTask]):
                 remove_placement_group(self._pg)
             self._pg = None
         if self._owns_ray:
-            ray.shutdown()
+            shutdown_ray()
             self._owns_ray = False
 
     def _explain(self, task: RayTask, status: str, detail: str) -> tuple[str, str]:

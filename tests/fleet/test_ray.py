@@ -7,6 +7,7 @@ The simulated nodes share this machine's address, so the servers stay on loopbac
 from __future__ import annotations
 
 import importlib.util
+import os
 import queue
 import time
 
@@ -36,10 +37,14 @@ def ray_cluster():
         yield cluster
 
 
-def test_three_servers_on_three_nodes_run_the_split_graph_and_recover(ray_cluster):
+def test_three_servers_on_three_nodes_run_the_split_graph_and_recover(ray_cluster, monkeypatch):
+    """... and at close the process's PYTHONBREAKPOINT is the user's again (ray.init sets its
+    own, and Ray's shutdown leaves it)."""
     from graphdist._fleet.ray import RayFleet
 
+    monkeypatch.setenv("PYTHONBREAKPOINT", "the.users.own_hook")
     with RayFleet("local=3", address=ray_cluster.address, strategy="STRICT_SPREAD") as fleet:
+        assert os.environ["PYTHONBREAKPOINT"].startswith("ray."), "Ray's own hook: not set?"
         assert len(set(fleet.node_ids.values())) == 3
         assert {t.job for t in fleet.tasks} == {"local"}
         assert {t.task.host for t in fleet.tasks} == {"127.0.0.1"}  # one machine: loopback
@@ -58,6 +63,7 @@ def test_three_servers_on_three_nodes_run_the_split_graph_and_recover(ray_cluste
             assert sess.run(y) == 238
         assert [h.status for h in fleet.health()] == ["alive"] * 3
     assert fleet.state is graphdist.FleetState.CLOSED
+    assert os.environ["PYTHONBREAKPOINT"] == "the.users.own_hook"
 
 
 @pytest.mark.timeout(240)
