@@ -32,9 +32,11 @@ from typing import Any
 from graphdist._cluster import Cluster, Task
 from graphdist._detached import control
 from graphdist._detached.state import (
+    LOGS_DIR,
     MARK_ENV,
     STATE_FILE,
     SUPERVISOR_LOG,
+    TLS_DIR,
     CorruptStateError,
     FleetRecord,
     ProcessRef,
@@ -42,6 +44,7 @@ from graphdist._detached.state import (
     clear_state,
     default_state_dir,
     fleet_mark,
+    foreign_entries,
     leftovers,
     lock_state,
     marked_processes,
@@ -51,14 +54,14 @@ from graphdist._detached.state import (
     stop_processes,
 )
 from graphdist._detached.supervisor import SupervisorSpec
-from graphdist._exceptions import FleetError, FleetStartError, StateError
+from graphdist._exceptions import ArgumentError, FleetError, FleetStartError, StateError
 from graphdist._failures import exited
 from graphdist._fleet.backends import backend
 from graphdist._fleet.client import Fleet, FleetState
 from graphdist._fleet.local import LOG_TAIL_LINES, read_log_tail
 from graphdist._fleet.task import TaskView
 from graphdist._proc.process import STOP_GRACE_S
-from graphdist._validate import flag, timeout_ms, timeout_s
+from graphdist._validate import flag, show, timeout_ms, timeout_s
 
 __all__ = [
     "DetachedFleet",
@@ -94,8 +97,20 @@ def _quiet(text: str) -> None:
 
 
 def resolve_state_dir(state_dir: str | os.PathLike[str] | None = None) -> str:
-    """``state_dir`` made absolute, or the default one (see ``state.default_state_dir``)."""
-    return os.path.abspath(os.fspath(state_dir)) if state_dir else default_state_dir()
+    """``state_dir`` made absolute, or the default one (see ``state.default_state_dir``) where
+    it is None. An empty one (``--state-dir "$UNSET"``) is an ArgumentError: taken for the
+    default, a ``down`` would stop the user's default fleet."""
+    if state_dir is None:
+        return default_state_dir()
+    path = os.fspath(state_dir)
+    if not str(path).strip():
+        raise ArgumentError(
+            f"state_dir must name a folder, not {show(path)}; leave it out for the default "
+            "(GRAPHDIST_STATE_DIR, else ~/.local/state/graphdist)",
+            name="state_dir",
+            value=path,
+        )
+    return os.path.abspath(path)
 
 
 def no_fleet(state_dir: str) -> StateError:
@@ -246,6 +261,7 @@ def _clean_before_start(state_dir: str, note: Note) -> None:
         what = {
             STATE_FILE: f"{STATE_FILE} ({'corrupt' if corrupt else 'stale'})",
             "error.json": "error.json (a failed start)",
+            TLS_DIR: f"{TLS_DIR} (its TLS credentials)",
         }
         done.append("removed " + ", ".join(what.get(n, n) for n in removed))
     if done:
@@ -274,6 +290,15 @@ def start_detached(
     flag(spec.expose, "expose")
     state_dir = spec.state_dir
     created = not os.path.lexists(state_dir)
+    foreign = foreign_entries(state_dir)
+    if foreign:  # checked before the lock makes the folder private (0700)
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        shown = ", ".join(foreign[:5]) + more
+        raise StateError(
+            f"{state_dir} holds files that are not a fleet's ({shown}): a fleet's state folder "
+            "is removed when the fleet stops; pass a new or empty folder as state_dir",
+            state_dir,
+        )
     with lock_state(state_dir, create=True):
         try:
             _clean_before_start(state_dir, note or _quiet)
@@ -502,7 +527,7 @@ class DetachedFleet(Fleet[DetachedTask]):
 
     @property
     def log_dir(self) -> str:
-        return os.path.join(self.state_dir, "logs")
+        return os.path.join(self.state_dir, LOGS_DIR)
 
     def _refresh(self) -> None:
         """Re-read ``fleet.json`` if the supervisor rewrote it (a task died or was restarted)."""

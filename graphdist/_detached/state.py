@@ -85,8 +85,22 @@ LOCK_FILE = "lock"
 SUPERVISOR_MODULE = "graphdist._detached.supervisor"
 MAX_STATE_BYTES = 16 << 20
 _LOCK_POLL_S = 0.05
+TLS_DIR = "tls"  # a TLS fleet's credentials (private keys)
+LOGS_DIR = "logs"
 # What a fleet leaves in its folder that the next one must not mistake for its own.
-_LEFTOVERS = (STATE_FILE, ERROR_FILE, CONTROL_SOCKET)
+_LEFTOVERS = (STATE_FILE, ERROR_FILE, CONTROL_SOCKET, TLS_DIR)
+#: Everything a fleet keeps in its state folder (and ``NAME.tmpPID`` files being written):
+#: :func:`clear_state` removes these and nothing else, and a folder holding anything else is
+#: not taken for one (:func:`foreign_entries`).
+STATE_ENTRIES = (
+    STATE_FILE,
+    ERROR_FILE,
+    SUPERVISOR_LOG,
+    CONTROL_SOCKET,
+    LOCK_FILE,
+    LOGS_DIR,
+    TLS_DIR,
+)
 
 
 def default_state_dir() -> str:
@@ -351,19 +365,51 @@ def leftovers(state_dir: str) -> list[str]:
     )
 
 
+def _ours(name: str) -> bool:
+    return name in STATE_ENTRIES or any(name.startswith(f"{f}.tmp") for f in STATE_ENTRIES)
+
+
+def foreign_entries(state_dir: str) -> list[str]:
+    """What ``state_dir`` holds that no fleet puts there (a user's own files, in a folder given
+    as the state folder by mistake); sorted, empty for a missing folder."""
+    try:
+        names = os.listdir(state_dir)
+    except OSError:
+        return []
+    return sorted(n for n in names if not _ours(n))
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
 def remove_leftovers(state_dir: str) -> list[str]:
-    """Remove :func:`leftovers` (only while holding :func:`lock_state`); return their names."""
+    """Remove :func:`leftovers` (only while holding :func:`lock_state`, no fleet running);
+    return their names."""
     removed = []
     for name in leftovers(state_dir):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(state_dir, name))
-            removed.append(name)
+        _remove(os.path.join(state_dir, name))
+        removed.append(name)
     return removed
 
 
 def clear_state(state_dir: str) -> None:
-    """Remove the state folder (fleet.json, error.json, logs, the lock)."""
-    shutil.rmtree(state_dir, ignore_errors=True)
+    """Remove a fleet's own entries (:data:`STATE_ENTRIES`: fleet.json, error.json, logs, TLS
+    credentials, the lock...) from ``state_dir``, then the folder if that left it empty; never
+    anything else it holds."""
+    try:
+        names = os.listdir(state_dir)
+    except OSError:
+        return
+    for name in names:
+        if _ours(name):
+            _remove(os.path.join(state_dir, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(state_dir)
 
 
 # -- the lock -----------------------------------------------------------------------------------

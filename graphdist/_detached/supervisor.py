@@ -40,8 +40,10 @@ import psutil
 
 from graphdist._detached.control import ControlServer
 from graphdist._detached.state import (
+    LOGS_DIR,
     MARK_ENV,
     STATE_FILE,
+    TLS_DIR,
     FleetRecord,
     ProcessRef,
     TaskRecord,
@@ -82,7 +84,7 @@ MONITOR_INTERVAL_S = 0.5
 
 def tls_client_folder(state_dir: str) -> str:
     """The client's credentials folder of a detached TLS fleet whose state is ``state_dir``."""
-    return os.path.join(state_dir, "tls", "credentials", "client")
+    return os.path.join(state_dir, TLS_DIR, "credentials", "client")
 
 
 @dataclass(frozen=True)
@@ -169,9 +171,9 @@ class SupervisorSpec:
             self.cluster,
             start_timeout_s=self.start_timeout,
             expose=self.expose,
-            log_dir=os.path.join(self.state_dir, "logs"),
+            log_dir=os.path.join(self.state_dir, LOGS_DIR),
             allow=self.allow or None,
-            **({"tls": True, "tls_dir": os.path.join(self.state_dir, "tls")} if self.tls else {}),
+            **({"tls": True, "tls_dir": os.path.join(self.state_dir, TLS_DIR)} if self.tls else {}),
             **self.options,
         )
 

@@ -10,6 +10,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -445,11 +446,16 @@ def test_down_stops_every_process_whatever_became_of_the_record(state_dir, mark,
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_leftovers_of_a_failed_start_are_cleaned_with_a_one_line_note(state_dir, mark):
+    """... a killed TLS fleet's credentials included (before, the next TLS start found the
+    folder not empty); and ``down`` removes the fleet's own entries, never a file of the user's
+    put in the folder meanwhile."""
     private_dir(state_dir)
+    os.makedirs(os.path.join(state_dir, "tls", "credentials", "client"))
     for name, content in [
         ("error.json", '{"kind": "PortInUseError", "message": "an old failure"}'),
         ("control.sock", "not a socket"),
         ("fleet.json.tmp4242", "{half"),
+        ("tls/credentials/client/key.pem", "an old private key"),
     ]:
         with open(os.path.join(state_dir, name), "w") as f:
             f.write(content)
@@ -458,13 +464,38 @@ def test_leftovers_of_a_failed_start_are_cleaned_with_a_one_line_note(state_dir,
     assert "Traceback" not in up.stderr and "an old failure" not in up.stderr, up.stderr
     notes = [ln for ln in up.stderr.splitlines() if "cleaned up after an earlier fleet" in ln]
     assert len(notes) == 1, up.stderr
-    assert all(name in notes[0] for name in ("error.json", "control.sock", "fleet.json.tmp4242"))
+    left = ("error.json", "control.sock", "fleet.json.tmp4242", "tls (its TLS credentials)")
+    assert all(name in notes[0] for name in left), notes[0]
     assert not os.path.exists(os.path.join(state_dir, "error.json"))
     assert not os.path.exists(os.path.join(state_dir, "fleet.json.tmp4242"))
+    assert not os.path.exists(os.path.join(state_dir, "tls"))
     pids = processes_marked(mark)
     status = gd(mark, "status", "--state-dir", state_dir)
     assert status.returncode == 0, status.stderr
-    down_stops_everything(mark, state_dir, pids)
+    users = os.path.join(state_dir, "notes.txt")
+    with open(users, "w") as f:
+        f.write("the user's own")
+    down = gd(mark, "down", "--state-dir", state_dir)
+    assert down.returncode == 0, down.stderr
+    assert wait_gone(pids, EVENTUALLY_S) == []
+    assert os.listdir(state_dir) == ["notes.txt"], os.listdir(state_dir)
+
+
+@pytest.mark.timeout(60)
+def test_a_folder_holding_the_users_files_is_refused_as_a_state_folder(tmp_path, mark):
+    """``up --detach --state-dir .`` in a project: a fleet's state folder is removed when the
+    fleet stops, so one holding other files is refused before anything starts, and left as it
+    was (its files, its mode)."""
+    folder = tmp_path / "project"
+    folder.mkdir(mode=0o755)
+    (folder / "thesis.tex").write_text("two years of work")
+    up = gd(mark, "up", "--cluster", "local=1", "--detach", "--state-dir", str(folder))
+    assert up.returncode == 2, up.stderr
+    assert up.stderr.startswith("Error: ") and len(up.stderr.strip().splitlines()) == 1
+    assert "thesis.tex" in up.stderr and "new or empty folder" in up.stderr, up.stderr
+    assert sorted(os.listdir(folder)) == ["thesis.tex"]
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+    assert processes_marked(mark) == []
 
 
 @pytest.mark.integration
