@@ -220,6 +220,13 @@ CLI_ARGS = [
     ["up", "--cluster", "local=1", "--detach", "--restart-window", "nan"],
     ["run", "--timeout", "nan", "--", "true"],
     ["run", "--timeout", "1e400", "--", "true"],
+    # refused, not taken for a default or for "never" (each would start or stop something)
+    ["warm", "start", "--idle-timeout", "nan"],
+    ["warm", "start", "--idle-timeout", "-1"],
+    ["status", "--state-dir", ""],
+    ["down", "--state-dir", " "],
+    ["serve", "--slurm", ""],
+    ["serve", "--cluster", "", "--job", "w", "--task", "0"],
 ]
 
 
@@ -653,6 +660,22 @@ def test_bad_cli_arguments(argv, tmp_path, monkeypatch):
     assert "Traceback" not in result.stderr
     assert not os.path.exists(tmp_path / "state" / "fleet.json")
     assert processes_marked(mark) == []
+
+
+def test_a_one_line_error_shows_the_users_own_values(tmp_path):
+    """The error names what the user typed: a path whose parts are option names
+    (``.../log_dir``) is not rewritten into flags, and an empty ``--state-dir`` (an unset
+    variable in a script) is named as such, never taken for the default fleet's folder."""
+    (tmp_path / "f.json").write_text("{}")
+    log_dir = f"{tmp_path}/f.json/log_dir"
+    result = run_python(["-m", "graphdist", "run", "--log-dir", log_dir, "--", "true"])
+    assert result.returncode == EXIT_USAGE, result
+    assert f"Cannot keep logs in {log_dir}:" in result.stderr, result.stderr
+    env = {"GRAPHDIST_STATE_DIR": str(tmp_path / "state")}
+    result = run_python(["-m", "graphdist", "down", "--state-dir", ""], env=env)
+    assert result.returncode == EXIT_USAGE, result
+    assert "--state-dir must name a folder, not ''" in result.stderr, result.stderr
+    assert "No detached fleet" not in result.stderr, result.stderr
 
 
 # -- fuzzing: every input is either accepted, and then means what it says, or a typed error --

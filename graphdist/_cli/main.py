@@ -63,7 +63,7 @@ from graphdist._proc.restarts import (
 )
 from graphdist._proc.signals import STOP_SIGNALS, wait_for_stop
 from graphdist._tflog import TF_LOGS_ENV, LossyText, lossy_stream, tf_logs_live
-from graphdist._validate import is_ascii_digits
+from graphdist._validate import is_ascii_digits, timeout_s
 from graphdist._version import __version__
 
 if TYPE_CHECKING:
@@ -166,10 +166,11 @@ def cli_words(text: str, flags: dict[str, str], name: str | None = None) -> str:
     for a flag where the error names that argument (``name``): elsewhere they are prose."""
     for dest in sorted(flags, key=len, reverse=True):
         flag = flags[dest]
-        text = re.sub(rf"(?<![\w.-]){re.escape(dest)}=True\b", flag, text)
+        # never inside a path (``/srv/log_dir/x``): a user's own value is shown as given
+        text = re.sub(rf"(?<![\w./-]){re.escape(dest)}=True\b", flag, text)
         if "_" not in dest and dest != name:
             continue
-        text = re.sub(rf"(?<![\w.'\"-]){re.escape(dest)}\b(?![=(\[])", flag, text)
+        text = re.sub(rf"(?<![\w./'\"-]){re.escape(dest)}\b(?![=(\[/])", flag, text)
     return text
 
 
@@ -975,8 +976,11 @@ def _cmd_warm(args: argparse.Namespace) -> int:
     what = ",".join(preload)
     if args.action == "start":
         idle = IDLE_TIMEOUT_S if args.idle_timeout_s is None else args.idle_timeout_s
-        if idle < 0:
-            raise UsageError(f"--idle-timeout must be 0 or more seconds, not {idle:g}")
+        if idle != 0:  # 0: never; else a finite, bounded number of seconds (not nan or inf)
+            try:
+                idle = timeout_s(idle, "--idle-timeout", IDLE_TIMEOUT_S)
+            except ArgumentError as exc:
+                raise UsageError(f"{exc} (or 0: never)") from None
         env = zygote_env({**os.environ, "TF_USE_LEGACY_KERAS": "1"})
         record, started = start_agent(preload, env, idle)
         said = "started" if started else "already running"
@@ -1113,6 +1117,9 @@ def _cmd_serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     lean.install()  # this process only serves: TensorFlow without Keras and SciPy
 
+    for flag, given in (("--slurm", args.slurm), ("--cluster", args.cluster), ("--job", args.job)):
+        if given is not None and not given.strip():
+            raise UsageError(f"{flag} needs a value, not {given!r}")
     if args.slurm:
         if args.cluster or args.job or args.task is not None:
             raise UsageError("--slurm takes the cluster, job and task from Slurm; drop the others")

@@ -32,7 +32,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.machinery
 import importlib.util
+import io
 import json
 import os
 import select
@@ -121,11 +123,7 @@ def check_preload(value: object) -> tuple[str, ...]:
     checked = []
     for name in names:
         ok = isinstance(name, str) and all(part.isidentifier() for part in name.split("."))
-        try:
-            found = ok and importlib.util.find_spec(str(name)) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
+        if not (ok and _module_found(str(name))):
             raise ArgumentError(
                 f"preload names a module that this Python cannot import: {name!r}; name "
                 "installed modules (comma-separated), `auto` for TensorFlow and Keras, or `none`"
@@ -135,6 +133,34 @@ def check_preload(value: object) -> tuple[str, ...]:
             )
         checked.append(str(name))
     return tuple(checked)
+
+
+def _module_found(name: str) -> bool:
+    """Whether module ``name`` can be found. ``find_spec("a.b")`` imports package ``a`` (its
+    code runs: seconds for TensorFlow, and it may print or raise), so a dotted name's parts are
+    first looked up one by one in their parent's search path, importing nothing; only a name
+    not found so (a package that makes its submodules as it imports, as TensorFlow's
+    ``compat``) is looked up by importing its parents, with their output kept off this
+    process's stdout and any exception taken as "cannot import"."""
+    parts = name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level name: nothing imported
+        for depth in range(1, len(parts)):
+            if spec is None or spec.submodule_search_locations is None:
+                break
+            full = ".".join(parts[: depth + 1])
+            loaded = sys.modules.get(full)
+            spec = getattr(loaded, "__spec__", None) or importlib.machinery.PathFinder.find_spec(
+                full, list(spec.submodule_search_locations)
+            )
+        if spec is not None and spec.name == name:
+            return True
+        if len(parts) == 1 or importlib.util.find_spec(parts[0]) is None:
+            return False
+        with contextlib.redirect_stdout(io.StringIO()):
+            return importlib.util.find_spec(name) is not None
+    except Exception:  # a finder, a package's own code, a broken install: it cannot import
+        return False
 
 
 @dataclass(frozen=True)

@@ -235,16 +235,28 @@ def test_bad_preloads_and_a_missing_script_are_one_line(tmp_path: Any) -> None:
     assert result.stderr.count("Error:") == 1 and "'no_such_module_here'" in result.stderr
     assert "Traceback" not in result.stderr
 
+    def refused(preload: str, code: str) -> tuple[str, subprocess.CompletedProcess[str]]:
+        """The one error line of a run with ``--preload PRELOAD`` (modules in tmp_path)."""
+        result = _run(
+            ["--preload", preload, "--", sys.executable, "-c", code],
+            cwd="/",
+            env={"PYTHONPATH": str(tmp_path)},
+        )
+        assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+        errors = [ln for ln in result.stderr.splitlines() if ln.startswith("Error:")]
+        assert len(errors) == 1 and f"'{preload}'" in errors[0], result.stderr[-2000:]
+        assert "task-started" not in result.stdout and "Traceback" not in result.stderr
+        return errors[0], result
+
     (tmp_path / "breaks_on_import.py").write_text("raise RuntimeError('not today')\n")
-    result = _run(
-        ["--preload", "breaks_on_import", "--", sys.executable, "-c", "import breaks_on_import"],
-        cwd="/",
-        env={"PYTHONPATH": str(tmp_path)},
-    )
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("Error:")]
-    assert len(errors) == 1 and "'breaks_on_import'" in errors[0] and "not today" in errors[0]
-    assert "task-started" not in result.stdout and "Traceback" not in result.stderr
+    error, _ = refused("breaks_on_import", "import breaks_on_import")
+    assert "not today" in error, error
+    # a dotted name whose package prints and raises as it imports: checked without a traceback,
+    # and what the package printed stays off the run's (JSON lines) stdout
+    (tmp_path / "noisy").mkdir()
+    (tmp_path / "noisy" / "__init__.py").write_text("print('NOISE')\nraise RuntimeError('no')\n")
+    _, result = refused("noisy.sub", "pass")
+    assert "NOISE" not in result.stdout, result.stdout
 
     result = _run(
         ["--max-restarts", "2", "--workers", "1", "--", sys.executable, "no_such_script.py"],
