@@ -885,13 +885,32 @@ def _up_detached(args: argparse.Namespace, cluster: Any, options: dict[str, Any]
     def note(text: str) -> None:
         print(f"graphdist: {text}", file=sys.stderr, flush=True)
 
-    def detached() -> None:
-        # the fleet runs and is the supervisor's now: a Ctrl-C from here on (while the rows are
-        # printed, or as Python exits) would kill this command with the fleet left running
-        # while saying "interrupted"; it is ignored, and the command ends with 0 as it says
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ready = []
 
-    record = start_detached(spec, note=note, on_ready=detached)
+    def detached() -> None:
+        # the fleet runs and is the supervisor's now: a stop signal from here on (while the
+        # rows are printed, or as Python exits) would kill this command with the fleet left
+        # running while saying "interrupted"; it is ignored, and the command ends with 0 as it
+        # says
+        ready.append(True)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise _Interrupted(signum)  # start_detached stops what it started, as for a Ctrl-C
+
+    # SIGTERM and SIGHUP (a closed terminal) as Ctrl-C: by default they would end this command
+    # at once, and the supervisor, in a session of its own, would bring the fleet up anyway
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+            previous[sig] = signal.signal(sig, interrupted)
+    try:
+        record = start_detached(spec, note=note, on_ready=detached)
+    finally:
+        if not ready:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     _print_rows(status_rows(record), args.json)
     if spec.tls_client is not None:  # the real cluster: a Ray or Slurm fleet's nodes' addresses
         from graphdist._cluster import Cluster

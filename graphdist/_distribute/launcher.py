@@ -197,16 +197,20 @@ def run_command(
             except Exception as exc:  # every ending has its event and summary
                 run.end(f"failed: {type(exc).__name__}", show=run.logs is not None)
                 raise
+            finally:
+                # inside the scope: a stop signal whose handler is the default (SIGTERM,
+                # SIGHUP) ends this process as the scope exits, so what the backend holds (a
+                # Slurm run's agent steps, Ray's actors) is given back first; signals that come
+                # meanwhile are noted, not acted on
+                if logs is not None:
+                    logs.close()
+                if engine is not None:
+                    engine.close()
     except Interrupted as exc:  # the caller's own handler took the signal and returned
         raise LaunchError(
             f"The run was stopped by {exc.name}; every task was stopped",
             [p.finish() for p in procs],
         ) from None
-    finally:
-        if logs is not None:
-            logs.close()
-        if engine is not None:
-            engine.close()
 
 
 def _stopped(exc: Interrupted, procs: Sequence[TaskProcess], run: RunState) -> str:

@@ -136,6 +136,45 @@ def test_ctrl_c_while_up_detach_starts_leaves_no_state_folder(tmp_path, after_s)
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_while_up_detach_starts_leaves_no_fleet(tmp_path, sig):
+    """A service manager's stop or a closed terminal while `up --detach` waits for its
+    supervisor: as Ctrl-C, one line, 128 + N, no process and no state folder. Before, the
+    command died of the signal at once and the supervisor, in a session of its own, brought
+    the fleet up all the same."""
+    state_dir = tmp_path / "fleet"
+    proc, mark = _start("up", "--cluster", "local=2", "--detach", "--state-dir", str(state_dir))
+    deadline = time.monotonic() + 60
+    while not (state_dir / "supervisor.log").exists():  # made just before the supervisor starts
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    os.kill(proc.pid, sig)
+    try:
+        _out, err = proc.communicate(timeout=60)
+        if proc.returncode == 0:  # detached already (a supervisor faster than this loop)
+            assert "fleet detached" in err, err
+            down = subprocess.run(
+                [sys.executable, "-m", "graphdist", "down", "--state-dir", str(state_dir)],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert down.returncode == 0, down.stderr
+        else:
+            assert proc.returncode == 128 + sig, (proc.returncode, err)
+            errors = [line for line in err.splitlines() if line.startswith("Error")]
+            assert errors == [f"Error: interrupted by {signal.Signals(sig).name}"], err
+            assert "Traceback" not in err, err
+        assert not state_dir.exists(), os.listdir(state_dir)
+        assert wait_gone(processes_marked(mark), EVENTUALLY_S) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in processes_marked(mark):  # a fleet this test's command left: ours, stopped
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(120)
 def test_ctrl_c_as_up_detach_returns_keeps_the_fleet_it_reports_detached(tmp_path):
     """Ctrl-C between the fleet being ready and the command's exit (its rows printed, Python
     exiting): the command says the fleet is detached, so it exits 0 and the fleet runs until

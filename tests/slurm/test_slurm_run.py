@@ -108,6 +108,43 @@ def test_each_task_runs_on_its_own_node_with_the_allocations_addresses(slurm, al
     assert _steps(slurm, alloc) == []  # every step of the run is gone
 
 
+# Each task imports a preload (so that its node's warm agent step serves it), says so, waits.
+WAITING_TASK = "import numpy, time; print('up', flush=True); time.sleep(300)"
+
+
+@pytest.mark.timeout(150)
+def test_a_run_whose_launcher_gets_sighup_leaves_no_step_in_the_allocation(slurm, alloc):
+    """The login-node flow with the ssh session dropped: SIGHUP to ``graphdist run --jobid``
+    ends it by that signal, and first cancels what it started in the allocation: its tasks'
+    steps and its nodes' warm agent steps (before, the agents' steps, sruns of their own
+    session, ran on until scancel). SIGTERM takes the same path."""
+    driver = slurm.popen(
+        None,
+        [sys.executable, "-m", "graphdist", "run", "--backend", "slurm", "--jobid", str(alloc),
+         "--workers", "2", "--output-format", "jsonl", "--", sys.executable, "-c", WAITING_TASK],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=QUIET_TF,
+    )  # fmt: skip
+    assert driver.stdout is not None
+    lines: list[str] = []
+    try:
+        while sum('"text": "up"' in line for line in lines) < 2:
+            line = driver.stdout.readline()
+            assert line, "".join(lines[-60:])
+            lines.append(line)
+        assert _steps(slurm, alloc), "no step runs: nothing to leave"
+        driver.send_signal(signal.SIGHUP)
+        code = driver.wait(60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(30)
+    assert code == -signal.SIGHUP, (code, "".join(lines[-40:]))
+    deadline = time.monotonic() + 20
+    while _steps(slurm, alloc) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _steps(slurm, alloc) == [], _steps(slurm, alloc, nodes=True)
+
+
 def _is_command(pid: int, script: str) -> bool:
     """Whether ``pid`` is the task's command ``python SCRIPT ...``: a cold one's argv, or a warm
     one's (forked from its node's warm interpreter, its command line set to the command's)."""
