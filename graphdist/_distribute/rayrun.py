@@ -386,7 +386,8 @@ class RayRun:
 
     def place(self, attempt: int, signals: SignalScope) -> _RayPlacement:
         self._head.check(attempt)
-        placement = _RayPlacement(self.spec, attempt, self._seen, self._head, self._agents)
+        place_s = signals.budget(PLACE_TIMEOUT_S)
+        placement = _RayPlacement(self.spec, attempt, self._seen, self._head, self._agents, place_s)
         self._seen.update({node: ip for ip, _, node in placement._spots})
         return placement
 
@@ -430,7 +431,10 @@ class _RayPlacement:
         seen: Mapping[str, str],
         head: _Head,
         agents: RayAgents,
+        place_s: float = PLACE_TIMEOUT_S,
     ) -> None:
+        """``place_s``: how long Ray may take to place the bundles (and gateways), at most
+        :data:`PLACE_TIMEOUT_S`, less where the run's deadline comes sooner."""
         from graphdist._fleet.ray import (
             _driver_node,
             live_nodes,
@@ -453,7 +457,7 @@ class _RayPlacement:
             )
         strategy = "STRICT_SPREAD" if len(live) >= len(names) else "SPREAD"
         self._pg, self._on_bundle, self._spots = place_bundles(
-            len(names), strategy, CPUS_PER_TASK, PLACE_TIMEOUT_S, "tasks", exclude=sorted(lost)
+            len(names), strategy, CPUS_PER_TASK, place_s, "tasks", exclude=sorted(lost)
         )
         self._servers: list[Any] = []
         self._tls: Any = None
@@ -471,7 +475,7 @@ class _RayPlacement:
             if spec.tls:  # every TF_CONFIG names the aliases; each task binds its node's
                 from graphdist._fleet.ray import TlsGateways
 
-                self._tls = TlsGateways(self.cluster, names, self._spots, PLACE_TIMEOUT_S)
+                self._tls = TlsGateways(self.cluster, names, self._spots, place_s)
                 self.cluster, self._hosts = self._tls.cluster, self._tls.aliases
         except BaseException:
             self.close()
@@ -512,7 +516,9 @@ class _RayPlacement:
                 ).remote(self.cluster.as_dict(), task.job, task.index, self._hosts[i])
             )
         with signals.interruptible():
-            RemoteFleet(self.cluster.subset(sorted(jobs)))._wait_answering(PLACE_TIMEOUT_S)
+            RemoteFleet(self.cluster.subset(sorted(jobs)))._wait_answering(
+                signals.budget(PLACE_TIMEOUT_S)
+            )
 
     def task_env(self, task: Task) -> Mapping[str, str]:
         return dict(self._members)  # the shim itself is set on the node (_CommandActor)

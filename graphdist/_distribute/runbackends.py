@@ -170,8 +170,10 @@ def check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def start_servers(fleet: Any, signals: SignalScope) -> Any:
-    """Start a placement's fleet of servers (a stop signal interrupts the start); a failed or
-    interrupted start closes it before the error goes on. Returns the fleet."""
+    """Start a placement's fleet of servers (a stop signal interrupts the start, and its wait
+    for the servers ends by the run's deadline); a failed or interrupted start closes it before
+    the error goes on. Returns the fleet."""
+    fleet.start_timeout_s = signals.budget(fleet.start_timeout_s)
     try:
         with signals.interruptible():
             fleet.start()

@@ -53,7 +53,13 @@ from graphdist._distribute.taskproc import (
     how,
     unfixable_error,
 )
-from graphdist._exceptions import LaunchError, LaunchTimeoutError, TaskExitError, TaskOutcome
+from graphdist._exceptions import (
+    GraphdistError,
+    LaunchError,
+    LaunchTimeoutError,
+    TaskExitError,
+    TaskOutcome,
+)
 from graphdist._failures import how_ended
 from graphdist._proc.process import NOW_SIGNAL, TASK_STOP_GRACE_S, stop_all
 from graphdist._proc.restarts import Decision, RestartPolicy
@@ -193,6 +199,7 @@ def run_attempts(
     """The attempts of a run, until one succeeds or the restart policy gives up; ``procs``
     holds the attempt's command tasks as they start (for the caller's stop on a signal)."""
     policy = run.policy
+    signals.deadline = run.deadline  # what the backends' own waits may take (SignalScope.budget)
     while True:
         procs.clear()
         try:
@@ -256,7 +263,11 @@ def attempt(
     from graphdist._distribute.tfconfig import tf_config
 
     spec = run.spec
-    placement = backend.place(run.attempt, signals)
+    try:
+        placement = backend.place(run.attempt, signals)
+    except GraphdistError:  # its waits end by the run's deadline: then the run timed out
+        _raise_past_deadline(run, f"placing attempt {run.attempt}")
+        raise
     servers: ServerGroup | None = None
     results: list[TaskResult] = []
     try:
@@ -275,7 +286,11 @@ def attempt(
         )
         folder = None if run.logs is None else run.logs.attempt(run.attempt)
         if served:
-            servers = placement.start_servers(served, folder, signals)
+            try:
+                servers = placement.start_servers(served, folder, signals)
+            except GraphdistError:
+                _raise_past_deadline(run, "starting the servers")
+                raise
         for task in runners:
             signals.check()
             env = {
@@ -307,6 +322,14 @@ def attempt(
         placement.close()
         if run.logs is not None:
             run.logs.record_exits(run.attempt, exit_rows(results, servers))
+
+
+def _raise_past_deadline(run: RunState, doing: str) -> None:
+    """Raise the run's timeout (from the error being handled) where the run's deadline has
+    passed: a placement or server start whose wait the deadline cut short failed by it."""
+    deadline = run.deadline
+    if deadline is not None and time.monotonic() >= deadline - 0.05:
+        raise run.timed_out([], doing)
 
 
 def _prepare_next(placement: Any, procs: Sequence[TaskProcess], run: RunState) -> None:

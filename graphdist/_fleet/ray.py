@@ -423,9 +423,11 @@ def place_bundles(
         nodes = len([n for n in ray.nodes() if n.get("Alive")])  # type: ignore[no-untyped-call]
         with contextlib.suppress(Exception):
             remove_placement_group(pg)
+        strict = strategy == "STRICT_SPREAD"  # one node each: SPREAD would share nodes
+        fix = "add nodes, lower cpus_per_task, or use SPREAD" if strict else "add nodes or CPUs"
         raise StartTimeoutError(
             f"Ray could not place {n} {what} ({strategy}, {cpus:g} CPU each) on {nodes} node(s) "
-            f"within {timeout_s:g} s; add nodes, lower cpus_per_task, or use SPREAD",
+            f"within {timeout_s:.3g} s; {fix}{'' if strict else ', or lower cpus_per_task'}",
             ready=0,
             expected=n,
             timeout_s=timeout_s,

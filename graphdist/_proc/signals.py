@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import Any
@@ -79,6 +80,16 @@ class SignalScope:
         self._previous_notices: dict[int, Any] = {}
         self._previous: dict[int, Callable[[int, FrameType | None], Any] | int] = {}
         self._interruptible = 0
+        #: When the operation must be over (``time.monotonic()``; a run's ``--timeout``), set by
+        #: its owner: the waits inside the scope take :meth:`budget` for their own limits.
+        self.deadline: float | None = None
+
+    def budget(self, limit_s: float) -> float:
+        """``limit_s``, or less where :attr:`deadline` comes sooner (at least 0.1 s: a wait past
+        the deadline ends at once, and its error is then told as the deadline's)."""
+        if self.deadline is None:
+            return limit_s
+        return max(0.1, min(limit_s, self.deadline - time.monotonic()))
 
     def __enter__(self) -> SignalScope:
         if threading.current_thread() is not threading.main_thread():

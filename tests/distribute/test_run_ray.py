@@ -11,6 +11,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -76,6 +77,25 @@ def test_bad_ray_runs_are_one_line_and_exit_2(argv: list[str], named: str) -> No
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("Error:")]
     assert len(errors) == 1 and named in errors[0], result.stderr[-3000:]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_the_runs_timeout_bounds_a_placement_ray_cannot_make() -> None:
+    """``--timeout 15`` on a Ray instance too small for the run (one CPU a task; this machine's
+    Ray has os.cpu_count() of them): the run ends when its deadline does, told as the timeout,
+    not after Ray's own 180 s placement limit (the fallback) as a StartTimeoutError."""
+    workers = str((os.cpu_count() or 1) + 1)
+    began = time.monotonic()
+    result = _graphdist(
+        "run", "--backend", "ray", "--workers", workers, "--timeout", "15", "--",
+        sys.executable, "-c", "pass",
+    )  # fmt: skip
+    took = time.monotonic() - began
+    assert result.returncode == 1, result.stderr[-3000:]
+    said = result.stdout + result.stderr
+    assert "did not finish within 15 s (placing attempt 1)" in said, said[-3000:]
+    assert "StartTimeoutError" not in said, said[-3000:]
+    assert took < 90, f"the 15 s deadline ended the run after {took:.0f} s"
 
 
 @pytest.mark.timeout(180)
