@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import stat
@@ -12,6 +13,7 @@ import tempfile
 import pytest
 
 import graphdist
+from graphdist._net.tlsmode import RECEIVED_GLOB
 from graphdist._private import private_dir, runtime_dir
 from tests.conftest import REPO, run_python
 
@@ -96,9 +98,10 @@ def test_a_fleets_own_temp_folder_carries_its_owners_pid(tmp_path, monkeypatch):
 KILLED_TLS_OWNER = """
 import os, signal
 from graphdist import Cluster
-from graphdist._net.tlsmode import TlsMode
+from graphdist._net.tlsmode import TlsMode, write_received
 mode = TlsMode(Cluster.parse({"worker": ["127.0.0.1:1", "127.0.0.1:2"]}), start=False)
 print(mode.folder, flush=True)
+print(write_received(mode.host_files("127.0.0.1")), flush=True)  # a node's, as a gateway gets it
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -106,15 +109,18 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_the_credentials_of_a_tls_owner_killed_by_sigkill_are_swept_at_the_next_tls_start(
     tmp_path,
 ):
-    """A TLS cluster's credentials folder holds private keys; an owner killed by SIGKILL cannot
-    remove it. The next TLS cluster made (in any process of this user's) removes it, and leaves
-    a live owner's folder alone."""
+    """A TLS cluster's credentials folder holds private keys, and so does the folder a node's
+    gateway gets its own in (over srun's stdin or Ray's channel); an owner killed by SIGKILL
+    cannot remove them. The next TLS cluster made (in any process of this user's) removes
+    them, and leaves a live owner's folder alone."""
     env = {"TMPDIR": str(tmp_path)}
     killed = run_python(["-c", KILLED_TLS_OWNER], env=env)
     assert killed.returncode == -9, killed.stderr
-    left = killed.stdout.strip()
+    left, received = killed.stdout.split()
     assert os.path.basename(left).startswith("graphdist-tls-"), left
     assert os.path.exists(os.path.join(left, "credentials", "client", "key.pem")), left
+    assert fnmatch.fnmatch(os.path.basename(received), RECEIVED_GLOB), received
+    assert os.path.exists(os.path.join(received, "key.pem")), received
     live = tmp_path / f"graphdist-tls-{os.getpid()}-live"
     live.mkdir(mode=0o700)
     again = run_python(
@@ -122,6 +128,7 @@ def test_the_credentials_of_a_tls_owner_killed_by_sigkill_are_swept_at_the_next_
     )
     assert again.returncode == 0, again.stderr
     assert not os.path.exists(left), sorted(os.listdir(tmp_path))
+    assert not os.path.exists(received), sorted(os.listdir(tmp_path))
     assert live.exists(), sorted(os.listdir(tmp_path))
 
 

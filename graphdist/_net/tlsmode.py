@@ -137,13 +137,20 @@ def tls_host() -> str:
     return found[0]
 
 
+#: What :func:`write_received`'s folders are called (a glob, in the temporary folder).
+RECEIVED_GLOB = "graphdist-tls-*-received-*"
+
+
 def write_received(files: Mapping[str, bytes]) -> str:
     """Credentials received over a private channel (:meth:`TlsMode.host_files`) written to a new
-    private folder ``graphdist-tls-received-*`` (0700; every file 0600 from its creation), for
-    a gateway to read; returns the folder, which the caller removes once it has."""
-    import tempfile
+    private folder ``graphdist-tls-<pid>-received-*`` (0700; every file 0600 from its creation),
+    for a gateway to read; returns the folder, which the caller removes once it has. One whose
+    process was killed before it could is swept, as any ``graphdist-tls-<pid>-*`` folder, by the
+    next graphdist process on the host that makes one
+    (:func:`graphdist._proc.forkserver.sweep_stale_temp_dirs`)."""
+    from graphdist._proc.forkserver import owned_temp_dir
 
-    folder = tempfile.mkdtemp(prefix="graphdist-tls-received-")
+    folder = owned_temp_dir("tls", "received")
     for name, data in files.items():
         path = os.path.join(folder, os.path.basename(name))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

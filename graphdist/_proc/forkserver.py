@@ -92,11 +92,11 @@ class ForkServerDiedError(RuntimeError):
     """A fork server died (or stopped answering) while a process was being started from it."""
 
 
-def owned_temp_dir(kind: str) -> str:
-    """A new private temporary folder ``graphdist-KIND-<this pid>-*`` (see the module doc), once
-    the folders of owners that are gone are swept."""
+def owned_temp_dir(kind: str, what: str = "") -> str:
+    """A new private temporary folder ``graphdist-KIND-<this pid>-[WHAT-]*`` (see the module
+    doc), once the folders of owners that are gone are swept."""
     sweep_stale_temp_dirs()
-    return tempfile.mkdtemp(prefix=f"graphdist-{kind}-{os.getpid()}-")
+    return tempfile.mkdtemp(prefix=f"graphdist-{kind}-{os.getpid()}-{what + '-' if what else ''}")
 
 
 def _pid_alive(pid: int) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import fnmatch
 import glob
 import json
 import os
@@ -29,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from graphdist._net.tlsmode import RECEIVED_GLOB
 from tests.conftest import QUIET_TF, REPO, on_loopback, wait_gone
 from tests.net.test_hosts import SPLIT_GRAPH, _client
 from tests.net.test_hosts_guide import PAGE, Guide, _blocks, _section, tls_runs
@@ -461,7 +463,7 @@ def test_a_ray_fleet_in_tls_mode_across_hosts(
         assert outside == [on_host2], on_port
         # the nodes' credentials (one file system here): read by their gateways, then removed
         left = [
-            p for p in os.listdir(tempfile.gettempdir()) if p.startswith("graphdist-tls-received-")
+            p for p in os.listdir(tempfile.gettempdir()) if fnmatch.fnmatch(p, RECEIVED_GLOB)
         ]
         assert not left, left
         driver.stdin.write("close\n")
@@ -531,7 +533,7 @@ def test_a_run_on_ray_in_tls_mode_trains_across_hosts_with_no_server_on_a_host_a
     assert not any(
         "graphdist._net.gateway" in _cmdline(p) for host in hosts[:2] for p in host.pids()
     )
-    left = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("graphdist-tls-received-")]
+    left = [p for p in os.listdir(tempfile.gettempdir()) if fnmatch.fnmatch(p, RECEIVED_GLOB)]
     assert not left, left
 
 

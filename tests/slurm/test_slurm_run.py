@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from graphdist._net.tlsmode import RECEIVED_GLOB
 from tests.conftest import is_gone, on_loopback, wait_gone
 from tests.net.test_ray_hosts import _cmdline, _weights
 
@@ -281,7 +282,7 @@ def test_a_tls_run_trains_behind_the_nodes_gateways_and_restarts_with_fresh_cred
         if not killed and event.get("task") == "worker-1" and text.startswith(f"epoch 1/{EPOCHS}"):
             node = slurm.node(seen["nodes"]["worker-1"])
             seen["listening"] = node.run(["ss", "-Hltn"]).stdout.splitlines()
-            received = "ls -d ${TMPDIR:-/tmp}/graphdist-tls-received-* 2>/dev/null || true"
+            received = f"ls -d ${{TMPDIR:-/tmp}}/{RECEIVED_GLOB} 2>/dev/null || true"
             seen["received"] = node.run(["sh", "-c", received]).stdout.strip()
             killed.extend(p for p in node.pids() if _cmdline(p)[1:2] == [script])
             os.kill(killed[0], signal.SIGKILL)
