@@ -18,6 +18,7 @@ import stat
 import tempfile
 
 from graphdist._exceptions import StateError
+from graphdist._validate import path_text
 
 __all__ = ["private_dir", "runtime_dir"]
 
@@ -26,6 +27,7 @@ def private_dir(path: str, what: str = "graphdist's folder", *, create: bool = T
     """Create ``path`` (and missing parents) with mode 0700 if needed, check that it is private
     to this user (see the module docstring) and return it; raises :class:`StateError`. With
     ``create=False`` a missing folder is left missing (nothing in it can be read)."""
+    shown = path_text(path)
     try:
         if create:
             os.makedirs(path, mode=0o700, exist_ok=True)
@@ -34,18 +36,18 @@ def private_dir(path: str, what: str = "graphdist's folder", *, create: bool = T
         info = os.lstat(path)
     except OSError as exc:
         raise StateError(
-            f"Cannot create {what} {path}: {exc.strerror or exc}; choose another location",
+            f"Cannot create {what} {shown}: {exc.strerror or exc}; choose another location",
             path,
         ) from None
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         raise StateError(
-            f"{path} ({what}) is a symbolic link or not a folder; graphdist does not follow it. "
+            f"{shown} ({what}) is a symbolic link or not a folder; graphdist does not follow it. "
             "Remove it if it is not yours, or choose another location",
             path,
         )
     if info.st_uid != os.getuid():
         raise StateError(
-            f"{path} ({what}) belongs to uid {info.st_uid}, not to you (uid {os.getuid()}); "
+            f"{shown} ({what}) belongs to uid {info.st_uid}, not to you (uid {os.getuid()}); "
             "graphdist will not share it. Remove it if you can, or choose another location",
             path,
         )
@@ -54,7 +56,7 @@ def private_dir(path: str, what: str = "graphdist's folder", *, create: bool = T
             os.chmod(path, 0o700)
         except OSError as exc:
             raise StateError(
-                f"Cannot make {what} {path} private (mode 0700): {exc.strerror or exc}", path
+                f"Cannot make {what} {shown} private (mode 0700): {exc.strerror or exc}", path
             ) from None
     return path
 

@@ -52,9 +52,28 @@ def show(value: object, width: int = 80) -> str:
         return f"<{type(value).__name__} too long to show>"
 
 
+def path_text(path: str | os.PathLike[str]) -> str:
+    """A path for a one-line message: as it is where every character prints, else its repr (a
+    newline or a byte that is not UTF-8 would break the line)."""
+    text = os.fspath(path)
+    return text if text.isprintable() else repr(text)
+
+
 def is_ascii_digits(text: str) -> bool:
     """True for a non-empty run of ``0``-``9`` (``str.isdigit`` also takes ``"٣"`` or ``"²"``)."""
     return text.isascii() and text.isdigit()
+
+
+def ascii_int(text: str) -> int:
+    """A whole number of ASCII digits, perhaps negative (``int()`` also takes ``"٣"``, ``" 3"``
+    or ``"3_0"``); ValueError otherwise. Named ``int`` for argparse's "invalid int value"."""
+    body = text[1:] if text.startswith("-") else text
+    if not is_ascii_digits(body) or len(body) > 18:
+        raise ValueError(text)
+    return int(text)
+
+
+ascii_int.__name__ = "int"
 
 
 @overload

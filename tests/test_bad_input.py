@@ -227,6 +227,21 @@ CLI_ARGS = [
     ["down", "--state-dir", " "],
     ["serve", "--slurm", ""],
     ["serve", "--cluster", "", "--job", "w", "--task", "0"],
+    [
+        "serve",
+        "--cluster",
+        '{"w": ["127.0.0.1:1"]}',
+        "--job",
+        "w",
+        "--task",
+        "0",
+        "--port-base",
+        "1",
+    ],
+    ["demo", "--picture", ""],
+    ["run", "--backend", "slurm", "--ntasks-per-node", "3_0", "--", "true"],
+    ["tf-config", "--cluster", "worker=2", "--task", "worker:99999999999"],
+    ["status", "--state-dir", "{tmp}/two\nlines"],
 ]
 
 
@@ -662,7 +677,7 @@ def test_bad_cli_arguments(argv, tmp_path, monkeypatch):
     assert processes_marked(mark) == []
 
 
-def test_a_one_line_error_shows_the_users_own_values(tmp_path):
+def test_a_one_line_error_shows_the_users_own_values(tmp_path, monkeypatch):
     """The error names what the user typed: a path whose parts are option names
     (``.../log_dir``) is not rewritten into flags, and an empty ``--state-dir`` (an unset
     variable in a script) is named as such, never taken for the default fleet's folder."""
@@ -676,6 +691,13 @@ def test_a_one_line_error_shows_the_users_own_values(tmp_path):
     assert result.returncode == EXIT_USAGE, result
     assert "--state-dir must name a folder, not ''" in result.stderr, result.stderr
     assert "No detached fleet" not in result.stderr, result.stderr
+    # the library's words for an argument are the command's flags, even as a bare name
+    result = run_python(["-m", "graphdist", "serve", "--slurm", "w=1", "--port-base", "0"])
+    assert "Error: --port-base must be a port from 1 to 65535, not 0" in result.stderr, result
+    for name in [n for n in os.environ if n.startswith("SLURM_")]:
+        monkeypatch.delenv(name)  # outside Slurm: no job to find
+    result = run_python(["-m", "graphdist", "run", "--backend", "slurm", "--", "true"])
+    assert result.stderr.rstrip().endswith("name the job with --jobid"), result.stderr
 
 
 # -- fuzzing: every input is either accepted, and then means what it says, or a typed error --

@@ -63,7 +63,8 @@ from graphdist._proc.restarts import (
 )
 from graphdist._proc.signals import STOP_SIGNALS, wait_for_stop
 from graphdist._tflog import TF_LOGS_ENV, LossyText, lossy_stream, tf_logs_live
-from graphdist._validate import is_ascii_digits, timeout_s
+from graphdist._validate import ascii_int as _int
+from graphdist._validate import timeout_s
 from graphdist._version import __version__
 
 if TYPE_CHECKING:
@@ -168,18 +169,12 @@ def cli_words(text: str, flags: dict[str, str], name: str | None = None) -> str:
         flag = flags[dest]
         # never inside a path (``/srv/log_dir/x``): a user's own value is shown as given
         text = re.sub(rf"(?<![\w./-]){re.escape(dest)}=True\b", flag, text)
+        # ``jobid=`` as a name in prose (no value after it): the flag
+        text = re.sub(rf"(?<![\w./-]){re.escape(dest)}=(?![\w'\"\[{{(-])", flag, text)
         if "_" not in dest and dest != name:
             continue
         text = re.sub(rf"(?<![\w./'\"-]){re.escape(dest)}\b(?![=(\[/])", flag, text)
     return text
-
-
-def _int(text: str) -> int:
-    """A whole number of ASCII digits (``int()`` also takes ``"٣"``, ``" 3"`` or ``"3_0"``)."""
-    body = text[1:] if text.startswith("-") else text
-    if not is_ascii_digits(body) or len(body) > 18:
-        raise ValueError(text)
-    return int(text)
 
 
 def _float(text: str) -> float:
@@ -195,7 +190,6 @@ def _preemption_code(text: str) -> int | None:
     return None if text.strip().lower() == "none" else _int(text)
 
 
-_int.__name__ = "int"  # argparse: "argument --task: invalid int value: '٣'"
 _float.__name__ = "float"
 _preemption_code.__name__ = "exit code"
 
@@ -577,7 +571,7 @@ def build_parser() -> _Parser:
         metavar="JOB=N[,JOB=N]",
         help="take the cluster and this task from Slurm's environment (SlurmClusterResolver)",
     )
-    srv.add_argument("--port-base", type=_int, default=8888, help="with --slurm (8888)")
+    srv.add_argument("--port-base", type=_int, metavar="PORT", help="with --slurm (8888)")
     srv.add_argument(
         "--bind-all",
         action="store_true",
@@ -1032,6 +1026,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     # Every argument is checked before the fleet starts, not after the demo ran.
     if args.master not in (0, 1):
         raise UsageError(f"--master {args.master}: the demo fleet has tasks 0 and 1")
+    for flag, given in (("--picture", args.picture), ("--tensorboard", args.tensorboard)):
+        if given is not None and not given.strip():
+            raise UsageError(f"{flag} needs a file or folder, not {given!r}")
     try:
         if args.picture:
             check_picture_path(args.picture)
@@ -1132,7 +1129,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from graphdist._proc import lean
-    from graphdist._proc.serve import serve, slurm_task
+    from graphdist._proc.serve import SLURM_PORT_BASE, serve, slurm_task
 
     lean.install()  # this process only serves: TensorFlow without Keras and SciPy
 
@@ -1143,8 +1140,11 @@ def _cmd_serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if args.cluster or args.job or args.task is not None:
             raise UsageError("--slurm takes the cluster, job and task from Slurm; drop the others")
         counts = {job: int(n) for job, n in Cluster.parse_counts(args.slurm).items()}
-        cluster, job, index = slurm_task(counts, port_base=args.port_base)
+        port_base = SLURM_PORT_BASE if args.port_base is None else args.port_base
+        cluster, job, index = slurm_task(counts, port_base=port_base)
     else:
+        if args.port_base is not None:
+            raise UsageError("--port-base goes with --slurm only; a --cluster names every port")
         if not args.cluster or not args.job or args.task is None:
             raise UsageError("serve needs --cluster, --job and --task (or --slurm)")
         cluster = Cluster.parse_addresses(args.cluster, what="A served cluster")

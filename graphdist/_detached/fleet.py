@@ -61,7 +61,7 @@ from graphdist._fleet.client import Fleet, FleetState
 from graphdist._fleet.local import LOG_TAIL_LINES, read_log_tail
 from graphdist._fleet.task import TaskView
 from graphdist._proc.process import STOP_GRACE_S
-from graphdist._validate import flag, show, timeout_ms, timeout_s
+from graphdist._validate import flag, path_text, show, timeout_ms, timeout_s
 
 __all__ = [
     "DetachedFleet",
@@ -115,7 +115,7 @@ def resolve_state_dir(state_dir: str | os.PathLike[str] | None = None) -> str:
 
 def no_fleet(state_dir: str) -> StateError:
     return StateError(
-        f"No detached fleet is running in {state_dir}; start one with "
+        f"No detached fleet is running in {path_text(state_dir)}; start one with "
         "`graphdist up --cluster SPEC --detach`",
         state_dir,
     )

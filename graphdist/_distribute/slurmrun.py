@@ -69,7 +69,7 @@ from graphdist._proc.slurm import (
     srun_argv,
 )
 from graphdist._registry import Option
-from graphdist._validate import count
+from graphdist._validate import ascii_int, count
 
 if TYPE_CHECKING:
     from graphdist._net.tlsmode import TlsMode
@@ -403,7 +403,7 @@ class SlurmRun:
             "ntasks_per_node",
             "tasks on each node of the allocation (default 1)",
             "N",
-            parse=int,
+            parse=ascii_int,
         ),
         PRELOAD_OPTION,
     )

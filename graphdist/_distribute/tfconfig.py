@@ -62,7 +62,11 @@ def _parse_task(value: str) -> tuple[str, int]:
     if not isinstance(value, str):
         raise TFConfigError(f"Task {show(value)} is not TYPE:INDEX (e.g. worker:1)", value)
     kind, sep, index = value.partition(":")
-    if not sep or not is_ascii_digits(index) or len(index) > 10:
+    if sep and is_ascii_digits(index) and len(index) > 10:
+        raise TFConfigError(
+            f"Task {show(value)} has an index too large for a task (at most 10 digits)", value
+        )
+    if not sep or not is_ascii_digits(index):
         raise TFConfigError(
             f"Task {show(value)} is not TYPE:INDEX with an index of ASCII digits (e.g. worker:1)",
             value,

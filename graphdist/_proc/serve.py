@@ -67,13 +67,17 @@ _NODELIST_RE = re.compile(r"(?:[A-Za-z0-9_.-]|\[[0-9,-]+\]|,)+")
 _PER_NODE_RE = re.compile(r"[0-9]{1,6}(?:\(x[0-9]{1,6}\))?(?:,[0-9]{1,6}(?:\(x[0-9]{1,6}\))?)*")
 
 
+#: The first port of a ``serve --slurm`` task (TensorFlow's SlurmClusterResolver's default).
+SLURM_PORT_BASE = 8888
+
+
 def check_slurm_environment(jobs: Mapping[str, int], port_base: int) -> None:
     """Raise :class:`ClusterSpecError` (one line) unless this process runs in a Slurm step whose
     task count fits ``jobs`` and ``port_base`` is a port; checked before TensorFlow is imported,
     whose resolver would fail with a traceback."""
     Cluster.check_counts(jobs)
     if isinstance(port_base, bool) or not isinstance(port_base, int) or not 1 <= port_base <= 65535:
-        raise ClusterSpecError(f"The port base must be a port from 1 to 65535, not {port_base!r}")
+        raise ClusterSpecError(f"port_base must be a port from 1 to 65535, not {show(port_base)}")
     missing = [name for name in SLURM_VARIABLES if not os.environ.get(name)]
     if missing:
         raise ClusterSpecError(
@@ -130,7 +134,7 @@ def check_own_address(task: str, address: str, ip: str) -> None:
 
 
 def slurm_task(
-    jobs: Mapping[str, int], port_base: int = 8888, gpus_per_node: int = 0
+    jobs: Mapping[str, int], port_base: int = SLURM_PORT_BASE, gpus_per_node: int = 0
 ) -> tuple[Cluster, str, int]:
     """The cluster and this task's job and index under Slurm, from TensorFlow's
     ``SlurmClusterResolver`` (reads ``SLURM_PROCID``, ``SLURM_STEP_NODELIST``,
