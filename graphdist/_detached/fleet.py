@@ -129,17 +129,20 @@ def live_record(state_dir: str, *, cleanup: bool) -> FleetRecord | None:
     record = read_state(state_dir)
     if record is None or record.supervisor.alive():
         return record
-    note = ""
+    done = "another graphdist command holds its folder, so it was left as it is"
     with contextlib.suppress(StateError), lock_state(state_dir) as locked:
         if locked and read_state(state_dir) == record:
             left = _stop_all(state_dir, record)
             clear_state(state_dir)
-            note = f"; {len(left)} process(es) would not die" if left else ""
+            done = "its state was cleaned up"
+            done += f"; {len(left)} process(es) would not die" if left else ""
+        elif locked:
+            done = "another graphdist command has dealt with it"
     if cleanup:
         return None
     raise StateError(
-        f"The fleet in {state_dir} was stale (supervisor pid {record.supervisor.pid} is gone); "
-        f"its state was cleaned up{note}",
+        f"The fleet in {path_text(state_dir)} was stale (supervisor pid "
+        f"{record.supervisor.pid} is gone); {done}",
         state_dir,
     )
 

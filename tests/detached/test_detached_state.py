@@ -193,6 +193,24 @@ def dead_process_ref() -> ProcessRef:
     return ref
 
 
+def test_a_stale_record_is_cleaned_up_and_said_so_only_where_it_was(tmp_path):
+    """``status`` of a fleet whose supervisor is gone cleans the folder and says so; while
+    another command holds the folder's lock, it says that instead and leaves the folder."""
+    from graphdist._detached.fleet import live_record
+
+    state_dir = private_dir(str(tmp_path / "state"))
+    stale = FleetRecord(**{**good_record().__dict__, "supervisor": dead_process_ref()})
+    write_state(state_dir, stale)
+    with lock_state(state_dir), pytest.raises(StateError) as held:
+        live_record(state_dir, cleanup=False)
+    assert "another graphdist command holds its folder, so it was left as it is" in str(held.value)
+    assert read_state(state_dir) == stale
+    with pytest.raises(StateError) as cleaned:
+        live_record(state_dir, cleanup=False)
+    assert str(cleaned.value).endswith("its state was cleaned up"), str(cleaned.value)
+    assert not os.path.exists(state_dir)
+
+
 @pytest.mark.timeout(60)
 def test_down_on_stale_state_says_so_in_one_line_and_removes_it(tmp_path, mark):
     """A record whose supervisor and server are both gone (a reboot, a SIGKILL of the group):
