@@ -17,6 +17,7 @@ import errno
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
 import threading
@@ -65,6 +66,10 @@ _NUMBER_RE = re.compile(r"[0-9]{1,9}")
 # with its own characters, so the match never backtracks)
 _NODELIST_RE = re.compile(r"(?:[A-Za-z0-9_.-]|\[[0-9,-]+\]|,)+")
 _PER_NODE_RE = re.compile(r"[0-9]{1,6}(?:\(x[0-9]{1,6}\))?(?:,[0-9]{1,6}(?:\(x[0-9]{1,6}\))?)*")
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 #: The first port of a ``serve --slurm`` task (TensorFlow's SlurmClusterResolver's default).
@@ -337,16 +342,24 @@ def _serve_tls(
     from graphdist._net.tlsmode import credentials_from_stdin
 
     received = None
-    if tls == "-":  # on stdin (SlurmFleet: srun's channel), on disk until the gateway read it
-        tls = received = credentials_from_stdin()
-    own = host_folder(tls, task.host.strip("[]"))
-    if os.path.isdir(own):  # the whole `graphdist certs` folder (a shared file system): ours
-        tls = own
+    # a stop signal before the server runs (a failed Slurm start's SIGTERM): an exit that runs
+    # the finally below, so that received credentials are not left on the node's disk
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(sig, _exit_on_signal)
     try:
+        if tls == "-":  # on stdin (SlurmFleet: srun's channel), on disk until the gateway read it
+            tls = received = credentials_from_stdin()
+        own = host_folder(tls, task.host.strip("[]"))
+        if os.path.isdir(own):  # the whole `graphdist certs` folder (a shared file system): ours
+            tls = own
         relay = _start_tls_gateway(cluster, task, name, tls)
     finally:
         if received is not None:
             shutil.rmtree(received, ignore_errors=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     env = {
         **os.environ,
         **shim_env(alias_address, os.environ.get("LD_PRELOAD")),

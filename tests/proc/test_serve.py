@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -186,3 +187,40 @@ def test_a_preset_shimmed_marker_never_serves_without_the_shim(extra):
             assert probe.connect_ex(("127.0.0.1", port)) != 0
     finally:
         release_ports([port])
+
+
+# `serve --tls -` with its gateway's start replaced by a stand-in that is stopped by SIGTERM
+# half-way (as a failed SlurmFleet start's SIGTERM finds a step): the received credentials are
+# on disk then, and must not stay there.
+STOPPED_WHILE_ITS_GATEWAY_STARTS = """
+import os, signal, sys, time
+from graphdist import Cluster
+from graphdist._proc import serve
+def stand_in(*args):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)  # the signal ends it first
+serve._start_tls_gateway = stand_in
+serve.serve(Cluster.parse({"local": ["10.254.0.1:2222"]}), "local", 0, bind_all=False,
+            argv=[], allow=None, tls="-")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_serve_tls_stopped_before_its_server_runs_leaves_no_received_key(tmp_path):
+    import fnmatch
+
+    from graphdist._net.tlscerts import make_credentials
+    from graphdist._net.tlsmode import RECEIVED_GLOB
+
+    folders = make_credentials(["10.254.0.1"], str(tmp_path / "creds"))
+    own = folders["10.254.0.1"]
+    files = {n: (Path(own) / n).read_text() for n in ("ca.pem", "cert.pem", "key.pem")}
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-c", STOPPED_WHILE_ITS_GATEWAY_STARTS],
+        input=json.dumps(files), capture_output=True, text=True, timeout=50,
+        env={**os.environ, **QUIET_TF, "TMPDIR": str(temp)},
+    )  # fmt: skip
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-2000:]
+    assert not fnmatch.filter(os.listdir(temp), RECEIVED_GLOB), os.listdir(temp)
