@@ -63,8 +63,8 @@ from graphdist._proc.restarts import (
 )
 from graphdist._proc.signals import STOP_SIGNALS, wait_for_stop
 from graphdist._tflog import TF_LOGS_ENV, LossyText, lossy_stream, tf_logs_live
+from graphdist._validate import MAX_TIMEOUT_S, timeout_s
 from graphdist._validate import ascii_int as _int
-from graphdist._validate import timeout_s
 from graphdist._version import __version__
 
 if TYPE_CHECKING:
@@ -992,8 +992,11 @@ def _cmd_warm(args: argparse.Namespace) -> int:
         if idle != 0:  # 0: never; else a finite, bounded number of seconds (not nan or inf)
             try:
                 idle = timeout_s(idle, "--idle-timeout", IDLE_TIMEOUT_S)
-            except ArgumentError as exc:
-                raise UsageError(f"{exc} (or 0: never)") from None
+            except ArgumentError:
+                raise UsageError(
+                    f"--idle-timeout must be 0 or more seconds (0: never), finite and at most "
+                    f"{MAX_TIMEOUT_S:g}, not {idle:g}"
+                ) from None
         env = zygote_env({**os.environ, "TF_USE_LEGACY_KERAS": "1"})
         record, started = start_agent(preload, env, idle)
         said = "started" if started else "already running"

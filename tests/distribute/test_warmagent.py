@@ -292,6 +292,7 @@ def test_bad_input_is_one_line_and_starts_nothing(warm_dir: Agents, tmp_path: An
         (["start", "--preload", "none"], "--preload none"),
         (["status", *PRELOAD, "--idle-timeout", "3"], "--idle-timeout goes with start only"),
         (["start", *PRELOAD, "--idle-timeout", "-1"], "--idle-timeout must be 0 or more"),
+        (["start", *PRELOAD, "--idle-timeout", "nan"], "finite and at most"),  # never ending
         (["restart"], "invalid choice"),
     ]:
         result = _warm(*args)

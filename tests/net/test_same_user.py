@@ -59,9 +59,12 @@ SECRET = "graphdist-same-user-secret-" + uuid.uuid4().hex
 REFUSED = 3  # the client's exit status when the session failed with a TensorFlow error
 
 # Reads PATH through the server's op on DEVICE; prints the contents or the error's class.
+# (TensorFlow without Keras and SciPy, as the host tests' clients: see SPLIT_GRAPH there.)
 CLIENT = nobody_code(
     """
     import sys
+    from graphdist._proc import lean
+    lean.install()
     import tensorflow as tf
 
     target, device, path, timeout_ms = sys.argv[1:5]
