@@ -42,6 +42,7 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
 import tempfile
 import threading
 import time
@@ -83,7 +84,7 @@ _DEATH_WAIT_S = 1.0
 # sun_path (108 bytes); past this, multiprocess's own (shorter) pymp-* folder is used.
 _MAX_SOCKET_DIR = 80
 _lock = threading.Lock()
-_env_lock = threading.Lock()
+_config_lock = threading.Lock()  # multiprocess's tempdir, ours while a fork server starts
 _servers: dict[str, Any] = {}  # LD_PRELOAD value ("" for none) -> ForkServer
 _socket_dir: tuple[int, str] | None = None  # (owner pid, folder) for the fork servers' sockets
 
@@ -164,38 +165,36 @@ def _new_fork_server(preload_library: str) -> Any:
 
     class ForkServer(forkserver.ForkServer):  # type: ignore[misc]
         def ensure_running(self) -> None:
-            # The fork server inherits os.environ when it is spawned: set LD_PRELOAD (the
-            # user's own entries kept) and the owner's pid for that moment only, so this
-            # process and its other children stay untouched. Its socket goes in our own
+            # The fork server gets an environment of its own: the owner's, plus LD_PRELOAD
+            # (the user's own entries kept) and the owner's pid, folder and log. os.environ is
+            # never changed for it: a subprocess that another thread of this process starts
+            # meanwhile would inherit the bind shim and become a fork server's child (it
+            # exits with us, its output in our fork-server log). Its socket goes in our own
             # folder, not multiprocess's pymp-* (swept when the owner dies; see above).
             spares = spares_wanted()  # checked here, in the owner: a bad value names itself
-            live_logs = tf_logs_live()
-            with _env_lock:
-                saved = os.environ.pop("LD_PRELOAD", None)
-                if preload_library:
-                    os.environ["LD_PRELOAD"] = with_preload(preload_library, saved)
-                os.environ[OWNER_ENV] = str(os.getpid())
+            env = dict(os.environ)
+            saved = env.pop("LD_PRELOAD", None)
+            if preload_library:
+                env["LD_PRELOAD"] = with_preload(preload_library, saved)
+            env[OWNER_ENV] = str(os.getpid())
+            with _config_lock:
                 config = process.current_process()._config
                 saved_tempdir = config.get("tempdir")
                 sockets_dir = owner_socket_dir()
                 if len(sockets_dir) <= _MAX_SOCKET_DIR:
                     config["tempdir"] = sockets_dir
-                    os.environ[FOLDER_ENV] = sockets_dir  # removed by it if we die first
-                if not live_logs:  # TensorFlow's import-time lines: not in the owner's stderr
-                    os.environ[LOG_ENV] = os.path.join(sockets_dir, FORK_SERVER_LOG)
+                    env[FOLDER_ENV] = sockets_dir  # removed by it if we die first
+                if not tf_logs_live():  # TensorFlow's import-time lines: not in our stderr
+                    env[LOG_ENV] = os.path.join(sockets_dir, FORK_SERVER_LOG)
                 try:
-                    self._ensure_running(spares)
+                    self._ensure_running(spares, env)
                 finally:
                     if saved_tempdir is None:
                         config.pop("tempdir", None)
                     else:
                         config["tempdir"] = saved_tempdir
-                    for name in (OWNER_ENV, FOLDER_ENV, LOG_ENV, "LD_PRELOAD"):
-                        os.environ.pop(name, None)
-                    if saved is not None:
-                        os.environ["LD_PRELOAD"] = saved
 
-        def _ensure_running(self, spares: int) -> None:
+        def _ensure_running(self, spares: int, env: dict[str, str]) -> None:
             # multiprocess's ForkServer.ensure_running, running graphdist's loop (a pool of
             # spares: forkserver_pool) instead of multiprocess's, and without __main__.
             from multiprocess import connection, resource_tracker, spawn, util
@@ -237,7 +236,7 @@ def _new_fork_server(preload_library: str) -> Any:
                         args = [exe, *util._args_from_interpreter_flags(), "-c", cmd]
                         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
                         try:
-                            pid = util.spawnv_passfds(exe, args, [listener.fileno(), alive_r])
+                            pid = _spawn(args, (listener.fileno(), alive_r), env)
                         finally:  # a SIGINT meanwhile stays pending for this process
                             signal.pthread_sigmask(signal.SIG_SETMASK, old)
                     except BaseException:
@@ -282,6 +281,16 @@ def _new_fork_server(preload_library: str) -> Any:
                 state._forkserver_pid = None
 
     return ForkServer()
+
+
+def _spawn(args: list[str], pass_fds: tuple[int, ...], env: dict[str, str]) -> int:
+    """Start ``args`` with ``env`` and ``pass_fds`` (all other descriptors closed, the standard
+    ones shared) and return its pid, as multiprocess's ``spawnv_passfds`` does but with an
+    environment of its own. The caller reaps it (``os.waitpid``): the Popen is marked done, so
+    that ``subprocess`` never polls a pid that may have been reused by then."""
+    proc = subprocess.Popen(args, pass_fds=pass_fds, env=env, restore_signals=False)
+    proc.returncode = 0  # not ours to wait for: see above
+    return proc.pid
 
 
 def process_class(preload_library: str = "") -> Any:

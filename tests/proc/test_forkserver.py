@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import shutil
 import signal
@@ -295,3 +296,48 @@ def test_a_sigint_while_the_fork_server_starts_does_not_kill_it():
     proc = run_python(["-c", SIGINT_WHILE_STARTING], timeout=180)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+# Runs in a subprocess (its first fleet spawns its fork server): a subprocess started while the
+# fork server starts, as another thread of a user's program may, sees the owner's environment.
+ENV_WHILE_STARTING = textwrap.dedent(
+    """
+    import json, os, subprocess, sys
+    from multiprocess import resource_tracker
+    import graphdist
+    from graphdist._proc import forkserver
+    from graphdist._proc.forkserver_exit import FOLDER_ENV, LOG_ENV, OWNER_ENV
+
+    NAMES = ("LD_PRELOAD", OWNER_ENV, FOLDER_ENV, LOG_ENV)
+    PRINT = "import json, os, sys; print(json.dumps([os.environ.get(n) for n in sys.argv[1:]]))"
+    real, seen = resource_tracker.ensure_running, []
+
+    def ensure_running():  # called by the fork server's start, before its spawn
+        seen.append(json.loads(subprocess.check_output([sys.executable, "-c", PRINT, *NAMES])))
+        seen.append([os.environ.get(name) for name in NAMES])
+        return real()
+
+    before = [os.environ.get(name) for name in NAMES]
+    resource_tracker.ensure_running = ensure_running
+    with graphdist.LocalFleet("local=1") as fleet:
+        [server] = forkserver._servers.values()
+        with open(f"/proc/{server._forkserver_pid}/environ", "rb") as f:
+            environ = dict(e.split(b"=", 1) for e in f.read().split(b"\\0") if b"=" in e)
+        given = {n: environ.get(n.encode(), b"").decode() for n in NAMES}
+    print(json.dumps({"seen": seen, "before": before, "given": given, "owner": os.getpid()}))
+    """
+)
+
+
+def test_a_subprocess_started_while_the_fork_server_starts_gets_the_owners_environment():
+    """The fork server's LD_PRELOAD (the bind shim) and owner variables go to it alone: red if
+    they were set in os.environ for its start, where a subprocess that another thread starts
+    at that moment inherits them (its servers bound by the shim, itself taken for a fork
+    server's child that exits with us)."""
+    proc = run_python(["-c", ENV_WHILE_STARTING], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["seen"] and all(seen == found["before"] for seen in found["seen"]), found
+    given = found["given"]  # what the fork server itself was given
+    assert "loopback-bind" in given["LD_PRELOAD"], given
+    assert given[OWNER_ENV] == str(found["owner"]) and given[FOLDER_ENV], given
