@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import psutil
 import pytest
 
 # --dist loadgroup that ends after a crashed worker instead of hanging (xdist 3.8's #1323, #1327)
+from tests import xdist_sched
 from tests.xdist_sched import pytest_xdist_make_scheduler  # noqa: F401 - a hook
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,6 +46,19 @@ os.environ.setdefault("RAY_ADDRESS", "local")
 # Those whose runs' subject is not how tasks start share one (:func:`warm_agent`).
 WARM_DIR = "GRAPHDIST_WARM_DIR"
 os.environ[WARM_DIR] = os.path.join(REPO, ".no-warm-agents")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGINT as a terminal gives it, and a hung test reported in an xdist worker's log.
+
+    A suite started in the background by a shell without job control (``make test &`` in a
+    script, ``(setsid pytest &)``) inherits SIGINT ignored, and so would every process it
+    starts: Python then installs no KeyboardInterrupt handler, the tests that press Ctrl-C on
+    a child would test nothing, and the one that waits for its interrupted step hung until
+    pytest-timeout ended its worker. Seen twice here as a "crashed" worker."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    xdist_sched.pytest_configure(config)
 
 
 def is_gone(pid: int) -> bool:

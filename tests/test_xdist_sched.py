@@ -33,12 +33,14 @@ def test_b():
 """
 
 
-def _inner(tmp_path: object, crash: str, plugin: str) -> subprocess.CompletedProcess[str]:
+def _inner(
+    tmp_path: object, crash: str, plugin: str, inner: str = INNER, *options: str
+) -> subprocess.CompletedProcess[str]:
     folder = str(tmp_path)
     with open(os.path.join(folder, "test_inner.py"), "w") as f:
-        f.write(INNER)
+        f.write(inner)
     env = {**os.environ, "CRASH": crash, "CRASH_DIR": folder, "PYTHONPATH": REPO}
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "1"]
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "1", *options]
     argv += ["--dist", "loadgroup", "-p", plugin, "-q", "-o", "addopts=", "test_inner.py"]
     with subprocess.Popen(
         argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -74,3 +76,38 @@ def test_the_suite_schedules_with_it(pytestconfig: pytest.Config) -> None:
     impls = pytestconfig.hook.pytest_xdist_make_scheduler.get_hookimpls()
     ours = [impl for impl in impls if impl.function is xdist_sched.pytest_xdist_make_scheduler]
     assert ours and ours[0].tryfirst, [impl.plugin_name for impl in impls]
+
+
+HANGS = """
+import time
+
+def test_hangs():
+    time.sleep(60)  # the line the report must show
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_hung_test_in_a_worker_is_reported_with_its_stack_not_as_a_bare_crash(
+    tmp_path: object,
+) -> None:
+    """pytest-timeout's thread method ends the worker of a hung test; its banner and stacks
+    reach the log (red without tests.xdist_sched's pytest_configure: only "node down")."""
+    options = ("-o", "timeout=3", "-o", "timeout_method=thread")
+    done = _inner(tmp_path, "", "tests.xdist_sched", HANGS, *options)
+    assert done.returncode == 1, done.stdout
+    assert "FAILED test_inner.py::test_hangs" in done.stdout, done.stdout
+    assert "Timeout" in done.stdout and "time.sleep(60)  # the line" in done.stdout, done.stdout
+
+
+def test_the_suite_and_its_children_take_sigint_as_a_terminal_gives_it() -> None:
+    """Started in the background by a shell (SIGINT ignored, inherited by every child), the
+    suite restores SIGINT (tests/conftest.py): its Ctrl-C tests' children raise
+    KeyboardInterrupt instead of ignoring it, and no step waits for ever."""
+    import signal
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    child = subprocess.run(
+        [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT).__name__)"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert child.stdout.strip() == "default_int_handler", child

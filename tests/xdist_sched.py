@@ -15,10 +15,16 @@ fixed by #1324 and #1328, released in no version this suite can install):
 it failed already; run again it would most often crash the next worker too, as upstream's open
 pytest-dev/pytest-xdist#1371 says). It is installed through xdist's own hook,
 ``pytest_xdist_make_scheduler``; the suite's conftest imports it.
+
+And a hung test's report: pytest-timeout's thread method writes its banner and every thread's
+stack to pytest's terminal writer, which in an xdist worker is execnet's ``/dev/null`` (fd 1):
+the log said only "node down: Not properly terminated", a hang read as a crash.
+:func:`pytest_configure` sends them to the worker's stderr, which is the controller's.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -67,3 +73,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") == "loadgroup":
         return NoHangLoadGroup(config, log)
     return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In an xdist worker, pytest-timeout's thread-method report goes to stderr (module doc)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    try:
+        import pytest_timeout
+    except ImportError:
+        return
+    original = pytest_timeout.timeout_timer
+    if getattr(original, "to_stderr", False):
+        return
+
+    def timeout_timer(item: pytest.Item, settings: Any) -> None:
+        capman = item.config.pluginmanager.getplugin("capturemanager")
+        if capman is not None:  # (again in pytest-timeout's own: a no-op once suspended)
+            capman.suspend_global_capture(item)  # fd 1 and 2 back to the worker's own
+        os.dup2(2, 1)  # the terminal writer's fd: the report reaches the controller's log
+        original(item, settings)  # reports, then os._exit(1)
+
+    timeout_timer.to_stderr = True  # type: ignore[attr-defined]
+    pytest_timeout.timeout_timer = timeout_timer
