@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 
 from tests.conftest import EVENTUALLY_S, wait_gone
-from tests.fleet.conftest import reload_ray_token
+from tests.fleet.conftest import reload_ray_token, require_token_auth
 
 
 def ray_processes(marker: str) -> list[int]:
@@ -43,18 +43,21 @@ def simulated_cluster(cpus: Sequence[int]) -> Iterator[Any]:
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": cpus[0], "include_dashboard": False},
-    )
+    cluster = None
     try:
+        require_token_auth()
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": cpus[0], "include_dashboard": False},
+        )
         for n in cpus[1:]:
             cluster.add_node(num_cpus=n)
         cluster.wait_for_nodes()
         yield cluster
     finally:
         ray.shutdown()
-        cluster.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)

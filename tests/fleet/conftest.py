@@ -37,6 +37,7 @@ def ray_env(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "local")
     import ray
 
+    require_token_auth()
     if ray.is_initialized():  # a connection an earlier test of this worker left open
         ray.shutdown()
     reload_ray_token()
@@ -52,6 +53,20 @@ def ray_env(monkeypatch):
         reload_ray_token()
         assert wait_gone(left | set(processes_of(tmp)), EVENTUALLY_S) == []
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def require_token_auth() -> None:
+    """Fail, saying why, where Ray runs without token auth in this process although
+    RAY_AUTH_MODE=token is set: Ray reads the mode once, at its first import in a process, so
+    a test of this worker imported it without the variable (give that test ``ray_env``). Its
+    clusters would then refuse this process with a bare "InvalidAuthToken"."""
+    from ray._raylet import AuthenticationMode, get_authentication_mode
+
+    if get_authentication_mode() != AuthenticationMode.TOKEN:
+        pytest.fail(
+            "Ray's auth mode is not 'token' in this worker although RAY_AUTH_MODE=token: an "
+            "earlier test imported Ray without it (give that test the ray_env fixture)"
+        )
 
 
 def reload_ray_token() -> None:

@@ -217,14 +217,14 @@ def test_a_ray_node_on_a_network_address_still_gets_loopback_servers(ray_env):
 
 @pytest.mark.timeout(60)
 def test_a_ray_client_servers_failure_names_its_cause_not_an_unreachable_cluster(
-    monkeypatch: pytest.MonkeyPatch,
+    ray_env: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A ``ray://`` head that answers but whose client server fails to start the client's own
     server process: Ray raises ConnectionAbortedError whose first line is only "Initialization
     failure from server:" and whose last line is the cause. The error says the cluster answered,
     names that cause and where the logs are, and does not advise starting a cluster (CI,
-    2026-12-04: the first line alone hid why)."""
-    pytest.importorskip("ray")
+    2026-12-04: the first line alone hid why). ray_env although no Ray starts: Ray fixes its
+    auth mode at its first import in a process (tests/fleet/conftest.py)."""
     import ray
 
     from graphdist._fleet import ray as rayfleet
