@@ -250,6 +250,7 @@ SLOW_TESTS_S = {
     "tests/test_plugin.py::test_user_tests_inject_faults_into_a_run_and_nothing_is_left": 32,
     "tests/slurm/test_slurmbed.py::test_the_warning_signal_reaches_the_batch_script": 31,
     "tests/distribute/test_run_ray.py::test_ray_tasks_run_warm_on_their_node_across_a_restart": 30,
+    "tests/fleet/test_ray_exposure.py::test_the_ray_graphdist_starts": 20,
     "tests/fleet/test_ray_exposure.py::test_a_ray_node_on_a_network_address_still_gets_loopba": 30,
     "tests/net/test_ray_hosts.py::test_a_two_node_ray_fleet_across_hosts": 29,
     "tests/net/test_tls_hosts.py::test_a_local_tls_run_is_reached_only_through_its_gateway_an": 29,
