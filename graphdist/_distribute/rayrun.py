@@ -401,8 +401,10 @@ class RayRun:
         self._head.close()
         if self._head.lost is None:  # else Ray's calls would wait for the GCS
             self._agents.close()
-        # without its GCS, Ray's shutdown waits ~5 s (measured) to tell it: at exit instead
-        if self._owns_ray and self._head.lost is None:
+        # a lost head too (its shutdown then waits ~5 s for the GCS, measured): a process left
+        # connected to a dead GCS is ended by Ray itself 60 s later ("Failed to connect to GCS
+        # within 60 seconds"), which for a caller of run_command in a notebook is its kernel
+        if self._owns_ray:
             from graphdist._fleet.ray import shutdown_ray
 
             shutdown_ray()

@@ -41,14 +41,37 @@ FOUND_AT_ONCE_S = 8.0
 PLACED_AT_ONCE_S = 30.0
 
 
+# run_command's caller, a process that lives on after its run (a notebook's kernel): whether it
+# is still connected to Ray once the run has ended
+LIBRARY_CALLER = """
+import sys
+import graphdist
+try:
+    graphdist.run_command(
+        [sys.executable, "-c", sys.argv[2]], backend="ray", workers=int(sys.argv[1]),
+        max_restarts=1, output_format="jsonl", heartbeat_timeout_s=None,
+    )
+except graphdist.LaunchError as exc:
+    print("ERROR", type(exc).__name__, flush=True)
+import ray
+print("CONNECTED", ray.is_initialized(), flush=True)
+"""
+
+
 def _run_losing_a_node(
-    cpus: list[int], workers: int, *, head: bool = False, args: Sequence[str] = ()
+    cpus: list[int],
+    workers: int,
+    *,
+    head: bool = False,
+    args: Sequence[str] = (),
+    library: bool = False,
 ) -> tuple[int, list[dict[str, Any]], list[str], str, dict[str, float]]:
     """A ``workers``-task run on a cluster of ``cpus`` (one CPU a task, STRICT_SPREAD over the
     three nodes) whose first 1-CPU node that is not the head (or the head) is lost (its raylet,
     and every process of it, killed) once every task runs: (exit, events, output lines, the lost
     node's id, seconds from the loss to the first event of each kind after it: ``restarting``,
-    ``attempt-started``, ``run-ended``)."""
+    ``attempt-started``, ``run-ended``). ``library``: run by :data:`LIBRARY_CALLER`, not the
+    CLI."""
     with simulated_cluster(cpus) as cluster:
         nodes = [n for n in cluster.list_all_nodes() if n is not cluster.head_node]
         victim = (
@@ -58,6 +81,8 @@ def _run_losing_a_node(
         argv = [sys.executable, "-m", "graphdist", "run", "--backend", "ray", *args]
         argv += ["--workers", str(workers), "--max-restarts", "1", "--output-format", "jsonl"]
         argv += ["--heartbeat-timeout", "off", "--", sys.executable, "-c", UP_THEN_SLEEP]
+        if library:
+            argv = [sys.executable, "-c", LIBRARY_CALLER, str(workers), UP_THEN_SLEEP]
         proc = subprocess.Popen(
             argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/"
         )
@@ -150,3 +175,14 @@ def test_a_lost_ray_head_ends_the_run_in_one_line_with_its_summary(tmp_path: Any
     (summary,) = logs.glob("run-*/summary.txt")
     assert "The Ray head is lost" in summary.read_text(), summary.read_text()
     assert took["run-ended"] < FOUND_AT_ONCE_S, took
+
+
+@pytest.mark.timeout(300)
+def test_a_lost_ray_head_leaves_run_commands_caller_disconnected_from_it() -> None:
+    """A process still connected to a Ray whose GCS is gone is ended by Ray itself 60 s later
+    ("Failed to connect to GCS within 60 seconds"; measured: exit 1, no traceback): for a
+    caller of run_command that lives on (a notebook), its kernel. The run disconnects from the
+    Ray it connected to even when the head is lost (red without: "CONNECTED True")."""
+    code, _, lines, _, _ = _run_losing_a_node([1, 1, 1], 3, head=True, library=True)
+    assert code == 0 and "ERROR LaunchError\n" in lines, "".join(lines[-60:])
+    assert lines[-1] == "CONNECTED False\n", "".join(lines[-60:])
