@@ -88,6 +88,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return
 
     def timeout_timer(item: pytest.Item, settings: Any) -> None:
+        if not settings.disable_debugger_detection and pytest_timeout.is_debugging():
+            return original(item, settings)  # which then lets the test run on, untouched
         capman = item.config.pluginmanager.getplugin("capturemanager")
         if capman is not None:  # (again in pytest-timeout's own: a no-op once suspended)
             capman.suspend_global_capture(item)  # fd 1 and 2 back to the worker's own

@@ -37,7 +37,11 @@ def ray_env(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "local")
     import ray
 
-    require_token_auth()
+    try:
+        require_token_auth()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if ray.is_initialized():  # a connection an earlier test of this worker left open
         ray.shutdown()
     reload_ray_token()

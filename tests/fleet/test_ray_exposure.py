@@ -215,6 +215,7 @@ def test_a_ray_node_on_a_network_address_still_gets_loopback_servers(ray_env):
     assert wait_gone(processes_marked(mark), EVENTUALLY_S) == []
 
 
+@needs_ray
 @pytest.mark.timeout(60)
 def test_a_ray_client_servers_failure_names_its_cause_not_an_unreachable_cluster(
     ray_env: str, monkeypatch: pytest.MonkeyPatch
