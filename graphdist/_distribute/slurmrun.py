@@ -202,8 +202,8 @@ class _SlurmPlacement:
 
             self._tls = TlsMode(self.real_cluster)
             self.cluster = self._tls.cluster
-        else:  # the warm agents of the attempt's nodes (those not up from an earlier attempt)
-            agents.ensure(sorted(set(self.nodes.values())))
+        # the warm agents of the attempt's nodes (those not up from an earlier attempt)
+        agents.ensure(sorted(set(self.nodes.values())))
 
     def _node_env(self, task: Task) -> dict[str, str]:
         """What the task's processes on its node get besides the run's env: the bind shim on
@@ -243,17 +243,15 @@ class _SlurmPlacement:
         node_env = [f"{k}={v}" for k, v in self._node_env(task).items()]
         grace = max(STOP_GRACE_S, self.alloc.kill_wait_s)  # Slurm kills at KillWait anyway
         guarded = guarded_argv(self.spec.command, grace_s=grace, name=task.name, parent=True)
+        cold_because = self._warm_client(task, env)
+        if cold_because is None:  # a client of its node's agent, the cold command its fallback
+            guarded = self.agents.client_argv(self.nodes[task.name], task.name, grace, guarded)
         on_node = ["env", *node_env, *guarded]
         stdin = None
         if self._tls is not None:  # the gateway first, the node's credentials on srun's stdin
             real = self.real_cluster.task(task.job, task.index)
             on_node = tls_exec_argv(self.real_cluster, real, on_node)
             stdin = self._tls.host_json(real.host)
-        cold_because = self._warm_client(task, env, grace, on_node)
-        if cold_because is None:
-            on_node = on_node[: 1 + len(node_env)] + self.agents.client_argv(
-                self.nodes[task.name], task.name, grace, on_node[1 + len(node_env) :]
-            )
         step = self.prefix + task.name
         argv = srun_argv(
             self.alloc.jobid,
@@ -276,13 +274,12 @@ class _SlurmPlacement:
             cold_because=cold_because,
         )
 
-    def _warm_client(
-        self, task: Task, env: Mapping[str, str], grace: float, on_node: Sequence[str]
-    ) -> str | None:
+    def _warm_client(self, task: Task, env: Mapping[str, str]) -> str | None:
         """Why ``task`` runs cold on its node, or None: it runs warm, its step a client of the
-        node's agent (:mod:`graphdist._distribute.nodewarm`, which decides again there)."""
-        if self._tls is not None:
-            return "TLS mode's wrapper runs the task cold"
+        node's agent (:mod:`graphdist._distribute.nodewarm`, which decides again there). In TLS
+        mode the client runs behind the task's gateway (:func:`tls_exec_argv` executes it), and
+        the task binds its node's alias: the shim reads where it binds when it binds, from the
+        environment the agent gives the task."""
         node = self.nodes[task.name]
         why = self.agents.why_cold(node)
         if why is not None:

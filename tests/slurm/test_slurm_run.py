@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 import pytest
 
 from graphdist._net.tlsmode import RECEIVED_GLOB
@@ -284,12 +285,18 @@ def test_a_tls_run_trains_behind_the_nodes_gateways_and_restarts_with_fresh_cred
             seen["listening"] = node.run(["ss", "-Hltn"]).stdout.splitlines()
             received = f"ls -d ${{TMPDIR:-/tmp}}/{RECEIVED_GLOB} 2>/dev/null || true"
             seen["received"] = node.run(["sh", "-c", received]).stdout.strip()
-            killed.extend(p for p in node.pids() if _cmdline(p)[1:2] == [script])
+            killed.extend(p for p in node.pids() if _is_command(p, script))
+            guard = psutil.Process(killed[0]).parent()
+            seen["forked_by"] = _cmdline(guard.parent().pid if guard else 0)
             os.kill(killed[0], signal.SIGKILL)
 
     args = ["--jobid", str(alloc), "--tls", "--workers", "2", "--max-restarts", "1"]
     code, events, lines = _run_jsonl(slurm, [*args, "--", *train], look)
     assert code == 0 and len(killed) == 1, "".join(lines[-60:])
+    # every task of both attempts forked from its node's warm agent, behind its gateway
+    started = [e for e in events if e.get("event") == "task-started"]
+    assert len(started) == 4 and all(e["warm"] for e in started), started
+    assert "graphdist._distribute.zygote" in " ".join(seen["forked_by"]), seen["forked_by"]
     first, second = seen["clusters"]
     node = slurm.node(seen["nodes"]["worker-1"])
     assert {a.rsplit(":", 1)[0] for a in first["worker"]} == {
