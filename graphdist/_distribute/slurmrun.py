@@ -291,11 +291,7 @@ class _SlurmPlacement:
         return target if isinstance(target, str) else None
 
     def close(self) -> None:
-        env = self.spec.base_env
-        lost: dict[str, str] = {}
-        with contextlib.suppress(ArgumentError):
-            lost = dead_nodes(self.alloc.nodes, env, self.alloc)
-        left = cancel_steps(self.alloc.jobid, self.prefix, env=env, lost=lost)
+        left = _cancel_steps(self.alloc, self.prefix, self.spec.base_env)
         if self._tls is not None:
             self._tls.close()
             self._tls = None
@@ -305,6 +301,16 @@ class _SlurmPlacement:
                 f"`scancel {' '.join(left)}` ends them",
                 file=sys.stderr,
             )
+
+
+def _cancel_steps(alloc: Allocation, prefix: str, env: Mapping[str, str]) -> list[str]:
+    """Cancel the steps of ``alloc`` named ``prefix...`` and wait for them to be gone, but for
+    those on nodes lost now (Slurm lists a lost node's steps until it calls the node down, many
+    seconds later: a wait for them would hold the run that long); the ids still there."""
+    lost: dict[str, str] = {}
+    with contextlib.suppress(ArgumentError):
+        lost = dead_nodes(alloc.nodes, env, alloc)
+    return cancel_steps(alloc.jobid, prefix, env=env, lost=lost)
 
 
 class _Agents:
@@ -439,7 +445,7 @@ class SlurmRun:
     def close(self) -> None:
         self.agents.close()
         with contextlib.suppress(ArgumentError, OSError, subprocess.SubprocessError):
-            cancel_steps(self.alloc.jobid, f"graphdist-{self.tag}-", env=self.spec.base_env)
+            _cancel_steps(self.alloc, f"graphdist-{self.tag}-", self.spec.base_env)
 
 
 register(SlurmRun)

@@ -373,12 +373,17 @@ UP_THEN_SLEEP = (
 def _run_losing_worker_1s_node(slurm: Any, nodes: int) -> tuple[int, list[Any], list[str], Any]:
     """A 2-worker run in an allocation of ``nodes`` nodes (``--no-kill``: a lost node does not
     end the job) whose worker-1's node is lost (its slurmd and every process killed) once it
-    runs; the node is brought back after."""
+    runs; the node is brought back after. The launcher exits within 5 s of its run's end: it
+    does not wait for the steps Slurm still lists on the lost node (its wait for steps to end
+    is 10 s; Slurm lists them until it calls the node down)."""
     jobid = slurm.salloc(nodes, "--no-kill")
     lost: list[Any] = []
     node_of: dict[str, str] = {}
+    ended: list[float] = []
 
     def lose_worker_1s_node(event: dict[str, Any]) -> None:
+        if event.get("event") == "run-ended":
+            ended.append(time.monotonic())
         if event.get("event") == "attempt-started" and not node_of:
             node_of.update(event["nodes"])
         text = event.get("text", "") if event.get("event") == "line" else ""
@@ -392,6 +397,7 @@ def _run_losing_worker_1s_node(slurm: Any, nodes: int) -> tuple[int, list[Any], 
             slurm, [*args, "--", sys.executable, "-c", UP_THEN_SLEEP], lose_worker_1s_node
         )
         assert lost, "".join(lines[-60:])
+        assert len(ended) == 1 and time.monotonic() - ended[0] < 5.0, "".join(lines[-60:])
         # every step is gone but those on the lost node: Slurm ends them once it calls it down
         left = [s for s in _steps(slurm, jobid, nodes=True) if lost[0].name not in s]
         assert left == [], left
