@@ -408,6 +408,55 @@ def _run_losing_worker_1s_node(slurm: Any, nodes: int) -> tuple[int, list[Any], 
         slurm.scancel(jobid)
 
 
+# graphdist's cancel_steps(wait_s=0) on the login host, timed: prints its seconds
+CANCEL_ONE = (
+    "import sys, time\n"
+    "from graphdist._proc.slurm import cancel_steps\n"
+    "t = time.monotonic()\n"
+    "cancel_steps(sys.argv[1], sys.argv[2], wait_s=0.0)\n"
+    "print(time.monotonic() - t)\n"
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_step_is_cancelled_at_once_while_another_node_of_its_job_does_not_answer(slurm):
+    """While a node of the job does not answer and Slurm has not called it down yet, Slurm
+    holds each ``scancel`` of the job's steps for its MessageTimeout (5 s on this bed; 6.0 s
+    measured), steps on other nodes included, though they get the signal at once.
+    ``cancel_steps(wait_s=0)``, the stop of one task of a broken attempt (a frozen task on a
+    dead machine: one such wait per task before), returns at once, and the step ends."""
+    jobid = slurm.salloc(2, "--no-kill")
+    healthy, lost = (slurm.node(n) for n in _expand(slurm, slurm.job(jobid)))
+    steps = []
+    for i, node in enumerate((healthy, lost)):
+        srun = ["srun", f"--jobid={jobid}", "--overlap", "-N1", "-w", node.name]
+        srun += [f"--job-name=graphdist-t-{i}", "sleep", "300"]
+        out = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        steps.append(slurm.popen(None, srun, **out))
+    killed = False
+    try:
+        deadline = time.monotonic() + 30
+        while len(_steps(slurm, jobid)) < 2:
+            assert time.monotonic() < deadline, _steps(slurm, jobid, nodes=True)
+            time.sleep(0.2)
+        slurm.kill_node(lost)
+        killed = True
+        cancel = [sys.executable, "-c", CANCEL_ONE, str(jobid), "graphdist-t-0"]
+        done = slurm.run(None, cancel, timeout=60, env=QUIET_TF)
+        assert done.returncode == 0, done.stderr[-3000:]
+        took = float(done.stdout.split()[-1])
+        assert took < 2.0, f"cancel_steps took {took:.1f} s: it waited for scancel"
+        assert steps[0].wait(30) != 0  # the healthy node's step got the signal
+    finally:
+        for proc in steps:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+        slurm.scancel(jobid)  # first: a node back before Slurm calls it down stays the job's
+        if killed:
+            slurm.restart_node(lost)
+
+
 @pytest.mark.timeout(300)
 def test_a_lost_node_restarts_the_run_on_the_nodes_left(slurm):
     code, events, lines, lost = _run_losing_worker_1s_node(slurm, 3)
