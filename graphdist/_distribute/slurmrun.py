@@ -202,8 +202,10 @@ class _SlurmPlacement:
 
             self._tls = TlsMode(self.real_cluster)
             self.cluster = self._tls.cluster
-        # the warm agents of the attempt's nodes (those not up from an earlier attempt)
-        agents.ensure(sorted(set(self.nodes.values())))
+        # the warm agents of the nodes of the command's tasks (a ps run's servers are `graphdist
+        # serve` steps: no agent on a node of servers only), those not up from an earlier attempt
+        commands = {n for (job, _), n in zip(names, slots, strict=True) if job not in spec.served}
+        agents.ensure(sorted(commands))
 
     def _node_env(self, task: Task) -> dict[str, str]:
         """What the task's processes on its node get besides the run's env: the bind shim on
