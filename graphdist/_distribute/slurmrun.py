@@ -36,7 +36,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
@@ -305,13 +305,20 @@ class _SlurmPlacement:
             )
 
 
-def _cancel_steps(alloc: Allocation, prefix: str, env: Mapping[str, str]) -> list[str]:
+def _lost_now(alloc: Allocation, env: Mapping[str, str]) -> dict[str, str]:
+    """The nodes of ``alloc`` lost now (``dead_nodes``; none where Slurm cannot say)."""
+    with contextlib.suppress(ArgumentError, OSError, subprocess.SubprocessError):
+        return dead_nodes(alloc.nodes, env, alloc)
+    return {}
+
+
+def _cancel_steps(
+    alloc: Allocation, prefix: str, env: Mapping[str, str], lost: Collection[str] | None = None
+) -> list[str]:
     """Cancel the steps of ``alloc`` named ``prefix...`` and wait for them to be gone, but for
     those on nodes lost now (Slurm lists a lost node's steps until it calls the node down, many
     seconds later: a wait for them would hold the run that long); the ids still there."""
-    lost: dict[str, str] = {}
-    with contextlib.suppress(ArgumentError):
-        lost = dead_nodes(alloc.nodes, env, alloc)
+    lost = _lost_now(alloc, env) if lost is None else lost
     return cancel_steps(alloc.jobid, prefix, env=env, lost=lost)
 
 
@@ -377,11 +384,16 @@ class _Agents:
             else:
                 self.why[node] = f"the warm agent on {node} did not start ({line or 'no word'})"
 
-    def close(self) -> None:
-        for proc in self.procs.values():
+    def close(self, lost: Collection[str] = ()) -> None:
+        """Stop the agents; on a ``lost`` node, only its srun here: Slurm ends the step once it
+        calls the node down, and until then an srun told to stop it waits for the node."""
+        for node, proc in self.procs.items():
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    proc.terminate()  # srun cancels the agent's step: SIGTERM, then KillWait
+                    if node in lost:
+                        proc.kill()
+                    else:  # srun cancels the agent's step: SIGTERM, then KillWait
+                        proc.terminate()
         for proc in self.procs.values():
             try:
                 proc.wait(STOP_GRACE_S + self.alloc.kill_wait_s)
@@ -445,9 +457,10 @@ class SlurmRun:
         return _SlurmPlacement(self.spec, self.alloc, attempt, self.tag, self.agents)
 
     def close(self) -> None:
-        self.agents.close()
+        lost = _lost_now(self.alloc, self.spec.base_env)
+        self.agents.close(lost)
         with contextlib.suppress(ArgumentError, OSError, subprocess.SubprocessError):
-            _cancel_steps(self.alloc, f"graphdist-{self.tag}-", self.spec.base_env)
+            _cancel_steps(self.alloc, f"graphdist-{self.tag}-", self.spec.base_env, lost)
 
 
 register(SlurmRun)

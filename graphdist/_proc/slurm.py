@@ -10,6 +10,7 @@ are found and cancelled: a killed ``srun`` does not always take its step with it
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -106,8 +107,9 @@ def _not_found(argv: Sequence[str]) -> ArgumentError:
 
 
 def _in_background(argv: Sequence[str], env: Mapping[str, str] | None) -> subprocess.Popen[bytes]:
-    """Start a Slurm command whose end nobody waits for (a thread reaps it, and kills it after
-    :data:`QUERY_TIMEOUT_S`)."""
+    """Start a Slurm command whose end the caller does not wait for: a thread reaps it (and
+    kills it after :data:`QUERY_TIMEOUT_S`), not a daemon one, so that the interpreter waits
+    for it at its exit and no such command outlives this process."""
     try:
         proc = subprocess.Popen(
             list(argv),
@@ -126,7 +128,7 @@ def _in_background(argv: Sequence[str], env: Mapping[str, str] | None) -> subpro
             proc.kill()
             proc.wait()
 
-    threading.Thread(target=reap, name="graphdist-slurm-reap", daemon=True).start()
+    threading.Thread(target=reap, name="graphdist-slurm-reap", daemon=False).start()
     return proc
 
 
@@ -301,16 +303,21 @@ def cancel_steps(
     """Send ``signal_name`` to every step of ``jobid`` named ``prefix...`` and wait up to
     ``wait_s`` for them to be gone, but for those on ``lost`` nodes (signalled, not waited
     for: Slurm removes them once it calls the node down); the ids still there after that
-    (normally none). ``scancel`` itself is not waited for: while a node of the job does not
+    (normally none). A KILL's ``scancel`` is not waited for: while a node of the job does not
     answer, and Slurm has not called it down yet, each scancel of the job's steps, those on
     other nodes too, returns only after Slurm's MessageTimeout (10 s by default), although the
-    steps get the signal at once (measured on the test bed: 6.0 s at MessageTimeout=5)."""
+    steps get the signal at once (measured on the test bed: 6.0 s at MessageTimeout=5). Any
+    other signal's is, so that two signals to a step arrive in the order they were sent."""
     steps = step_ids(jobid, prefix, env)
     deadline = time.monotonic() + wait_s
     sent: subprocess.Popen[bytes] | None = None
     while steps:
-        if sent is None or sent.poll() is not None:  # one scancel of this call at a time
-            sent = _in_background(["scancel", f"--signal={signal_name}", *steps], env)
+        argv = ["scancel", f"--signal={signal_name}", *steps]
+        with contextlib.suppress(ArgumentError):
+            if signal_name != "KILL":
+                _slurm(argv, env)
+            elif sent is None or sent.poll() is not None:  # one scancel of this call at a time
+                sent = _in_background(argv, env)
         if time.monotonic() > deadline:
             break
         time.sleep(0.2)
