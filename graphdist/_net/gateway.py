@@ -635,7 +635,8 @@ def _main() -> int:
         print("error: " + json.dumps(to_wire(exc)), flush=True)
         return 2
     print("ready", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:  # ignored from its start: a
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # task's step's, ends with it
     try:  # libuv's loop: less added latency a step than asyncio's (benchmarks/tls.py)
         import uvloop
     except ImportError:  # a dependency, but the relay works on asyncio's own loop too

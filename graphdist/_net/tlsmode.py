@@ -204,7 +204,9 @@ def tls_exec_argv(real: Cluster, task: Task, command: Sequence[str]) -> list[str
     graphdist._net.tlsmode`` reads the host's credentials on stdin (:meth:`TlsMode.host_json`),
     starts the host's gateway for ``task`` (inbound for it, outbound for the tasks elsewhere),
     removes the credentials, and executes ``command`` in its place with stdin on /dev/null (the
-    gateway ends with it)."""
+    gateway ends with it). Slurm sends its stop (SIGTERM) and the preemption notice
+    (``PREEMPT_SIGNAL``) to every process of the step, and the task then saves its checkpoint
+    through the gateway: the gateway ignores both and ends with the task."""
     import sys
 
     cluster = json.dumps(real.as_dict())
@@ -214,10 +216,12 @@ def tls_exec_argv(real: Cluster, task: Task, command: Sequence[str]) -> list[str
 
 def _exec(argv: Sequence[str]) -> int:
     """:func:`tls_exec_argv`'s side; one line and exit status 2 when the gateway cannot start."""
+    import signal
     import sys
 
     from graphdist._exceptions import GraphdistError
     from graphdist._net.gateway import routes, start_gateway
+    from graphdist._proc.process import PREEMPT_SIGNAL
 
     try:
         cluster, job, index, dashes, *command = argv
@@ -226,9 +230,14 @@ def _exec(argv: Sequence[str]) -> int:
         real = Cluster.parse(json.loads(cluster))
         task = real.task(job, int(index))
         folder = credentials_from_stdin()
+        # ignored in the gateway from its start (inherited through exec; see tls_exec_argv),
+        # not in the command this process becomes
+        kept = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, PREEMPT_SIGNAL)}
         try:
             start_gateway(routes(real, [task]), folder)  # it ends with this process's pid
         finally:
+            for sig, handler in kept.items():
+                signal.signal(sig, handler)
             shutil.rmtree(folder, ignore_errors=True)
     except (GraphdistError, ValueError) as exc:
         print(f"graphdist: the TLS gateway of this task did not start: {exc}", file=sys.stderr)

@@ -445,3 +445,55 @@ def _client_of(host: Any, served: Any, creds: str) -> dict[str, Any]:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.splitlines()[-1])
+
+
+TASK_UP = "import time; print('up', flush=True); time.sleep(120)"
+
+
+@pytest.mark.timeout(120)
+def test_a_tasks_gateway_in_its_step_outlives_slurms_stop_and_notice_and_ends_with_it(
+    hosts: Any,
+) -> None:
+    """The wrapper of a TLS run's task step on Slurm (``tls_exec_argv``): Slurm sends its stop
+    (SIGTERM) and the preemption notice (PREEMPT_SIGNAL) to every process of the step, and the
+    task then saves its checkpoint through its gateway, which must still relay. The gateway
+    ignores both and ends with the task (within a second)."""
+    import signal
+
+    import psutil
+
+    from graphdist._cluster import Cluster
+    from graphdist._net.tlsmode import TlsMode, tls_exec_argv
+    from graphdist._proc.process import PREEMPT_SIGNAL
+    from tests.conftest import wait_gone
+
+    host = hosts[0]
+    real = Cluster({"worker": [f"{host.address}:{random.randint(20000, 40000)}"]})
+    task = real.task("worker", 0)
+    mode = TlsMode(real, start=False)
+    argv = tls_exec_argv(real, task, [sys.executable, "-c", TASK_UP])
+    proc = host.popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                      env={**os.environ, **QUIET_TF})  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(mode.host_json(task.host).decode())
+        proc.stdin.close()
+        assert proc.stdout.readline().strip() == "up"
+        (gateway,) = [
+            psutil.Process(p)
+            for p in host.pids()
+            if "graphdist._net.gateway" in " ".join(psutil.Process(p).cmdline())
+        ]
+        assert gateway.ppid() == proc.pid  # the task's: the wrapper executed it in its place
+        for sig in (PREEMPT_SIGNAL, signal.SIGTERM):
+            os.kill(gateway.pid, sig)
+        time.sleep(1.0)
+        assert gateway.is_running() and gateway.status() != psutil.STATUS_ZOMBIE
+        proc.kill()
+        proc.wait(30)
+        assert wait_gone([gateway.pid], 5) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        mode.close()
