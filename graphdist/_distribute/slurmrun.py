@@ -293,7 +293,8 @@ class _SlurmPlacement:
         return target if isinstance(target, str) else None
 
     def close(self) -> None:
-        left = _cancel_steps(self.alloc, self.prefix, self.spec.base_env)
+        env = self.spec.base_env
+        left = cancel_steps(self.alloc.jobid, self.prefix, env=env, lost=_lost_now(self.alloc, env))
         if self._tls is not None:
             self._tls.close()
             self._tls = None
@@ -306,20 +307,12 @@ class _SlurmPlacement:
 
 
 def _lost_now(alloc: Allocation, env: Mapping[str, str]) -> dict[str, str]:
-    """The nodes of ``alloc`` lost now (``dead_nodes``; none where Slurm cannot say)."""
+    """The nodes of ``alloc`` lost now (``dead_nodes``; none where Slurm cannot say): their
+    steps are not waited for when a run or an attempt cancels its own (Slurm lists a lost
+    node's steps until it calls the node down, many seconds later)."""
     with contextlib.suppress(ArgumentError, OSError, subprocess.SubprocessError):
         return dead_nodes(alloc.nodes, env, alloc)
     return {}
-
-
-def _cancel_steps(
-    alloc: Allocation, prefix: str, env: Mapping[str, str], lost: Collection[str] | None = None
-) -> list[str]:
-    """Cancel the steps of ``alloc`` named ``prefix...`` and wait for them to be gone, but for
-    those on nodes lost now (Slurm lists a lost node's steps until it calls the node down, many
-    seconds later: a wait for them would hold the run that long); the ids still there."""
-    lost = _lost_now(alloc, env) if lost is None else lost
-    return cancel_steps(alloc.jobid, prefix, env=env, lost=lost)
 
 
 class _Agents:
@@ -460,7 +453,8 @@ class SlurmRun:
         lost = _lost_now(self.alloc, self.spec.base_env)
         self.agents.close(lost)
         with contextlib.suppress(ArgumentError, OSError, subprocess.SubprocessError):
-            _cancel_steps(self.alloc, f"graphdist-{self.tag}-", self.spec.base_env, lost)
+            cancel_steps(self.alloc.jobid, f"graphdist-{self.tag}-", env=self.spec.base_env,
+                         lost=lost)  # fmt: skip
 
 
 register(SlurmRun)
