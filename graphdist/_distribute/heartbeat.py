@@ -13,9 +13,11 @@ two ways, on one thread (:class:`Heartbeat`), every :data:`PROBE_INTERVAL_S`:
   tracing stop, is left alone: someone is looking at it; its server is not probed while it
   shows ``t``, so its silence does not count either.)
 - **silent**: every MultiWorkerMirroredStrategy worker and ParameterServerStrategy task serves
-  gRPC on its TF_CONFIG address from the moment its strategy is built, and answers
-  ``WorkerService/GetStatus`` from TensorFlow's own gRPC threads in milliseconds, busy or not
-  (5-8 ms mid-training, TF_FACTS). Once a task's server has answered once, a task whose server
+  gRPC on its TF_CONFIG address from the moment its strategy is built, and answers the
+  liveness call of :mod:`graphdist._net.probe` from gRPC's own threads in a millisecond, busy
+  or not. (Not ``WorkerService/GetStatus``: TensorFlow answers that on the server's compute
+  pool, so a worker whose pool threads all sat in kernels left it unanswered for seconds, and
+  was killed as frozen: CI, 2026-12-06.) Once a task's server has answered once, a task whose server
   has not answered for ``timeout_s`` is frozen — if at least :data:`MISSES` probes sent to it in
   that time got no answer by their deadline (so a launcher that was itself descheduled for a
   while, and sent nothing, does not blame its tasks). A frozen process keeps its listening
@@ -240,7 +242,7 @@ class Heartbeat:
         if task.prober is None:
             from graphdist._net.probe import Prober
 
-            task.prober = Prober(address)
+            task.prober = Prober(address, alive=True)
         # a deadline under the timeout, so that MISSES of them fit in it
         deadline = max(self.interval_s, self.timeout_s / (MISSES + 1))
         task.inflight = task.prober._call.future(b"", timeout=deadline)

@@ -322,7 +322,7 @@ class Fleet(Generic[_TaskT]):
         with a real gRPC call of at most ``timeout_s`` seconds (all tasks at once)."""
         timeout_s = check_timeout_s(timeout_s, "timeout_s", PROBE_TIMEOUT_S)
         tasks = list(self._tasks.values()) if tasks is None else tasks
-        results = probe_all([t.address for t in tasks], timeout_s)
+        results = probe_all([t.address for t in tasks], timeout_s, alive=True)
         out = []
         for ft, (answered, error) in zip(tasks, results, strict=True):
             ending = None if answered or not ft.alive else self._ending(ft, error or "")

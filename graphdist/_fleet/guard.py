@@ -337,7 +337,7 @@ class _Watchdog:
         tasks: list[TaskHandle],
     ) -> None:
         try:
-            results = probe_all([t.address for t in tasks], RUN_PROBE_TIMEOUT_S)
+            results = probe_all([t.address for t in tasks], RUN_PROBE_TIMEOUT_S, alive=True)
             for task, (answered, error) in zip(tasks, results, strict=True):
                 key = (task.job, task.index)
                 run.misses[key] = 0 if answered else run.misses.get(key, 0) + 1

@@ -2,7 +2,9 @@
 one home of "a task failed".
 
 A frozen task (SIGSTOP, a stuck machine) still has its port open, so only a real call with a
-deadline tells it apart from a live one. All tasks are probed at once, so a health check takes at
+deadline tells it apart from a live one; a busy one answers it (the liveness call of
+:mod:`graphdist._net.probe`, not TensorFlow's GetStatus, which waits for a free thread of the
+server's compute pool). All tasks are probed at once, so a health check takes at
 most one probe timeout however many tasks are frozen.
 
 How a failed task is *worded* is decided in :mod:`graphdist._failures` (the bottom layer, so the
@@ -78,9 +80,12 @@ class HealthReport(list[TaskHealth]):
         )
 
 
-def probe_all(addresses: Sequence[str], timeout_s: float) -> list[tuple[bool, str | None]]:
-    """Probe every address at once; ``(answered, last gRPC error)`` for each, in order."""
-    with probers(addresses) as each:
+def probe_all(
+    addresses: Sequence[str], timeout_s: float, *, alive: bool
+) -> list[tuple[bool, str | None]]:
+    """Probe every address at once (``alive``: is it alive, else does it serve TensorFlow);
+    ``(answered, last gRPC error)`` for each, in order."""
+    with probers(addresses, alive=alive) as each:
         answered = probe_many(each, timeout_s)
         return [(ok, p.last_error) for ok, p in zip(answered, each, strict=True)]
 

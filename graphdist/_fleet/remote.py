@@ -129,7 +129,7 @@ class RemoteFleet(Fleet[RemoteTask]):
         silent = list(self._tasks.values())
         errors: list[str | None] = []
         while silent:
-            results = probe_all([t.address for t in silent], min(2.0, wait_s))
+            results = probe_all([t.address for t in silent], min(2.0, wait_s), alive=False)
             errors = [e for ok, e in results if not ok]
             closed = [
                 t for t, (ok, e) in zip(silent, results, strict=True) if not ok and _closed(e)

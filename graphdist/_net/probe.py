@@ -1,9 +1,21 @@
-"""Ask a TensorFlow server over gRPC whether it is really serving, without importing TensorFlow.
+"""Ask a TensorFlow server over gRPC whether it is really serving, or alive, without importing
+TensorFlow. Raw bytes travel both ways, so only ``grpcio`` (a TensorFlow dependency, 0.1 s to
+import) is needed.
 
-An open port is not enough (gRPC may be listening while the server is still being built), so
-readiness and health are checked with a real call: ``WorkerService/GetStatus`` with an empty
-request, which every TensorFlow gRPC server answers with the devices it owns. Raw bytes travel
-both ways, so only ``grpcio`` (a TensorFlow dependency, 0.1 s to import) is needed.
+Two questions, two calls:
+
+- **serving** (a start's readiness, a connect): an open port is not enough (gRPC may be
+  listening while the server is still being built), so it is a real call,
+  ``WorkerService/GetStatus`` with an empty request, which every TensorFlow gRPC server answers
+  with the devices it owns.
+- **alive** (``fleet.health()``, a session guard's and a run's heartbeat): a call of a method no
+  server registers (:data:`_ALIVE`), which gRPC's own polling threads answer ``UNIMPLEMENTED``
+  in a millisecond however busy the server is, and which a frozen process (stopped, or hung
+  whole) leaves unanswered. Not GetStatus: TensorFlow answers it on the server's compute pool
+  (as many threads as CPUs), so a healthy task whose pool is taken by kernels that block (two
+  here: a file op waiting on a pipe, a slow ``py_func``) left it unanswered for as long as they
+  ran (``tests/busypool.py``), and the heartbeat killed a busy ParameterServerStrategy
+  worker as frozen (CI, 2026-12-06).
 """
 
 from __future__ import annotations
@@ -43,6 +55,8 @@ RUN_PROBE_TIMEOUT_S = 1.5
 """A session guard's probe of a long run's tasks (every ``guard.PROBE_INTERVAL_S``): a busy task
 on a loaded machine still answers, a frozen task misses every probe."""
 _GET_STATUS = "/tensorflow.WorkerService/GetStatus"
+_ALIVE = "/graphdist.Liveness/Alive"
+"""No server registers it: its ``UNIMPLEMENTED`` comes from gRPC itself, not TensorFlow's pool."""
 # Short reconnect back-off, so a server that starts a moment after a failed probe is seen at once
 # instead of after gRPC's default 1 s back-off: a channel whose server was not listening yet
 # fails every call at once until its next connection attempt, so the longest back-off is how
@@ -60,26 +74,31 @@ _CHANNEL_OPTIONS = [
 
 
 class Prober:
-    """One gRPC channel to one server's address; :meth:`probe` returns whether it answered."""
+    """One gRPC channel to one server's address; :meth:`probe` returns whether it answered:
+    GetStatus (it serves), or with ``alive=True`` the liveness call (it is not frozen)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, *, alive: bool = False) -> None:
         import grpc
 
         self.address = address
+        self.alive = alive
         self._grpc = grpc
         self._channel: Any = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        self._call = self._channel.unary_unary(_GET_STATUS)
+        self._call = self._channel.unary_unary(_ALIVE if alive else _GET_STATUS)
         self.last_error: str | None = None
 
     def probe(self, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-        """True if the server answered GetStatus within ``timeout_s`` seconds."""
+        """True if the server answered within ``timeout_s`` seconds."""
         return self._outcome(self._call.future(b"", timeout=timeout_s))
 
     def _outcome(self, future: Any) -> bool:
-        """Whether ``future`` (a GetStatus call) was answered; keeps the error otherwise."""
+        """Whether ``future`` (this prober's call) was answered; keeps the error otherwise."""
         try:
             future.result()
         except self._grpc.RpcError as exc:
+            if self.alive and exc.code() == self._grpc.StatusCode.UNIMPLEMENTED:
+                self.last_error = None  # the liveness call's answer
+                return True
             self.last_error = f"{exc.code().name}: {exc.details()}"
             return False
         self.last_error = None
@@ -96,12 +115,12 @@ class Prober:
 
 
 @contextlib.contextmanager
-def probers(addresses: Sequence[str]) -> Iterator[list[Prober]]:
-    """One :class:`Prober` per address, all closed at the end (also those built before one
-    failed to be)."""
+def probers(addresses: Sequence[str], *, alive: bool = False) -> Iterator[list[Prober]]:
+    """One :class:`Prober` per address (``alive``: liveness calls), all closed at the end (also
+    those built before one failed to be)."""
     opened: list[Prober] = []
     try:
-        opened += (Prober(address) for address in addresses)
+        opened += (Prober(address, alive=alive) for address in addresses)
         yield opened
     finally:
         for prober in opened:

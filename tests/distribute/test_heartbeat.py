@@ -26,6 +26,8 @@ from graphdist._distribute.heartbeat import (
     process_state,
 )
 from graphdist._net.ports import pick_free_ports, release_ports
+from graphdist._net.probe import Prober
+from tests.busypool import pool_held
 from tests.conftest import EVENTUALLY_S, wait_gone
 
 pytestmark = pytest.mark.timeout(60)
@@ -148,6 +150,36 @@ def test_a_silent_server_is_frozen_and_an_answering_one_never_is(processes):
     assert found >= 2.0  # never before the timeout
     assert "worker-2" not in frozen
     release_ports(ports)
+
+
+@pytest.mark.integration
+def test_a_real_server_whose_compute_pool_is_all_taken_is_not_frozen(
+    graphdist_fleet_factory, tmp_path
+):
+    """A TensorFlow server whose compute-pool threads all sit in kernels answers no GetStatus
+    (what the heartbeat probed before: a busy ParameterServerStrategy worker was killed as
+    frozen, CI 2026-12-06); the heartbeat's liveness call is answered all the same, and it
+    finds the same server frozen by its silence once it is stopped."""
+    fleet = graphdist_fleet_factory("local=2")
+    task = fleet.task("local", 1)
+    with Heartbeat(2.0, interval_s=0.2) as heartbeat:
+        # pids None: its server's answers alone tell (a task on another node)
+        heartbeat.watch("worker-1", task.address, lambda: None)
+        time.sleep(1.0)  # it has answered, idle
+        with pool_held(fleet, "local", 1, str(tmp_path)) as held:
+            with Prober(task.address) as status:
+                assert not status.probe(1.0), "GetStatus answered: the pool is not taken"
+            time.sleep(4.0)  # twice the timeout
+            assert heartbeat.frozen() == {}
+            os.kill(task.pid, signal.SIGSTOP)
+            try:
+                deadline = time.monotonic() + 10.0
+                while "worker-1" not in heartbeat.frozen():
+                    assert time.monotonic() < deadline, heartbeat.frozen()
+                    time.sleep(0.05)
+            finally:
+                os.kill(task.pid, signal.SIGCONT)
+    assert "error" not in held, held.get("error")
 
 
 def test_a_server_that_goes_away_is_not_frozen_but_a_task_between_two_programs(processes):

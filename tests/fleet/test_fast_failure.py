@@ -19,6 +19,8 @@ import tensorflow as tf
 import graphdist
 from graphdist._graph import graphs
 from graphdist._graph.graphs import split_graph
+from graphdist._net.probe import Prober
+from tests.busypool import pool_held
 from tests.conftest import (
     DOCUMENTED_FLEET_OPERATION_TIMEOUT_MS,
     EVENTUALLY_S,
@@ -264,6 +266,32 @@ def test_a_closed_session_is_not_kept_alive_by_the_thread_that_ran_its_steps(fle
     del sess
     gc.collect()
     assert collected() is None
+
+
+def test_a_task_whose_compute_pool_is_all_taken_is_busy_not_frozen(fleet, tmp_path):
+    """Every thread of local:1's compute pool sits in a kernel for longer than the guard takes
+    to call a task frozen (three probes): the guard's probes still get their answers, so a run
+    in flight on it goes on, health() says alive, a new session opens; GetStatus (what the
+    probes were before) goes unanswered meanwhile, which proves the pool is really taken."""
+    graph, out, enqueue = blocking_step(fleet)
+    sess = fleet.session("local", 0, graph=graph)
+    thread, box = run_in_thread(sess, out)  # a run the guard watches, through local:1
+    with pool_held(fleet, "local", 1, str(tmp_path)) as held:
+        with Prober(fleet.task("local", 1).address) as status:
+            assert not status.probe(1.0), "GetStatus answered: the pool is not taken"
+            assert status.last_error is not None and "DEADLINE_EXCEEDED" in status.last_error
+        time.sleep(FROZEN_S)  # where a frozen task is reported by (three probes of 1.5 s)
+        assert thread.is_alive(), box
+        [health] = fleet.health(tasks=[fleet.task("local", 1)])
+        assert health.ok, str(health)
+        fleet.session("local", 1).close()  # its opening probes the task too
+    assert "error" not in held, held.get("error")
+    with fleet.session("local", 0, graph=graph) as other:
+        other.run(enqueue)
+    thread.join(FAST_S)
+    sess.close()
+    assert "error" not in box, box.get("error")
+    assert box["value"] == 42.0
 
 
 @pytest.mark.timeout(300)
