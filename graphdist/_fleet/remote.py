@@ -32,6 +32,7 @@ from graphdist._failures import DEAD, NOT_ANSWERING
 from graphdist._fleet.client import Fleet, FleetState
 from graphdist._fleet.health import probe_all
 from graphdist._fleet.task import TaskView
+from graphdist._net.probe import BUSY_PROBE_S
 from graphdist._validate import timeout_ms
 from graphdist._validate import timeout_s as check_timeout_s
 
@@ -53,6 +54,20 @@ def _closed(error: str | None) -> bool:
     nor timed out): only then is :func:`closed_at_accept` asked."""
     text = (error or "").lower()
     return "closed" in text or "reset" in text
+
+
+def _not_busy(missed: list[tuple[RemoteTask, str | None]]) -> list[tuple[RemoteTask, str | None]]:
+    """``missed`` (a task whose GetStatus failed, and the error) less the servers that are
+    busy, not silent: GetStatus timed out, but the liveness call is answered. TensorFlow
+    answers GetStatus on its compute pool, so a server whose pool threads all sit in another
+    client's kernels misses it for as long as they run; and its gRPC listens only once the
+    server is built, so it serves."""
+    late = [t for t, e in missed if (e or "").startswith("DEADLINE_EXCEEDED")]
+    if not late:
+        return missed
+    alive = probe_all([t.address for t in late], BUSY_PROBE_S, alive=True)
+    busy = {id(t) for t, (ok, _) in zip(late, alive, strict=True) if ok}
+    return [(t, e) for t, e in missed if id(t) not in busy]
 
 
 def closed_at_accept(address: str, wait_s: float = REFUSED_WAIT_S) -> bool:
@@ -130,12 +145,10 @@ class RemoteFleet(Fleet[RemoteTask]):
         errors: list[str | None] = []
         while silent:
             results = probe_all([t.address for t in silent], min(2.0, wait_s), alive=False)
-            errors = [e for ok, e in results if not ok]
-            closed = [
-                t for t, (ok, e) in zip(silent, results, strict=True) if not ok and _closed(e)
-            ]
-            silent = [t for t, (ok, _) in zip(silent, results, strict=True) if not ok]
-            self._refused(closed)
+            missed = [(t, e) for t, (ok, e) in zip(silent, results, strict=True) if not ok]
+            self._refused([t for t, e in missed if _closed(e)])
+            missed = _not_busy(missed)
+            silent, errors = [t for t, _ in missed], [e for _, e in missed]
             if not silent or time.monotonic() >= deadline:
                 break
             time.sleep(0.2)

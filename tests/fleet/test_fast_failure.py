@@ -271,8 +271,9 @@ def test_a_closed_session_is_not_kept_alive_by_the_thread_that_ran_its_steps(fle
 def test_a_task_whose_compute_pool_is_all_taken_is_busy_not_frozen(fleet, tmp_path):
     """Every thread of local:1's compute pool sits in a kernel for longer than the guard takes
     to call a task frozen (three probes): the guard's probes still get their answers, so a run
-    in flight on it goes on, health() says alive, a new session opens; GetStatus (what the
-    probes were before) goes unanswered meanwhile, which proves the pool is really taken."""
+    in flight on it goes on, health() says alive, a new session opens, another client connects
+    (graphdist.connect); GetStatus (what the probes were before) goes unanswered meanwhile,
+    which proves the pool is really taken."""
     graph, out, enqueue = blocking_step(fleet)
     sess = fleet.session("local", 0, graph=graph)
     thread, box = run_in_thread(sess, out)  # a run the guard watches, through local:1
@@ -285,6 +286,8 @@ def test_a_task_whose_compute_pool_is_all_taken_is_busy_not_frozen(fleet, tmp_pa
         [health] = fleet.health(tasks=[fleet.task("local", 1)])
         assert health.ok, str(health)
         fleet.session("local", 1).close()  # its opening probes the task too
+        # another client connecting to the fleet's servers takes it for a serving one
+        graphdist.connect(fleet.cluster, timeout_s=3.0).close()
     assert "error" not in held, held.get("error")
     with fleet.session("local", 0, graph=graph) as other:
         other.run(enqueue)
