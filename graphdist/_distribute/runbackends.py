@@ -60,7 +60,10 @@ class ServerGroup(Protocol):
     """A parameter-server run's servers (worker and ps tasks) as the loop supervises them: a
     dead one is restarted on its address or fails the attempt; a frozen one is killed. Its
     ``tasks`` are :class:`graphdist._fleet.task.TaskHandle`-like (name, job, index, address,
-    pid, alive, exitcode, ``log_tail()``)."""
+    pid, alive, exitcode, ``log_tail()``); ``pids_here``: whether those pids are processes of
+    this machine (not a Slurm or Ray node's), whose state the heartbeat may read."""
+
+    pids_here: bool
 
     @property
     def tasks(self) -> Sequence[Any]: ...

@@ -381,11 +381,16 @@ def _heartbeat(
     for proc in procs:
         heartbeat.watch(proc.result.name, proc.result.task.address, proc.processes)
     for server in [] if fleet is None else fleet.tasks:
-        heartbeat.watch(server.name, server.address, _server_processes(server))
+        heartbeat.watch(server.name, server.address, _server_processes(fleet, server))
     return heartbeat
 
 
-def _server_processes(server: Any) -> Callable[[], list[int]]:
+def _server_processes(fleet: ServerGroup | None, server: Any) -> Callable[[], list[int] | None]:
+    """What the heartbeat may know of ``server``'s processes: its pid, on this machine; None
+    (its server's answers alone tell) where the pid is on another one (a Slurm node's: a
+    process of the same pid here says nothing of it)."""
+    if fleet is None or not fleet.pids_here:
+        return lambda: None
     return lambda: [server.pid] if server.pid is not None and server.alive else []
 
 
@@ -573,5 +578,5 @@ def check_servers(
         run.backoff(decision.wait_s, signals, f"the server of {server.name}")
         fleet.restart(server.job, server.index)
         if heartbeat is not None:
-            heartbeat.watch(server.name, server.address, _server_processes(server))
+            heartbeat.watch(server.name, server.address, _server_processes(fleet, server))
         run.policy.restarted(decision)

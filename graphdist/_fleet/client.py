@@ -121,6 +121,9 @@ class Fleet(Generic[_TaskT]):
     operation_timeout_ms: int | None = None
     gpus: dict[tuple[str, int], list[int]] | None = None
     _tasks: dict[tuple[str, int], _TaskT]
+    pids_here = False
+    """Whether its tasks' pids are processes of this machine (a LocalFleet's are; a Slurm or
+    Ray task's pid is on its node): only then may ``/proc`` be read for them."""
     _state: FleetState = FleetState.CREATED
     _sessions_closed = False
     """Set once the fleet closes: its sessions were closed with it (their guards read it)."""

@@ -331,6 +331,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
     """
 
     backend_name: ClassVar[str] = "local"
+    pids_here = True
     DEFAULT_START_TIMEOUT_S: ClassVar[float] = DEFAULT_START_TIMEOUT_S
     summary: ClassVar[str] = "one process per server on this machine (default)"
     requires: ClassVar[tuple[str, str] | None] = None

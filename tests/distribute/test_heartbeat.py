@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -180,6 +181,27 @@ def test_a_real_server_whose_compute_pool_is_all_taken_is_not_frozen(
             finally:
                 os.kill(task.pid, signal.SIGCONT)
     assert "error" not in held, held.get("error")
+
+
+def test_a_servers_pid_on_another_machine_is_never_read_here(processes):
+    """A Slurm server's pid is its pid on its node: a process of this machine that has the
+    same pid and is stopped (Ctrl-Z) says nothing of it, and must not get the server killed as
+    frozen; a LocalFleet's pids are this machine's, and their state counts."""
+    from graphdist._distribute.supervise import _server_processes
+    from graphdist._fleet.local import LocalFleet
+    from graphdist._fleet.ray import RayFleet
+    from graphdist._fleet.slurm import SlurmFleet
+
+    assert LocalFleet.pids_here and not SlurmFleet.pids_here and not RayFleet.pids_here
+    here = processes(["sleep", "60"])  # has the pid the node's server has, stopped
+    server = types.SimpleNamespace(pid=here.pid, alive=True)
+    here.send_signal(signal.SIGSTOP)
+    with Heartbeat(2.0, interval_s=0.2) as heartbeat:
+        heartbeat.watch("ps-0", None, _server_processes(SlurmFleet, server))
+        heartbeat.watch("worker-0", None, _server_processes(LocalFleet, server))
+        time.sleep(3.0)  # more than the timeout
+        frozen = heartbeat.frozen()
+    assert list(frozen) == ["worker-0"], frozen  # the local one's stop is seen; not the other
 
 
 def test_a_server_that_goes_away_is_not_frozen_but_a_task_between_two_programs(processes):
