@@ -16,8 +16,10 @@ fleet opens carries a :class:`SessionGuard`:
   what it costs in TensorFlow, plus a few microseconds) and is registered with the process's one
   :class:`_Watchdog` thread. For a run older than :data:`CHECK_INTERVAL_S` the watchdog looks at
   the tasks' processes every tick: a death or restart is seen within two ticks; a task that stops
-  answering gRPC (frozen, wedged) is declared ``not answering`` after
-  :data:`MISSES_BEFORE_FROZEN` probes in a row, :data:`PROBE_INTERVAL_S` apart. It then marks
+  answering gRPC (frozen: stopped, or hung whole) is declared ``not answering`` after
+  :data:`MISSES_BEFORE_FROZEN` probes in a row, :data:`PROBE_INTERVAL_S` apart (liveness calls,
+  which gRPC answers however busy TensorFlow's compute pool is: a task whose kernels never end
+  is busy, and its run ends at the operation timeout). It then marks
   the session broken and closes it from another thread, which cancels the step inside
   TensorFlow (``run`` returns within milliseconds, TF_FACTS), and the caller gets the
   :class:`TaskFailedError`.

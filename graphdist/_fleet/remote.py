@@ -32,7 +32,7 @@ from graphdist._failures import DEAD, NOT_ANSWERING
 from graphdist._fleet.client import Fleet, FleetState
 from graphdist._fleet.health import probe_all
 from graphdist._fleet.task import TaskView
-from graphdist._net.probe import BUSY_PROBE_S
+from graphdist._net.probe import PROBE_TIMEOUT_S
 from graphdist._validate import timeout_ms
 from graphdist._validate import timeout_s as check_timeout_s
 
@@ -56,16 +56,19 @@ def _closed(error: str | None) -> bool:
     return "closed" in text or "reset" in text
 
 
-def _not_busy(missed: list[tuple[RemoteTask, str | None]]) -> list[tuple[RemoteTask, str | None]]:
+def _not_busy(
+    missed: list[tuple[RemoteTask, str | None]], timeout_s: float
+) -> list[tuple[RemoteTask, str | None]]:
     """``missed`` (a task whose GetStatus failed, and the error) less the servers that are
-    busy, not silent: GetStatus timed out, but the liveness call is answered. TensorFlow
-    answers GetStatus on its compute pool, so a server whose pool threads all sit in another
-    client's kernels misses it for as long as they run; and its gRPC listens only once the
-    server is built, so it serves."""
+    busy, not silent: GetStatus timed out, but the liveness call is answered within
+    ``timeout_s``. TensorFlow answers GetStatus on its compute pool, so a server whose pool
+    threads all sit in another client's kernels misses it for as long as they run; a frozen
+    one answers neither. (A gRPC server that is not TensorFlow's answers GetStatus at once,
+    ``UNIMPLEMENTED``: never taken for a busy one.)"""
     late = [t for t, e in missed if (e or "").startswith("DEADLINE_EXCEEDED")]
     if not late:
         return missed
-    alive = probe_all([t.address for t in late], BUSY_PROBE_S, alive=True)
+    alive = probe_all([t.address for t in late], timeout_s, alive=True)
     busy = {id(t) for t, (ok, _) in zip(late, alive, strict=True) if ok}
     return [(t, e) for t, e in missed if id(t) not in busy]
 
@@ -147,7 +150,8 @@ class RemoteFleet(Fleet[RemoteTask]):
             results = probe_all([t.address for t in silent], min(2.0, wait_s), alive=False)
             missed = [(t, e) for t, (ok, e) in zip(silent, results, strict=True) if not ok]
             self._refused([t for t, e in missed if _closed(e)])
-            missed = _not_busy(missed)
+            left = deadline - time.monotonic()
+            missed = _not_busy(missed, min(PROBE_TIMEOUT_S, max(0.1, left)))
             silent, errors = [t for t, _ in missed], [e for _, e in missed]
             if not silent or time.monotonic() >= deadline:
                 break

@@ -28,7 +28,6 @@ from typing import Any
 from graphdist._net.ready import FALLBACK_ROUND_S
 
 __all__ = [
-    "BUSY_PROBE_S",
     "DIAGNOSE_PROBE_S",
     "PROBE_TIMEOUT_S",
     "READY_PROBE_S",
@@ -43,7 +42,8 @@ __all__ = [
 
 # Every probe timeout graphdist uses, in seconds, here and nowhere else.
 PROBE_TIMEOUT_S = 1.0
-"""``fleet.health()``'s default: how long a task has to answer a health probe."""
+"""``fleet.health()``'s default: how long a task has to answer a health probe (and, at a
+connect, the liveness call of a server whose GetStatus timed out: busy, or frozen)."""
 READY_PROBE_S = 0.5
 """One round of a start's readiness probes (a server still starting misses it; the next round
 follows at once)."""
@@ -55,8 +55,6 @@ loaded machine answers it, a frozen one does not."""
 RUN_PROBE_TIMEOUT_S = 1.5
 """A session guard's probe of a long run's tasks (every ``guard.PROBE_INTERVAL_S``): a busy task
 on a loaded machine still answers, a frozen task misses every probe."""
-BUSY_PROBE_S = 0.5
-"""The liveness call of a server whose GetStatus timed out at a connect (busy, or frozen)."""
 _GET_STATUS = "/tensorflow.WorkerService/GetStatus"
 _ALIVE = "/graphdist.Liveness/Alive"
 """No server registers it: its ``UNIMPLEMENTED`` comes from gRPC itself, not TensorFlow's pool."""

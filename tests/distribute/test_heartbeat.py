@@ -51,6 +51,19 @@ time.sleep(120)
 """
 
 
+NO_METHODS = """
+import sys, time
+from concurrent import futures
+import grpc
+
+server = grpc.server(futures.ThreadPoolExecutor(2))  # no handler: every method UNIMPLEMENTED
+server.add_insecure_port(sys.argv[1])
+server.start()
+print("serving", flush=True)
+time.sleep(120)
+"""
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -181,6 +194,30 @@ def test_a_real_server_whose_compute_pool_is_all_taken_is_not_frozen(
             finally:
                 os.kill(task.pid, signal.SIGCONT)
     assert "error" not in held, held.get("error")
+
+
+def test_the_liveness_call_counts_unimplemented_as_its_answer_and_nothing_else(processes):
+    """The liveness call's answer is gRPC's own UNIMPLEMENTED (a server with no handler at
+    all, as TensorFlow's has none for it); GetStatus's is not. A stopped server times out and a
+    closed port is refused: neither is an answer."""
+    from graphdist._net.probe import Prober
+
+    ports = pick_free_ports(2)
+    address, closed = (f"127.0.0.1:{port}" for port in ports)
+    server = processes([sys.executable, "-c", NO_METHODS, address])
+    assert server.stdout is not None and server.stdout.readline() == "serving\n"
+    with Prober(address, alive=True) as alive, Prober(address) as status:
+        assert alive.probe(2.0) and alive.last_error is None
+        assert not status.probe(2.0) and (status.last_error or "").startswith("UNIMPLEMENTED")
+        server.send_signal(signal.SIGSTOP)
+        assert not alive.probe(0.5)
+        assert (alive.last_error or "").startswith("DEADLINE_EXCEEDED"), alive.last_error
+        server.send_signal(signal.SIGCONT)
+        assert alive.probe(2.0)
+    with Prober(closed, alive=True) as nothing:
+        assert not nothing.probe(0.5)
+        assert (nothing.last_error or "").startswith("UNAVAILABLE"), nothing.last_error
+    release_ports(ports)
 
 
 def test_a_servers_pid_on_another_machine_is_never_read_here(processes):

@@ -167,6 +167,9 @@ def test_a_frozen_task_is_reported_not_answering(fleet):
         sess, err = fail_mid_run(fleet, freeze, FAST_S + 10)
         seconds = time.monotonic() - frozen[0]
         print(f"\nfrozen task reported {seconds:.2f} s after the freeze")
+        # and another client's connect is not fooled: a frozen server is not a busy one
+        with pytest.raises(graphdist.StartTimeoutError, match="local-1 at "):
+            graphdist.connect(fleet.cluster, timeout_s=2.0)
     finally:
         os.kill(pid, signal.SIGCONT)
     assert (err.task, err.status) == ("local-1", "not answering")
