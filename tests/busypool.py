@@ -51,7 +51,6 @@ def pool_held(fleet: Any, job: str, index: int, folder: str) -> Iterator[dict[st
 
     thread = threading.Thread(target=step, daemon=True, name="pool-held")
     thread.start()
-    reader = None
     try:
         time.sleep(1.0)  # every kernel is in open() by now
         assert thread.is_alive(), box

@@ -450,11 +450,11 @@ class SlurmRun:
         return _SlurmPlacement(self.spec, self.alloc, attempt, self.tag, self.agents)
 
     def close(self) -> None:
-        lost = _lost_now(self.alloc, self.spec.base_env)
+        env = self.spec.base_env
+        lost = _lost_now(self.alloc, env)
         self.agents.close(lost)
         with contextlib.suppress(ArgumentError, OSError, subprocess.SubprocessError):
-            cancel_steps(self.alloc.jobid, f"graphdist-{self.tag}-", env=self.spec.base_env,
-                         lost=lost)  # fmt: skip
+            cancel_steps(self.alloc.jobid, f"graphdist-{self.tag}-", env=env, lost=lost)
 
 
 register(SlurmRun)

@@ -43,20 +43,8 @@ class Answer(grpc.GenericRpcHandler):
         return grpc.unary_unary_rpc_method_handler(lambda request, context: b"")
 
 server = grpc.server(futures.ThreadPoolExecutor(2))
-server.add_generic_rpc_handlers((Answer(),))
-server.add_insecure_port(sys.argv[1])
-server.start()
-print("serving", flush=True)
-time.sleep(120)
-"""
-
-
-NO_METHODS = """
-import sys, time
-from concurrent import futures
-import grpc
-
-server = grpc.server(futures.ThreadPoolExecutor(2))  # no handler: every method UNIMPLEMENTED
+if sys.argv[2:] != ["no-methods"]:  # else no handler: every method UNIMPLEMENTED
+    server.add_generic_rpc_handlers((Answer(),))
 server.add_insecure_port(sys.argv[1])
 server.start()
 print("serving", flush=True)
@@ -200,11 +188,9 @@ def test_the_liveness_call_counts_unimplemented_as_its_answer_and_nothing_else(p
     """The liveness call's answer is gRPC's own UNIMPLEMENTED (a server with no handler at
     all, as TensorFlow's has none for it); GetStatus's is not. A stopped server times out and a
     closed port is refused: neither is an answer."""
-    from graphdist._net.probe import Prober
-
     ports = pick_free_ports(2)
     address, closed = (f"127.0.0.1:{port}" for port in ports)
-    server = processes([sys.executable, "-c", NO_METHODS, address])
+    server = processes([sys.executable, "-c", SERVER, address, "no-methods"])
     assert server.stdout is not None and server.stdout.readline() == "serving\n"
     with Prober(address, alive=True) as alive, Prober(address) as status:
         assert alive.probe(2.0) and alive.last_error is None
