@@ -35,7 +35,7 @@ from graphdist._exceptions import (
     TaskFailedError,
     TaskNotFoundError,
 )
-from graphdist._failures import ALIVE, DEAD, NOT_ANSWERING, dead_detail, how_ended, task_failed
+from graphdist._failures import ALIVE, DEAD, NOT_ANSWERING, dead_detail, task_failed
 from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS, SessionGuard
 from graphdist._fleet.health import HealthReport, TaskHealth, probe_all
 from graphdist._fleet.task import TaskExit, TaskHandle
@@ -45,6 +45,7 @@ from graphdist._graph.session import TASK_FAILURE_ERRORS, session, session_confi
 from graphdist._net.probe import DIAGNOSE_PROBE_S, PROBE_TIMEOUT_S, RECHECK_PROBE_S
 from graphdist._validate import timeout_ms
 from graphdist._validate import timeout_s as check_timeout_s
+from graphdist._verdicts import ProcessFacts, task_status
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -56,8 +57,9 @@ SESSION_CLOSE_WAIT_S = 2.0
 """How long, in seconds, closing a fleet waits for its open sessions to close before it stops
 the servers (they close side by side; one to a frozen master gives up then)."""
 EXIT_NEWS_S = 2.0
-"""How long, in seconds, a health check waits for the exit of a task whose server refuses
-connections while its process still reads as alive (the exit's news is on its way)."""
+"""How long, in seconds, a health check waits for news that is on its way: the end of a task
+whose server refuses connections while its process still runs (a killed process's sockets close
+just before the kernel marks it ended), and the exit status of a task whose process ended."""
 _TaskT = TypeVar("_TaskT", bound=TaskHandle)
 
 
@@ -141,8 +143,8 @@ class Fleet(Generic[_TaskT]):
         self._exits: list[TaskExit] = []
         self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
         self._sessions_closed = False
-        # (job, index) -> the signal kill() is ending it with, while kill() waits for the end
-        self._killing: dict[tuple[str, int], int] = {}
+        # task name -> (pid, signal): the process kill() ended (or is ending), and how
+        self._killed: dict[str, tuple[int | None, int]] = {}
 
     @property
     def state(self) -> FleetState:
@@ -165,6 +167,35 @@ class Fleet(Generic[_TaskT]):
         that is lost, say); as it is by default."""
         return status, detail
 
+    def _facts(self, task: _TaskT, wait_s: float = 0.0) -> ProcessFacts:
+        """What is known of ``task``'s process (see :class:`ProcessFacts`): by default its
+        handle's record, which each backend keeps from its engine (Ray's actor, Slurm's step;
+        LocalFleet asks the kernel). ``wait_s``: how long a backend may wait for the exit status
+        of a process that ended."""
+        ended = not task.alive
+        return ProcessFacts(ended, task.exitcode if ended else None, self._killed_with(task))
+
+    def _killed_with(self, task: _TaskT) -> int | None:
+        """The signal :meth:`kill` ended ``task``'s current process with, if it did."""
+        pid, sig = self._killed.get(task.name, (None, 0))
+        return sig if sig and pid == task.pid else None
+
+    def _status(self, task: _TaskT, answered: bool, error: str = "") -> tuple[str, str]:
+        """``task``'s ``(status, detail)``, by the rule (:func:`graphdist._verdicts.task_status`)
+        over its process's facts, read after its probe answered (``answered``) or failed
+        (``error``): before a backend's :meth:`_explain`. Waits (up to :data:`EXIT_NEWS_S`)
+        only for news on its way: the kernel's word on a process whose server refuses
+        connections, and the exit status of one that ended."""
+        facts = self._facts(task)
+        if not answered and facts.ended is False and error.startswith("UNAVAILABLE"):
+            deadline = time.monotonic() + EXIT_NEWS_S
+            while facts.ended is False and time.monotonic() < deadline:
+                time.sleep(0.02)
+                facts = self._facts(task)
+        if facts.ended and facts.exitcode is None:
+            facts = self._facts(task, EXIT_NEWS_S)
+        return task_status(facts, answered, error)
+
     # -- faults ---------------------------------------------------------------------------------
 
     def kill(self, job: str | None = None, index: int = 0, sig: int = signal.SIGKILL) -> None:
@@ -173,15 +204,12 @@ class Fleet(Generic[_TaskT]):
         may start it again at once). For fault drills; see :meth:`restart`."""
         self._require_running()
         task = self.task(job, index)
-        ending = sig in (signal.SIGKILL, signal.SIGTERM)
-        if ending:  # a guard whose probes fail meanwhile says dead, not "not answering"
-            self._killing[(task.job, task.index)] = sig
+        if sig in (signal.SIGKILL, signal.SIGTERM):  # dead from now on, killed by graphdist
+            self._killed[task.name] = (task.pid, sig)
         try:
             self._kill_task(task, sig)
         finally:
             self._changed()
-            if ending:
-                self._killing.pop((task.job, task.index), None)
 
     def restart(self, job: str | None = None, index: int = 0) -> _TaskT:
         """Start the server of ``job:index`` again on the same address (killing it first if it
@@ -328,34 +356,11 @@ class Fleet(Generic[_TaskT]):
         results = probe_all([t.address for t in tasks], timeout_s, alive=True)
         out = []
         for ft, (answered, error) in zip(tasks, results, strict=True):
-            ending = None if answered or not ft.alive else self._ending(ft, error or "")
-            if ending is not None:
-                status, detail = self._explain(ft, DEAD, ending)
-            elif not ft.alive:
-                status, detail = self._explain(ft, DEAD, dead_detail(ft.exitcode))
-            elif answered:
-                status, detail = ALIVE, ""
-            else:
-                status, detail = self._explain(ft, NOT_ANSWERING, error or "")
+            status, detail = self._status(ft, answered, error or "")
+            if status != ALIVE:
+                status, detail = self._explain(ft, status, detail)
             out.append(TaskHealth(ft.job, ft.index, ft.address, ft.pid, status, detail))
         return HealthReport(out)
-
-    def _ending(self, task: _TaskT, error: str) -> str | None:
-        """How a task that did not answer is ending, if it is, though its process still reads as
-        alive: one :meth:`kill` is ending (it waits for the end), or one whose server refuses or
-        resets connections (UNAVAILABLE) and whose end comes within :data:`EXIT_NEWS_S` (a
-        killed server's socket closes before its parent learns of the exit: a loaded machine,
-        CI 2026-12-05). None: it lives (a frozen task's socket still accepts; only its answer
-        does not come: DEADLINE_EXCEEDED)."""
-        killing = self._killing.get((task.job, task.index))
-        if killing:
-            return how_ended(-killing)
-        if not error.startswith("UNAVAILABLE"):
-            return None
-        deadline = time.monotonic() + EXIT_NEWS_S
-        while task.alive and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return None if task.alive else dead_detail(task.exitcode)
 
     def reopening_session(
         self,
@@ -411,8 +416,12 @@ class Fleet(Generic[_TaskT]):
         )
 
     def dead_tasks(self) -> list[_TaskT]:
-        """Tasks whose process has exited."""
-        return [t for t in self._tasks.values() if t.pid is not None and not t.alive]
+        """Tasks whose process has exited, with their exit status (each waited for up to
+        :data:`EXIT_NEWS_S` where it is still on its way)."""
+        dead = [t for t in self._tasks.values() if t.pid is not None and not t.alive]
+        for task in dead:
+            self._facts(task, EXIT_NEWS_S)
+        return dead
 
     # -- the watcher: the fleet knows when a task dies -------------------------------------------
 
@@ -455,11 +464,13 @@ class Fleet(Generic[_TaskT]):
                 if self.state is not FleetState.RUNNING:
                     break
                 seen[task.name] = task.pid
-                event = TaskExit(task.name, task.pid, task.exitcode, time.monotonic())
+                at = time.monotonic()  # its exit status may still be on its way: wait for it
+                exitcode = self._facts(task, EXIT_NEWS_S).exitcode
+                event = TaskExit(task.name, task.pid, exitcode, at)
                 with self._watch_lock:
                     self._exits.append(event)
                     callbacks = list(self._watchers)
-                log.info("watcher: %s (pid %s) exited with %s", task.name, task.pid, task.exitcode)
+                log.info("watcher: %s (pid %s) exited with %s", task.name, task.pid, exitcode)
                 for callback in callbacks:
                     try:
                         callback(task)

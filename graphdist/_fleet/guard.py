@@ -90,7 +90,7 @@ class GuardedFleet(Protocol):
     def _epoch(self) -> int: ...
     @property
     def _sessions_closed(self) -> bool: ...
-    def _ending(self, task: Any, error: str) -> str | None: ...
+    def _status(self, task: Any, answered: bool, error: str = "") -> tuple[str, str]: ...
     def _diagnose(self, exc: BaseException, timeout_ms: int) -> FleetError | None: ...
     def _explain(self, task: Any, status: str, detail: str) -> tuple[str, str]: ...
 
@@ -346,15 +346,12 @@ class _Watchdog:
                 if run.misses[key] >= MISSES_BEFORE_FROZEN and not run.cancelled:
                     detail = f"{run.misses[key]} gRPC probes in a row unanswered, last: {error}"
                     run.cancelled = True
-                    # a task whose process is gone misses its probes too: dead, not frozen (its
-                    # death may not have reached the fleet's epoch yet on a loaded machine),
-                    # and so does one that is ending (the fleet is killing it, or its server
-                    # refuses connections and its exit's news comes: CI, 2026-12-04)
-                    ending = guard.fleet._ending(task, error or "")
-                    problem = (
-                        guard._gone([task])
-                        or (ending is not None and guard._failed(task, DEAD, ending))
-                        or guard._failed(task, NOT_ANSWERING, detail)
+                    # dead or frozen by the fleet's rule over the process's facts, never by
+                    # which news came first (graphdist._verdicts): a task whose process ended,
+                    # or that the fleet is killing, misses its probes too
+                    status, why = guard.fleet._status(task, False, error or "")
+                    problem = guard._gone([task]) or guard._failed(
+                        task, status, detail if status == NOT_ANSWERING else why
                     )
                     self._cancel(guard, ident, started, problem)
                     return
@@ -496,6 +493,9 @@ class SessionGuard:
         for task in tasks:
             key = self._key(task)
             found = problem_of(task, self.pids.get(key), self.restarts.get(key))
+            if found is not None and found[0] == DEAD:  # how it ended, as the fleet knows it
+                status, detail = self.fleet._status(task, False)
+                found = (status, detail) if status == DEAD else found
             if found is not None:
                 return self._failed(task, *found)
         return None

@@ -32,7 +32,7 @@ from graphdist._exceptions import (
 )
 from graphdist._failures import exited
 from graphdist._fleet.backends import BackendOption, register
-from graphdist._fleet.client import FleetState
+from graphdist._fleet.client import EXIT_NEWS_S, FleetState
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
 from graphdist._net.exposure import ListeningTable
@@ -60,9 +60,11 @@ from graphdist._proc.forkserver import (
     sweep_stale_temp_dirs,
 )
 from graphdist._proc.gpus import GpuPlan, plan_gpus
+from graphdist._proc.pidwatch import PidWatch
 from graphdist._proc.process import STOP_GRACE_S, stop_all
 from graphdist._proc.server import EXIT_PORT_IN_USE, fleet_child
 from graphdist._validate import flag, timeout_ms, timeout_s
+from graphdist._verdicts import ProcessFacts
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -86,6 +88,9 @@ LOG_TAIL_LINES = 12
 LOST_PORT_WAIT_S = 10.0
 """How long, at most, a start waits for a server that another process answered for to exit
 (it lost its port: it exits with EXIT_PORT_IN_USE) or to listen on its port after all."""
+KILL_WAIT_S = 10.0
+"""How long, in seconds, ``kill()`` with SIGKILL or SIGTERM waits for the kernel's word that the
+server's process ended."""
 
 
 GRPC_QUEUES_ENV = "TF_GRPC_WORKER_CACHE_QUEUES"
@@ -222,6 +227,7 @@ class FleetTask(TaskView):
         self.log_path = log_path
         self.restarts = 0
         self._process: Any = None
+        self._pidwatch: PidWatch | None = None  # the kernel's word, once its pid is known
 
     @property
     def pid(self) -> int | None:
@@ -229,11 +235,40 @@ class FleetTask(TaskView):
 
     @property
     def alive(self) -> bool:
-        return self._process is not None and self._process.is_alive()
+        """Whether its process runs, as the kernel says (a pidfd), not as the fork server's
+        exit message says, which a loaded machine delays by seconds."""
+        if self._process is None:
+            return False
+        watch = self._kernel()
+        if watch is not None:
+            return not watch.ended()
+        return bool(self._process.is_alive())
 
     @property
     def exitcode(self) -> int | None:
-        return None if self._process is None else self._process.exitcode
+        """How its process ended, once the fork server's message said (None before)."""
+        code: int | None = None if self._process is None else self._process.exitcode
+        return code
+
+    def _kernel(self) -> PidWatch | None:
+        """The pidfd on its process, opened once its pid is known (never waiting for it)."""
+        if self._pidwatch is None and self._process is not None and self.forked():
+            with contextlib.suppress(Exception):  # its fork server died: no pid to watch
+                pid = self._process.pid
+                if pid is not None:
+                    self._pidwatch = PidWatch(pid)
+        return self._pidwatch
+
+    def facts(self, wait_s: float = 0.0) -> ProcessFacts:
+        """Its process's facts (the kill signal is the fleet's to add): ended as the kernel
+        says; once ended, its exit code, waiting up to ``wait_s`` seconds for the fork server's
+        message."""
+        if self._process is None:
+            return ProcessFacts(ended=None)
+        ended = not self.alive
+        if ended and self.exitcode is None and wait_s > 0:
+            self._process.join(wait_s)
+        return ProcessFacts(ended=ended, exitcode=self.exitcode if ended else None)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
         return read_log_tail(self.log_path, lines)
@@ -245,7 +280,7 @@ class FleetTask(TaskView):
         return popen is None or bool(popen.pid_arrived())
 
     def _start(self, process_class: Any, spec: dict[str, Any]) -> None:
-        self._process = None  # set once started: a process that never started cannot be joined
+        self._forget_process()
         process = process_class(target=fleet_child, args=(spec,), name=f"graphdist-{self.name}")
         process.daemon = False
         process.start()
@@ -255,15 +290,31 @@ class FleetTask(TaskView):
         """Whether its process runs (``process.Stoppable``; the same as :attr:`alive`)."""
         return self.alive
 
+    def _forget_process(self) -> None:
+        """Before a new process: the old one's pidfd is closed; ``_process`` is set once the new
+        one started (a process that never started cannot be joined)."""
+        watch, self._pidwatch, self._process = self._pidwatch, None, None
+        if watch is not None:
+            watch.close()
+
     def signal(self, sig: int) -> None:
-        """Send ``sig`` to its process if it still runs (``process.Stoppable``)."""
-        if self._process is not None and self._process.is_alive():
+        """Send ``sig`` to its process if it still runs (``process.Stoppable``), through its
+        pidfd once it has one (no other process can get it)."""
+        watch = self._kernel()
+        if watch is not None:
+            watch.send(sig)
+        elif self._process is not None and self._process.is_alive():
             with contextlib.suppress(ProcessLookupError, OSError):
                 os.kill(self._process.pid, sig)
 
     def _join(self, timeout_s: float) -> bool:
+        """Whether its process ended within ``timeout_s`` seconds, as the kernel says; its exit
+        code may still be on its way (:meth:`facts` waits for it)."""
         if self._process is None:
             return True
+        watch = self._kernel()
+        if watch is not None:
+            return watch.wait(timeout_s)
         self._process.join(timeout_s)
         return self._process.exitcode is not None
 
@@ -494,7 +545,11 @@ class LocalFleet(OwnedFleet[FleetTask]):
     def _kill_task(self, task: FleetTask, sig: int) -> None:
         task.signal(sig)
         if sig in (signal.SIGKILL, signal.SIGTERM):
-            task._join(10.0)
+            task._join(KILL_WAIT_S)
+
+    def _facts(self, task: FleetTask, wait_s: float = 0.0) -> ProcessFacts:
+        facts = task.facts(wait_s)
+        return ProcessFacts(facts.ended, facts.exitcode, self._killed_with(task))
 
     def _restart_task(self, task: FleetTask) -> None:
         if task.alive:
@@ -661,9 +716,10 @@ class LocalFleet(OwnedFleet[FleetTask]):
 
     def _start_failure(self, ft: FleetTask) -> FleetStartError:
         ft._join(1.0)
+        exitcode = ft.facts(EXIT_NEWS_S).exitcode
         tail = ft.log_tail()
         name = f"{ft.name}"
-        if ft.exitcode == EXIT_PORT_IN_USE:
+        if exitcode == EXIT_PORT_IN_USE:
             holder = port_holder(ft.task.port)
             who = f" by pid {holder}" if holder else ""
             return PortInUseError(
@@ -676,11 +732,11 @@ class LocalFleet(OwnedFleet[FleetTask]):
                 log_tail=tail,
             )
         return FleetStartError(
-            f"Server {exited(f'{name} at {ft.address}', ft.exitcode)} while starting "
+            f"Server {exited(f'{name} at {ft.address}', exitcode)} while starting "
             f"(log: {ft.log_path})",
             task=name,
             address=ft.address,
-            exitcode=ft.exitcode,
+            exitcode=exitcode,
             log_path=ft.log_path,
             log_tail=tail,
         )

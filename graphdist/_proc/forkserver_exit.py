@@ -29,12 +29,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import select
 import shutil
 import sys
 import threading
-import time
 from collections.abc import Callable
+
+from graphdist._proc.pidwatch import gone_within
 
 __all__ = [
     "FOLDER_ENV",
@@ -65,28 +65,10 @@ def _exit_now() -> None:
         _FOLDER is not None
         and os.getpid() == _HOME
         and _OWNER is not None
-        and _gone_within(_OWNER, _OWNER_PIDFD, _OWNER_EXIT_WAIT_S, _POLL_S)
+        and gone_within(_OWNER, _OWNER_PIDFD, _OWNER_EXIT_WAIT_S, _POLL_S)
     ):
         _remove_owner_folder()
     os._exit(0)
-
-
-def _gone_within(pid: int, pidfd: int | None, timeout_s: float | None, poll_s: float) -> bool:
-    """Whether process ``pid`` (``pidfd``: its pidfd, or None to poll) is gone within
-    ``timeout_s`` seconds (None: wait until it is)."""
-    if pidfd is not None:
-        return bool(select.select([pidfd], [], [], timeout_s)[0])
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            pass
-        if deadline is not None and time.monotonic() >= deadline:
-            return False
-        time.sleep(poll_s)
 
 
 def register_exit_hook() -> None:
@@ -119,7 +101,7 @@ def exit_when_gone(
         pidfd = None
 
     def watch() -> None:
-        _gone_within(pid, pidfd, None, poll_s)
+        gone_within(pid, pidfd, None, poll_s)
         if message:
             print(message, flush=True)
         if before_exit is not None:

@@ -184,7 +184,7 @@ def test_a_task_the_fleet_is_still_killing_is_reported_dead_not_frozen(fleet):
     was killing (CI, 2026-12-04). Here the task is stopped (its probes miss, it stays alive)
     while the fleet says it is killing it with SIGKILL: the run fails it as dead."""
     task = fleet.task("local", 1)
-    fleet._killing[("local", 1)] = signal.SIGKILL  # what kill() holds until the end comes
+    fleet._killed[task.name] = (task.pid, signal.SIGKILL)  # what kill() records first
 
     def freeze():
         os.kill(task.pid, signal.SIGSTOP)
@@ -192,10 +192,10 @@ def test_a_task_the_fleet_is_still_killing_is_reported_dead_not_frozen(fleet):
     try:
         sess, err = fail_mid_run(fleet, freeze, FAST_S + 10)
     finally:
-        fleet._killing.clear()
+        fleet._killed.clear()
         os.kill(task.pid, signal.SIGCONT)
     assert (err.task, err.status) == ("local-1", "dead"), str(err)
-    assert "SIGKILL" in str(err), str(err)
+    assert "SIGKILL (exit status 137) by graphdist's kill()" in str(err), str(err)
     assert closes_at_once(sess)
 
 

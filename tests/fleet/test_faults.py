@@ -57,9 +57,10 @@ def test_health_reports_alive_dead_and_not_answering(fleet):
 def test_a_killed_task_whose_exit_news_is_late_is_reported_dead(fleet, killer):
     """A killed server's socket closes before its parent (the fork server) reaps it and tells
     the fleet: a health check in between said "not answering", and so did a run's diagnosis of
-    a task that fleet.kill() was still killing (CI, 2026-12-05). Here the fork server is stopped
-    while the task is killed, from outside or by fleet.kill() (which waits for the end), and
-    resumed 0.5 s into the check: the check reports the task dead, as killed by SIGKILL."""
+    a task that fleet.kill() was still killing (CI, 2026-12-05). Now the kernel's word (a
+    pidfd) decides. Here the fork server is stopped while the task is killed, from outside or
+    by fleet.kill() (which waits for the end), so no news of the exit can come: the task reads
+    dead at once, and the check, once the fork server resumes 0.5 s into it, says how."""
     task = fleet.task("local", 1)
     pid, parent = task.pid, psutil.Process(task.pid).ppid()
     assert parent != os.getpid(), "the task is not the fork server's child"
@@ -70,7 +71,11 @@ def test_a_killed_task_whose_exit_news_is_late_is_reported_dead(fleet, killer):
         else:
             threading.Thread(target=fleet.kill, args=("local", 1), daemon=True).start()
         assert wait_gone([pid], EVENTUALLY_S) == []  # its socket is closed
-        assert task.alive  # no news yet
+        deadline = time.monotonic() + EVENTUALLY_S  # its ~100 threads end after its main one
+        while task.alive and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not task.alive  # the kernel's word ...
+        assert task.exitcode is None  # ... with no news from the fork server
         threading.Timer(0.5, os.kill, (parent, signal.SIGCONT)).start()
         health = fleet.health()
     finally:
