@@ -64,6 +64,7 @@ from graphdist._failures import how_ended
 from graphdist._proc.process import NOW_SIGNAL, TASK_STOP_GRACE_S, stop_all
 from graphdist._proc.restarts import Decision, RestartPolicy
 from graphdist._proc.signals import SignalScope
+from graphdist._verdicts import TaskEnd, restart_cause
 
 if TYPE_CHECKING:
     from graphdist._distribute.runbackends import RunBackend, ServerGroup
@@ -74,10 +75,10 @@ __all__ = ["PREEMPTION_WAIT_S", "RunState", "attempt", "run_attempts", "supervis
 #: checkpoint at a step they agree on first); past it, the first one's exit is a failure.
 PREEMPTION_WAIT_S = 30.0
 
-#: Seconds the launcher waits, once a task exited with an error code, for a peer's death (by a
-#: signal, frozen, or lost with its node) to be reported: a peer's death makes the others fail
-#: fast (a collective's broken connection), and which exit reaches the launcher first is a race
-#: it cannot see (two srun steps on Slurm, under load: CI, 2026-12-05). The death is the cause.
+#: Seconds the launcher waits, once a task failed, for the news of its peers' ends before it
+#: names the cause: which exit reaches the launcher first is a race it cannot see (two srun
+#: steps on Slurm, under load: CI, 2026-12-05), so the cause is decided by a rule over the ends
+#: recorded where they happened (graphdist._verdicts.restart_cause), never by that order.
 CAUSE_WINDOW_S = 1.0
 
 
@@ -457,7 +458,7 @@ def _watch(
             ):
                 _stop(procs, TASK_STOP_GRACE_S)
                 raise _Preempted(code, [p.finish() for p in procs])
-            failed = _cause(procs, failed, signals)
+            failed = _cause(procs, signals)
             ended_at = failed.ended_at_s()
             stop_broken(procs)  # the failed one's guard may still be ending its tree
             results = [p.finish() for p in procs]
@@ -479,28 +480,29 @@ def _watch(
             time.sleep(0.05)
 
 
-def _died(proc: TaskProcess) -> bool:
-    """Whether a task that ended was killed (by a signal other than SIGABRT, which is
-    TensorFlow's own fatal error, often about a peer), found frozen, or lost with its node."""
-    code, result = proc.ended(), proc.result
-    killed = code is not None and code < 0 and code != -signal.SIGABRT
-    marked = (getattr(result, name, None) is not None for name in ("frozen", "lost"))
-    return killed or any(marked)
+def _end(proc: TaskProcess) -> TaskEnd:
+    """A task's end as the rule reads it: when it ended where it ran, how, and whether it was
+    killed as frozen or lost with its node."""
+    result = proc.result
+    return TaskEnd(
+        result.name,
+        proc.ended_at_s(),
+        proc.ended(),
+        frozen=getattr(result, "frozen", None) is not None,
+        lost=getattr(result, "lost", None) is not None,
+    )
 
 
-def _cause(procs: Sequence[TaskProcess], first: TaskProcess, signals: SignalScope) -> TaskProcess:
-    """The task that broke the attempt, of those that failed: ``first`` (the first seen) unless
-    it exited with a code and a task's death is reported within :data:`CAUSE_WINDOW_S`; the
-    earliest death, else the earliest exit."""
+def _cause(procs: Sequence[TaskProcess], signals: SignalScope) -> TaskProcess:
+    """The task that broke the attempt, of those that failed: once every task ended, or
+    :data:`CAUSE_WINDOW_S` after the first failure was seen, by the rule over their recorded
+    ends (:func:`graphdist._verdicts.restart_cause`)."""
     deadline = time.monotonic() + CAUSE_WINDOW_S
-    while not _died(first) and time.monotonic() < deadline:
-        codes = [p.ended() for p in procs]
-        if None not in codes or any(_died(p) for p, c in zip(procs, codes, strict=True) if c):
-            break
+    while time.monotonic() < deadline and any(p.ended() is None for p in procs):
         with signals.interruptible():
             time.sleep(0.05)
-    failed = [p for p in procs if p.ended() not in (None, 0)]
-    return min(failed, key=lambda p: (not _died(p), p.ended_at_s()))
+    failed = {p.result.name: p for p in procs if p.ended() not in (None, 0)}
+    return failed[restart_cause([_end(p) for p in failed.values()]).name]
 
 
 def _forward_notice(procs: Sequence[TaskProcess], notice: int, run: RunState) -> None:

@@ -303,7 +303,10 @@ class GuardedTask(TaskOutput):
             if words[:1] == ["pid"] and len(words) == 2:
                 self.command_pid = int(words[1])
             elif words[:1] == ["exit"] and len(words) == 3 and self.command_exit is None:
-                self.command_exit = (int(words[1]), float(words[2]) - self._run.started)
+                # the guard's wall clock, which hosts agree on (a node's monotonic clock is
+                # its own): how long ago it ended, from now on this run's clock
+                ago = time.time() - float(words[2])
+                self.command_exit = (int(words[1]), time.monotonic() - ago - self._run.started)
 
     def ended(self) -> int | None:
         """The task's exit code once its command has ended: as its guard reports it (before it

@@ -290,8 +290,8 @@ def guarded_argv(
     step daemon does on a node). ``name`` (a
     task's, ``worker-1``) shows in ``ps``; ``report_fd``, an inherited pipe, gets the guard's
     reports: ``pid PID`` once the command runs, ``exit CODE WHEN`` when it has exited (CODE as
-    Popen gives it, WHEN the system's monotonic clock in seconds), before the guard ends what
-    the command left behind."""
+    Popen gives it, WHEN the wall clock in seconds, which the hosts of a run agree on), before
+    the guard ends what the command left behind."""
     owner = os.getpid() if owner is None else owner
     script = os.path.abspath(__file__)
     options = [] if name is None else ["--name", name]
@@ -486,7 +486,7 @@ def guard(
     guard = _Guard(command, grace_s, in_step=in_step, run_child=run_child)
     failed = guard.spawn()
     if failed is not None:
-        _report(report_fd, f"exit {failed} {time.monotonic()!r}")
+        _report(report_fd, f"exit {failed} {time.time()!r}")
         return failed
     _report(report_fd, f"pid {guard.child}")
     stop = 0
@@ -506,10 +506,10 @@ def guard(
             stop = GUARD_DEATH_SIGNAL
     ended_first = guard.status is not None
     if guard.status is not None:  # the command ended by itself: said before its leftovers end
-        _report(report_fd, f"exit {os.waitstatus_to_exitcode(guard.status)} {time.monotonic()!r}")
+        _report(report_fd, f"exit {os.waitstatus_to_exitcode(guard.status)} {time.time()!r}")
     guard.end_tree()
     if not ended_first and guard.status is not None:  # stopped, and ended by the stop
-        _report(report_fd, f"exit {os.waitstatus_to_exitcode(guard.status)} {time.monotonic()!r}")
+        _report(report_fd, f"exit {os.waitstatus_to_exitcode(guard.status)} {time.time()!r}")
     return guard.exit_code(stop or GUARD_DEATH_SIGNAL)
 
 
