@@ -58,8 +58,7 @@ from graphdist._exceptions import ArgumentError, FleetError, FleetStartError, St
 from graphdist._failures import exited
 from graphdist._fleet.backends import backend
 from graphdist._fleet.client import Fleet, FleetState
-from graphdist._fleet.local import LOG_TAIL_LINES, read_log_tail
-from graphdist._fleet.task import TaskView
+from graphdist._fleet.task import LOG_TAIL_LINES, TaskView, read_log_tail
 from graphdist._proc.process import STOP_GRACE_S
 from graphdist._validate import flag, path_text, show, timeout_ms, timeout_s
 

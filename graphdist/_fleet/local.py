@@ -11,21 +11,16 @@ server exits by itself as soon as the fleet's owner process is gone, however it 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
 import signal
-import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import psutil
-
 from graphdist._cluster import Cluster, ClusterLike, Task
 from graphdist._exceptions import (
-    ClusterSpecError,
     ExposedServerError,
     FleetStartError,
     PortInUseError,
@@ -34,19 +29,22 @@ from graphdist._failures import exited
 from graphdist._fleet.backends import BackendOption, register
 from graphdist._fleet.client import EXIT_NEWS_S, FleetState
 from graphdist._fleet.lifecycle import OwnedFleet
-from graphdist._fleet.task import TaskView
+from graphdist._fleet.localchecks import (
+    check_hosts_and_ports,
+    check_loopback,
+    check_tls_served,
+    tls_fleet_cluster,
+)
+from graphdist._fleet.localtask import FleetTask, pid_may_be
 from graphdist._net.exposure import ListeningTable
 from graphdist._net.gateway import tls_flag
 from graphdist._net.loopback import (
     BIND_ADDR_ENV,
-    bind_address_for,
     loopback_library,
     server_bind_address,
 )
 from graphdist._net.members import KEEP_WILDCARD, dial_env, exposed_allow, members_env
 from graphdist._net.ports import (
-    claim_ports,
-    is_port_free,
     port_holder,
     release_claims,
     release_ports,
@@ -60,9 +58,8 @@ from graphdist._proc.forkserver import (
     sweep_stale_temp_dirs,
 )
 from graphdist._proc.gpus import GpuPlan, plan_gpus
-from graphdist._proc.pidwatch import PidWatch
 from graphdist._proc.process import STOP_GRACE_S, stop_all
-from graphdist._proc.server import EXIT_PORT_IN_USE, fleet_child
+from graphdist._proc.server import EXIT_PORT_IN_USE
 from graphdist._validate import flag, timeout_ms, timeout_s
 from graphdist._verdicts import ProcessFacts
 
@@ -84,7 +81,6 @@ __all__ = [
 log = logging.getLogger("graphdist.fleet")
 
 DEFAULT_START_TIMEOUT_S = 60.0
-LOG_TAIL_LINES = 12
 LOST_PORT_WAIT_S = 10.0
 """How long, at most, a start waits for a server that another process answered for to exit
 (it lost its port: it exits with EXIT_PORT_IN_USE) or to listen on its port after all."""
@@ -111,20 +107,6 @@ def grpc_queues() -> str:
     return str(max(1, min(64, cpus)))
 
 
-def read_log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> list[str]:
-    """The last ``lines`` lines of a log file ([] if it cannot be read)."""
-    if not path:
-        return []
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            data = f.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    return [line for line in data.splitlines() if line.strip()][-lines:]
-
-
 def ready_notices() -> ReadyNotices | None:
     """A start's notice socket (:mod:`graphdist._net.ready`) in this process's private
     fork-server folder; None where it cannot be made (the start then probes in rounds)."""
@@ -133,199 +115,6 @@ def ready_notices() -> ReadyNotices | None:
     except (OSError, ValueError) as exc:
         log.debug("no ready notices (%s): the start probes in rounds", exc)
         return None
-
-
-def pid_may_be(task: FleetTask, pid: int) -> bool:
-    """Whether a notice from ``pid`` may be ``task``'s current process (one from a process it
-    had before a restart is not; where its pid is not read yet, any may be)."""
-    return not task.forked() or task.pid == pid
-
-
-def _local_addresses() -> set[str]:
-    names = {"localhost", "0.0.0.0", "::", "::1", socket.gethostname(), socket.getfqdn()}
-    with contextlib.suppress(OSError):
-        for addrs in psutil.net_if_addrs().values():
-            names.update(a.address.split("%")[0] for a in addrs)
-    return {n.lower() for n in names}
-
-
-def _is_local(host: str) -> bool:
-    bare = host.strip("[]").lower()
-    return bare.startswith("127.") or bare in _local_addresses()
-
-
-def check_hosts_and_ports(cluster: Cluster, *, claim_for: object = None) -> None:
-    """Raise before anything starts if a task's host is not this machine, two tasks share a
-    port, or a port is taken.
-
-    Addresses are compared by what they mean, not by their text: every task of a local fleet
-    runs on this machine, so ``localhost:P``, ``127.0.0.1:P`` and ``[::1]:P`` are one port, and
-    a second task there would be answered by the first task's server.
-
-    With ``claim_for`` (a fleet about to start), every port is also claimed for it
-    (:func:`graphdist._net.ports.claim_ports`): of two fleets starting on the same ports at the
-    same moment, one gets them all and the other :class:`PortInUseError` here, naming the port
-    and the process that holds it. The caller releases the claims.
-    """
-    by_port: dict[int, Task] = {}
-    for task in cluster:
-        first = by_port.setdefault(task.port, task)
-        if first is not task:
-            raise ClusterSpecError(
-                f"Tasks {first.name} ({first.address}) and {task.name} "
-                f"({task.address}) are both on port {task.port} of this machine; give each task "
-                "its own port (a spec like 'local=2' picks free ones)",
-                task.address,
-            )
-    for task in cluster:
-        if not _is_local(task.host):
-            raise ClusterSpecError(
-                f"Task {task.name} is at {task.address}, but {task.host!r} is not "
-                "an address of this machine; a local fleet runs its servers here (run "
-                "`graphdist serve` on that host instead)",
-                task.address,
-            )
-    if claim_for is not None:
-        taken = claim_ports(by_port, claim_for)
-        if taken is not None:
-            raise _port_in_use(by_port[taken.port], taken.holder_pid, starting=taken.starting)
-        return
-    for task in cluster:
-        if not is_port_free(task.port):
-            raise _port_in_use(task, port_holder(task.port))
-
-
-def _port_in_use(task: Task, holder: int | None, *, starting: bool = False) -> PortInUseError:
-    """The error for ``task``'s port, held by process ``holder`` (``None``: the system does not
-    tell); ``starting``: a fleet of this user is starting there (it holds the port's claim)."""
-    who = f" by pid {holder}" if holder else ""
-    if starting:
-        who += " (this process)" if holder == os.getpid() else ""
-        who = f"{who or ' by another process'}, which is starting a graphdist fleet on it"
-    return PortInUseError(
-        f"Port {task.port} of task {task.name} ({task.address}) is "
-        f"already in use{who}; stop that process or choose another port "
-        "(a spec like 'local=2' picks free ports)",
-        port=task.port,
-        holder_pid=holder,
-        task=f"{task.name}",
-        address=task.address,
-    )
-
-
-def check_loopback(cluster: Cluster) -> None:
-    """Raise ClusterSpecError if a task is not on a loopback host (needed unless exposed)."""
-    for task in cluster:
-        server_bind_address(task, expose=False)
-
-
-class FleetTask(TaskView):
-    """One server process of a fleet: its task, process, log file and restart count."""
-
-    def __init__(self, task: Task, log_path: str) -> None:
-        self.task = task
-        self.log_path = log_path
-        self.restarts = 0
-        self._process: Any = None
-        self._pidwatch: PidWatch | None = None  # the kernel's word, once its pid is known
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._process is None else self._process.pid
-
-    @property
-    def alive(self) -> bool:
-        """Whether its process runs, as the kernel says (a pidfd), not as the fork server's
-        exit message says, which a loaded machine delays by seconds."""
-        if self._process is None:
-            return False
-        watch = self._kernel()
-        if watch is not None:
-            return not watch.ended()
-        return bool(self._process.is_alive())
-
-    @property
-    def exitcode(self) -> int | None:
-        """How its process ended, once the fork server's message said (None before)."""
-        code: int | None = None if self._process is None else self._process.exitcode
-        return code
-
-    def _kernel(self) -> PidWatch | None:
-        """The pidfd on its process, opened once its pid is known (never waiting for it)."""
-        if self._pidwatch is None and self._process is not None and self.forked():
-            with contextlib.suppress(Exception):  # its fork server died: no pid to watch
-                pid = self._process.pid
-                if pid is not None:
-                    self._pidwatch = PidWatch(pid)
-        return self._pidwatch
-
-    def facts(self, wait_s: float = 0.0) -> ProcessFacts:
-        """Its process's facts (the kill signal is the fleet's to add): ended as the kernel
-        says; once ended, its exit code, waiting up to ``wait_s`` seconds for the fork server's
-        message."""
-        if self._process is None:
-            return ProcessFacts(ended=None)
-        ended = not self.alive
-        if ended and self.exitcode is None and wait_s > 0:
-            self._process.join(wait_s)
-        return ProcessFacts(ended=ended, exitcode=self.exitcode if ended else None)
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
-        return read_log_tail(self.log_path, lines)
-
-    def forked(self) -> bool:
-        """Whether reading :attr:`pid` returns at once (the fork server's answer is in, or it
-        died: reading it then raises ForkServerDiedError); True where nothing was started."""
-        popen = None if self._process is None else self._process._popen
-        return popen is None or bool(popen.pid_arrived())
-
-    def _start(self, process_class: Any, spec: dict[str, Any]) -> None:
-        self._forget_process()
-        process = process_class(target=fleet_child, args=(spec,), name=f"graphdist-{self.name}")
-        process.daemon = False
-        process.start()
-        self._process = process
-
-    def running(self) -> bool:
-        """Whether its process runs (``process.Stoppable``; the same as :attr:`alive`)."""
-        return self.alive
-
-    def _forget_process(self) -> None:
-        """Before a new process: the old one's pidfd is closed; ``_process`` is set once the new
-        one started (a process that never started cannot be joined)."""
-        watch, self._pidwatch, self._process = self._pidwatch, None, None
-        if watch is not None:
-            watch.close()
-
-    def signal(self, sig: int) -> None:
-        """Send ``sig`` to its process if it still runs (``process.Stoppable``), through its
-        pidfd once it has one (no other process can get it)."""
-        watch = self._kernel()
-        if watch is not None:
-            watch.send(sig)
-        elif self._process is not None and self._process.is_alive():
-            with contextlib.suppress(ProcessLookupError, OSError):
-                os.kill(self._process.pid, sig)
-
-    def _join(self, timeout_s: float) -> bool:
-        """Whether its process ended within ``timeout_s`` seconds, as the kernel says; its exit
-        code may still be on its way (:meth:`facts` waits for it)."""
-        if self._process is None:
-            return True
-        watch = self._kernel()
-        if watch is not None:
-            return watch.wait(timeout_s)
-        self._process.join(timeout_s)
-        return self._process.exitcode is not None
-
-    def __repr__(self) -> str:
-        if self._process is None:
-            state = "not started"
-        elif self.alive:
-            state = "running"
-        else:
-            state = f"exited {self.exitcode}"
-        return f"<FleetTask {self.name} at {self.address} pid={self.pid} {state}>"
 
 
 class LocalFleet(OwnedFleet[FleetTask]):
@@ -744,38 +533,6 @@ class LocalFleet(OwnedFleet[FleetTask]):
     def _remove_own_logs(self) -> None:
         if self._own_log_dir and self.log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
-
-
-def tls_fleet_cluster(cluster: Cluster) -> Cluster:
-    """``cluster`` as the servers of a TLS fleet see it (every task at its host's loopback
-    alias); raises :class:`ClusterSpecError` for a task on loopback, which TLS mode would not
-    make reachable (a fleet on loopback needs no TLS)."""
-    from graphdist._net.gateway import tls_cluster
-
-    for task in cluster:
-        if bind_address_for(task.host) is not None:
-            raise ClusterSpecError(
-                f"tls=True is for a cluster on this host's address, and task {task.name} is on "
-                f"{task.host!r} (loopback, which no other machine reaches): name the host's "
-                "address, or drop tls",
-                task.host,
-            )
-    return tls_cluster(cluster)
-
-
-def check_tls_served(served: Cluster) -> None:
-    """The tasks a TLS fleet serves share one host, and it is this machine (one gateway, with
-    that host's certificate); raises :class:`ClusterSpecError` otherwise."""
-    from graphdist._net.gateway import is_here
-
-    hosts = list(dict.fromkeys(t.host for t in served))
-    if len(hosts) != 1 or not is_here(hosts[0]):
-        raise ClusterSpecError(
-            f"tls=True serves tasks on this machine's address, one host per fleet, and these "
-            f"are on {', '.join(hosts)}: "
-            + ("serve each host's tasks there" if len(hosts) != 1 else "is that this machine?"),
-            hosts[0],
-        )
 
 
 register(LocalFleet)

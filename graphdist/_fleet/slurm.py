@@ -39,8 +39,7 @@ from graphdist._exceptions import ClusterSpecError, FleetStartError
 from graphdist._failures import DEAD
 from graphdist._fleet.backends import BackendOption, register
 from graphdist._fleet.lifecycle import OwnedFleet
-from graphdist._fleet.local import read_log_tail
-from graphdist._fleet.task import TaskView
+from graphdist._fleet.task import TaskView, read_log_tail
 from graphdist._net.exposure import ListeningTable
 from graphdist._net.gateway import tls_flag
 from graphdist._net.members import parse_allow

@@ -5,11 +5,15 @@ them imports another for its types."""
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple, Protocol
 
 from graphdist._cluster import Task
 
-__all__ = ["TaskExit", "TaskHandle", "TaskView"]
+__all__ = ["LOG_TAIL_LINES", "TaskExit", "TaskHandle", "TaskView", "read_log_tail"]
+
+LOG_TAIL_LINES = 12
+"""How many of a task's last log lines its errors quote."""
 
 
 class TaskExit(NamedTuple):
@@ -79,3 +83,17 @@ class TaskView:
     @property
     def name(self) -> str:
         return self.task.name
+
+
+def read_log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of a log file ([] if it cannot be read)."""
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line for line in data.splitlines() if line.strip()][-lines:]
