@@ -478,10 +478,12 @@ def cut(line: str) -> str:
 
 _UNFIXABLE = re.compile(
     r"^(?:(?:ModuleNotFoundError|ImportError|SyntaxError|IndentationError|TabError): .*"
-    r"|\S*python[\d.]*: (?:can't open file .*|No module named .*))$"
+    r"|\S*python[\d.]*: (?:can't open file .*|No module named .*"
+    r"|Error while finding module specification for .*))$"
 )
 """The last line of a Python task that failed in a way no restart fixes: a module it imports
-is missing, its code does not parse, its script or ``-m`` module does not exist."""
+is missing, its code does not parse, its script or ``-m`` module does not exist (a dotted
+``-m a.b`` whose package is missing says "Error while finding module specification")."""
 
 
 def unfixable_error(tail: Sequence[str]) -> str | None:

@@ -386,6 +386,7 @@ def test_a_run_that_keeps_failing_at_start_gives_up_early_and_says_so():
         (["-c", "def broken(:"], "SyntaxError: "),
         (["/nonexistent/train.py"], "can't open file '/nonexistent/train.py'"),
         (["-m", "graphdist_no_such_module"], "No module named graphdist_no_such_module"),
+        (["-m", "graphdist_no_such.module"], "Error while finding module specification for "),
     ],
 )
 def test_a_task_that_cannot_start_spends_no_restart(command, error):

@@ -291,3 +291,33 @@ def test_a_parts_restart_keeps_the_wholes_uptime_and_the_wholes_restart_resets_i
     policy.restarted(decision)  # the whole: its uptime counts from 12 s
     clock.now = 14.0
     assert policy.failed().startup_failures == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-m", "graphdist_no_such_module"],
+        ["-m", "graphdist_no_such.module"],  # a dotted -m says it another way
+        ["/nonexistent/train.py"],
+        ["-c", "import graphdist_no_such_module"],
+        ["-c", "def broken(:"],
+    ],
+)
+def test_the_interpreters_own_start_up_errors_are_unfixable(argv):
+    """What this Python really prints when a task cannot start, fed to the matcher (issue 57:
+    a dotted `-m` spent every restart)."""
+    import subprocess
+    import sys
+
+    from graphdist._distribute.taskproc import unfixable_error
+
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert unfixable_error(done.stderr.splitlines()) is not None, done.stderr
+
+
+def test_an_error_a_restart_may_fix_is_not_unfixable():
+    from graphdist._distribute.taskproc import unfixable_error
+
+    assert unfixable_error(["tensorflow.python.framework.errors_impl.UnavailableError: x"]) is None
+    assert unfixable_error([]) is None
