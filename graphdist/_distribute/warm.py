@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from graphdist._exceptions import ArgumentError
-from graphdist._proc.process import _stat
+from graphdist._proc.process import _stat, stop_processes
 from graphdist._registry import Option
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "PRELOAD_DEFAULT",
     "PRELOAD_OPTION",
     "READY_TIMEOUT_S",
+    "ZYGOTE_STOP_S",
     "WarmProc",
     "WarmTarget",
     "Zygote",
@@ -94,6 +95,9 @@ _FD_ENV = "GRAPHDIST_ZYGOTE_FD"
 _MSG_MAX = 1 << 20  # one request: a task's environment and command
 #: Seconds the launcher waits for a zygote's preloads to import before it gives up on it.
 READY_TIMEOUT_S = 300.0
+#: Seconds a zygote (or a warm agent's session) gets to end its guards, each of which grants
+#: its task the guard's grace, before it is SIGKILLed.
+ZYGOTE_STOP_S = 10.0
 
 
 #: ``--preload``: a run backend's option where its tasks can run warm (local, slurm, ray).
@@ -533,24 +537,19 @@ class Zygote:
             return
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_processes([self.proc], grace_s=ZYGOTE_STOP_S)
         self.pump()
         self._sock.close()
 
     def _end_session(self) -> None:
         """A warm agent's session ends as a zygote does once its launcher's end closes: it
         SIGTERMs its guards, which end their tasks, and exits once they are gone, which closes
-        its end; SIGKILL (by its pid, the agent's child: our user's) if that takes over 10 s."""
+        its end; SIGKILL (by its pid, the agent's child: our user's) if that takes over
+        :data:`ZYGOTE_STOP_S`. Not :func:`stop_processes`: the stop is the socket's end, not a
+        SIGTERM, and the session is not our child to reap."""
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_WR)
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + ZYGOTE_STOP_S
         while not self._gone and time.monotonic() < deadline:
             self.wait_message(0.1)
             self.pump()

@@ -57,7 +57,12 @@ from graphdist._distribute.warm import (
 from graphdist._distribute.zygote import TASK_SIGNALS, _end_orphans, _reap, _title, serve
 from graphdist._exceptions import ArgumentError, StateError
 from graphdist._private import private_dir, runtime_dir
-from graphdist._proc.process import _PR_SET_CHILD_SUBREAPER, _prctl, set_parent_death_signal
+from graphdist._proc.process import (
+    _PR_SET_CHILD_SUBREAPER,
+    _prctl,
+    set_parent_death_signal,
+    stop_all,
+)
 
 __all__ = [
     "IDLE_TIMEOUT_S",
@@ -227,14 +232,7 @@ def stop_agent(preload: Sequence[str], wait_s: float = 10.0) -> AgentRecord | No
         record = live_agent(preload)
         if record is None:
             return None
-        for sig, wait in ((signal.SIGTERM, wait_s), (signal.SIGKILL, wait_s)):
-            if record.alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(record.pid, sig)
-            deadline = time.monotonic() + wait
-            while record.alive() and time.monotonic() < deadline:
-                time.sleep(0.05)
-        if record.alive():
+        if stop_all([ProcessRef(record.pid, record.create_time)], wait_s, wait_s):
             raise StateError(f"The warm agent (pid {record.pid}) did not end", path)
         with contextlib.suppress(OSError):
             os.unlink(path)

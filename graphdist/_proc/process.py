@@ -5,6 +5,8 @@ parent's, and waits for processes to be gone.
   then SIGKILL to the rest and up to ``kill_wait_s`` more. Fleets (their server processes), the
   launcher (each task's guard) and detached fleets (recorded pids) all stop this way; each wraps its
   processes in a small object with ``signal(sig)`` and ``running()`` (:class:`Stoppable`).
+  :func:`stop_processes` does the same for child processes (``Popen``), reaping them: a gateway,
+  a zygote, ``srun`` and the like. Nothing else in graphdist writes that escalation by hand.
 - :func:`set_parent_death_signal` asks the kernel to signal the calling process (SIGKILL unless
   told otherwise) when its parent thread exits (``PR_SET_PDEATHSIG``); the guard below uses it so
   that nothing outlives its owner.
@@ -44,7 +46,10 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    import subprocess
 
 __all__ = [
     "KILL_WAIT_S",
@@ -60,6 +65,7 @@ __all__ = [
     "marked",
     "set_parent_death_signal",
     "stop_all",
+    "stop_processes",
     "wait_gone",
 ]
 
@@ -107,17 +113,60 @@ def _wait(targets: list[_S], seconds: float) -> list[_S]:
 
 
 def stop_all(
-    targets: Iterable[_S], grace_s: float = STOP_GRACE_S, kill_wait_s: float = KILL_WAIT_S
+    targets: Iterable[_S],
+    grace_s: float = STOP_GRACE_S,
+    kill_wait_s: float = KILL_WAIT_S,
+    *,
+    before_kill: Callable[[list[_S]], object] | None = None,
 ) -> list[_S]:
     """SIGTERM every running target, wait up to ``grace_s`` seconds, SIGKILL the rest and wait up
-    to ``kill_wait_s``; return the targets still running after that (normally none)."""
+    to ``kill_wait_s``; return the targets still running after that (normally none).
+    ``before_kill(live)``, where given, runs once the grace is over (or every target has
+    exited: ``live`` is then empty), before the SIGKILL: a Slurm fleet cancels its steps there."""
     live = [t for t in targets if t.running()]
     for target in live:
         target.signal(signal.SIGTERM)
     live = _wait(live, grace_s)
+    if before_kill is not None:
+        before_kill(live)
+        live = [t for t in live if t.running()]
     for target in live:
         target.signal(signal.SIGKILL)
     return _wait(live, kill_wait_s)
+
+
+class _Child:
+    """A child process (``Popen``) for :func:`stop_all`; asking whether it runs reaps it."""
+
+    def __init__(self, proc: subprocess.Popen[Any]) -> None:
+        self.proc = proc
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(OSError):  # gone and reaped in between
+            self.proc.send_signal(sig)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+
+def stop_processes(
+    procs: Iterable[subprocess.Popen[Any]],
+    grace_s: float = STOP_GRACE_S,
+    kill_wait_s: float = KILL_WAIT_S,
+    *,
+    before_kill: Callable[[Sequence[subprocess.Popen[Any]]], object] | None = None,
+) -> list[subprocess.Popen[Any]]:
+    """:func:`stop_all` for this process's children: SIGTERM, up to ``grace_s`` seconds, SIGKILL,
+    up to ``kill_wait_s``, each reaped once it has exited; the children still running after that
+    (normally none). ``before_kill(live)`` runs once the grace is over, as for :func:`stop_all`,
+    with the children still running then."""
+
+    def hook(live: list[_Child]) -> None:
+        if before_kill is not None:
+            before_kill([child.proc for child in live])
+
+    left = stop_all([_Child(p) for p in procs], grace_s, kill_wait_s, before_kill=hook)
+    return [child.proc for child in left]
 
 
 def _prctl(option: int, value: int) -> bool:
