@@ -29,7 +29,6 @@ import collections
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -44,6 +43,7 @@ from graphdist._distribute.runspec import RunSpec, check_folder
 from graphdist._distribute.taskproc import LINE_LIMIT, RunSink, TaskOutput, TaskResult
 from graphdist._distribute.warm import PRELOAD_OPTION, check_preload, warm_target
 from graphdist._exceptions import ArgumentError, LaunchError
+from graphdist._net.probe import GCS_PROBE_S, tcp_connect_error
 from graphdist._proc.process import STOP_GRACE_S, guarded_argv
 from graphdist._proc.signals import SignalScope
 from graphdist._registry import Option
@@ -87,11 +87,8 @@ class _Head:
     def _probe(self) -> str | None:
         assert self.address is not None
         host, _, port = self.address.rpartition(":")
-        try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
-        except OSError as exc:
-            return exc.strerror or str(exc)
-        return None
+        exc = tcp_connect_error(host, int(port), GCS_PROBE_S)
+        return None if exc is None else exc.strerror or str(exc)
 
     def _watch(self) -> None:
         misses = 0

@@ -67,6 +67,7 @@ from graphdist._net.exposure import ListeningTable, check_listening, is_loopback
 from graphdist._net.gateway import tls_flag
 from graphdist._net.loopback import BIND_ADDR_ENV, shim_env
 from graphdist._net.members import ALLOW_ENV, exposed_allow
+from graphdist._net.probe import GCS_CONNECT_S, RAYLET_PROBE_S, tcp_connect_error
 from graphdist._validate import flag, positive, show, timeout_ms, timeout_s
 
 __all__ = [
@@ -379,21 +380,15 @@ def _resolved_address(address: str) -> str:
         return address
 
 
-GCS_CONNECT_S = 5.0
-"""Seconds a Ray cluster's address gets to take a TCP connection before it is called
-unreachable (Ray itself retries for minutes)."""
-
-
 def _check_reachable(address: str) -> None:
     """Raise ConnectionError at once where ``address`` (``HOST:PORT``) takes no connection;
     other forms (``auto``, ``ray://...``) are left to Ray."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or "/" in address:
         return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=GCS_CONNECT_S).close()
-    except OSError as exc:
-        raise ConnectionError(f"{host}:{port} takes no connection: {exc.strerror or exc}") from None
+    exc = tcp_connect_error(host, int(port), GCS_CONNECT_S)
+    if exc is not None:
+        raise ConnectionError(f"{host}:{port} takes no connection: {exc.strerror or exc}")
 
 
 def place_bundles(
@@ -458,9 +453,8 @@ def _node_lost(node: Mapping[str, Any] | None) -> str | None:
     if not node.get("Alive", False):
         return "Ray reports it dead"
     ip, port = str(node.get("NodeManagerAddress")), int(node.get("NodeManagerPort") or 0)
-    try:
-        socket.create_connection((ip, port), timeout=1.0).close()
-    except OSError as exc:
+    exc = tcp_connect_error(ip, port, RAYLET_PROBE_S)
+    if exc is not None:
         return f"its raylet at {ip}:{port} does not answer: {exc.strerror or exc}"
     return None
 
