@@ -63,6 +63,8 @@ __all__ = [
     "guard",
     "guarded_argv",
     "marked",
+    "proc_stat",
+    "set_child_subreaper",
     "set_parent_death_signal",
     "stop_all",
     "stop_processes",
@@ -182,6 +184,12 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
     return _prctl(_PR_SET_PDEATHSIG, sig)
 
 
+def set_child_subreaper() -> bool:
+    """Make this process a child subreaper (``PR_SET_CHILD_SUBREAPER``): every orphan among its
+    descendants is re-parented to it, not to init. Returns False where ``prctl`` is unavailable."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
 def _gone(pid: int) -> bool:
     import psutil  # here, not at the top: the guard runs this file without site-packages
 
@@ -205,7 +213,7 @@ def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
 # --- descendants and the guard -------------------------------------------------------------------
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
+def proc_stat(pid: int) -> tuple[str, int] | None:
     """(state, parent pid) from /proc/PID/stat, None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -219,7 +227,7 @@ def _children_by_scan() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            stat = _stat(int(entry))
+            stat = proc_stat(int(entry))
             if stat is not None:
                 children.setdefault(stat[1], []).append(int(entry))
     return children
@@ -260,7 +268,7 @@ def descendants(pid: int) -> list[int]:
             if kid not in found and kid != pid:
                 found.append(kid)
                 todo.append(kid)
-    return [p for p in found if (_stat(p) or ("Z", 0))[0] not in ("Z", "X")]
+    return [p for p in found if (proc_stat(p) or ("Z", 0))[0] not in ("Z", "X")]
 
 
 #: The environment variable that marks every process of one launched task (its guard passes it
@@ -284,7 +292,7 @@ def marked(value: str, env: str = MARK_ENV) -> list[int]:
                 environ = f.read()
         except OSError:  # gone, or another user's
             continue
-        if needle in environ.split(b"\0") and (_stat(int(entry)) or ("Z", 0))[0] not in "ZX":
+        if needle in environ.split(b"\0") and (proc_stat(int(entry)) or ("Z", 0))[0] not in "ZX":
             found.append(int(entry))
     return found
 
@@ -529,7 +537,7 @@ def guard(
     # Signals first: from here on a stop request waits for us instead of killing us.
     signal.pthread_sigmask(signal.SIG_BLOCK, _GUARD_SIGNALS)
     set_parent_death_signal(GUARD_DEATH_SIGNAL)
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    set_child_subreaper()
     if os.getppid() != owner:  # the owner died before the death signal was armed
         return 128 + GUARD_DEATH_SIGNAL
     guard = _Guard(command, grace_s, in_step=in_step, run_child=run_child)
