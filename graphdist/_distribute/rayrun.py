@@ -435,7 +435,7 @@ class _RayPlacement:
         """``place_s``: how long Ray may take to place the bundles (and gateways), at most
         :data:`PLACE_TIMEOUT_S`, less where the run's deadline comes sooner."""
         from graphdist._fleet.ray import (
-            _driver_node,
+            driver_node,
             live_nodes,
             place_bundles,
             plan_hosts,
@@ -463,7 +463,7 @@ class _RayPlacement:
         try:
             self._hosts = plan_hosts(
                 [(node, ip) for ip, _, node in self._spots],
-                _driver_node(),
+                driver_node(),
                 expose=spec.expose or spec.tls,
             )
             jobs: dict[str, list[str]] = {}
@@ -496,11 +496,11 @@ class _RayPlacement:
         which restarts the run); returns once every one answers. Ray supervises them: None."""
         import ray
 
-        from graphdist._fleet.ray import _ServerActor
+        from graphdist._fleet.ray import ServerActor
         from graphdist._fleet.remote import RemoteFleet
         from graphdist._net.loopback import shim_env
 
-        actor_class = ray.remote(_ServerActor)
+        actor_class = ray.remote(ServerActor)
         for i, task in enumerate(self.cluster):
             if task.job not in jobs:
                 continue
@@ -515,7 +515,7 @@ class _RayPlacement:
                 ).remote(self.cluster.as_dict(), task.job, task.index, self._hosts[i])
             )
         with signals.interruptible():
-            RemoteFleet(self.cluster.subset(sorted(jobs)))._wait_answering(
+            RemoteFleet(self.cluster.subset(sorted(jobs))).wait_answering(
                 signals.budget(PLACE_TIMEOUT_S)
             )
 

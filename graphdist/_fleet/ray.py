@@ -73,8 +73,10 @@ from graphdist._validate import flag, positive, show, timeout_ms, timeout_s
 __all__ = [
     "RayFleet",
     "RayTask",
+    "ServerActor",
     "TlsGateways",
     "connect_ray",
+    "driver_node",
     "live_nodes",
     "place_bundles",
     "plan_hosts",
@@ -86,7 +88,7 @@ STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
 LOOPBACK = "127.0.0.1"
 
 
-class _ServerActor:
+class ServerActor:
     """Runs in a Ray actor: one TensorFlow server, started when the actor is (re)created.
 
     The process was started with the bind shim set to its node's address (so that Ray's own
@@ -555,7 +557,7 @@ def _init_loopback_ray(runtime_env: dict[str, Any] | None = None) -> None:
         )
 
 
-def _driver_node() -> tuple[str, str] | None:
+def driver_node() -> tuple[str, str] | None:
     """This process's Ray ``(node id, node IP)``; ``None`` for a Ray client (it may run
     anywhere)."""
     import ray
@@ -868,7 +870,7 @@ class RayFleet(OwnedFleet[RayTask]):
             len(names), self.strategy, self.cpus_per_task, self.start_timeout_s, "servers"
         )
         hosts = plan_hosts(
-            [(node, ip) for ip, _, node in spots], _driver_node(), expose=self.expose or self.tls
+            [(node, ip) for ip, _, node in spots], driver_node(), expose=self.expose or self.tls
         )
         if self.expose:
             exposed = sorted({h for h in hosts if not is_loopback_ip(h)})
@@ -894,7 +896,7 @@ class RayFleet(OwnedFleet[RayTask]):
         members = ray_members(self.allow) if self.expose or self.tls else {}
         if self.tls:
             hosts = self._start_gateways(names, spots)
-        actor_class = ray.remote(_ServerActor)
+        actor_class = ray.remote(ServerActor)
         spec = self.cluster.as_dict()
         for i, ((job, index), host, (ip, _, node)) in enumerate(
             zip(names, hosts, spots, strict=True)
@@ -905,7 +907,7 @@ class RayFleet(OwnedFleet[RayTask]):
                 "max_restarts": -1,
                 "name": f"graphdist-{os.getpid()}-{id(self):x}-{job}-{index}",
                 # The shim is set to the node's address for Ray's own sockets in the process;
-                # the actor switches it to ``host`` for its server (see _ServerActor).
+                # the actor switches it to ``host`` for its server (see ServerActor).
                 "runtime_env": {"env_vars": {**shim_env(ip, inherit=True), **members}},
             }
             actor = actor_class.options(**options).remote(spec, job, index, host)

@@ -138,7 +138,9 @@ class RemoteFleet(Fleet[RemoteTask]):
         TLS mode)."""
         return self.real_cluster.task(task.job, task.index)
 
-    def _wait_answering(self, wait_s: float) -> None:
+    def wait_answering(self, wait_s: float) -> None:
+        """Return once every server answers (a busy one counts); :class:`StartTimeoutError`
+        naming the silent ones after ``wait_s`` seconds (a refusal is said at once)."""
         deadline = time.monotonic() + wait_s
         silent = list(self._tasks.values())
         errors: list[str | None] = []
@@ -279,7 +281,7 @@ def connect(
     wait_s = check_timeout_s(timeout_s, "timeout_s", DEFAULT_CONNECT_TIMEOUT_S)
     fleet = RemoteFleet(cluster, operation_timeout_ms=operation_timeout_ms, tls=tls)
     try:
-        fleet._wait_answering(wait_s)
+        fleet.wait_answering(wait_s)
     except BaseException:
         fleet.close()
         raise
