@@ -5,6 +5,7 @@ signals them when their faults are due, and cleans up whatever a run left."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import queue
@@ -44,13 +45,14 @@ from graphdist._faults.faults import (
     Missed,
     OutputLine,
     RunOutcome,
-    _marks,
     freeze,
     hang,
     kill,
 )
 
 __all__ = ["FaultInjector"]
+
+_marks = itertools.count()  # each run's mark: this process's pid, this count, a random part
 
 
 # --- the runner -----------------------------------------------------------------------------------
