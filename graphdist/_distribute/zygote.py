@@ -68,7 +68,7 @@ def serve(sock: socket.socket, ignored: frozenset[int] | None = None) -> int:
     if ignored is not None:
         _ignored_at_start = ignored
     # a subreaper: what a guard SIGKILLed left of its task's tree (a process forked without
-    # exec, which carries no mark in /proc/PID/environ) comes here, and is ended (_orphans)
+    # exec, which carries no mark in /proc/PID/environ) comes here, and is ended (end_orphans)
     set_child_subreaper()
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
