@@ -6,7 +6,7 @@ parent's, and waits for processes to be gone.
   launcher (each task's guard) and detached fleets (recorded pids) all stop this way; each wraps its
   processes in a small object with ``signal(sig)`` and ``running()`` (:class:`Stoppable`).
   :func:`stop_processes` does the same for child processes (``Popen``), reaping them: a gateway,
-  a zygote, ``srun`` and the like. Nothing else in graphdist writes that escalation by hand.
+  a zygote, ``srun`` and the like. Nothing outside this file writes that escalation by hand.
 - :func:`set_parent_death_signal` asks the kernel to signal the calling process (SIGKILL unless
   told otherwise) when its parent thread exits (``PR_SET_PDEATHSIG``); the guard below uses it so
   that nothing outlives its owner.
