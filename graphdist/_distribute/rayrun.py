@@ -29,7 +29,6 @@ import collections
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -44,6 +43,7 @@ from graphdist._distribute.runspec import RunSpec, check_folder
 from graphdist._distribute.taskproc import LINE_LIMIT, RunSink, TaskOutput, TaskResult
 from graphdist._distribute.warm import PRELOAD_OPTION, check_preload, warm_target
 from graphdist._exceptions import ArgumentError, LaunchError
+from graphdist._net.probe import GCS_PROBE_S, tcp_connect_error
 from graphdist._proc.process import STOP_GRACE_S, guarded_argv
 from graphdist._proc.signals import SignalScope
 from graphdist._registry import Option
@@ -87,11 +87,8 @@ class _Head:
     def _probe(self) -> str | None:
         assert self.address is not None
         host, _, port = self.address.rpartition(":")
-        try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
-        except OSError as exc:
-            return exc.strerror or str(exc)
-        return None
+        exc = tcp_connect_error(host, int(port), GCS_PROBE_S)
+        return None if exc is None else exc.strerror or str(exc)
 
     def _watch(self) -> None:
         misses = 0
@@ -438,7 +435,7 @@ class _RayPlacement:
         """``place_s``: how long Ray may take to place the bundles (and gateways), at most
         :data:`PLACE_TIMEOUT_S`, less where the run's deadline comes sooner."""
         from graphdist._fleet.ray import (
-            _driver_node,
+            driver_node,
             live_nodes,
             place_bundles,
             plan_hosts,
@@ -466,7 +463,7 @@ class _RayPlacement:
         try:
             self._hosts = plan_hosts(
                 [(node, ip) for ip, _, node in self._spots],
-                _driver_node(),
+                driver_node(),
                 expose=spec.expose or spec.tls,
             )
             jobs: dict[str, list[str]] = {}
@@ -499,11 +496,11 @@ class _RayPlacement:
         which restarts the run); returns once every one answers. Ray supervises them: None."""
         import ray
 
-        from graphdist._fleet.ray import _ServerActor
+        from graphdist._fleet.ray import ServerActor
         from graphdist._fleet.remote import RemoteFleet
         from graphdist._net.loopback import shim_env
 
-        actor_class = ray.remote(_ServerActor)
+        actor_class = ray.remote(ServerActor)
         for i, task in enumerate(self.cluster):
             if task.job not in jobs:
                 continue
@@ -518,7 +515,7 @@ class _RayPlacement:
                 ).remote(self.cluster.as_dict(), task.job, task.index, self._hosts[i])
             )
         with signals.interruptible():
-            RemoteFleet(self.cluster.subset(sorted(jobs)))._wait_answering(
+            RemoteFleet(self.cluster.subset(sorted(jobs))).wait_answering(
                 signals.budget(PLACE_TIMEOUT_S)
             )
 

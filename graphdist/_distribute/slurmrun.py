@@ -56,6 +56,7 @@ from graphdist._proc.process import (
     STOP_GRACE_S,
     TASK_STOP_GRACE_S,
     guarded_argv,
+    stop_processes,
 )
 from graphdist._proc.signals import SignalScope
 from graphdist._proc.slurm import (
@@ -380,19 +381,13 @@ class _Agents:
     def close(self, lost: Collection[str] = ()) -> None:
         """Stop the agents; on a ``lost`` node, only its srun here: Slurm ends the step once it
         calls the node down, and until then an srun told to stop it waits for the node."""
-        for node, proc in self.procs.items():
-            if proc.poll() is None:
+        for node in lost:
+            if node in self.procs and self.procs[node].poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    if node in lost:
-                        proc.kill()
-                    else:  # srun cancels the agent's step: SIGTERM, then KillWait
-                        proc.terminate()
+                    self.procs[node].kill()
+        # srun cancels the agent's step on its SIGTERM: SIGTERM, then KillWait
+        stop_processes(self.procs.values(), grace_s=STOP_GRACE_S + self.alloc.kill_wait_s)
         for proc in self.procs.values():
-            try:
-                proc.wait(STOP_GRACE_S + self.alloc.kill_wait_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
 

@@ -51,14 +51,17 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from graphdist._exceptions import ArgumentError
-from graphdist._proc.process import _stat
+from graphdist._proc.process import proc_stat, stop_processes
 from graphdist._registry import Option
 
 __all__ = [
+    "FD_ENV",
     "IMPORT_TIME_ENV",
+    "MSG_MAX",
     "PRELOAD_DEFAULT",
     "PRELOAD_OPTION",
     "READY_TIMEOUT_S",
+    "ZYGOTE_STOP_S",
     "WarmProc",
     "WarmTarget",
     "Zygote",
@@ -90,10 +93,16 @@ IMPORT_TIME_ENV = (
     "OPENBLAS_NUM_THREADS",
     "MKL_NUM_THREADS",
 )
-_FD_ENV = "GRAPHDIST_ZYGOTE_FD"
-_MSG_MAX = 1 << 20  # one request: a task's environment and command
+#: The environment variable that hands a zygote its end of the launcher's socket (an fd).
+FD_ENV = "GRAPHDIST_ZYGOTE_FD"
+#: The longest message on a zygote's or a warm agent's socket: one request, a task's
+#: environment and command.
+MSG_MAX = 1 << 20
 #: Seconds the launcher waits for a zygote's preloads to import before it gives up on it.
 READY_TIMEOUT_S = 300.0
+#: Seconds a zygote (or a warm agent's session) gets to end its guards, each of which grants
+#: its task the guard's grace, before it is SIGKILLed.
+ZYGOTE_STOP_S = 10.0
 
 
 #: ``--preload``: a run backend's option where its tasks can run warm (local, slurm, ray).
@@ -371,7 +380,7 @@ class Zygote:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _ZYGOTE_CODE, *self.preload],
-                env={**self.env, _FD_ENV: str(theirs.fileno())},
+                env={**self.env, FD_ENV: str(theirs.fileno())},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -486,7 +495,7 @@ class Zygote:
         with self._lock:
             while not self._gone:
                 try:
-                    data = self._sock.recv(_MSG_MAX, socket.MSG_DONTWAIT)
+                    data = self._sock.recv(MSG_MAX, socket.MSG_DONTWAIT)
                 except BlockingIOError:
                     break
                 except OSError:
@@ -533,24 +542,19 @@ class Zygote:
             return
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_processes([self.proc], grace_s=ZYGOTE_STOP_S)
         self.pump()
         self._sock.close()
 
     def _end_session(self) -> None:
         """A warm agent's session ends as a zygote does once its launcher's end closes: it
         SIGTERMs its guards, which end their tasks, and exits once they are gone, which closes
-        its end; SIGKILL (by its pid, the agent's child: our user's) if that takes over 10 s."""
+        its end; SIGKILL (by its pid, the agent's child: our user's) if that takes over
+        :data:`ZYGOTE_STOP_S`. Not :func:`stop_processes`: the stop is the socket's end, not a
+        SIGTERM, and the session is not our child to reap."""
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_WR)
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + ZYGOTE_STOP_S
         while not self._gone and time.monotonic() < deadline:
             self.wait_message(0.1)
             self.pump()
@@ -569,7 +573,7 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 
 
 def _alive(pid: int) -> bool:
-    return (_stat(pid) or ("X", 0))[0] not in ("Z", "X")
+    return (proc_stat(pid) or ("X", 0))[0] not in ("Z", "X")
 
 
 #: How the launcher starts a zygote: ``-c``, so that no graphdist module is ``__main__`` (a task's

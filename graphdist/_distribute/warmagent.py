@@ -47,17 +47,17 @@ import psutil
 
 from graphdist._detached.state import ProcessRef
 from graphdist._distribute.warm import (
-    _MSG_MAX,
+    MSG_MAX,
     READY_TIMEOUT_S,
     Zygote,
     env_differs,
     import_time_env,
     peer_credentials,
 )
-from graphdist._distribute.zygote import TASK_SIGNALS, _end_orphans, _reap, _title, serve
+from graphdist._distribute.zygote import TASK_SIGNALS, end_orphans, reap, serve, set_title
 from graphdist._exceptions import ArgumentError, StateError
 from graphdist._private import private_dir, runtime_dir
-from graphdist._proc.process import _PR_SET_CHILD_SUBREAPER, _prctl, set_parent_death_signal
+from graphdist._proc.process import set_child_subreaper, set_parent_death_signal, stop_all
 
 __all__ = [
     "IDLE_TIMEOUT_S",
@@ -227,14 +227,7 @@ def stop_agent(preload: Sequence[str], wait_s: float = 10.0) -> AgentRecord | No
         record = live_agent(preload)
         if record is None:
             return None
-        for sig, wait in ((signal.SIGTERM, wait_s), (signal.SIGKILL, wait_s)):
-            if record.alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(record.pid, sig)
-            deadline = time.monotonic() + wait
-            while record.alive() and time.monotonic() < deadline:
-                time.sleep(0.05)
-        if record.alive():
+        if stop_all([ProcessRef(record.pid, record.create_time)], wait_s, wait_s):
             raise StateError(f"The warm agent (pid {record.pid}) did not end", path)
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -348,7 +341,7 @@ def agent_main(record_path: str, idle_timeout_s: float, preload: Sequence[str]) 
             return 2
     sys.path[:0] = path0
     os.chdir("/")  # holds no folder busy (each task goes to its own)
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    set_child_subreaper()
     name = f"graphdist-warm-agent-{os.getpid()}-{secrets.token_hex(8)}"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind("\0" + name)
@@ -386,9 +379,9 @@ def agent_main(record_path: str, idle_timeout_s: float, preload: Sequence[str]) 
             with contextlib.suppress(BlockingIOError):
                 while os.read(wake_r, 512):
                     pass
-            for pid, _ in _reap():
+            for pid, _ in reap():
                 sessions.discard(pid)
-            _end_orphans(sessions)
+            end_orphans(sessions)
             now = time.monotonic()
             if sessions:
                 idle_since = now
@@ -449,10 +442,10 @@ def _session(conn: socket.socket, listener: socket.socket, wake: tuple[int, int]
             os.close(fd)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
-        _title("graphdist-warm-session")
+        set_title("graphdist-warm-session")
         conn.setblocking(True)
         ready, _, _ = select.select([conn], [], [], SESSION_READY_S)
-        hello = json.loads(conn.recv(_MSG_MAX) or b"{}") if ready else None
+        hello = json.loads(conn.recv(MSG_MAX) or b"{}") if ready else None
         if hello is not None:
             _take(hello)
             code = serve(conn, frozenset(int(s) for s in hello.get("ignored", ())))

@@ -20,17 +20,16 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from graphdist._distribute.warm import _FD_ENV, _MSG_MAX
+from graphdist._distribute.warm import FD_ENV, MSG_MAX
 from graphdist._proc.process import (
-    _PR_SET_CHILD_SUBREAPER,
-    _prctl,
-    _stat,
     descendants,
     guard,
+    proc_stat,
+    set_child_subreaper,
     set_parent_death_signal,
 )
 
-__all__ = ["TASK_SIGNALS", "serve", "zygote_main"]
+__all__ = ["TASK_SIGNALS", "end_orphans", "reap", "serve", "set_title", "zygote_main"]
 
 
 #: The signals a task gets back as a fresh interpreter has them, and those of them that the
@@ -43,7 +42,7 @@ _ignored_at_start: frozenset[int] = frozenset()
 def zygote_main(preload: Sequence[str]) -> int:
     global _ignored_at_start
     _ignored_at_start = frozenset(s for s in TASK_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
-    sock = socket.socket(fileno=int(os.environ.pop(_FD_ENV)))
+    sock = socket.socket(fileno=int(os.environ.pop(FD_ENV)))
     set_parent_death_signal(signal.SIGKILL)
     launcher = os.getppid()
     if launcher == 1:
@@ -69,8 +68,8 @@ def serve(sock: socket.socket, ignored: frozenset[int] | None = None) -> int:
     if ignored is not None:
         _ignored_at_start = ignored
     # a subreaper: what a guard SIGKILLed left of its task's tree (a process forked without
-    # exec, which carries no mark in /proc/PID/environ) comes here, and is ended (_orphans)
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    # exec, which carries no mark in /proc/PID/environ) comes here, and is ended (end_orphans)
+    set_child_subreaper()
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -85,14 +84,14 @@ def serve(sock: socket.socket, ignored: frozenset[int] | None = None) -> int:
         with contextlib.suppress(BlockingIOError):
             while os.read(wake_r, 512):
                 pass
-        for pid, status in _reap():
+        for pid, status in reap():
             if pid in spares:
                 spares.pop(pid).close()
             elif pid in guards:
                 guards.discard(pid)
                 with contextlib.suppress(OSError):
                     sock.send(json.dumps({"exit": pid, "status": status}).encode())
-        _end_orphans(guards | spares.keys())
+        end_orphans(guards | spares.keys())
         if not open_:
             continue
         got = receive(sock)
@@ -168,7 +167,7 @@ def _fork_spare(
     try:  # the spare: never returns
         set_parent_death_signal(signal.SIGKILL)
         _leave_zygote(sock, wake, [ours, *others])
-        _title("graphdist-guard (a spare: no task yet)")
+        set_title("graphdist-guard (a spare: no task yet)")
         code = 0
         while os.getppid() == zygote:
             with contextlib.suppress(InterruptedError):
@@ -204,7 +203,7 @@ def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
     fds = array.array("i")
     space = socket.CMSG_SPACE(3 * fds.itemsize)
     data, ancdata, _, _ = sock.recvmsg(
-        _MSG_MAX, space, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
+        MSG_MAX, space, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
     )
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -212,17 +211,17 @@ def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
     return data, list(fds)
 
 
-def _end_orphans(guards: set[int]) -> None:
+def end_orphans(guards: set[int]) -> None:
     """SIGKILL every child of the zygote that is none of its guards: an orphan of a task whose
     guard is gone (the zygote is a subreaper), which nobody else would end."""
     me = os.getpid()
     for pid in descendants(me):
-        if pid not in guards and (_stat(pid) or ("X", 0))[1] == me:
+        if pid not in guards and (proc_stat(pid) or ("X", 0))[1] == me:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
 
-def _reap() -> list[tuple[int, int]]:
+def reap() -> list[tuple[int, int]]:
     reaped: list[tuple[int, int]] = []
     while True:
         try:
@@ -279,7 +278,7 @@ def _be_guard(request: dict[str, Any], fds: list[int], zygote: int) -> None:
                 os.close(fd)
         os.set_inheritable(report, True)
         os.setsid()
-        _title(f"graphdist-guard --name {request['name']} -- {' '.join(request['command'])}")
+        set_title(f"graphdist-guard --name {request['name']} -- {' '.join(request['command'])}")
         code = guard(
             request["command"],
             zygote,
@@ -293,7 +292,7 @@ def _be_guard(request: dict[str, Any], fds: list[int], zygote: int) -> None:
         os._exit(code)
 
 
-def _title(text: str) -> None:
+def set_title(text: str) -> None:
     """The process's command line as ``ps`` shows it, where setproctitle is installed."""
     try:
         import setproctitle
@@ -320,7 +319,7 @@ def _run_task(request: dict[str, Any], report: int) -> None:
         import atexit
 
         atexit._clear()
-        _title(" ".join(request["command"]))
+        set_title(" ".join(request["command"]))
         code = _run_main(request)
     except BaseException:  # graphdist's own failure before the task's code ran
         import traceback

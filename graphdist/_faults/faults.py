@@ -59,7 +59,6 @@ and quoting the value, before anything starts. A run never waits forever: withou
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -114,7 +113,6 @@ MAX_RESTARTS = 1000
 test that needs more than a thousand of them has a problem no restart solves."""
 
 _TASK_RE = re.compile(r"(chief|worker|ps)-(\d+)")
-_marks = itertools.count()
 
 
 # --- what to inject -------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ signals them when their faults are due, and cleans up whatever a run left."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import queue
@@ -22,7 +23,7 @@ from graphdist._cluster import MAX_TASKS, MAX_TASKS_PER_JOB
 from graphdist._distribute.events import Event, render
 from graphdist._exceptions import ArgumentError
 from graphdist._faults.freezer import Freezer
-from graphdist._proc.process import marked
+from graphdist._proc.process import marked, stop_processes
 from graphdist._validate import check_argv, check_env, count, flag, show
 from graphdist._validate import timeout_s as check_timeout_s
 
@@ -44,13 +45,14 @@ from graphdist._faults.faults import (
     Missed,
     OutputLine,
     RunOutcome,
-    _marks,
     freeze,
     hang,
     kill,
 )
 
 __all__ = ["FaultInjector"]
+
+_marks = itertools.count()  # each run's mark: this process's pid, this count, a random part
 
 
 # --- the runner -----------------------------------------------------------------------------------
@@ -740,16 +742,16 @@ class FaultInjector:
         """SIGTERM the launcher (it stops its tasks), SIGKILL all of the run after
         :data:`STOP_WAIT_S`."""
         self._thaw(run)
-        if run.launcher.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                run.launcher.send_signal(signal.SIGTERM)
-            try:
-                run.launcher.wait(STOP_WAIT_S)
-            except subprocess.TimeoutExpired:
+        late: list[object] = []
+
+        def before_kill(live: Sequence[object]) -> None:
+            if live:  # what the launcher left is seen before it goes
+                late.extend(live)
                 self._scan(run)
-                run.launcher.kill()
-                run.launcher.wait()
-                self._kill_all(run)
+
+        stop_processes([run.launcher], STOP_WAIT_S, GONE_WAIT_S, before_kill=before_kill)
+        if late:
+            self._kill_all(run)
 
     def _thaw(self, run: _Run) -> None:
         """SIGCONT whatever this run froze and did not thaw (a stopped process takes no

@@ -67,13 +67,16 @@ from graphdist._net.exposure import ListeningTable, check_listening, is_loopback
 from graphdist._net.gateway import tls_flag
 from graphdist._net.loopback import BIND_ADDR_ENV, shim_env
 from graphdist._net.members import ALLOW_ENV, exposed_allow
+from graphdist._net.probe import GCS_CONNECT_S, RAYLET_PROBE_S, tcp_connect_error
 from graphdist._validate import flag, positive, show, timeout_ms, timeout_s
 
 __all__ = [
     "RayFleet",
     "RayTask",
+    "ServerActor",
     "TlsGateways",
     "connect_ray",
+    "driver_node",
     "live_nodes",
     "place_bundles",
     "plan_hosts",
@@ -85,7 +88,7 @@ STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
 LOOPBACK = "127.0.0.1"
 
 
-class _ServerActor:
+class ServerActor:
     """Runs in a Ray actor: one TensorFlow server, started when the actor is (re)created.
 
     The process was started with the bind shim set to its node's address (so that Ray's own
@@ -379,21 +382,15 @@ def _resolved_address(address: str) -> str:
         return address
 
 
-GCS_CONNECT_S = 5.0
-"""Seconds a Ray cluster's address gets to take a TCP connection before it is called
-unreachable (Ray itself retries for minutes)."""
-
-
 def _check_reachable(address: str) -> None:
     """Raise ConnectionError at once where ``address`` (``HOST:PORT``) takes no connection;
     other forms (``auto``, ``ray://...``) are left to Ray."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or "/" in address:
         return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=GCS_CONNECT_S).close()
-    except OSError as exc:
-        raise ConnectionError(f"{host}:{port} takes no connection: {exc.strerror or exc}") from None
+    exc = tcp_connect_error(host, int(port), GCS_CONNECT_S)
+    if exc is not None:
+        raise ConnectionError(f"{host}:{port} takes no connection: {exc.strerror or exc}")
 
 
 def place_bundles(
@@ -458,9 +455,8 @@ def _node_lost(node: Mapping[str, Any] | None) -> str | None:
     if not node.get("Alive", False):
         return "Ray reports it dead"
     ip, port = str(node.get("NodeManagerAddress")), int(node.get("NodeManagerPort") or 0)
-    try:
-        socket.create_connection((ip, port), timeout=1.0).close()
-    except OSError as exc:
+    exc = tcp_connect_error(ip, port, RAYLET_PROBE_S)
+    if exc is not None:
         return f"its raylet at {ip}:{port} does not answer: {exc.strerror or exc}"
     return None
 
@@ -561,7 +557,7 @@ def _init_loopback_ray(runtime_env: dict[str, Any] | None = None) -> None:
         )
 
 
-def _driver_node() -> tuple[str, str] | None:
+def driver_node() -> tuple[str, str] | None:
     """This process's Ray ``(node id, node IP)``; ``None`` for a Ray client (it may run
     anywhere)."""
     import ray
@@ -874,7 +870,7 @@ class RayFleet(OwnedFleet[RayTask]):
             len(names), self.strategy, self.cpus_per_task, self.start_timeout_s, "servers"
         )
         hosts = plan_hosts(
-            [(node, ip) for ip, _, node in spots], _driver_node(), expose=self.expose or self.tls
+            [(node, ip) for ip, _, node in spots], driver_node(), expose=self.expose or self.tls
         )
         if self.expose:
             exposed = sorted({h for h in hosts if not is_loopback_ip(h)})
@@ -900,7 +896,7 @@ class RayFleet(OwnedFleet[RayTask]):
         members = ray_members(self.allow) if self.expose or self.tls else {}
         if self.tls:
             hosts = self._start_gateways(names, spots)
-        actor_class = ray.remote(_ServerActor)
+        actor_class = ray.remote(ServerActor)
         spec = self.cluster.as_dict()
         for i, ((job, index), host, (ip, _, node)) in enumerate(
             zip(names, hosts, spots, strict=True)
@@ -911,7 +907,7 @@ class RayFleet(OwnedFleet[RayTask]):
                 "max_restarts": -1,
                 "name": f"graphdist-{os.getpid()}-{id(self):x}-{job}-{index}",
                 # The shim is set to the node's address for Ray's own sockets in the process;
-                # the actor switches it to ``host`` for its server (see _ServerActor).
+                # the actor switches it to ``host`` for its server (see ServerActor).
                 "runtime_env": {"env_vars": {**shim_env(ip, inherit=True), **members}},
             }
             actor = actor_class.options(**options).remote(spec, job, index, host)

@@ -32,7 +32,7 @@ from graphdist._failures import DEAD, NOT_ANSWERING
 from graphdist._fleet.client import Fleet, FleetState
 from graphdist._fleet.health import probe_all
 from graphdist._fleet.task import TaskView
-from graphdist._net.probe import PROBE_TIMEOUT_S
+from graphdist._net.probe import PROBE_TIMEOUT_S, REFUSED_WAIT_S, tcp_connect_error
 from graphdist._validate import timeout_ms
 from graphdist._validate import timeout_s as check_timeout_s
 
@@ -43,10 +43,6 @@ DEFAULT_CONNECT_TIMEOUT_S = 60.0
 GATEWAY_GONE_S = 0.5
 """TLS mode: how long a server's gateway may still listen once its server died (it polls its
 owner every 0.1 s), when a failed task is told ``dead`` or not."""
-REFUSED_WAIT_S = 1.0
-"""How long a connection a server accepted may stay silent before it is taken for a slow server
-rather than a refusal: a gRPC server sends its HTTP/2 settings at once, and graphdist's members
-filter closes a non-member's connection as soon as it is accepted."""
 
 
 def _closed(error: str | None) -> bool:
@@ -142,7 +138,9 @@ class RemoteFleet(Fleet[RemoteTask]):
         TLS mode)."""
         return self.real_cluster.task(task.job, task.index)
 
-    def _wait_answering(self, wait_s: float) -> None:
+    def wait_answering(self, wait_s: float) -> None:
+        """Return once every server answers (a busy one counts); :class:`StartTimeoutError`
+        naming the silent ones after ``wait_s`` seconds (a refusal is said at once)."""
         deadline = time.monotonic() + wait_s
         silent = list(self._tasks.values())
         errors: list[str | None] = []
@@ -283,7 +281,7 @@ def connect(
     wait_s = check_timeout_s(timeout_s, "timeout_s", DEFAULT_CONNECT_TIMEOUT_S)
     fleet = RemoteFleet(cluster, operation_timeout_ms=operation_timeout_ms, tls=tls)
     try:
-        fleet._wait_answering(wait_s)
+        fleet.wait_answering(wait_s)
     except BaseException:
         fleet.close()
         raise
@@ -296,12 +294,9 @@ def _port_refused(host: str, port: int, within_s: float = 0.0) -> bool:
     asked again for up to ``within_s`` seconds while something still answers."""
     deadline = time.monotonic() + within_s
     while True:
-        try:
-            socket.create_connection((host.strip("[]"), port), timeout=REFUSED_WAIT_S).close()
-        except ConnectionRefusedError:
-            return True
-        except OSError:
-            return False
+        exc = tcp_connect_error(host, port, REFUSED_WAIT_S)
+        if exc is not None:
+            return isinstance(exc, ConnectionRefusedError)
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)

@@ -44,6 +44,7 @@ from graphdist._net.exposure import ListeningTable
 from graphdist._net.gateway import tls_flag
 from graphdist._net.members import parse_allow
 from graphdist._proc.forkserver import owned_temp_dir
+from graphdist._proc.process import stop_processes
 from graphdist._proc.slurm import (
     JOBID_HELP,
     Allocation,
@@ -423,18 +424,15 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         self._start_task(task)
 
     def _stop_tasks(self, tasks: list[SlurmTask], grace_s: float) -> None:
-        for task in tasks:
-            if task.alive and task._proc is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    task._proc.send_signal(signal.SIGTERM)  # srun forwards it to the server
-        deadline = time.monotonic() + grace_s
-        for task in tasks:
-            task._wait(max(0.0, deadline - time.monotonic()))
-        cancel_steps(self.alloc.jobid, self.prefix, env=self._env)
-        for task in tasks:
-            if task.alive and task._proc is not None:
-                task._proc.kill()
-            task._wait(KILL_WAIT_S)
+        """SIGTERM to each step's ``srun`` (it forwards it to the server), up to ``grace_s``,
+        then the fleet's steps cancelled (whichever are left in Slurm's queue, their ``srun``
+        gone or not) before the ``srun`` still running are SIGKILLed."""
+        stop_processes(
+            [task._proc for task in tasks if task._proc is not None],
+            grace_s,
+            KILL_WAIT_S,
+            before_kill=lambda _live: cancel_steps(self.alloc.jobid, self.prefix, env=self._env),
+        )
 
     def _teardown(self) -> None:
         import shutil

@@ -57,6 +57,7 @@ from graphdist._exceptions import (
     PortInUseError,
     from_wire,
 )
+from graphdist._proc.process import stop_processes
 
 __all__ = [
     "Gateway",
@@ -74,6 +75,8 @@ __all__ = [
 
 READY_S = 15.0
 """How long a gateway may take to bind its listeners (a Python start, no TensorFlow)."""
+STOP_S = 5.0
+"""How long a gateway gets to exit on SIGTERM (at once: it has nothing to save) before SIGKILL."""
 DIAL_S = 10.0
 """How long a relay waits for the far end (TCP and the TLS handshake)."""
 HANDSHAKE_S = 10.0
@@ -738,13 +741,7 @@ def stop_gateway(proc: subprocess.Popen[bytes] | None) -> None:
     """Stop a gateway from :func:`start_gateway` and reap it (nothing if it is gone)."""
     if proc is None:
         return
-    with contextlib.suppress(OSError):
-        proc.terminate()
-    try:
-        proc.wait(5.0)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_processes([proc], grace_s=STOP_S)
     if proc.stdout is not None:
         proc.stdout.close()
 

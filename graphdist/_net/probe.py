@@ -2,7 +2,8 @@
 TensorFlow. Raw bytes travel both ways, so only ``grpcio`` (a TensorFlow dependency, 0.1 s to
 import) is needed.
 
-Two questions, two calls:
+Two questions, two calls (and a third, for what is no TensorFlow server: a Slurm node's
+slurmd, a Ray raylet or GCS; :func:`tcp_connect_error`, whether the port takes a TCP connection):
 
 - **serving** (a start's readiness, a connect): an open port is not enough (gRPC may be
   listening while the server is still being built), so it is a real call,
@@ -21,6 +22,7 @@ Two questions, two calls:
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -29,14 +31,20 @@ from graphdist._net.ready import FALLBACK_ROUND_S
 
 __all__ = [
     "DIAGNOSE_PROBE_S",
+    "GCS_CONNECT_S",
+    "GCS_PROBE_S",
     "PROBE_TIMEOUT_S",
+    "RAYLET_PROBE_S",
     "READY_PROBE_S",
     "RECHECK_PROBE_S",
+    "REFUSED_WAIT_S",
     "RUN_PROBE_TIMEOUT_S",
+    "SLURMD_PROBE_S",
     "Prober",
     "Silent",
     "probe_many",
     "probers",
+    "tcp_connect_error",
     "wait_answering",
 ]
 
@@ -55,6 +63,23 @@ loaded machine answers it, a frozen one does not."""
 RUN_PROBE_TIMEOUT_S = 1.5
 """A session guard's probe of a long run's tasks (every ``guard.PROBE_INTERVAL_S``): a busy task
 on a loaded machine still answers, a frozen task misses every probe."""
+REFUSED_WAIT_S = 1.0
+"""How long a connection a server accepted may stay silent before it is taken for a slow server
+rather than a refusal: a gRPC server sends its HTTP/2 settings at once, and graphdist's members
+filter closes a non-member's connection as soon as it is accepted. Also how long a server's
+port has to take (or refuse) a connection when a failed task's port is asked whether anything
+still listens there."""
+SLURMD_PROBE_S = 1.0
+"""How long a node's slurmd has to take a TCP connection before the node counts as lost (Slurm
+itself says so only once its pings time out, many seconds later)."""
+RAYLET_PROBE_S = 1.0
+"""How long a Ray node's raylet has to take a TCP connection before the node counts as lost."""
+GCS_PROBE_S = 1.0
+"""How long the Ray head's GCS port has to take a TCP connection in a run's watch of the head
+(``rayrun.HEAD_PROBE_S`` apart)."""
+GCS_CONNECT_S = 5.0
+"""How long a Ray cluster's address has to take a TCP connection before it is called
+unreachable, before Ray is asked to connect (Ray itself retries for minutes)."""
 _GET_STATUS = "/tensorflow.WorkerService/GetStatus"
 _ALIVE = "/graphdist.Liveness/Alive"
 """No server registers it: its ``UNIMPLEMENTED`` comes from gRPC itself, not TensorFlow's pool."""
@@ -72,6 +97,18 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 50),
     ("grpc.enable_retries", 0),
 ]
+
+
+def tcp_connect_error(host: str, port: int, timeout_s: float) -> OSError | None:
+    """None where ``host:port`` takes a TCP connection within ``timeout_s`` seconds (closed at
+    once, nothing sent: whether anything listens), else why not: the error, a
+    :class:`ConnectionRefusedError` where nothing listens, :class:`TimeoutError` where nothing
+    answered. ``host`` may be an IPv6 address in brackets (``[::1]``)."""
+    try:
+        socket.create_connection((host.strip("[]"), port), timeout=timeout_s).close()
+    except OSError as exc:
+        return exc
+    return None
 
 
 class Prober:

@@ -40,6 +40,7 @@ __all__ = [
     "FOLDER_ENV",
     "IN_FORK_SERVER",
     "LOG_ENV",
+    "OWNER",
     "OWNER_ENV",
     "exit_when_gone",
     "register_exit_hook",
@@ -64,8 +65,8 @@ def _exit_now() -> None:
     if (
         _FOLDER is not None
         and os.getpid() == _HOME
-        and _OWNER is not None
-        and gone_within(_OWNER, _OWNER_PIDFD, _OWNER_EXIT_WAIT_S, _POLL_S)
+        and OWNER is not None
+        and gone_within(OWNER, _OWNER_PIDFD, _OWNER_EXIT_WAIT_S, _POLL_S)
     ):
         _remove_owner_folder()
     os._exit(0)
@@ -156,16 +157,18 @@ def _log_to_file(owner: int) -> None:
     os.close(fd)
 
 
-_OWNER = _owner_pid()
+#: The fork server's owner's pid (from :data:`OWNER_ENV`), None outside a fork server and its
+#: owner: what a pool's spare ties its life to (:func:`graphdist._proc.server.prepare_spare`).
+OWNER = _owner_pid()
 #: True only inside a fork server: the owner imports this module too (for :data:`OWNER_ENV`),
 #: and an ``os._exit(0)`` hook there would turn every exit status of the owner into 0.
-IN_FORK_SERVER = _OWNER is not None and os.getpid() != _OWNER
+IN_FORK_SERVER = OWNER is not None and os.getpid() != OWNER
 _HOME = os.getpid()  # the fork server (its children are forks: they have another pid)
 _FOLDER: str | None = None
 _OWNER_PIDFD: int | None = None
 if IN_FORK_SERVER:
-    assert _OWNER is not None
-    _FOLDER = _owner_folder(_OWNER)
-    _log_to_file(_OWNER)
-    _OWNER_PIDFD = exit_when_gone(_OWNER, before_exit=_remove_owner_folder)
+    assert OWNER is not None
+    _FOLDER = _owner_folder(OWNER)
+    _log_to_file(OWNER)
+    _OWNER_PIDFD = exit_when_gone(OWNER, before_exit=_remove_owner_folder)
     register_exit_hook()

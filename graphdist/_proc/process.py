@@ -5,6 +5,8 @@ parent's, and waits for processes to be gone.
   then SIGKILL to the rest and up to ``kill_wait_s`` more. Fleets (their server processes), the
   launcher (each task's guard) and detached fleets (recorded pids) all stop this way; each wraps its
   processes in a small object with ``signal(sig)`` and ``running()`` (:class:`Stoppable`).
+  :func:`stop_processes` does the same for child processes (``Popen``), reaping them: a gateway,
+  a zygote, ``srun`` and the like. Nothing outside this file writes that escalation by hand.
 - :func:`set_parent_death_signal` asks the kernel to signal the calling process (SIGKILL unless
   told otherwise) when its parent thread exits (``PR_SET_PDEATHSIG``); the guard below uses it so
   that nothing outlives its owner.
@@ -44,7 +46,10 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    import subprocess
 
 __all__ = [
     "KILL_WAIT_S",
@@ -58,8 +63,11 @@ __all__ = [
     "guard",
     "guarded_argv",
     "marked",
+    "proc_stat",
+    "set_child_subreaper",
     "set_parent_death_signal",
     "stop_all",
+    "stop_processes",
     "wait_gone",
 ]
 
@@ -107,17 +115,60 @@ def _wait(targets: list[_S], seconds: float) -> list[_S]:
 
 
 def stop_all(
-    targets: Iterable[_S], grace_s: float = STOP_GRACE_S, kill_wait_s: float = KILL_WAIT_S
+    targets: Iterable[_S],
+    grace_s: float = STOP_GRACE_S,
+    kill_wait_s: float = KILL_WAIT_S,
+    *,
+    before_kill: Callable[[list[_S]], object] | None = None,
 ) -> list[_S]:
     """SIGTERM every running target, wait up to ``grace_s`` seconds, SIGKILL the rest and wait up
-    to ``kill_wait_s``; return the targets still running after that (normally none)."""
+    to ``kill_wait_s``; return the targets still running after that (normally none).
+    ``before_kill(live)``, where given, runs once the grace is over (or every target has
+    exited: ``live`` is then empty), before the SIGKILL: a Slurm fleet cancels its steps there."""
     live = [t for t in targets if t.running()]
     for target in live:
         target.signal(signal.SIGTERM)
     live = _wait(live, grace_s)
+    if before_kill is not None:
+        before_kill(live)
+        live = [t for t in live if t.running()]
     for target in live:
         target.signal(signal.SIGKILL)
     return _wait(live, kill_wait_s)
+
+
+class _Child:
+    """A child process (``Popen``) for :func:`stop_all`; asking whether it runs reaps it."""
+
+    def __init__(self, proc: subprocess.Popen[Any]) -> None:
+        self.proc = proc
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(OSError):  # gone and reaped in between
+            self.proc.send_signal(sig)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+
+def stop_processes(
+    procs: Iterable[subprocess.Popen[Any]],
+    grace_s: float = STOP_GRACE_S,
+    kill_wait_s: float = KILL_WAIT_S,
+    *,
+    before_kill: Callable[[Sequence[subprocess.Popen[Any]]], object] | None = None,
+) -> list[subprocess.Popen[Any]]:
+    """:func:`stop_all` for this process's children: SIGTERM, up to ``grace_s`` seconds, SIGKILL,
+    up to ``kill_wait_s``, each reaped once it has exited; the children still running after that
+    (normally none). ``before_kill(live)`` runs once the grace is over, as for :func:`stop_all`,
+    with the children still running then."""
+
+    def hook(live: list[_Child]) -> None:
+        if before_kill is not None:
+            before_kill([child.proc for child in live])
+
+    left = stop_all([_Child(p) for p in procs], grace_s, kill_wait_s, before_kill=hook)
+    return [child.proc for child in left]
 
 
 def _prctl(option: int, value: int) -> bool:
@@ -131,6 +182,12 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
 
     Safe between fork and exec (``preexec_fn``). Returns False where ``prctl`` is unavailable."""
     return _prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def set_child_subreaper() -> bool:
+    """Make this process a child subreaper (``PR_SET_CHILD_SUBREAPER``): every orphan among its
+    descendants is re-parented to it, not to init. Returns False where ``prctl`` is unavailable."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 def _gone(pid: int) -> bool:
@@ -156,7 +213,7 @@ def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
 # --- descendants and the guard -------------------------------------------------------------------
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
+def proc_stat(pid: int) -> tuple[str, int] | None:
     """(state, parent pid) from /proc/PID/stat, None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -170,7 +227,7 @@ def _children_by_scan() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            stat = _stat(int(entry))
+            stat = proc_stat(int(entry))
             if stat is not None:
                 children.setdefault(stat[1], []).append(int(entry))
     return children
@@ -211,7 +268,7 @@ def descendants(pid: int) -> list[int]:
             if kid not in found and kid != pid:
                 found.append(kid)
                 todo.append(kid)
-    return [p for p in found if (_stat(p) or ("Z", 0))[0] not in ("Z", "X")]
+    return [p for p in found if (proc_stat(p) or ("Z", 0))[0] not in ("Z", "X")]
 
 
 #: The environment variable that marks every process of one launched task (its guard passes it
@@ -235,7 +292,7 @@ def marked(value: str, env: str = MARK_ENV) -> list[int]:
                 environ = f.read()
         except OSError:  # gone, or another user's
             continue
-        if needle in environ.split(b"\0") and (_stat(int(entry)) or ("Z", 0))[0] not in "ZX":
+        if needle in environ.split(b"\0") and (proc_stat(int(entry)) or ("Z", 0))[0] not in "ZX":
             found.append(int(entry))
     return found
 
@@ -480,7 +537,7 @@ def guard(
     # Signals first: from here on a stop request waits for us instead of killing us.
     signal.pthread_sigmask(signal.SIG_BLOCK, _GUARD_SIGNALS)
     set_parent_death_signal(GUARD_DEATH_SIGNAL)
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    set_child_subreaper()
     if os.getppid() != owner:  # the owner died before the death signal was armed
         return 128 + GUARD_DEATH_SIGNAL
     guard = _Guard(command, grace_s, in_step=in_step, run_child=run_child)

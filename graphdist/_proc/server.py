@@ -109,7 +109,7 @@ def prepare_spare() -> None:
     server's owner, leaves the owner's process group, ignores SIGINT, names itself)."""
     from graphdist._proc import forkserver_exit
 
-    owner = forkserver_exit._OWNER
+    owner = forkserver_exit.OWNER
     if owner is None:  # not in a fork server: nothing to tie to
         return
     _exit_with(owner)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from graphdist._exceptions import ArgumentError
 from graphdist._net.exposure import host_addresses
+from graphdist._net.probe import SLURMD_PROBE_S, tcp_connect_error
 
 __all__ = [
     "JOBID_HELP",
@@ -231,9 +232,8 @@ def dead_nodes(
         for node in nodes:
             if node in dead or node not in addresses:
                 continue
-            try:
-                socket.create_connection((addresses[node], port), timeout=1.0).close()
-            except OSError as exc:
+            exc = tcp_connect_error(addresses[node], port, SLURMD_PROBE_S)
+            if exc is not None:
                 dead[node] = f"its slurmd at {addresses[node]}:{port}: {exc.strerror or exc}"
     return dead
 

@@ -258,7 +258,7 @@ SPARE = textwrap.dedent(
     """
     import os, sys, time
     from graphdist._proc import forkserver_exit, server
-    forkserver_exit._OWNER = int(sys.argv[1])
+    forkserver_exit.OWNER = int(sys.argv[1])
     if os.fork() == 0:
         server.prepare_spare()
         print("SPARE", os.getpid(), flush=True)

@@ -129,7 +129,7 @@ def test_servers_on_other_hosts_are_refused_before_any_actor_starts(ray_cluster,
     from graphdist._fleet import ray as ray_backend
 
     # As if this process ran on another machine than every node of the cluster.
-    monkeypatch.setattr(ray_backend, "_driver_node", lambda: ("elsewhere", "203.0.113.9"))
+    monkeypatch.setattr(ray_backend, "driver_node", lambda: ("elsewhere", "203.0.113.9"))
     fleet = ray_backend.RayFleet("local=2", address=ray_cluster.address)
     with pytest.raises(graphdist.ClusterSpecError, match="expose=True") as info:
         fleet.start()
