@@ -180,16 +180,11 @@ def test_lazy_imports_are_found_where_top_level_ones_are_not(tmp_path):
     assert len(_all_imports(tree)) == 2 and len(_top_level_imports(tree)) == 1
 
 
-#: Private names still used across modules, in files that were being changed elsewhere when
-#: the check came (issue 53): each is to be made public in its home (or kept at home).
-PRIVATE_USES_LEFT = {"graphdist._fleet.lifecycle: graphdist._fleet.client._TaskT"}
-
-
 def test_no_private_name_is_used_by_another_module():
     """A name used by two modules is public in its home: a private name (``_name``) is one that
     its module may rename or drop without looking elsewhere."""
     sources = {_module_name(p): (p, p.read_text()) for p in PACKAGE.rglob("*.py")}
-    assert sorted(set(private_uses(sources)) - PRIVATE_USES_LEFT) == []
+    assert sorted(set(private_uses(sources))) == []
 
 
 def test_private_uses_finds_imports_and_attributes():

@@ -60,7 +60,7 @@ EXIT_NEWS_S = 2.0
 """How long, in seconds, a health check waits for news that is on its way: the end of a task
 whose server refuses connections while its process still runs (a killed process's sockets close
 just before the kernel marks it ended), and the exit status of a task whose process ended."""
-_TaskT = TypeVar("_TaskT", bound=TaskHandle)
+TaskT = TypeVar("TaskT", bound=TaskHandle)
 
 
 class FleetState(enum.Enum):
@@ -113,7 +113,7 @@ def _is_task_failure(exc: BaseException) -> bool:
     return type(exc).__name__ in TASK_FAILURE_ERRORS
 
 
-class Fleet(Generic[_TaskT]):
+class Fleet(Generic[TaskT]):
     """The interface shared by every fleet (see the module docstring). Not used directly: an
     :class:`~graphdist._fleet.lifecycle.OwnedFleet` backend or a detached fleet's handle
     derives from it and supplies ``state``, the task handles and the two primitives."""
@@ -122,7 +122,7 @@ class Fleet(Generic[_TaskT]):
     start_timeout_s: float
     operation_timeout_ms: int | None = None
     gpus: dict[tuple[str, int], list[int]] | None = None
-    _tasks: dict[tuple[str, int], _TaskT]
+    _tasks: dict[tuple[str, int], TaskT]
     pids_here = False
     """Whether its tasks' pids are processes of this machine (a LocalFleet's are; a Slurm or
     Ray task's pid is on its node): only then may ``/proc`` be read for them."""
@@ -138,7 +138,7 @@ class Fleet(Generic[_TaskT]):
     def __init__(self) -> None:
         self._tasks = {}
         self._watch_lock = threading.Lock()
-        self._watchers: list[Callable[[_TaskT], None]] = []
+        self._watchers: list[Callable[[TaskT], None]] = []
         self._watch_thread: threading.Thread | None = None
         self._exits: list[TaskExit] = []
         self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -153,21 +153,21 @@ class Fleet(Generic[_TaskT]):
 
     # -- the primitives a fleet supplies --------------------------------------------------------
 
-    def _kill_task(self, task: _TaskT, sig: int) -> None:
+    def _kill_task(self, task: TaskT, sig: int) -> None:
         """Send ``sig`` to ``task``'s server; with SIGKILL or SIGTERM, return once it is gone."""
         raise NotImplementedError
 
-    def _bring_back(self, task: _TaskT) -> None:
+    def _bring_back(self, task: TaskT) -> None:
         """Start ``task``'s server again on its address (killing it first if it runs), count
         the restart and return once it answers; raise FleetStartError if it does not."""
         raise NotImplementedError
 
-    def _explain(self, task: _TaskT, status: str, detail: str) -> tuple[str, str]:
+    def _explain(self, task: TaskT, status: str, detail: str) -> tuple[str, str]:
         """A failed task's ``(status, detail)`` as the backend can tell it better (a Ray node
         that is lost, say); as it is by default."""
         return status, detail
 
-    def _facts(self, task: _TaskT, wait_s: float = 0.0) -> ProcessFacts:
+    def _facts(self, task: TaskT, wait_s: float = 0.0) -> ProcessFacts:
         """What is known of ``task``'s process (see :class:`ProcessFacts`): by default its
         handle's record, which each backend keeps from its engine (Ray's actor, Slurm's step;
         LocalFleet asks the kernel). ``wait_s``: how long a backend may wait for the exit status
@@ -175,12 +175,12 @@ class Fleet(Generic[_TaskT]):
         ended = not task.alive
         return ProcessFacts(ended, task.exitcode if ended else None, self._killed_with(task))
 
-    def _killed_with(self, task: _TaskT) -> int | None:
+    def _killed_with(self, task: TaskT) -> int | None:
         """The signal :meth:`kill` ended ``task``'s current process with, if it did."""
         pid, sig = self._killed.get(task.name, (None, 0))
         return sig if sig and pid == task.pid else None
 
-    def _status(self, task: _TaskT, answered: bool, error: str = "") -> tuple[str, str]:
+    def _status(self, task: TaskT, answered: bool, error: str = "") -> tuple[str, str]:
         """``task``'s ``(status, detail)``, by the rule (:func:`graphdist._verdicts.task_status`)
         over its process's facts, read after its probe answered (``answered``) or failed
         (``error``): before a backend's :meth:`_explain`. Waits (up to :data:`EXIT_NEWS_S`)
@@ -211,7 +211,7 @@ class Fleet(Generic[_TaskT]):
         finally:
             self._changed()
 
-    def restart(self, job: str | None = None, index: int = 0) -> _TaskT:
+    def restart(self, job: str | None = None, index: int = 0) -> TaskT:
         """Start the server of ``job:index`` again on the same address (killing it first if it
         still runs) and wait until it answers. Variables on other tasks keep their values; old
         sessions that used this task are broken (TensorFlow never recovers them), new ones work
@@ -252,18 +252,18 @@ class Fleet(Generic[_TaskT]):
     # -- using a fleet ----------------------------------------------------------------------------
 
     @property
-    def tasks(self) -> tuple[_TaskT, ...]:
+    def tasks(self) -> tuple[TaskT, ...]:
         """Every task's handle, in the cluster's order (job name, then index)."""
         return tuple(self._tasks.values())
 
-    def __iter__(self) -> Iterator[_TaskT]:
+    def __iter__(self) -> Iterator[TaskT]:
         return iter(self.tasks)
 
     @property
     def pids(self) -> list[int]:
         return [t.pid for t in self._tasks.values() if t.pid is not None]
 
-    def task(self, job: str | None = None, index: int = 0) -> _TaskT:
+    def task(self, job: str | None = None, index: int = 0) -> TaskT:
         """The task object of ``job:index`` (``job`` may be left out in a one-job fleet)."""
         job = self._job_or_only(job)
         try:
@@ -347,7 +347,7 @@ class Fleet(Generic[_TaskT]):
         return sess
 
     def health(
-        self, timeout_s: float = PROBE_TIMEOUT_S, tasks: list[_TaskT] | None = None
+        self, timeout_s: float = PROBE_TIMEOUT_S, tasks: list[TaskT] | None = None
     ) -> HealthReport:
         """Each task's :class:`TaskHealth` (``alive``, ``dead`` or ``not answering``), checked
         with a real gRPC call of at most ``timeout_s`` seconds (all tasks at once)."""
@@ -415,7 +415,7 @@ class Fleet(Generic[_TaskT]):
             master.job, master.index, graph, config, operation_timeout_ms=operation_timeout_ms
         )
 
-    def dead_tasks(self) -> list[_TaskT]:
+    def dead_tasks(self) -> list[TaskT]:
         """Tasks whose process has exited, with their exit status (each waited for up to
         :data:`EXIT_NEWS_S` where it is still on its way)."""
         dead = [t for t in self._tasks.values() if t.pid is not None and not t.alive]
@@ -428,7 +428,7 @@ class Fleet(Generic[_TaskT]):
     #: Seconds between two looks at every task's process (a backend may change it).
     watch_interval_s: float = 0.1
 
-    def watch(self, callback: Callable[[_TaskT], None]) -> None:
+    def watch(self, callback: Callable[[TaskT], None]) -> None:
         """Call ``callback(task)`` (from a watcher thread) each time a task of this running fleet
         is seen dead, once per death: a restarted task that dies again is reported again.
         The watcher starts with the first callback or session and ends when the fleet closes."""

@@ -38,7 +38,7 @@ from graphdist._exceptions import (
     FleetStartError,
     StartTimeoutError,
 )
-from graphdist._fleet.client import Fleet, FleetState, _TaskT
+from graphdist._fleet.client import Fleet, FleetState, TaskT
 from graphdist._fleet.guard import release_signals
 from graphdist._net.exposure import ListeningTable, check_listening
 from graphdist._net.probe import wait_answering
@@ -53,7 +53,7 @@ _FleetT = TypeVar("_FleetT", bound="OwnedFleet[Any]")  # typing.Self needs Pytho
 _live_fleets: weakref.WeakSet[OwnedFleet[Any]] = weakref.WeakSet()
 
 
-class OwnedFleet(Fleet[_TaskT]):
+class OwnedFleet(Fleet[TaskT]):
     """A fleet that starts and stops its own servers (see the module docstring); a backend
     derives from it and supplies the primitives. Not used directly."""
 
@@ -145,7 +145,7 @@ class OwnedFleet(Fleet[_TaskT]):
             with contextlib.suppress(Exception):
                 self.close()
 
-    def _bring_back(self, task: _TaskT) -> None:
+    def _bring_back(self, task: TaskT) -> None:
         self._restart_task(task)
         try:
             self._ready([task], self.start_timeout_s)
@@ -153,7 +153,7 @@ class OwnedFleet(Fleet[_TaskT]):
             self._kill_task(task, signal.SIGKILL)
             raise
 
-    def _ready(self, tasks: list[_TaskT], timeout_s: float) -> None:
+    def _ready(self, tasks: list[TaskT], timeout_s: float) -> None:
         """Wait until ``tasks`` answer, then check that each listens only where it may (see
         :mod:`graphdist._net.exposure`): a server on a wildcard or foreign address, or one
         whose sockets cannot be read, raises :class:`ExposedServerError`."""
@@ -164,7 +164,7 @@ class OwnedFleet(Fleet[_TaskT]):
 
     def _wait_answering(
         self,
-        tasks: list[_TaskT],
+        tasks: list[TaskT],
         timeout_s: float,
         *,
         each_round: Callable[[list[int]], None] | None = None,
@@ -210,28 +210,28 @@ class OwnedFleet(Fleet[_TaskT]):
         """Create the task handles in ``self._tasks`` and start every task (not waiting)."""
         raise NotImplementedError
 
-    def _wait_ready(self, tasks: list[_TaskT], timeout_s: float) -> None:
+    def _wait_ready(self, tasks: list[TaskT], timeout_s: float) -> None:
         """Return once every task in ``tasks`` answers over gRPC; else raise a FleetStartError
         naming the first that failed, with the true count of those that did answer."""
         raise NotImplementedError
 
-    def _stop_tasks(self, tasks: list[_TaskT], grace_s: float) -> None:
+    def _stop_tasks(self, tasks: list[TaskT], grace_s: float) -> None:
         raise NotImplementedError
 
-    def _kill_task(self, task: _TaskT, sig: int) -> None:
+    def _kill_task(self, task: TaskT, sig: int) -> None:
         raise NotImplementedError
 
-    def _restart_task(self, task: _TaskT) -> None:
+    def _restart_task(self, task: TaskT) -> None:
         """Bring ``task`` back on its address (kill it first if it runs); count the restart."""
         raise NotImplementedError
 
-    def _allowed_addresses(self, task: _TaskT) -> frozenset[str] | None:
+    def _allowed_addresses(self, task: TaskT) -> frozenset[str] | None:
         """The non-loopback addresses ``task``'s server may listen on; ``None``: anywhere
         (``expose=True``). Default: loopback only, unless exposed."""
         return None if self.expose else frozenset()
 
     def _check_listening(
-        self, task: _TaskT, allowed: frozenset[str] | None, table: ListeningTable | None = None
+        self, task: TaskT, allowed: frozenset[str] | None, table: ListeningTable | None = None
     ) -> None:
         """Raise ExposedServerError unless ``task``'s process listens only on loopback or
         ``allowed`` (``None``: anywhere), and FleetStartError unless it is the process that
