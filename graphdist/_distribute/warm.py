@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from graphdist._exceptions import ArgumentError
+from graphdist._proc.pidwatch import PidWatch
 from graphdist._proc.process import proc_stat, stop_processes
 from graphdist._registry import Option
 
@@ -369,6 +370,7 @@ class Zygote:
         self._ready: bool | str | None = None  # True, or the error that stopped the zygote
         self.failed_import = False  # a preload failed to import (ready's answer says which)
         self.pid: int | None = None  # the zygote's, once ready
+        self._watch: PidWatch | None = None  # its pidfd: a kill can reach no reused pid
         self.proc: subprocess.Popen[bytes] | None = None  # None: a warm agent's session
         if session is not None:
             # a session of a warm agent (graphdist._distribute.warmagent): the agent forked
@@ -509,6 +511,8 @@ class Zygote:
         if "ready" in msg:
             self._ready = True if msg["ready"] is True else str(msg["ready"])
             self.pid = msg.get("pid")
+            if self.proc is None and self.pid is not None and self._watch is None:
+                self._watch = PidWatch(int(self.pid))  # an agent's session: runs while it talks
         elif "exit" in msg:
             pid, code = int(msg["exit"]), os.waitstatus_to_exitcode(int(msg["status"]))
             if pid in self._procs:
@@ -549,18 +553,19 @@ class Zygote:
     def _end_session(self) -> None:
         """A warm agent's session ends as a zygote does once its launcher's end closes: it
         SIGTERMs its guards, which end their tasks, and exits once they are gone, which closes
-        its end; SIGKILL (by its pid, the agent's child: our user's) if that takes over
-        :data:`ZYGOTE_STOP_S`. Not :func:`stop_processes`: the stop is the socket's end, not a
-        SIGTERM, and the session is not our child to reap."""
+        its end; SIGKILL (through its pidfd, taken while it ran: never a reused pid) if that
+        takes over :data:`ZYGOTE_STOP_S`. Not :func:`stop_processes`: the stop is the socket's
+        end, not a SIGTERM, and the session is not our child to reap."""
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_WR)
         deadline = time.monotonic() + ZYGOTE_STOP_S
         while not self._gone and time.monotonic() < deadline:
             self.wait_message(0.1)
             self.pump()
-        if not self._gone and self.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+        if not self._gone and self._watch is not None:
+            self._watch.send(signal.SIGKILL)
+        if self._watch is not None:
+            self._watch.close()
         self._sock.close()
 
 
