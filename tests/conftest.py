@@ -116,6 +116,21 @@ def processes_marked(mark: str) -> list[int]:
     return found
 
 
+def received_of(pids: Iterable[int], folder: str | None = None) -> list[str]:
+    """The received-credentials folders (:func:`graphdist._net.tlsmode.write_received`:
+    ``graphdist-tls-<pid>-received-*``) in ``folder`` (the temporary folder) made by one of
+    ``pids``: a test's own processes, never another test's, which makes and removes folders of
+    the same name in the same folder while it runs on the other xdist worker."""
+    import fnmatch
+    import tempfile
+
+    from graphdist._net.tlsmode import RECEIVED_GLOB
+
+    owners = {str(pid) for pid in pids}
+    names = fnmatch.filter(os.listdir(folder or tempfile.gettempdir()), RECEIVED_GLOB)
+    return sorted(name for name in names if name.split("-")[2] in owners)
+
+
 def run_python(
     args: list[str],
     *,
