@@ -1,17 +1,20 @@
-# Two entry points for users: `make demo` (the main job) and `make test` (the whole suite);
-# `make docs` builds the documentation site.
-# Both create .venv on first use: `demo` installs graphdist, its runtime dependencies and the
+# Two entry points for users: `make demo` (the main job) and `make test` (the whole suite, about
+# 24 minutes on two cores); `make check` is the everyday loop: lint (ruff, mypy) and the unit tier,
+# `pytest -m "not integration"` (in-process tests and light subprocesses: no TensorFlow server,
+# warm agent, Ray, Slurm or host bed; a unit-tier test that starts a process importing TensorFlow
+# fails, naming it: tests/conftest.py). `make docs` builds the documentation site.
+# Each creates .venv on first use: `demo` installs graphdist, its runtime dependencies and the
 # `distribute` extra (tf-keras: README's next command, a `graphdist run` of the MWMS example),
-# `test` adds the test extras (and Ray, whose backend the suite covers), and, as root with apt-get,
-# Debian's Slurm and munge for the Slurm bed of tests/slurm (tests/slurm/install-slurm.sh: a no-op
-# once installed; it leaves none of their services running). Nothing else installs system
+# `test` and `check` add the test extras (and Ray, whose backend the suite covers), and `test`, as
+# root with apt-get, Debian's Slurm and munge for the Slurm bed of tests/slurm
+# (tests/slurm/install-slurm.sh: a no-op once installed; it leaves none of their services running). Nothing else installs system
 # packages: without Graphviz, placement pictures are written as .dot (the message says how to get
 # SVG).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint corners docs bench bench-full bench-smoke mutants clean
+.PHONY: demo test check lint corners docs bench bench-full bench-smoke mutants clean
 
 $(VENV)/.installed: setup.cfg setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +37,9 @@ lint: $(VENV)/.test-installed
 test: lint
 	sh tests/slurm/install-slurm.sh
 	$(BIN)/pytest
+
+check: lint
+	$(BIN)/pytest -m "not integration"
 
 # Mutation testing of the pure modules (tests/mutants.py, mutmut): each module's mutants against
 # its own unit tests, every survivor printed with its diff; exits 1 on one docs/mutants.md does not

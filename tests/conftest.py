@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -116,6 +117,21 @@ def processes_marked(mark: str) -> list[int]:
     return found
 
 
+def received_of(pids: Iterable[int], folder: str | None = None) -> list[str]:
+    """The received-credentials folders (:func:`graphdist._net.tlsmode.write_received`:
+    ``graphdist-tls-<pid>-received-*``) in ``folder`` (the temporary folder) made by one of
+    ``pids``: a test's own processes, never another test's, which makes and removes folders of
+    the same name in the same folder while it runs on the other xdist worker."""
+    import fnmatch
+    import tempfile
+
+    from graphdist._net.tlsmode import RECEIVED_GLOB
+
+    owners = {str(pid) for pid in pids}
+    names = fnmatch.filter(os.listdir(folder or tempfile.gettempdir()), RECEIVED_GLOB)
+    return sorted(name for name in names if name.split("-")[2] in owners)
+
+
 def run_python(
     args: list[str],
     *,
@@ -200,6 +216,18 @@ def pytest_runtest_makereport(
     whose test never runs where CI runs is a promise nobody checks. Skips from ``xfail`` and
     tests without the marker are left alone."""
     report = yield
+    if call.when == "teardown" and _unit_tier(item.config):
+        started = _tripwire_records()
+        if started and report.outcome != "failed":
+            report.outcome = "failed"
+            report.longrepr = (
+                "a unit-tier test started a process that imported TensorFlow:\n"
+                + "".join(
+                    f"  {r['test']}: pid {r['pid']} {' '.join(r['argv'])[:300]}\n" for r in started
+                )
+                + "Mark it integration (tests/conftest.py: INTEGRATION_FIXTURES or "
+                "INTEGRATION_TESTS, or pytest.mark.integration): `make check` is the fast tier."
+            )
     if (
         report.skipped
         and not hasattr(report, "wasxfail")
@@ -213,6 +241,148 @@ def pytest_runtest_makereport(
             "tests skip here (CI never sets it)."
         )
     return report
+
+
+def _declared_missing(item: pytest.Item) -> str | None:
+    """What a ``needs(MODULE, extra=EXTRA)`` mark of ``item`` names that is not installed (a
+    declared test dependency: setup.cfg's ``test`` or ``ray`` extra), said as a skip reason;
+    None where all of it is."""
+    import importlib.util
+
+    for mark in item.iter_markers("needs"):
+        module, extra = mark.args[0], mark.kwargs.get("extra", "test")
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed (pip install -e '.[{extra}]')"
+    return None
+
+
+# -- the unit tier: `make check` runs -m "not integration" ---------------------------------------
+
+#: Fixtures that start real TensorFlow servers, a warm agent, Ray, a host bed or a Slurm bed: a
+#: test that uses one (directly or through another fixture) is marked ``integration`` when it is
+#: collected, whatever its module says.
+INTEGRATION_FIXTURES = frozenset(
+    {
+        "graphdist_fleet",
+        "graphdist_fleet_factory",
+        "graphdist_faults",
+        "warm_agent",
+        "_suite_agent",
+        "hosts",
+        "slurm",
+        "ray_env",
+    }
+)
+#: Tests that start such processes themselves (``graphdist run``/``up``/``demo``, a script that
+#: imports TensorFlow) or a host bed, by node id prefix: a whole module, or a test of one with
+#: all its parameters. Each is marked ``integration`` likewise. (A module of one's own may carry
+#: the mark itself, as most do; this list also reaches the modules whose owners are busy.)
+INTEGRATION_TESTS = (
+    "tests/cli/test_interrupt.py",
+    "tests/cli/test_cli.py::test_demo_",
+    "tests/cli/test_cli.py::test_detached_fleet_up_status_down",
+    "tests/cli/test_cli.py::test_stale_state_is_detected_and_cleaned",
+    "tests/cli/test_cli.py::test_foreground_up_reports_a_death_and_stops_everything_on_ctrl_c",
+    "tests/cli/test_cli.py::test_status_names_a_foreground_up_instead_of_saying_only_no_fleet",
+    "tests/cli/test_first_use.py::test_a_closed_fleets_table_shows_stopped_and_a_killed_task",
+    "tests/cli/test_first_use.py::test_run_console_leaves_out_tensorflows_lines_and_the_logs",
+    "tests/cli/test_first_use.py::test_the_demo_shows_",
+    "tests/distribute/test_heartbeat.py::test_the_cli_takes_off_for_no_heartbeat",
+    "tests/distribute/test_resume.py::test_keras_3_is_refused_with_what_to_set",
+    "tests/distribute/test_resume.py::test_a_non_checkpoint_and_steps_under_ps_are_refused",
+    "tests/distribute/test_warm.py",
+    "tests/net/test_hostbed.py",
+    "tests/proc/test_lean.py",
+    "tests/slurm/test_slurmbed.py",
+    "tests/test_bad_input.py::test_bad_cli_arguments['warm start --idle-timeout ",
+    "tests/test_bad_input.py::test_a_one_line_error_shows_the_users_own_values",
+    "tests/test_bench.py::test_suite_smoke_run",
+    "tests/test_tflog.py::test_import_tensorflow_quietly_keeps_only_the_programs_lines",
+)
+#: The tripwire (tests/unit_tier/sitecustomize.py): a unit-tier test that starts a process which
+#: imports TensorFlow fails, naming it, so that no test slows the tier down unseen.
+TRIPWIRE = os.path.join(REPO, "tests", "unit_tier")
+TRIPWIRE_RECORDS = "GRAPHDIST_UNIT_TIER_RECORDS"
+TRIPWIRE_TEST = "GRAPHDIST_UNIT_TIER_TEST"
+_records: list[str] = []  # this process's records folder, once made
+
+
+def forbid_in_unit_tier(what: str) -> None:
+    """Fail the running test if it is a unit-tier one (:func:`pytest_runtest_protocol` names it)
+    about to start ``what`` (a network namespace, a host bed, a Ray instance): an integration
+    test that does not say so. The tripwire's twin, for what imports no TensorFlow."""
+    test = os.environ.get(TRIPWIRE_TEST)
+    if test:
+        pytest.fail(
+            f"a unit-tier test starts {what} ({test}): mark it integration (tests/conftest.py: "
+            "INTEGRATION_FIXTURES or INTEGRATION_TESTS, or pytest.mark.integration)"
+        )
+
+
+def _unit_tier(config: pytest.Config) -> bool:
+    """Whether this run is the unit tier: its ``-m`` leaves the integration tests out."""
+    return "not integration" in (config.getoption("markexpr", default="") or "")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """``integration`` on each test that uses an :data:`INTEGRATION_FIXTURES` fixture or is one
+    of :data:`INTEGRATION_TESTS` (before ``-m`` selects)."""
+    uses = INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+    if uses or item.nodeid.startswith(INTEGRATION_TESTS):
+        item.add_marker(pytest.mark.integration)
+
+
+def _tripwire_records() -> list[dict[str, Any]]:
+    """The processes that imported TensorFlow since the last look (their records, removed)."""
+    found = []
+    for folder in _records:
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            try:
+                found.append(read_json(path))
+            except (OSError, ValueError):
+                continue
+            finally:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+    return found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    """In the unit tier, every process a test starts has the tripwire on its ``PYTHONPATH``."""
+    if not _unit_tier(item.config):
+        return (yield)
+    if not _records:
+        import tempfile
+
+        _records.append(tempfile.mkdtemp(prefix=f"gd-unit-tier-{os.getpid()}-"))
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", TRIPWIRE_RECORDS, TRIPWIRE_TEST)}
+    path = [TRIPWIRE, *filter(None, [saved["PYTHONPATH"]])]
+    os.environ.update(
+        {
+            "PYTHONPATH": os.pathsep.join(path),
+            TRIPWIRE_RECORDS: _records[0],
+            TRIPWIRE_TEST: item.nodeid,
+        }
+    )
+    try:
+        return (yield)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    for folder in _records:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def seed_ports_free(ports: tuple[int, ...] = (2020, 2021), timeout_s: float = EVENTUALLY_S) -> bool:
@@ -371,12 +541,22 @@ def _group_suffix(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The known-slow tests first, longest first; the rest keep their order (a stable sort).
 
+    A test marked ``needs(MODULE, extra=EXTRA)`` whose module is not installed is skipped as a
+    ``promise``: the skip fails unless promise skips are allowed (:func:`_declared_missing`).
+
     And ``xdist_group`` made to work again: ``--dist loadgroup`` sends the tests whose node id
     ends in ``@NAME`` to one worker, and xdist adds that suffix by setting ``item._nodeid``,
     which pytest 9 no longer reads (a node id now comes from ``item._id``): without this, the
     "seed_ports" tests ran on both workers at once."""
+    for item in items:
+        # A declared test dependency that is missing skips the tests that need it, as a
+        # promise does: a failure unless GRAPHDIST_ALLOW_PROMISE_SKIPS=1 (never in CI).
+        missing = _declared_missing(item)
+        if missing is not None:
+            item.add_marker(pytest.mark.promise)
+            item.add_marker(pytest.mark.skip(reason=missing))
     if config.getoption("loadgroup", default=False):  # set on xdist workers only
-        from _pytest.nodeid import NodeId
+        from _pytest.nodeid import NodeId  # private: no public API sets a node id (pinned)
 
         for item in items:
             suffix = _group_suffix(item)

@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import is_gone, wait_gone
+from tests.conftest import forbid_in_unit_tier, is_gone, wait_gone
 
 NETNS_PREFIX = "gdh-"
 # How long close() waits for killed processes to exit, and then for deleted links to disappear.
@@ -333,6 +333,7 @@ class HostBed:
     def __init__(self, n: int = 3, *, owner_pid: int | None = None) -> None:
         if not 1 <= n <= 254:
             raise ValueError(f"a bed has 1 to 254 hosts (one /24), not {n}")
+        forbid_in_unit_tier("a host bed (network namespaces)")
         sweep_stale()
         self.owner_pid = os.getpid() if owner_pid is None else owner_pid
         self.tag = "".join(random.SystemRandom().choices(_TAG_CHARS, k=4))

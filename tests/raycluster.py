@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 
-from tests.conftest import EVENTUALLY_S, wait_gone
+from tests.conftest import EVENTUALLY_S, forbid_in_unit_tier, wait_gone
 from tests.fleet.conftest import reload_ray_token, require_token_auth
 
 
@@ -35,6 +35,7 @@ def ray_processes(marker: str) -> list[int]:
 def simulated_cluster(cpus: Sequence[int]) -> Iterator[Any]:
     """A head with ``cpus[0]`` CPUs and a node for each further entry; Ray's state and its auth
     token in a folder and environment of the cluster's own (not $HOME), restored after."""
+    forbid_in_unit_tier("a Ray cluster")
     # Short: Ray's socket paths live below it and AF_UNIX paths stop at 107 bytes.
     tmp = tempfile.mkdtemp(prefix="gdray-")
     saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}

@@ -10,7 +10,7 @@ import pytest
 
 from tests import mutants
 
-pytest.importorskip("mutmut")
+pytestmark = [pytest.mark.needs("mutmut")]
 
 
 # 8 to 14 s here (6 to 12 s of CPU); the bound leaves room for a machine whose two cores other

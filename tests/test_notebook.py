@@ -13,9 +13,12 @@ import pytest
 
 from tests.conftest import EVENTUALLY_S, REPO, wait_gone
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(400),
+    pytest.mark.needs("nbformat"),
+    pytest.mark.needs("nbclient"),
+]
 
 NOTEBOOK = os.path.join(REPO, "examples", "tutorial.ipynb")
 
@@ -64,6 +67,9 @@ def interrupt_kernel(client) -> None:
 
 
 def test_the_tutorial_runs_twice_in_one_kernel_and_an_interrupt_spares_the_servers():
+    import nbclient
+    import nbformat
+
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(
         nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": REPO}}

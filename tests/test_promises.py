@@ -83,3 +83,47 @@ def test_only_the_value_1_allows(suite, monkeypatch):
     monkeypatch.setenv(ALLOW_PROMISE_SKIPS, "yes")
     result = _run(suite)
     result.assert_outcomes(passed=1, failed=1, errors=2, skipped=1, xfailed=1)
+
+
+NEEDS = textwrap.dedent(
+    """
+    import pytest
+
+    pytestmark = [pytest.mark.needs("graphdist_no_such_module", extra="ray")]
+
+    def test_needs_a_missing_module():
+        pass
+
+    @pytest.mark.needs("json")
+    def test_needs_an_installed_one_too():
+        pass
+    """
+)
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_a_missing_declared_dependency_skips_as_a_promise_does(pytester, monkeypatch, allowed):
+    """``needs(MODULE, extra=...)`` (a declared test dependency: Ray, nbclient, ...): where the
+    module is missing, its tests fail (in setup) naming it and the extra that installs it, and
+    skip only where promise skips are allowed; a module-level ``importorskip`` skipped them where
+    no hook could see it."""
+    pytester.makeconftest(
+        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
+        "from tests.conftest import pytest_runtest_makereport  # noqa: F401\n"
+    )
+    pytester.makeini(
+        "[pytest]\nmarkers =\n    promise: a promise\n    needs(module, extra): a dependency\n"
+    )
+    pytester.makepyfile(test_needs=NEEDS)
+    if allowed:
+        monkeypatch.setenv(ALLOW_PROMISE_SKIPS, "1")
+    else:
+        monkeypatch.delenv(ALLOW_PROMISE_SKIPS, raising=False)
+    result = _run(pytester)
+    if allowed:
+        result.assert_outcomes(skipped=2)
+    else:
+        result.assert_outcomes(errors=2)
+        text = result.stdout.str()
+        missing = "graphdist_no_such_module is not installed (pip install -e '.[ray]')"
+        assert f"promise test could not run: {missing}" in text, text

@@ -4,7 +4,6 @@ on it, ``status`` shows it, ``down`` stops it and every process of it, Ray's inc
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
@@ -14,9 +13,11 @@ import graphdist
 from graphdist._graph.graphs import split_graph
 from tests.conftest import EVENTUALLY_S, read_json, run_python, wait_gone
 
-if importlib.util.find_spec("ray") is None:
-    pytest.skip("Ray is not installed (pip install 'graphdist[ray]')", allow_module_level=True)
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(420),
+    pytest.mark.needs("ray", extra="ray"),
+]
 
 
 def gd(*args: str, timeout: float = 300) -> object:

@@ -4,7 +4,6 @@ tests/net/test_ray_hosts.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
 import json
 import os
@@ -19,8 +18,7 @@ import pytest
 from graphdist._proc.process import marked
 from tests.conftest import EVENTUALLY_S, QUIET_TF, wait_gone
 
-if importlib.util.find_spec("ray") is None:
-    pytest.skip("Ray is not installed (pip install 'graphdist[ray]')", allow_module_level=True)
+pytestmark = [pytest.mark.integration, pytest.mark.needs("ray", extra="ray")]
 
 PRINT_TASK = "import json, os; print(json.dumps(json.loads(os.environ['TF_CONFIG'])))"
 

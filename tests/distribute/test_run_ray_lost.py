@@ -9,7 +9,6 @@ node)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,13 +20,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import QUIET_TF, wait_gone
-
-if importlib.util.find_spec("ray") is None:
-    pytest.skip("Ray is not installed (pip install 'graphdist[ray]')", allow_module_level=True)
-
 from tests.raycluster import simulated_cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ray_cluster")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.xdist_group("ray_cluster"),
+    pytest.mark.needs("ray", extra="ray"),
+]
 
 UP_THEN_SLEEP = (
     "import os, time; print('up', flush=True); "

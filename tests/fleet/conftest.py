@@ -11,7 +11,7 @@ import tempfile
 import psutil
 import pytest
 
-from tests.conftest import EVENTUALLY_S, wait_gone
+from tests.conftest import EVENTUALLY_S, forbid_in_unit_tier, wait_gone
 
 
 def processes_of(marker: str) -> dict[int, psutil.Process]:
@@ -29,6 +29,7 @@ def ray_env(monkeypatch):
     """A private Ray temp folder and auth token, RAY_ADDRESS=local (a Ray instance of the
     test's own, never a cluster that another test runs on this machine: see tests/conftest.py);
     every process the test's Ray started must be gone afterwards."""
+    forbid_in_unit_tier("a Ray instance")
     # Short: Ray's socket paths live below it and AF_UNIX paths stop at 107 bytes.
     tmp = tempfile.mkdtemp(prefix="gdrx-")
     monkeypatch.setenv("RAY_TMPDIR", tmp)

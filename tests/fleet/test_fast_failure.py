@@ -329,8 +329,8 @@ def test_an_attached_detached_fleet_fails_fast_too(state_dir):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.needs("ray", extra="ray")
 def test_a_ray_fleet_fails_fast_too(ray_env):
-    pytest.importorskip("ray")
     with graphdist.RayFleet("local=2") as fleet:
         # Ray brings a killed actor back by itself: the run sees it dead, or restarted
         sess, err = fail_mid_run(fleet, lambda: fleet.kill("local", 1))

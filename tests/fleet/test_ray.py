@@ -6,7 +6,6 @@ The simulated nodes share this machine's address, so the servers stay on loopbac
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import queue
 import time
@@ -19,15 +18,14 @@ from graphdist._net.exposure import is_loopback_ip
 from tests.conftest import EVENTUALLY_S, listening
 from tests.raycluster import simulated_cluster
 
-# Ray reads its auth settings when it is imported, so it is imported only once they are set.
-if importlib.util.find_spec("ray") is None:
-    pytest.skip("Ray is not installed (pip install 'graphdist[ray]')", allow_module_level=True)
+# Ray reads its auth settings when it is imported: the tests import it once they are set.
 # One worker runs them all, one after another: the module's three-node Ray cluster is then built
 # once (7-10 s of several Ray processes) instead of once on each worker, two clusters at a time.
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(300),
     pytest.mark.xdist_group("ray_cluster"),
+    pytest.mark.needs("ray", extra="ray"),
 ]
 
 

@@ -4,7 +4,6 @@ fleet is exposed, and then each server on its node's address only (never a wildc
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import textwrap
 import uuid
@@ -20,13 +19,9 @@ from tests.conftest import EVENTUALLY_S, listening, processes_marked, wait_gone
 from tests.fleet.conftest import processes_of as _processes_of
 from tests.net.netns import OUTSIDE_IP, connects, non_loopback_addresses, run_python_in_netns
 
-HAVE_RAY = importlib.util.find_spec("ray") is not None
-needs_ray = pytest.mark.skipif(
-    not HAVE_RAY, reason="Ray is not installed (pip install 'graphdist[ray]')"
-)
-# The Ray backend's promises hold where Ray is installed: without it the backend does not exist
-# (an optional extra) and these tests skip; with it, one that cannot run fails (tests/conftest.py).
-ray_promise = pytest.mark.promise if HAVE_RAY else needs_ray
+# Ray is a declared test dependency (setup.cfg's `ray` extra, which `make test` installs): a test
+# that needs it and cannot import it skips as a promise does, a failure in CI (tests/conftest.py).
+needs_ray = pytest.mark.needs("ray", extra="ray")
 DRIVER = ("driver-node", "10.0.0.1")
 
 
@@ -103,7 +98,7 @@ def _listening(procs: dict[int, psutil.Process]) -> dict[int, tuple[str, list[tu
 
 
 @needs_ray
-@ray_promise
+@pytest.mark.promise
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_the_ray_graphdist_starts_and_its_servers_listen_on_loopback_only(ray_env):
@@ -191,7 +186,7 @@ RAY_IN_NETNS = textwrap.dedent(
 
 
 @needs_ray
-@ray_promise
+@pytest.mark.promise
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_a_ray_node_on_a_network_address_still_gets_loopback_servers(ray_env):

@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from tests.conftest import QUIET_TF, REPO
+from tests.conftest import QUIET_TF, REPO, forbid_in_unit_tier
 
 OUTSIDE_IP = "10.254.0.1"  # private (RFC 1918), and only ever inside the test's namespace
 CONNECT_TIMEOUT_S = 2.0
@@ -65,6 +65,7 @@ def connects(host: str, port: int) -> bool:
 def require_netns() -> None:
     """Skip (with what is missing) unless this process can make a network namespace with a
     veth pair in it."""
+    forbid_in_unit_tier("a network namespace")
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         pytest.skip("a network namespace of the test's own needs root (CAP_SYS_ADMIN)")
     for tool, package in (("unshare", "util-linux"), ("ip", "iproute2")):

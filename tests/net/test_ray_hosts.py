@@ -80,11 +80,18 @@ class RayOnHosts:
     def __init__(self, hosts: Any) -> None:
         self.hosts = hosts
         self.tmp = tempfile.mkdtemp(prefix="gdrh-")  # short: Ray's AF_UNIX paths are below it
+        # The temporary folder of every process of this Ray cluster (its workers inherit it from
+        # their raylet) and of the drivers started on its hosts: what they leave there (a
+        # node's received credentials) is theirs, never another test's, whose TLS runs on the
+        # other xdist worker make and remove folders of the same name in the shared /tmp.
+        self.tmpdir = os.path.join(self.tmp, "t")
+        os.mkdir(self.tmpdir, 0o700)
         self.token = secrets.token_hex(16)
         self.env = {
             **os.environ,
             **QUIET_TF,
             "RAY_TMPDIR": self.tmp,
+            "TMPDIR": self.tmpdir,
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN": self.token,
             "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
@@ -127,6 +134,11 @@ class RayOnHosts:
         result = host.run(["sh", "-c", line], env=env, capture_output=True, text=True,
                           timeout=180)  # fmt: skip
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+    def received(self) -> list[str]:
+        """The nodes' received credentials (:func:`graphdist._net.tlsmode.write_received`'s
+        folders) left in this cluster's own temporary folder."""
+        return fnmatch.filter(os.listdir(self.tmpdir), RECEIVED_GLOB)
 
     def client_server_logs(self) -> str:
         """The tails of the head's Ray client server logs (the proxy's and each ray:// client's
@@ -305,6 +317,16 @@ def _kill_if_running(proc: subprocess.Popen[Any]) -> None:
         proc.wait(30)
 
 
+def _environ(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` started with ({} once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            pairs = [part.decode(errors="replace") for part in f.read().split(b"\0") if part]
+    except OSError:
+        return {}
+    return dict(pair.split("=", 1) for pair in pairs if "=" in pair)
+
+
 def _cmdline(pid: int) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -461,11 +483,15 @@ def test_a_ray_fleet_in_tls_mode_across_hosts(
         ]
         outside = [a for a in on_port if not on_loopback(a)]
         assert outside == [on_host2], on_port
-        # the nodes' credentials (one file system here): read by their gateways, then removed
-        left = [
-            p for p in os.listdir(tempfile.gettempdir()) if fnmatch.fnmatch(p, RECEIVED_GLOB)
+        # the nodes' credentials, written where this cluster's processes write (the gateways
+        # inherit their writer's TMPDIR): read by their gateways, then removed
+        gateways = [
+            p for h in hosts[:2] for p in h.pids() if "graphdist._net.gateway" in _cmdline(p)
         ]
-        assert not left, left
+        assert gateways and all(
+            _environ(p).get("TMPDIR") == ray_on_hosts.tmpdir for p in gateways
+        ), gateways
+        assert ray_on_hosts.received() == []
         driver.stdin.write("close\n")
         driver.stdin.flush()
         assert _step(driver, "closed")["state"] == "closed"
@@ -510,6 +536,12 @@ def test_a_run_on_ray_in_tls_mode_trains_across_hosts_with_no_server_on_a_host_a
         text = event.get("text", "") if event.get("event") == "line" else ""
         if "listening" not in seen and text.startswith("epoch 1/"):
             seen["listening"] = _listening(hosts[1])
+            seen["gateway_tmpdirs"] = {
+                _environ(p).get("TMPDIR")
+                for host in hosts[:2]
+                for p in host.pids()
+                if "graphdist._net.gateway" in _cmdline(p)
+            }
 
     events, lines = _run_on_ray(
         hosts[0], ray_on_hosts, ["--workers", "2", "--", *train], look, "--tls"
@@ -533,8 +565,10 @@ def test_a_run_on_ray_in_tls_mode_trains_across_hosts_with_no_server_on_a_host_a
     assert not any(
         "graphdist._net.gateway" in _cmdline(p) for host in hosts[:2] for p in host.pids()
     )
-    left = [p for p in os.listdir(tempfile.gettempdir()) if fnmatch.fnmatch(p, RECEIVED_GLOB)]
-    assert not left, left
+    # the nodes' credentials, in this cluster's own temporary folder (where the gateways'
+    # writers wrote them: the gateways inherit their TMPDIR), are gone with the run
+    assert seen["gateway_tmpdirs"] == {ray_on_hosts.tmpdir}, seen["gateway_tmpdirs"]
+    assert ray_on_hosts.received() == []
 
 
 ATTACHED = (

@@ -103,8 +103,10 @@ def test_systemd_unit_runs_a_real_serve_command():
     _check_serve_argv(argv[1:])
 
 
+@pytest.mark.needs("yaml")
 def test_kubernetes_manifest_parses_and_matches_its_cluster():
-    yaml = pytest.importorskip("yaml")
+    import yaml
+
     with open(os.path.join(SERVERS, "kubernetes.yaml")) as f:
         docs = {d["kind"]: d for d in yaml.safe_load_all(f)}
     service, stateful = docs["Service"], docs["StatefulSet"]

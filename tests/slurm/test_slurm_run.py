@@ -18,8 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from graphdist._net.tlsmode import RECEIVED_GLOB
-from tests.conftest import is_gone, on_loopback, wait_gone
+from tests.conftest import is_gone, on_loopback, received_of, wait_gone
 from tests.net.test_ray_hosts import _cmdline, _weights
 
 pytestmark = [pytest.mark.promise]
@@ -283,8 +282,9 @@ def test_a_tls_run_trains_behind_the_nodes_gateways_and_restarts_with_fresh_cred
         if not killed and event.get("task") == "worker-1" and text.startswith(f"epoch 1/{EPOCHS}"):
             node = slurm.node(seen["nodes"]["worker-1"])
             seen["listening"] = node.run(["ss", "-Hltn"]).stdout.splitlines()
-            received = f"ls -d ${{TMPDIR:-/tmp}}/{RECEIVED_GLOB} 2>/dev/null || true"
-            seen["received"] = node.run(["sh", "-c", received]).stdout.strip()
+            # the received credentials, by their writers' pids (the node's: one file system
+            # here, where other tests' TLS runs write folders of the same name)
+            seen["received"] = received_of(node.pids())
             killed.extend(p for p in node.pids() if _is_command(p, script))
             guard = psutil.Process(killed[0]).parent()
             seen["forked_by"] = _cmdline(guard.parent().pid if guard else 0)
@@ -310,7 +310,7 @@ def test_a_tls_run_trains_behind_the_nodes_gateways_and_restarts_with_fresh_cred
         if row.split()[3].rsplit(":", 1)[1] in ports and not on_loopback(row.split()[3])
     ]
     assert len(outside) == 1 and outside[0].startswith(node.address + ":"), seen["listening"]
-    assert seen["received"] == "", seen["received"]
+    assert seen["received"] == [], seen["received"]
     assert any(e.get("event") == "resumed" for e in events), "".join(lines[-60:])
     assert _steps(slurm, alloc) == []
     assert all(is_gone(p) for p in killed)
