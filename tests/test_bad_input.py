@@ -1117,7 +1117,7 @@ def test_digits_other_than_ascii_are_refused_wherever_a_number_is_read(digits, p
 @settings(max_examples=100, deadline=None)
 @given(non_ascii_digits, st.sampled_from(["--task", "--port-base", "--workers", "--master"]))
 def test_cli_numbers_take_ascii_digits_only(digits, option):
-    from graphdist._cli.main import build_parser
+    from graphdist._cli.parser import build_parser
 
     command = {"--task": "serve", "--port-base": "serve", "--workers": "run", "--master": "demo"}
     with pytest.raises(graphdist.UsageError, match=option):

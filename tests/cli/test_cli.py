@@ -12,7 +12,9 @@ import sys
 
 import pytest
 
-from graphdist._cli.main import EXIT_USAGE, UsageError, build_parser
+from graphdist._cli.main import EXIT_USAGE
+from graphdist._cli.parser import build_parser
+from graphdist._exceptions import UsageError
 from tests.conftest import (
     EVENTUALLY_S,
     QUIET_TF,

@@ -12,7 +12,8 @@ import sys
 import pytest
 
 import graphdist
-from graphdist._cli.main import EXAMPLES, build_parser
+from graphdist._cli.helptext import EXAMPLES
+from graphdist._cli.parser import build_parser
 from graphdist._distribute.taskproc import interpreter_hint
 from graphdist._exceptions import FleetClosedError
 from graphdist._fleet.health import HealthReport, TaskHealth

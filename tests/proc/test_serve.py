@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import graphdist
-from graphdist._cli.main import build_parser
+from graphdist._cli.parser import build_parser
 from graphdist._graph.graphs import split_graph
 from graphdist._net.ports import pick_free_ports, release_ports
 from tests.conftest import QUIET_TF, REPO
