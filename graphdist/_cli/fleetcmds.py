@@ -126,7 +126,10 @@ def _start_noting_signals(fleet: Any, *, keep: bool) -> tuple[threading.Event, l
     ends, or fails because the same SIGINT killed a fork server still importing TensorFlow;
     then the fleet is closed and :class:`Interrupted` raised (exit 130 for Ctrl-C, 128 + N for
     another signal). Returns the event a later stop signal sets and the signals received, with
-    the handlers kept (``keep``) or given back (a later Ctrl-C is a KeyboardInterrupt again)."""
+    the handlers kept (``keep``) or given back (a later Ctrl-C is a KeyboardInterrupt again).
+    A start that fails or is interrupted gives them back whatever ``keep`` says: the command
+    ends there, and a caller of :func:`graphdist._cli.main.main` in the same process (a test, a
+    notebook) gets its own handlers back."""
     stop = threading.Event()
     received: list[int] = []
 
@@ -135,18 +138,26 @@ def _start_noting_signals(fleet: Any, *, keep: bool) -> tuple[threading.Event, l
         stop.set()
 
     previous = {sig: signal.signal(sig, note) for sig in STOP_SIGNALS}
+
+    def give_back() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    started = False
     try:
         fleet.start()
+        started = True
     except GraphdistError:
         if received:
             raise Interrupted(received[0]) from None
         raise
     finally:
-        if not keep:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        if not keep or not started:
+            give_back()
     if received:
-        fleet.close()
+        fleet.close()  # a second signal meanwhile is noted too (keep), not a KeyboardInterrupt
+        if keep:
+            give_back()
         raise Interrupted(received[0])
     return stop, received
 
