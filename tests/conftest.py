@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
 import psutil
@@ -177,6 +178,51 @@ def state_dir(tmp_path: object) -> str:
     """A private state folder for CLI fleets, so tests never touch the user's default one."""
     path = os.path.join(str(tmp_path), "state")
     return path
+
+
+@dataclasses.dataclass(frozen=True)
+class CliResult:
+    """What ``graphdist ARGV`` run in this process did, named as a CompletedProcess names it."""
+
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def run_cli(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., CliResult]:
+    """``run_cli(*ARGV, env={...})``: ``graphdist ARGV`` in this process, through
+    :func:`graphdist._cli.main.main`, with its exit status and what it printed (``env`` is set
+    for the rest of the test). For the checks of a user mistake, refused before anything starts:
+    a subprocess each, a fresh import of graphdist, made them the slow part of the suite (issue
+    54); the real entry point keeps tests of its own (tests/cli/test_no_traceback.py). The
+    command must leave nothing behind, no process and no signal handler; the import refusal
+    ``serve`` and ``demo`` install (:func:`graphdist._proc.lean.install`) is taken back."""
+    from graphdist._cli.main import main
+
+    def run(*argv: str, env: dict[str, str] | None = None) -> CliResult:
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
+        capsys.readouterr()  # what the test printed before is not the command's
+        signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE)
+        handlers = {sig: signal.getsignal(sig) for sig in signals}
+        children = {p.pid for p in psutil.Process().children(recursive=True)}
+        meta_path = list(sys.meta_path)
+        try:
+            code = main(list(argv))
+        finally:
+            sys.meta_path[:] = meta_path
+        out, err = capsys.readouterr()
+        result = CliResult(list(argv), code, out, err)
+        assert {sig: signal.getsignal(sig) for sig in signals} == handlers, result
+        left = {p.pid for p in psutil.Process().children(recursive=True)} - children
+        assert wait_gone(left, EVENTUALLY_S) == [], result
+        return result
+
+    return run
 
 
 # -- promises: a security or robustness test that cannot run fails, unless allowed -------------
