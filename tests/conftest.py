@@ -200,8 +200,16 @@ def run_cli(
     a subprocess each, a fresh import of graphdist, made them the slow part of the suite (issue
     54); the real entry point keeps tests of its own (tests/cli/test_no_traceback.py). The
     command must leave nothing behind, no process and no signal handler; the import refusal
-    ``serve`` and ``demo`` install (:func:`graphdist._proc.lean.install`) is taken back."""
+    ``serve`` and ``demo`` install (:func:`graphdist._proc.lean.install`) is taken back, and
+    ``serve`` re-executing itself (a mistake it no longer refused) fails the test instead of
+    replacing pytest's process."""
     from graphdist._cli.main import main
+
+    def no_exec(*args: object) -> None:
+        raise AssertionError(f"the command would replace the test's process: exec {args}")
+
+    monkeypatch.setattr(os, "execv", no_exec)
+    monkeypatch.setattr(os, "execve", no_exec)
 
     def run(*argv: str, env: dict[str, str] | None = None) -> CliResult:
         for name, value in (env or {}).items():

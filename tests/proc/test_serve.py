@@ -147,9 +147,7 @@ def test_slurm_script_builds_the_right_cluster_from_slurm_variables(monkeypatch)
         assert (job, index) == task
 
 
-def test_serve_argument_errors_are_one_line(tmp_path):
-    from tests.conftest import run_python
-
+def test_serve_argument_errors_are_one_line(tmp_path, run_cli):
     for argv, fragment in [
         (["serve", "--job", "local", "--task", "0"], "needs --cluster"),
         (["serve", "--slurm", "worker=2", "--job", "x"], "drop the others"),
@@ -158,7 +156,7 @@ def test_serve_argument_errors_are_one_line(tmp_path):
             "No task with index 4",
         ),
     ]:
-        result = run_python(["-m", "graphdist", *argv])
+        result = run_cli(*argv)
         assert result.returncode == 2, result.stderr
         assert result.stderr.startswith("Error: ") and fragment in result.stderr
 
