@@ -5,7 +5,7 @@ The build is offline and strict: ``-W --keep-going`` (every warning fails it), n
 fails the build (MyST-NB, ``nb_execution_mode = "force"``). The API reference is autodoc over
 ``graphdist.__all__`` (``api.md``; ``tests/test_docs.py`` checks that it names every public name)
 and the CLI reference is generated from the parser itself (sphinx-argparse over
-``graphdist._cli.main.build_parser``, one section per subcommand, checked by the same test).
+``graphdist._cli.parser.build_parser``, one section per subcommand, checked by the same test).
 """
 
 from __future__ import annotations

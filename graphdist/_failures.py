@@ -11,7 +11,7 @@ sessions and health, the launcher, the supervisor, ``graphdist status`` and the 
 - The statuses of a failed task (:data:`DEAD`, :data:`RESTARTED`, :data:`NOT_ANSWERING`) with
   their hints, and :func:`task_failed`, which builds every :class:`TaskFailedError`.
 - Hints name API arguments (``start_timeout_s``); the CLI maps them to its flags when it prints
-  an error (:mod:`graphdist._cli.main`).
+  an error (:func:`graphdist._cli.parser.cli_words`).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import os
@@ -11,8 +12,9 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 import warnings
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
 import psutil
@@ -193,6 +195,75 @@ def state_dir(tmp_path: object) -> str:
     """A private state folder for CLI fleets, so tests never touch the user's default one."""
     path = os.path.join(str(tmp_path), "state")
     return path
+
+
+@dataclasses.dataclass(frozen=True)
+class CliResult:
+    """What ``graphdist ARGV`` run in this process did, named as a CompletedProcess names it."""
+
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _started_since(before: set[int]) -> list[int]:
+    """This process's descendants that are none of ``before`` nor under one of them (a fork
+    server an earlier test left forks spares of its own accord: not the command's)."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.pid not in before and not {p.pid for p in proc.parents()} & before:
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture
+def run_cli(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., CliResult]:
+    """``run_cli(*ARGV, env={...})``: ``graphdist ARGV`` in this process, through
+    :func:`graphdist._cli.main.main`, with its exit status and what it printed (``env`` is set
+    for the rest of the test). For the checks of a user mistake, refused before anything starts:
+    a subprocess each, a fresh import of graphdist, made them the slow part of the suite (issue
+    54); the real entry point keeps tests of its own (tests/cli/test_no_traceback.py). The
+    command must leave nothing behind, no process (each call has a GRAPHDIST_TEST_MARK of its
+    own) and no signal handler; the import refusal ``serve`` and ``demo`` install
+    (:func:`graphdist._proc.lean.install`) is taken back, and ``serve`` re-executing itself (a
+    mistake it no longer refused) fails the test instead of replacing pytest's process."""
+    from graphdist._cli.main import main
+
+    def no_exec(*args: object) -> None:
+        raise AssertionError(f"the command would replace the test's process: exec {args}")
+
+    monkeypatch.setattr(os, "execv", no_exec)
+    monkeypatch.setattr(os, "execve", no_exec)
+
+    def run(*argv: str, env: dict[str, str] | None = None) -> CliResult:
+        # whatever the command starts carries the mark, however deep, whoever adopted it
+        monkeypatch.setenv("GRAPHDIST_TEST_MARK", f"run-cli-{uuid.uuid4().hex}")
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
+        capsys.readouterr()  # what the test printed before is not the command's
+        signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE)
+        handlers = {sig: signal.getsignal(sig) for sig in signals}
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        meta_path = list(sys.meta_path)
+        try:
+            code = main(list(argv))
+        finally:
+            sys.meta_path[:] = meta_path
+        out, err = capsys.readouterr()
+        result = CliResult(list(argv), code, out, err)
+        assert {sig: signal.getsignal(sig) for sig in signals} == handlers, result
+        marked = processes_marked(os.environ["GRAPHDIST_TEST_MARK"])
+        started = [pid for pid in marked if pid != os.getpid()] + _started_since(before)
+        assert wait_gone(started, EVENTUALLY_S) == [], result
+        return result
+
+    return run
 
 
 # -- promises: a security or robustness test that cannot run fails, unless allowed -------------

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 import graphdist
-from graphdist._cli.main import build_parser
+from graphdist._cli.parser import build_parser
 from tests.conftest import REPO
 
 DOCS = Path(REPO, "docs")
@@ -88,7 +88,8 @@ def test_readme_is_a_front_page_that_links_to_the_docs():
 def test_the_docs_name_only_shipped_files_and_no_private_module():
     for page in DOCS.glob("*.md"):
         text = page.read_text(encoding="utf-8")
-        assert not re.search(r"\bgraphdist\._[a-z]", text.replace("graphdist._cli.main", "")), page
+        shown = text.replace("graphdist._cli.parser", "")  # the CLI reference's own source
+        assert not re.search(r"\bgraphdist\._[a-z]", shown), page
         for path in re.findall(r"`(examples/[\w.]+)`", text):
             assert Path(REPO, path).exists(), (page.name, path)
 
@@ -140,7 +141,7 @@ def test_every_error_class_has_a_troubleshooting_entry():
         row.split("|")[1].strip(): set(re.findall(r"`(\w+Error)`", row.split("|")[2]))
         for row in re.findall(r"^\|.*\|$", text, re.M)
     }
-    usage = {cls.__name__ for cls in classes if issubclass(cls, cli._USER_MISTAKES)}
+    usage = {cls.__name__ for cls in classes if issubclass(cls, cli.USER_MISTAKES)}
     assert rows.get("2") == usage, usage ^ rows.get("2", set())
     assert rows.get("the task's own status") == {"TaskExitError"}
     assert cli.EXIT_USAGE == 2 and cli.EXIT_FAILURE == 1

@@ -2,7 +2,7 @@
 modules at any level (at import, for type checking, or inside a function, where a lazy import
 would only hide a circle), no private name (``_name``) of a module used by another one (a name
 two modules use is public in its home), no folder holding more than 40 % of its lines, and no
-module of the run machinery (``_distribute/``) over 600 lines."""
+module of the run machinery (``_distribute/``) or of the command (``_cli/``) over 600 lines."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import graphdist
 
 PACKAGE = pathlib.Path(graphdist.__file__).parent
 MAX_FOLDER_SHARE = 0.40
-MAX_DISTRIBUTE_LINES = 600
+MAX_MODULE_LINES = 600
+SPLIT_FOLDERS = ("_distribute", "_cli")  # the folders whose modules are split to that size
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -161,7 +162,7 @@ def test_no_import_circle_even_through_lazy_imports():
     """A run backend that imported the launcher's names, which imports it back inside a
     function, was such a circle (issue 37)."""
     graph = import_graph(lazy=True)
-    assert "graphdist._distribute.launcher" in graph["graphdist._cli.main"]  # lazy: counted
+    assert "graphdist._distribute.launcher" in graph["graphdist._cli.runcmds"]  # lazy: counted
     assert cycles(graph) == []
 
 
@@ -208,11 +209,14 @@ def test_private_uses_finds_imports_and_attributes():
     ]
 
 
-def test_no_module_of_the_run_machinery_is_over_600_lines():
+def test_no_module_of_the_run_machinery_or_the_command_is_over_600_lines():
     sizes = {
-        p.name: len(p.read_text().splitlines()) for p in (PACKAGE / "_distribute").glob("*.py")
+        f"{folder}/{p.name}": len(p.read_text().splitlines())
+        for folder in SPLIT_FOLDERS
+        for p in (PACKAGE / folder).glob("*.py")
     }
-    assert {n: s for n, s in sizes.items() if s > MAX_DISTRIBUTE_LINES} == {}
+    assert len(sizes) > 20 and "_cli/main.py" in sizes  # the globs found the modules
+    assert {n: s for n, s in sizes.items() if s > MAX_MODULE_LINES} == {}
 
 
 def test_no_folder_holds_more_than_40_percent_of_the_lines():

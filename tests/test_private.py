@@ -6,8 +6,6 @@ import fnmatch
 import os
 import re
 import stat
-import subprocess
-import sys
 import tempfile
 
 import pytest
@@ -15,7 +13,7 @@ import pytest
 import graphdist
 from graphdist._net.tlsmode import RECEIVED_GLOB
 from graphdist._private import private_dir, runtime_dir
-from tests.conftest import REPO, run_python
+from tests.conftest import run_python
 
 
 def mode(path: str) -> int:
@@ -155,18 +153,12 @@ def test_a_port_lock_folder_planted_by_another_user_is_a_one_line_error(tmp_path
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to plant a folder as another user")
-def test_a_state_folder_of_another_user_is_never_read(tmp_path):
+def test_a_state_folder_of_another_user_is_never_read(tmp_path, run_cli):
     planted = tmp_path / "state"
     planted.mkdir()
     (planted / "fleet.json").write_text("{}")
     os.chown(planted, 65534, 65534)
     for command in ("status", "down"):
-        result = subprocess.run(
-            [sys.executable, "-m", "graphdist", command, "--state-dir", str(planted)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=REPO,
-        )
+        result = run_cli(command, "--state-dir", str(planted))
         assert result.returncode == 2, (command, result.stderr)
         assert "belongs to uid 65534" in result.stderr.strip().splitlines()[-1]

@@ -1,4 +1,6 @@
-"""The graphdist command, run as a user runs it: a separate process, real fleets."""
+"""The graphdist command, run as a user runs it: a separate process, real fleets; a user mistake,
+refused before anything starts, in this process (``run_cli``: the same ``main``, no fresh import
+of graphdist each)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import sys
 
 import pytest
 
-from graphdist._cli.main import EXIT_USAGE, UsageError, build_parser
+from graphdist._cli.main import EXIT_USAGE
+from graphdist._cli.parser import build_parser
+from graphdist._exceptions import UsageError
 from tests.conftest import (
     EVENTUALLY_S,
     QUIET_TF,
@@ -82,32 +86,33 @@ def test_parser_is_separate_from_running():
         (["run", "--backend", "ray", "--tls", "--expose", "--", "true"], "drop --expose"),
     ],
 )
-def test_user_mistakes_print_one_line_and_exit_2(argv, fragment):
-    assert_user_error(gd(*argv), fragment)
+def test_user_mistakes_print_one_line_and_exit_2(argv, fragment, run_cli):
+    assert_user_error(run_cli(*argv), fragment)
 
 
-def test_cluster_files_that_are_not_utf8_json_text_are_one_line(tmp_path):
+def test_cluster_files_that_are_not_utf8_json_text_are_one_line(tmp_path, run_cli):
     latin = tmp_path / "latin1.json"
     latin.write_bytes('{"local": ["h\u00f4te:2020"]}'.encode("latin-1"))
-    assert_user_error(gd("up", "--cluster", str(latin)), "is not UTF-8 text (byte 0xf4")
-    assert_user_error(gd("up", "--cluster", str(tmp_path)), "it is a folder")
+    assert_user_error(run_cli("up", "--cluster", str(latin)), "is not UTF-8 text (byte 0xf4")
+    assert_user_error(run_cli("up", "--cluster", str(tmp_path)), "it is a folder")
     fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)  # no writer: a plain open() would wait for one forever
-    assert_user_error(gd("up", "--cluster", str(fifo), timeout=60), "not a regular file")
+    os.mkfifo(fifo)  # no writer: a plain open() would wait for one forever (the test's timeout)
+    assert_user_error(run_cli("up", "--cluster", str(fifo)), "not a regular file")
 
 
-def test_serve_slurm_outside_slurm_says_to_use_srun(monkeypatch):
+def test_serve_slurm_outside_slurm_says_to_use_srun(monkeypatch, run_cli):
     for name in list(os.environ):
         if name.startswith("SLURM_"):
             monkeypatch.delenv(name)
-    result = gd("serve", "--slurm", "ps=1,worker=2")
+    result = run_cli("serve", "--slurm", "ps=1,worker=2")
     assert_user_error(result, "SLURM_PROCID")
     assert "srun" in result.stderr
 
 
-def test_no_fleet_running(state_dir):
-    assert_user_error(gd("status", state_dir=state_dir), "No detached fleet")
-    assert_user_error(gd("down", state_dir=state_dir), "No detached fleet")
+def test_no_fleet_running(state_dir, run_cli):
+    env = {"GRAPHDIST_STATE_DIR": state_dir}
+    assert_user_error(run_cli("status", env=env), "No detached fleet")
+    assert_user_error(run_cli("down", env=env), "No detached fleet")
 
 
 def test_port_in_use_is_a_one_line_error(state_dir):
@@ -208,8 +213,8 @@ SEED_WORKERS = ["worker0.example.com:12345", "worker1.example.com:12345"]  # the
 
 
 @pytest.mark.parametrize("index", [0, 1])
-def test_tf_config_prints_the_tasks_tf_config_as_json(index):
-    result = gd(
+def test_tf_config_prints_the_tasks_tf_config_as_json(index, run_cli):
+    result = run_cli(
         "tf-config", "--cluster", json.dumps({"worker": SEED_WORKERS}), "--task", f"worker:{index}"
     )
     assert result.returncode == 0, result.stderr
@@ -277,8 +282,8 @@ def test_demo_on_a_taken_seed_port_fails_at_once_naming_the_port_and_its_holder(
         (["up", "--cluster", "local=1", "--bogus"], "--bogus"),
     ],
 )
-def test_a_mistyped_option_is_named_with_the_closest_one(argv, said):
-    result = gd(*argv)
+def test_a_mistyped_option_is_named_with_the_closest_one(argv, said, run_cli):
+    result = run_cli(*argv)
     assert result.returncode == EXIT_USAGE, result.stderr
     expected = f"Error: unrecognized argument {said} (see `graphdist {argv[0]} --help`)"
     assert result.stderr.splitlines() == [expected], result.stderr

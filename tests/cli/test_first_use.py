@@ -12,14 +12,15 @@ import sys
 import pytest
 
 import graphdist
-from graphdist._cli.main import EXAMPLES, build_parser
+from graphdist._cli.helptext import EXAMPLES
+from graphdist._cli.parser import build_parser
 from graphdist._distribute.taskproc import interpreter_hint
 from graphdist._exceptions import FleetClosedError
 from graphdist._fleet.health import HealthReport, TaskHealth
 from graphdist._fleet.local import LocalFleet
 from graphdist._graph.trace import Placement
 from graphdist._tflog import TF_LOGS_ENV, is_tf_log
-from tests.cli.test_cli import assert_user_error, gd
+from tests.cli.test_cli import assert_user_error
 from tests.conftest import EVENTUALLY_S, REPO, wait_gone
 
 COMMANDS = ["up", "status", "down", "run", "serve", "tf-config", "demo", "warm"]
@@ -65,8 +66,8 @@ def test_the_top_help_says_what_graphdist_is_with_examples():
         ["serve", "--cluster", "worker=2", "--job", "worker", "--task", "0"],
     ],
 )
-def test_tf_config_and_serve_refuse_job_n_asking_for_addresses(argv):
-    result = gd(*argv)
+def test_tf_config_and_serve_refuse_job_n_asking_for_addresses(argv, run_cli):
+    result = run_cli(*argv)
     assert_user_error(result, "picks new free ports on every call")
     assert "pass JSON text or a JSON file path" in result.stderr
     assert result.stdout == ""
@@ -83,8 +84,8 @@ def test_the_library_tf_config_refuses_job_n_too():
 @pytest.mark.parametrize(
     ("spec", "meant"), [("local:2", "local=2"), ("worker:2, ps:1", "worker=2,ps=1")]
 )
-def test_counts_written_with_a_colon_suggest_the_equals_sign(spec, meant):
-    assert_user_error(gd("up", "--cluster", spec), f"did you mean {meant!r}?")
+def test_counts_written_with_a_colon_suggest_the_equals_sign(spec, meant, run_cli):
+    assert_user_error(run_cli("up", "--cluster", spec), f"did you mean {meant!r}?")
 
 
 def test_an_address_is_not_taken_for_counts():
@@ -172,12 +173,12 @@ def test_health_and_placement_tables_set_a_text_colour():
 # -- what an interrupted `up --detach` left -------------------------------------------------------
 
 
-def test_down_removes_what_an_interrupted_up_detach_left(tmp_path):
+def test_down_removes_what_an_interrupted_up_detach_left(tmp_path, run_cli):
     state_dir = tmp_path / "fleet"
     (state_dir / "logs").mkdir(parents=True)
     (state_dir / "lock").write_text("12345")
     (state_dir / "supervisor.log").write_text("")
-    result = gd("down", "--state-dir", str(state_dir))
+    result = run_cli("down", "--state-dir", str(state_dir))
     assert result.returncode == 0, result.stderr
     assert "no fleet was running; removed what an earlier one left (supervisor.log)" in (
         result.stdout
@@ -218,14 +219,8 @@ def test_the_demo_shows_tensorflows_lines_with_the_switch():
     assert any(is_tf_log(line) for line in result.stderr.splitlines()), result.stderr
 
 
-def test_a_bad_switch_value_is_one_line():
-    result = subprocess.run(
-        [sys.executable, "-m", "graphdist", "tf-config", "--cluster", "{}", "--task", "w:0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, TF_LOGS_ENV: "yes"},
-    )
+def test_a_bad_switch_value_is_one_line(run_cli):
+    result = run_cli("tf-config", "--cluster", "{}", "--task", "w:0", env={TF_LOGS_ENV: "yes"})
     assert_user_error(result, "GRAPHDIST_TF_LOGS must be 1")
 
 

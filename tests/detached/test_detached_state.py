@@ -500,14 +500,14 @@ def test_leftovers_of_a_failed_start_are_cleaned_with_a_one_line_note(state_dir,
 
 
 @pytest.mark.timeout(60)
-def test_a_folder_holding_the_users_files_is_refused_as_a_state_folder(tmp_path, mark):
+def test_a_folder_holding_the_users_files_is_refused_as_a_state_folder(tmp_path, run_cli):
     """``up --detach --state-dir .`` in a project: a fleet's state folder is removed when the
     fleet stops, so one holding other files is refused before anything starts, and left as it
     was (its files, its mode)."""
     folder = tmp_path / "project"
     folder.mkdir(mode=0o755)
     (folder / "thesis.tex").write_text("two years of work")
-    up = gd(mark, "up", "--cluster", "local=1", "--detach", "--state-dir", str(folder))
+    up = run_cli("up", "--cluster", "local=1", "--detach", "--state-dir", str(folder))
     assert up.returncode == 2, up.stderr
     assert up.stderr.startswith("Error: ") and len(up.stderr.strip().splitlines()) == 1
     assert "thesis.tex" in up.stderr and "new or empty folder" in up.stderr, up.stderr

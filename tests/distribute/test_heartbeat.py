@@ -249,13 +249,8 @@ def test_a_server_that_goes_away_is_not_frozen_but_a_task_between_two_programs(p
     ("value", "words"),
     [("1", "at least 2 s, not 1.0"), ("nan", "finite number"), ("inf", "finite number")],
 )
-def test_the_cli_refuses_a_heartbeat_below_the_floor_in_one_line(value, words):
-    proc = subprocess.run(
-        [sys.executable, "-m", "graphdist", "run", "--heartbeat-timeout", value, "--", "true"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def test_the_cli_refuses_a_heartbeat_below_the_floor_in_one_line(value, words, run_cli):
+    proc = run_cli("run", "--heartbeat-timeout", value, "--", "true")
     assert proc.returncode == 2 and proc.stdout == ""
     [line] = proc.stderr.splitlines()
     assert line.startswith("Error: --heartbeat-timeout must be") and words in line, line

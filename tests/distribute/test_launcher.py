@@ -250,8 +250,8 @@ def test_run_function_returns_each_tasks_result():
         (["run", "--log-dir", "/proc/no/such", "--", "true"], "Cannot keep logs in /proc/no/such"),
     ],
 )
-def test_cli_usage_errors(argv, fragment):
-    result = run_python(["-m", "graphdist", *argv])
+def test_cli_usage_errors(argv, fragment, run_cli):
+    result = run_cli(*argv)
     assert result.returncode == 2
     assert result.stderr.startswith("Error: ") and fragment in result.stderr
 

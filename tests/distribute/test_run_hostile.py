@@ -519,16 +519,10 @@ def test_run_function_whose_task_hands_back_nothing_says_so():
     assert wait_gone([r.pid for r in info.value.results], EVENTUALLY_S) == []
 
 
-def test_the_cli_says_bad_log_dirs_in_one_line(tmp_path):
+def test_the_cli_says_bad_log_dirs_in_one_line(tmp_path, run_cli):
     a_file = tmp_path / "f"
     a_file.write_text("")
-    done = subprocess.run(
-        _cli("run", "--workers", "1", "--log-dir", str(a_file), "--", "true"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
+    done = run_cli("run", "--workers", "1", "--log-dir", str(a_file), "--", "true")
     assert done.returncode == 2
     assert done.stderr == (
         f"Error: Cannot keep logs in {a_file}: it is not a folder; pass another --log-dir\n"

@@ -13,14 +13,14 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
 import pytest
 
 from graphdist._distribute.warmagent import WARM_DIR_ENV
-from tests.conftest import EVENTUALLY_S, QUIET_TF, is_gone, wait_gone
+from tests.conftest import EVENTUALLY_S, QUIET_TF, CliResult, is_gone, wait_gone
 from tests.distribute.test_warm import SLEEPER, VIEW, _events, _launcher, _lines, _run, _started
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -286,7 +286,9 @@ def test_another_users_connection_is_closed_unread(warm_dir: Agents) -> None:
     assert _children(agent) == []
 
 
-def test_bad_input_is_one_line_and_starts_nothing(warm_dir: Agents, tmp_path: Any) -> None:
+def test_bad_input_is_one_line_and_starts_nothing(
+    warm_dir: Agents, tmp_path: Any, run_cli: Callable[..., CliResult]
+) -> None:
     for args, words in [
         (["start", "--preload", "no_such_module_xyz"], "no_such_module_xyz"),
         (["start", "--preload", "none"], "--preload none"),
@@ -295,7 +297,7 @@ def test_bad_input_is_one_line_and_starts_nothing(warm_dir: Agents, tmp_path: An
         (["start", *PRELOAD, "--idle-timeout", "nan"], "finite and at most"),  # never ending
         (["restart"], "invalid choice"),
     ]:
-        result = _warm(*args)
+        result = run_cli("warm", *args)  # in this process: it must start nothing
         assert result.returncode == 2, (args, result)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 or "usage:" in result.stderr, (args, result.stderr)
@@ -306,7 +308,7 @@ def test_bad_input_is_one_line_and_starts_nothing(warm_dir: Agents, tmp_path: An
     os.chmod(shared, 0o777)
     if os.getuid() == 0:
         os.chown(shared, 65534, 65534)  # another user's folder
-    result = _warm("start", *PRELOAD, env={WARM_DIR_ENV: str(shared)})
+    result = run_cli("warm", "start", *PRELOAD, env={WARM_DIR_ENV: str(shared)})
     assert result.returncode != 0 and "Error:" in result.stderr, result
     assert str(shared) in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert os.listdir(shared) == []

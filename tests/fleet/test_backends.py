@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from graphdist._cli.main import EXIT_USAGE, build_parser, main
+from graphdist._cli.main import EXIT_USAGE, main
+from graphdist._cli.parser import build_parser
 from graphdist._detached.supervisor import SupervisorSpec
 from graphdist._exceptions import ArgumentError
 from graphdist._fleet import backends

@@ -327,12 +327,10 @@ def test_a_users_own_preload_is_kept_after_the_shim():
     assert with_preload("/c/shim.so", "/c/shim.so:a.so") == "/c/shim.so:a.so"
 
 
-def test_serve_refuses_a_wildcard_address_without_bind_all():
+def test_serve_refuses_a_wildcard_address_without_bind_all(run_cli):
     (port,) = pick_free_ports(1)
     cluster = json.dumps({"w": [f"0.0.0.0:{port}"]})
-    result = run_python(
-        ["-m", "graphdist", "serve", "--cluster", cluster, "--job", "w", "--task", "0"]
-    )
+    result = run_cli("serve", "--cluster", cluster, "--job", "w", "--task", "0")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("Error:") and "wildcard" in lines[-1] and "--bind-all" in lines[-1]

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -21,7 +22,7 @@ from graphdist._net.members import (
     members_env,
     parse_allow,
 )
-from tests.conftest import QUIET_TF
+from tests.conftest import QUIET_TF, CliResult
 
 
 def test_allow_entries_are_normalized_networks() -> None:
@@ -174,16 +175,12 @@ def test_the_shim_reads_the_list_the_server_was_given(allow: str, outcome: str) 
         (["up", "--cluster", "local=1", "--allow", "10.0.0.3"], "--allow does nothing without"),
     ],
 )
-def test_cli_allow_mistakes_are_one_line_and_exit_2(argv: list[str], named: str) -> None:
+def test_cli_allow_mistakes_are_one_line_and_exit_2(
+    argv: list[str], named: str, run_cli: Callable[..., CliResult]
+) -> None:
     if argv[0] == "serve":
         argv = [*argv, "--cluster", '{"local": ["localhost:1"]}', "--job", "local", "--task", "0"]
-    result = subprocess.run(
-        [sys.executable, "-m", "graphdist", *argv],
-        env={**os.environ, **QUIET_TF},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli(*argv)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and named in result.stderr, result.stderr
 

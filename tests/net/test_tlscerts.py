@@ -13,6 +13,7 @@ import socket
 import ssl
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ from graphdist._net.tlscerts import (
     server_context,
 )
 from tests.cli.test_cli import assert_user_error, gd
-from tests.conftest import run_python
+from tests.conftest import CliResult, run_python
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -329,7 +330,9 @@ def test_importing_the_module_does_not_import_cryptography() -> None:
 # -- the command ----------------------------------------------------------------------------------
 
 
-def test_graphdist_certs_makes_a_folder_per_host_and_says_where(tmp_path: Path) -> None:
+def test_graphdist_certs_makes_a_folder_per_host_and_says_where(
+    tmp_path: Path, run_cli: Callable[..., CliResult]
+) -> None:
     spec = {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"], "ps": ["10.0.0.1:2223"]}
     cluster_file = tmp_path / "cluster.json"
     cluster_file.write_text(json.dumps(spec))
@@ -346,7 +349,7 @@ def test_graphdist_certs_makes_a_folder_per_host_and_says_where(tmp_path: Path) 
     for folder, names in ((one, ("10.0.0.1",)), (two, ("10.0.0.2",)), (client_folder(out), None)):
         assert set(os.listdir(folder)) == FILES
         assert names is None or load_credentials(folder).names == names
-    again = gd("certs", "--cluster", str(cluster_file), "--out", out)
+    again = run_cli("certs", "--cluster", str(cluster_file), "--out", out)
     assert_user_error(again, "is not empty")
 
 
@@ -359,12 +362,16 @@ def test_graphdist_certs_makes_a_folder_per_host_and_says_where(tmp_path: Path) 
     ],
 )
 def test_graphdist_certs_refuses_in_one_line(
-    tmp_path: Path, write: str | None, argv: list[str], named: str
+    tmp_path: Path,
+    write: str | None,
+    argv: list[str],
+    named: str,
+    run_cli: Callable[..., CliResult],
 ) -> None:
     cluster_file = tmp_path / "cluster.json"
     if write is not None:
         cluster_file.write_text(write)
     out = tmp_path / "creds"
-    result = gd("certs", "--cluster", str(cluster_file), "--out", str(out), *argv)
+    result = run_cli("certs", "--cluster", str(cluster_file), "--out", str(out), *argv)
     assert_user_error(result, named)
     assert result.stdout == "" and not out.exists()

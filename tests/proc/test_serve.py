@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import graphdist
-from graphdist._cli.main import build_parser
+from graphdist._cli.parser import build_parser
 from graphdist._graph.graphs import split_graph
 from graphdist._net.ports import pick_free_ports, release_ports
 from tests.conftest import QUIET_TF, REPO
@@ -149,9 +149,7 @@ def test_slurm_script_builds_the_right_cluster_from_slurm_variables(monkeypatch)
         assert (job, index) == task
 
 
-def test_serve_argument_errors_are_one_line(tmp_path):
-    from tests.conftest import run_python
-
+def test_serve_argument_errors_are_one_line(tmp_path, run_cli):
     for argv, fragment in [
         (["serve", "--job", "local", "--task", "0"], "needs --cluster"),
         (["serve", "--slurm", "worker=2", "--job", "x"], "drop the others"),
@@ -160,7 +158,7 @@ def test_serve_argument_errors_are_one_line(tmp_path):
             "No task with index 4",
         ),
     ]:
-        result = run_python(["-m", "graphdist", *argv])
+        result = run_cli(*argv)
         assert result.returncode == 2, result.stderr
         assert result.stderr.startswith("Error: ") and fragment in result.stderr
 

@@ -1,0 +1,100 @@
+"""The ``graphdist`` command's own words: the top-level description, each subcommand's
+examples, the environment it reads and the ``--version`` line (the parser,
+:mod:`graphdist._cli.parser`, puts them in its help)."""
+
+from __future__ import annotations
+
+import sys
+
+from graphdist._tflog import TF_LOGS_ENV
+from graphdist._version import __version__
+
+__all__ = ["DESCRIPTION", "ENVIRONMENT", "EXAMPLES", "HELP_WIDTH", "version_line"]
+
+
+def version_line() -> str:
+    """``graphdist X.Y.Z (Python A.B.C, TensorFlow D.E.F)``, read without importing TensorFlow."""
+    from importlib import metadata
+
+    try:
+        tf_version = metadata.version("tensorflow")
+    except metadata.PackageNotFoundError:
+        tf_version = "not installed"
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"graphdist {__version__} (Python {python}, TensorFlow {tf_version})"
+
+
+DESCRIPTION = (
+    "Start TensorFlow's distributed runtime (tf.compat.v1 servers, tf.distribute tasks) on "
+    "this machine or a Ray cluster: fleets of gRPC servers that stay on loopback, sessions that "
+    "never hang, and tf.distribute runs with one process per task."
+)
+HELP_WIDTH = 92  # descriptions are wrapped here: the epilogs' examples keep their own lines
+ENVIRONMENT = f"""environment:
+  {TF_LOGS_ENV}=1  show TensorFlow's own log lines live (its C++ start-up notices,
+                       cuInit, the coordination service...); by default they are only in each
+                       task's and server's log file (and in `run --output-format jsonl`)
+  GRAPHDIST_STATE_DIR  where detached fleets keep their state (see --state-dir)
+  GRAPHDIST_WARM_DIR   where warm agents keep their records (default: graphdist's runtime
+                       folder; see `graphdist warm`)"""
+EXAMPLES = {
+    "": """examples:
+  graphdist demo                                  the seeds' split graph on a two-task fleet
+  graphdist up --cluster worker=2,ps=1            a fleet in the foreground; Ctrl-C stops it
+  graphdist up --cluster worker=2 --detach        ...kept by a supervisor: `status`, `down`
+  graphdist run --workers 2 -- python train.py    one process per task, each with its TF_CONFIG
+  graphdist tf-config --cluster cluster.json --task worker:1
+  graphdist serve --cluster cluster.json --job worker --task 0
+
+`graphdist COMMAND --help` describes each command.""",
+    "up": """examples:
+  graphdist up --cluster local=2                  two servers on free ports; Ctrl-C stops them
+  graphdist up --cluster worker=2,ps=1 --json     the tasks as JSON
+  graphdist up --cluster '{"worker": ["localhost:2222", "localhost:2223"]}'
+  graphdist up --cluster worker=2 --detach --restart on-failure
+  graphdist status; graphdist down                the detached fleet's tasks; stop it""",
+    "status": """examples:
+  graphdist status
+  graphdist status --json --state-dir /tmp/fleet-a""",
+    "down": """examples:
+  graphdist down
+  graphdist down --state-dir /tmp/fleet-a""",
+    "run": """examples:
+  graphdist run --workers 2 -- python train.py
+  graphdist run --workers 2 --max-restarts 2 --log-dir /tmp/logs -- python train.py
+  graphdist run --chief --ps 1 --workers 2 -- python ps_training.py
+  graphdist run --workers 2 --output-format jsonl -- python train.py | jq .event
+
+The command's Python needs TensorFlow and tf-keras (from graphdist's clone: pip install
+'.[distribute]').""",
+    "serve": """examples (one per host; the same cluster file on every host):
+  graphdist serve --cluster cluster.json --job worker --task 0
+  srun graphdist serve --slurm worker=2,ps=1      inside a Slurm step
+  graphdist serve --cluster cluster.json --job worker --task 0 --tls creds/hosts/10.0.0.1
+
+cluster.json names every task's address, e.g.
+  {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"], "ps": ["10.0.0.3:2222"]}""",
+    "tf-config": """examples:
+  graphdist tf-config --cluster cluster.json --task worker:1
+  export TF_CONFIG="$(graphdist tf-config --cluster cluster.json --task chief:0)"
+
+Every task's TF_CONFIG must describe the same cluster, so --cluster names addresses (JSON text
+or a file); job=N, which picks new free ports on each call, is refused.""",
+    "certs": """examples:
+  graphdist certs --cluster cluster.json --out creds
+  graphdist certs --cluster cluster.json --out creds --days 30
+
+It prints one folder per host and one for the client; copy each host's folder to that host.
+The CA's private key is never written: to add a host, make new credentials for the cluster.""",
+    "warm": """examples:
+  graphdist warm start                  # runs on this machine now start warm from it
+  graphdist run --workers 2 -- python train.py
+  graphdist warm status
+  graphdist warm stop
+
+A run uses the agent whose preloads are its --preload (default auto) and whose environment
+agrees with its own in what the imports read; otherwise it starts its own warm interpreter.""",
+    "demo": """examples:
+  graphdist demo
+  graphdist demo --master 1 --picture placed.svg""",
+}
