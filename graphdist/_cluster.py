@@ -296,11 +296,11 @@ class Cluster:
     def from_counts(cls, counts: Mapping[str, int], *, host: str = DEFAULT_HOST) -> Cluster:
         """A cluster of ``counts[job]`` tasks per job on free ports of ``host``.
 
-        The ports are reserved for this process (see :mod:`graphdist._net.ports`) until a fleet that
+        The ports are reserved for this process (see :mod:`graphdist._ports`) until a fleet that
         serves them is up, so concurrent processes never pick the same one. Each reservation
         holds a lock file open, so the counts add up to at most ``MAX_TASKS`` (1024) in all.
         """
-        from graphdist._net.ports import pick_free_ports
+        from graphdist._ports import pick_free_ports
 
         counts = Cluster.check_counts(counts)
         total = sum(counts.values())

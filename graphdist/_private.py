@@ -14,13 +14,19 @@ runtime folder of the user's own (systemd-logind does), else ``<temp folder>/gra
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import stat
 import tempfile
 
 from graphdist._exceptions import StateError
 from graphdist._validate import path_text
 
-__all__ = ["private_dir", "runtime_dir"]
+__all__ = ["owned_temp_dir", "private_dir", "runtime_dir", "sweep_stale_temp_dirs"]
+
+#: The owned temporary folders: ``graphdist-KIND-<owner pid>-*`` (a fleet's logs, a fork
+#: server's socket folder, a TLS cluster's credentials), swept once their owner is gone.
+_STALE_DIR = re.compile(r"^graphdist-(?:fleet|forkserver|tls)-(\d+)-")
 
 
 def private_dir(path: str, what: str = "graphdist's folder", *, create: bool = True) -> str:
@@ -75,3 +81,49 @@ def runtime_dir() -> str:
         os.path.join(tempfile.gettempdir(), f"graphdist-{os.getuid()}"),
         "graphdist's runtime folder",
     )
+
+
+def owned_temp_dir(kind: str, what: str = "") -> str:
+    """A new private temporary folder ``graphdist-KIND-<this pid>-[WHAT-]*`` (see the module
+    doc), once the folders of owners that are gone are swept."""
+    sweep_stale_temp_dirs()
+    return tempfile.mkdtemp(prefix=f"graphdist-{kind}-{os.getpid()}-{what + '-' if what else ''}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_temp_dirs(root: str | None = None) -> list[str]:
+    """Remove this user's ``graphdist-fleet-<pid>-*``, ``graphdist-forkserver-<pid>-*`` and
+    ``graphdist-tls-<pid>-*`` folders in ``root`` (the temp folder) whose owner pid is no longer
+    running; return them.
+
+    Only real folders (not links) owned by this uid are touched: never another user's."""
+    root = root or tempfile.gettempdir()
+    removed: list[str] = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    uid = os.getuid()
+    for name in names:
+        match = _STALE_DIR.match(name)
+        if match is None or _pid_alive(int(match.group(1))):
+            continue
+        path = os.path.join(root, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed

@@ -460,7 +460,7 @@ def seed_ports_free(ports: tuple[int, ...] = (2020, 2021), timeout_s: float = EV
     """Whether the seed ports can be listened on, waiting up to ``timeout_s`` for them: the
     servers of the previous seed-port test (xdist_group "seed_ports") exit with their owner,
     a moment after it."""
-    from graphdist._net.ports import is_port_free
+    from graphdist._ports import is_port_free
 
     deadline = time.monotonic() + timeout_s
     while not all(map(is_port_free, ports)):

@@ -66,7 +66,7 @@ MODULES = {
         ),
         Module("members", "graphdist/_net/members.py", ("tests/net/test_members.py",)),
         Module(
-            "ports", "graphdist/_net/ports.py", ("tests/net/test_ports.py", "-m", "not integration")
+            "ports", "graphdist/_ports.py", ("tests/net/test_ports.py", "-m", "not integration")
         ),
         Module("failures", "graphdist/_failures.py", ("tests/test_failures.py",)),
     )

@@ -571,7 +571,7 @@ def test_too_many_tasks_are_refused_before_any_port_is_picked(monkeypatch):
     def no_ports(count):
         raise AssertionError(f"picked {count} ports")
 
-    monkeypatch.setattr("graphdist._net.ports.pick_free_ports", no_ports)
+    monkeypatch.setattr("graphdist._ports.pick_free_ports", no_ports)
     spec = ",".join(f"j{i}=1000" for i in range(10))
     with pytest.raises(
         graphdist.ClusterSpecError, match=f"10000 tasks in all; at most {MAX_TASKS}"

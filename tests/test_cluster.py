@@ -9,7 +9,7 @@ import os
 import pytest
 
 from graphdist import Cluster, ClusterSpecError, Task
-from graphdist._net.ports import release_ports
+from graphdist._ports import release_ports
 
 SEED = {"local": ["localhost:2020", "localhost:2021"]}
 
@@ -331,7 +331,7 @@ def test_task_counts_are_checked_in_one_place(counts, message, value):
 
 
 def test_counts_parse_and_the_total_is_bounded_before_any_port_is_picked(monkeypatch):
-    from graphdist._net import ports
+    from graphdist import _ports as ports
 
     assert Cluster.check_counts({"a": 1024}) == {"a": 1024}
     assert Cluster.parse_counts("a=2, b=1") == {"a": 2, "b": 1}

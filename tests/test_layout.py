@@ -166,6 +166,45 @@ def test_no_import_circle_even_through_lazy_imports():
     assert cycles(graph) == []
 
 
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between the package's folders (``graphdist._net``) and top-level
+    modules (``graphdist._cluster``): an edge wherever a module of one imports one of the
+    other."""
+
+    def folder(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    folders: dict[str, set[str]] = {folder(m): set() for m in graph}
+    for module, edges in graph.items():
+        folders[folder(module)].update(folder(e) for e in edges if folder(e) != folder(module))
+    return folders
+
+
+#: Module imports that still make a circle between folders, each with why it is left (issue 53).
+FOLDER_CIRCLE_EDGES_LEFT = {
+    # the TLS gateway's owner stops its process with the one stop escalation of _proc/process.py,
+    # which the guard also runs as a bare script: to move it below _net, the escalation must
+    # leave the guard's file (a module of its own that the script does not import)
+    ("graphdist._net.gateway", "graphdist._proc.process"),
+}
+
+
+def test_no_import_circle_between_folders():
+    """``_net`` and ``_proc`` imported each other, and ``_cluster`` imported ``_net.ports``
+    (issue 53): each folder sits on one layer. Lazy imports count."""
+    graph = import_graph(lazy=True)
+    for module, imported in FOLDER_CIRCLE_EDGES_LEFT:
+        assert imported in graph[module], f"{module} no longer imports {imported}: drop the entry"
+        graph[module].discard(imported)
+    assert cycles(folder_graph(graph)) == []
+
+
+def test_a_circle_between_folders_is_found():
+    graph = {"graphdist._a.x": {"graphdist._b.y"}, "graphdist._b.y": {"graphdist._a.z"}}
+    graph["graphdist._a.z"] = set()
+    assert cycles(folder_graph(graph)) == [["graphdist._a", "graphdist._b"]]
+
+
 def test_run_backends_know_only_the_contract():
     """A run backend imports neither the launcher nor the attempt loop (at any level): the loop
     calls it through :mod:`graphdist._distribute.runbackends`, so a fourth backend is one module."""

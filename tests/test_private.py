@@ -80,7 +80,7 @@ def test_without_a_usable_xdg_runtime_dir_it_is_the_users_own_temp_folder(
 
 def test_a_fleets_own_temp_folder_carries_its_owners_pid(tmp_path, monkeypatch):
     """``graphdist-fleet-<owner pid>-*``: what the next start's sweep reads to find the owner."""
-    from graphdist._proc.forkserver import owned_temp_dir
+    from graphdist._private import owned_temp_dir
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)

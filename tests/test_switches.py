@@ -33,7 +33,7 @@ FIXED = {"worker": ["localhost:2", "localhost:3"]}
 @pytest.fixture
 def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Fails the test if a port is picked or a child process of this one appears."""
-    from graphdist._net import ports
+    from graphdist import _ports as ports
 
     def no_port(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a free port was picked for a refused switch")

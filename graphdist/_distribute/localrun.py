@@ -39,7 +39,7 @@ from graphdist._distribute.warmagent import attach
 from graphdist._exceptions import ArgumentError
 from graphdist._net.loopback import server_bind_address, shim_env
 from graphdist._net.members import KEEP_WILDCARD, members_env
-from graphdist._net.ports import release_ports
+from graphdist._ports import release_ports
 from graphdist._proc.signals import SignalScope
 from graphdist._registry import Option
 

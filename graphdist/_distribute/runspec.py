@@ -62,7 +62,7 @@ def counts(workers: int, ps: int, chief: bool) -> dict[str, int]:
 
 def launch_cluster(workers: int, ps: int = 0, chief: bool = False) -> Cluster:
     """A cluster of ``chief`` (0 or 1), ``worker`` x ``workers`` and ``ps`` x ``ps`` on free
-    loopback ports (reserved for this process until :func:`graphdist._net.ports.release_ports`).
+    loopback ports (reserved for this process until :func:`graphdist._ports.release_ports`).
     Raises ArgumentError for bad counts, ClusterSpecError for ps without a chief."""
     return Cluster.from_counts(counts(workers, ps, chief))
 

@@ -23,7 +23,7 @@ worker and ps tasks are ``graphdist serve`` steps, restarted on their node and p
 With ``tls`` (TLS mode, :mod:`graphdist._net.gateway`) each attempt makes its credentials
 (:class:`~graphdist._net.tlsmode.TlsMode`, with this host's gateway for the heartbeat's probes);
 each TF_CONFIG names the nodes' loopback aliases, and each task's step is wrapped
-(:func:`~graphdist._net.tlsmode.tls_exec_argv`): it reads its node's credentials on srun's
+(:func:`~graphdist._proc.tlsexec.tls_exec_argv`): it reads its node's credentials on srun's
 stdin, starts the node's gateway, deletes them and executes the guarded command in its place.
 """
 
@@ -49,7 +49,6 @@ from graphdist._exceptions import ArgumentError, LaunchError
 from graphdist._net.gateway import read_line
 from graphdist._net.loopback import shim_env
 from graphdist._net.members import ALLOW_ENV, members_env, parse_allow
-from graphdist._net.tlsmode import tls_exec_argv
 from graphdist._proc.process import (
     NOW_SIGNAL,
     PREEMPT_SIGNAL,
@@ -69,6 +68,7 @@ from graphdist._proc.slurm import (
     host_addresses,
     srun_argv,
 )
+from graphdist._proc.tlsexec import tls_exec_argv
 from graphdist._registry import Option
 from graphdist._validate import ascii_int, count
 

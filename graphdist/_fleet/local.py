@@ -44,19 +44,14 @@ from graphdist._net.loopback import (
     server_bind_address,
 )
 from graphdist._net.members import KEEP_WILDCARD, dial_env, exposed_allow, members_env
-from graphdist._net.ports import (
+from graphdist._net.ready import READY_SOCKET_KEY, ReadyNotices
+from graphdist._ports import (
     port_holder,
     release_claims,
     release_ports,
 )
-from graphdist._net.ready import READY_SOCKET_KEY, ReadyNotices
-from graphdist._proc.forkserver import (
-    ForkServerDiedError,
-    owned_temp_dir,
-    owner_socket_dir,
-    process_class,
-    sweep_stale_temp_dirs,
-)
+from graphdist._private import owned_temp_dir, sweep_stale_temp_dirs
+from graphdist._proc.forkserver import ForkServerDiedError, owner_socket_dir, process_class
 from graphdist._proc.gpus import GpuPlan, plan_gpus
 from graphdist._proc.process import STOP_GRACE_S, stop_all
 from graphdist._proc.server import EXIT_PORT_IN_USE

@@ -13,7 +13,7 @@ import psutil
 from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import ClusterSpecError, PortInUseError
 from graphdist._net.loopback import bind_address_for, server_bind_address
-from graphdist._net.ports import claim_ports, is_port_free, port_holder
+from graphdist._ports import claim_ports, is_port_free, port_holder
 
 __all__ = ["check_hosts_and_ports", "check_loopback", "check_tls_served", "tls_fleet_cluster"]
 
@@ -40,7 +40,7 @@ def check_hosts_and_ports(cluster: Cluster, *, claim_for: object = None) -> None
     a second task there would be answered by the first task's server.
 
     With ``claim_for`` (a fleet about to start), every port is also claimed for it
-    (:func:`graphdist._net.ports.claim_ports`): of two fleets starting on the same ports at the
+    (:func:`graphdist._ports.claim_ports`): of two fleets starting on the same ports at the
     same moment, one gets them all and the other :class:`PortInUseError` here, naming the port
     and the process that holds it. The caller releases the claims.
     """

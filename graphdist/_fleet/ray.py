@@ -223,7 +223,7 @@ def _reserve_port() -> tuple[str, int, str]:
     """Runs in a Ray task on one bundle: (node IP, a free port there, node id)."""
     import ray
 
-    from graphdist._net.ports import pick_free_ports
+    from graphdist._ports import pick_free_ports
 
     (port,) = pick_free_ports(1)
     node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]

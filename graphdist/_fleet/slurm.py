@@ -43,7 +43,7 @@ from graphdist._fleet.task import TaskView, read_log_tail
 from graphdist._net.exposure import ListeningTable
 from graphdist._net.gateway import tls_flag
 from graphdist._net.members import parse_allow
-from graphdist._proc.forkserver import owned_temp_dir
+from graphdist._private import owned_temp_dir
 from graphdist._proc.process import stop_processes
 from graphdist._proc.slurm import (
     JOBID_HELP,

@@ -51,7 +51,7 @@ class TlsMode:
     ) -> None:
         from graphdist._net.gateway import tls_cluster
         from graphdist._net.tlscerts import make_credentials
-        from graphdist._proc.forkserver import owned_temp_dir
+        from graphdist._private import owned_temp_dir
 
         self.real = real
         self.cluster = tls_cluster(real)  # what TensorFlow sees: the aliases
@@ -147,8 +147,8 @@ def write_received(files: Mapping[str, bytes]) -> str:
     for a gateway to read; returns the folder, which the caller removes once it has. One whose
     process was killed before it could is swept, as any ``graphdist-tls-<pid>-*`` folder, by the
     next graphdist process on the host that makes one
-    (:func:`graphdist._proc.forkserver.sweep_stale_temp_dirs`)."""
-    from graphdist._proc.forkserver import owned_temp_dir
+    (:func:`graphdist._private.sweep_stale_temp_dirs`)."""
+    from graphdist._private import owned_temp_dir
 
     folder = owned_temp_dir("tls", "received")
     for name, data in files.items():
@@ -197,58 +197,3 @@ def received_gateway(
         return start_gateway(routes(real, serving), folder)
     finally:  # read by the gateway (or refused): not left on the host, whatever happens next
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def tls_exec_argv(real: Cluster, task: Task, command: Sequence[str]) -> list[str]:
-    """The argv that runs ``command`` as ``task`` of a TLS run on its host: ``python -m
-    graphdist._net.tlsmode`` reads the host's credentials on stdin (:meth:`TlsMode.host_json`),
-    starts the host's gateway for ``task`` (inbound for it, outbound for the tasks elsewhere),
-    removes the credentials, and executes ``command`` in its place with stdin on /dev/null (the
-    gateway ends with it). Slurm sends its stop (SIGTERM) and the preemption notice
-    (``PREEMPT_SIGNAL``) to every process of the step, and the task then saves its checkpoint
-    through the gateway: the gateway ignores both and ends with the task."""
-    import sys
-
-    cluster = json.dumps(real.as_dict())
-    return [sys.executable, "-m", "graphdist._net.tlsmode", cluster, task.job, str(task.index),
-            "--", *command]  # fmt: skip
-
-
-def _exec(argv: Sequence[str]) -> int:
-    """:func:`tls_exec_argv`'s side; one line and exit status 2 when the gateway cannot start."""
-    import signal
-    import sys
-
-    from graphdist._exceptions import GraphdistError
-    from graphdist._net.gateway import routes, start_gateway
-    from graphdist._proc.process import PREEMPT_SIGNAL
-
-    try:
-        cluster, job, index, dashes, *command = argv
-        if dashes != "--" or not command:
-            raise ValueError(argv)
-        real = Cluster.parse(json.loads(cluster))
-        task = real.task(job, int(index))
-        folder = credentials_from_stdin()
-        # ignored in the gateway from its start (inherited through exec; see tls_exec_argv),
-        # not in the command this process becomes
-        kept = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, PREEMPT_SIGNAL)}
-        try:
-            start_gateway(routes(real, [task]), folder)  # it ends with this process's pid
-        finally:
-            for sig, handler in kept.items():
-                signal.signal(sig, handler)
-            shutil.rmtree(folder, ignore_errors=True)
-    except (GraphdistError, ValueError) as exc:
-        print(f"graphdist: the TLS gateway of this task did not start: {exc}", file=sys.stderr)
-        return 2
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    os.execvp(command[0], command)
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(_exec(sys.argv[1:]))

@@ -25,9 +25,9 @@ Temporary folders: the fork server's socket lives in a folder of the owner's own
 removes), a fleet's logs in ``graphdist-fleet-<owner pid>-*`` and a TLS cluster's credentials
 (private keys) in ``graphdist-tls-<owner pid>-*``. An owner killed by a signal cannot remove
 them: its fork servers remove the socket folder as they exit after it
-(:mod:`graphdist._proc.forkserver_exit`), and :func:`sweep_stale_temp_dirs` removes this user's
-folders whose owner is gone (the logs, kept for a post-mortem until the next start) whenever a
-fleet starts or a new one of these folders is made.
+(:mod:`graphdist._proc.forkserver_exit`), and :func:`graphdist._private.sweep_stale_temp_dirs`
+removes this user's folders whose owner is gone (the logs, kept for a post-mortem until the next
+start) whenever a fleet starts or a new one of these folders is made.
 """
 
 from __future__ import annotations
@@ -36,19 +36,17 @@ import atexit
 import contextlib
 import io
 import os
-import re
 import select
 import shutil
 import signal
 import socket
-import stat
 import subprocess
-import tempfile
 import threading
 import time
 from typing import Any
 
 from graphdist._net.loopback import with_preload
+from graphdist._private import owned_temp_dir
 from graphdist._proc.forkserver_exit import FOLDER_ENV, IN_FORK_SERVER, LOG_ENV, OWNER_ENV
 from graphdist._proc.forkserver_pool import spares_wanted
 from graphdist._tflog import tf_logs_live
@@ -57,10 +55,8 @@ __all__ = [
     "FORK_SERVER_LOG",
     "PRELOAD",
     "ForkServerDiedError",
-    "owned_temp_dir",
     "owner_socket_dir",
     "process_class",
-    "sweep_stale_temp_dirs",
 ]
 
 # forkserver_exit first: it watches the owner while TensorFlow is still being imported; lean
@@ -78,7 +74,6 @@ FORK_SERVER_LOG = "forkserver.log"
 task) goes to this file in the owner's fork-server folder, not to the owner's stderr; with
 ``GRAPHDIST_TF_LOGS=1`` (:data:`graphdist._tflog.TF_LOGS_ENV`, the CLI's switch too) it stays
 live. A server's own output always goes to its ``JOB-INDEX.log``."""
-_STALE_DIR = re.compile(r"^graphdist-(?:fleet|forkserver|tls)-(\d+)-")
 _DEATH_WAIT_S = 1.0
 # Longest socket folder path used: a socket path (folder + "/listener-XXXXXXXX") must fit in
 # sun_path (108 bytes); past this, multiprocess's own (shorter) pymp-* folder is used.
@@ -91,52 +86,6 @@ _socket_dir: tuple[int, str] | None = None  # (owner pid, folder) for the fork s
 
 class ForkServerDiedError(RuntimeError):
     """A fork server died (or stopped answering) while a process was being started from it."""
-
-
-def owned_temp_dir(kind: str, what: str = "") -> str:
-    """A new private temporary folder ``graphdist-KIND-<this pid>-[WHAT-]*`` (see the module
-    doc), once the folders of owners that are gone are swept."""
-    sweep_stale_temp_dirs()
-    return tempfile.mkdtemp(prefix=f"graphdist-{kind}-{os.getpid()}-{what + '-' if what else ''}")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def sweep_stale_temp_dirs(root: str | None = None) -> list[str]:
-    """Remove this user's ``graphdist-fleet-<pid>-*``, ``graphdist-forkserver-<pid>-*`` and
-    ``graphdist-tls-<pid>-*`` folders in ``root`` (the temp folder) whose owner pid is no longer
-    running; return them.
-
-    Only real folders (not links) owned by this uid are touched: never another user's."""
-    root = root or tempfile.gettempdir()
-    removed: list[str] = []
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return removed
-    uid = os.getuid()
-    for name in names:
-        match = _STALE_DIR.match(name)
-        if match is None or _pid_alive(int(match.group(1))):
-            continue
-        path = os.path.join(root, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
 
 
 def owner_socket_dir() -> str:

@@ -43,7 +43,7 @@ from graphdist._net.members import (
     parse_allow,
     shim_members,
 )
-from graphdist._net.ports import is_port_free, port_holder
+from graphdist._ports import is_port_free, port_holder
 from graphdist._proc.signals import stop_on_signals, wait_for_stop
 from graphdist._tflog import tf_logs_kept_out
 from graphdist._validate import show

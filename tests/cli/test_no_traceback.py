@@ -17,7 +17,7 @@ import pytest
 
 from graphdist._cli.main import EXIT_FAILURE, EXIT_PIPE, EXIT_USAGE
 from graphdist._cli.parser import build_parser
-from graphdist._net.ports import pick_free_ports, release_ports
+from graphdist._ports import pick_free_ports, release_ports
 from graphdist._tflog import TF_LOGS_ENV, is_tf_log
 from tests.conftest import EVENTUALLY_S, REPO, is_gone, wait_gone
 

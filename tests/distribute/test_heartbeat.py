@@ -26,8 +26,8 @@ from graphdist._distribute.heartbeat import (
     check_heartbeat_timeout,
     process_state,
 )
-from graphdist._net.ports import pick_free_ports, release_ports
 from graphdist._net.probe import Prober
+from graphdist._ports import pick_free_ports, release_ports
 from tests.busypool import pool_held
 from tests.conftest import EVENTUALLY_S, wait_gone
 

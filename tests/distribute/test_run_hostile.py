@@ -23,9 +23,9 @@ import psutil
 import pytest
 
 import graphdist
+from graphdist import _ports as ports
 from graphdist._distribute import launcher
 from graphdist._distribute.runlogs import RunLogs
-from graphdist._net import ports
 from graphdist._proc import restarts
 from tests.conftest import EVENTUALLY_S, REPO, processes_marked, wait_gone
 

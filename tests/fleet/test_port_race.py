@@ -2,7 +2,7 @@
 gets PortInUseError naming the port, never an exposure or identity error, and never do both fail.
 
 Fixed ports (a spec that names them) are claimed with the same per-user locks as the ports
-graphdist picks itself (:mod:`graphdist._net.ports`), lowest port first, and held until every
+graphdist picks itself (:mod:`graphdist._ports`), lowest port first, and held until every
 server listens; a start whose server loses its port some other way (another user's fleet, which
 cannot see those locks) is reported by the server's own exit: a taken port.
 """
@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 import graphdist
-from graphdist._net import ports as port_locks
-from graphdist._net.ports import claim_ports, pick_free_ports, release_claims, release_ports
+from graphdist import _ports as port_locks
+from graphdist._ports import claim_ports, pick_free_ports, release_claims, release_ports
 from tests.conftest import EVENTUALLY_S, REPO, start_python, wait_gone
 
 pytestmark = pytest.mark.integration
@@ -148,7 +148,7 @@ def test_a_claimed_fixed_port_fails_the_start_before_any_process_starts():
 HOLDER = textwrap.dedent(
     """
     import sys
-    from graphdist._net.ports import claim_ports, pick_free_ports
+    from graphdist._ports import claim_ports, pick_free_ports
     if sys.argv[1] == "claim":  # another process starting a fleet on the port
         assert claim_ports([int(sys.argv[2])], object()) is None
         print(sys.argv[2], flush=True)

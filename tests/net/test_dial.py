@@ -36,7 +36,7 @@ from graphdist._exceptions import ClusterSpecError, LoopbackUnavailableError
 from graphdist._net import members
 from graphdist._net.loopback import loopback_library
 from graphdist._net.members import DIAL_ENV, check_enforced, dial_addresses, dial_env
-from graphdist._net.ports import pick_free_ports, release_ports
+from graphdist._ports import pick_free_ports, release_ports
 from tests.conftest import QUIET_TF, REPO, wait_gone
 
 OPERATION_TIMEOUT_MS = 3000  # a refused dial fails at the operation timeout: keep it short

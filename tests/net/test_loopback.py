@@ -19,7 +19,7 @@ import pytest
 
 import graphdist
 from graphdist._graph.graphs import split_graph
-from graphdist._net.ports import pick_free_ports, release_ports
+from graphdist._ports import pick_free_ports, release_ports
 from tests.conftest import (
     EVENTUALLY_S,
     QUIET_TF,

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from graphdist import _ports as ports
 from graphdist._exceptions import NoFreePortsError
-from graphdist._net import ports
-from graphdist._net.ports import is_port_free, pick_free_ports, release_ports
+from graphdist._ports import is_port_free, pick_free_ports, release_ports
 from graphdist._private import runtime_dir
 from tests.conftest import REPO, start_python, wait_gone
 
@@ -43,7 +43,7 @@ ALWAYS_P = textwrap.dedent(
     """
     import json, sys
     from graphdist._exceptions import NoFreePortsError
-    from graphdist._net import ports
+    from graphdist import _ports as ports
 
     port = int(sys.argv[1])
 

@@ -40,7 +40,7 @@ import pytest
 
 import graphdist
 from graphdist._net.loopback import loopback_library
-from graphdist._net.ports import pick_free_ports, release_ports
+from graphdist._ports import pick_free_ports, release_ports
 from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, is_gone, processes_marked, wait_gone
 from tests.nobody import AS_NOBODY, AS_PLAIN_NOBODY, nobody_code
 

@@ -463,8 +463,9 @@ def test_a_tasks_gateway_in_its_step_outlives_slurms_stop_and_notice_and_ends_wi
     import psutil
 
     from graphdist._cluster import Cluster
-    from graphdist._net.tlsmode import TlsMode, tls_exec_argv
+    from graphdist._net.tlsmode import TlsMode
     from graphdist._proc.process import PREEMPT_SIGNAL
+    from graphdist._proc.tlsexec import tls_exec_argv
     from tests.conftest import wait_gone
 
     host = hosts[0]

@@ -19,7 +19,7 @@ import pytest
 import graphdist
 from graphdist._cli.parser import build_parser
 from graphdist._graph.graphs import split_graph
-from graphdist._net.ports import pick_free_ports, release_ports
+from graphdist._ports import pick_free_ports, release_ports
 from tests.conftest import QUIET_TF, REPO
 
 SERVERS = os.path.join(REPO, "servers")
