@@ -193,6 +193,7 @@ def _report_death(task: Any) -> None:
 
 def _up_detached(args: argparse.Namespace, cluster: Any, options: dict[str, Any]) -> int:
     from graphdist._detached.fleet import SupervisorSpec, start_detached, status_rows
+    from graphdist._detached.state import down_command
 
     restarts = {
         key: getattr(args, key)
@@ -248,7 +249,7 @@ def _up_detached(args: argparse.Namespace, cluster: Any, options: dict[str, Any]
         _say_tls_client(spec.tls_client, Cluster.parse(record.real_cluster or cluster))
     print(
         f"graphdist: fleet detached (supervisor pid {record.supervisor.pid}, state "
-        f"{spec.state_dir}); stop it with `graphdist down`",
+        f"{spec.state_dir}); stop it with `{down_command(spec.state_dir)}`",
         file=sys.stderr,
     )
     return 0
@@ -274,7 +275,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         raise error
     _print_rows(status_rows(record), args.json)
-    problem = fleet_problem(record)
+    problem = fleet_problem(record, state_dir)
     if problem is not None:
         raise FleetError(problem)
     return 0

@@ -43,6 +43,7 @@ from graphdist._detached.state import (
     TaskRecord,
     clear_state,
     default_state_dir,
+    down_command,
     fleet_mark,
     foreign_entries,
     leftovers,
@@ -165,9 +166,10 @@ def status_rows(record: FleetRecord) -> list[dict[str, Any]]:
     ]
 
 
-def fleet_problem(record: FleetRecord) -> str | None:
+def fleet_problem(record: FleetRecord, state_dir: str) -> str | None:
     """One line naming the tasks that are dead for good (the restart policy gave up on them, or
-    there is none), else ``None``. A task waiting for its scheduled restart is not one."""
+    there is none), else ``None``, with the command that stops the fleet in ``state_dir``. A
+    task waiting for its scheduled restart is not one."""
     dead = [t for t in record.tasks if not t.process.alive()]
     lines = []
     for t in dead:
@@ -182,7 +184,7 @@ def fleet_problem(record: FleetRecord) -> str | None:
     if not lines:
         return None
     more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
-    return f"{lines[0][0].upper()}{lines[0][1:]}{more}; `graphdist down` stops the fleet"
+    return f"{lines[0][0].upper()}{lines[0][1:]}{more}; `{down_command(state_dir)}` stops the fleet"
 
 
 def _stop_all(
@@ -234,7 +236,8 @@ def _clean_before_start(state_dir: str, note: Note) -> None:
     if record is not None and record.supervisor.alive():
         raise StateError(
             f"A fleet is already running in {state_dir} (supervisor pid "
-            f"{record.supervisor.pid}); stop it with `graphdist down` or pass another state_dir",
+            f"{record.supervisor.pid}); stop it with `{down_command(state_dir)}` or pass another "
+            "state_dir",
             state_dir,
         )
     marked = marked_processes(state_dir)
@@ -243,7 +246,7 @@ def _clean_before_start(state_dir: str, note: Note) -> None:
         why = f"its {STATE_FILE} is corrupt" if corrupt else f"it has no valid {STATE_FILE}"
         raise StateError(
             f"A fleet is already running in {state_dir} (supervisor pid {_pids(supervisors)}; "
-            f"{why}); stop it with `graphdist down` or pass another state_dir",
+            f"{why}); stop it with `{down_command(state_dir)}` or pass another state_dir",
             state_dir,
         )
     done = []

@@ -33,6 +33,7 @@ import fcntl
 import json
 import math
 import os
+import shlex
 import shutil
 import stat
 import time
@@ -112,6 +113,15 @@ def default_state_dir() -> str:
         os.path.expanduser("~"), ".local", "state"
     )
     return os.path.join(base, "graphdist")
+
+
+def down_command(state_dir: str) -> str:
+    """The command that stops the fleet in ``state_dir``, as a user copies it from a hint:
+    ``graphdist down`` where that finds it (the default folder, :func:`default_state_dir`),
+    else with ``--state-dir`` (quoted for a shell)."""
+    if os.path.abspath(state_dir) == default_state_dir():
+        return "graphdist down"
+    return f"graphdist down --state-dir {shlex.quote(state_dir)}"
 
 
 def fleet_mark(state_dir: str) -> str:

@@ -316,3 +316,35 @@ def test_status_names_a_foreground_up_instead_of_saying_only_no_fleet(tmp_path):
         assert up.wait(60) == 130
     after = gd("status", state_dir=state).stderr  # it is gone now
     assert not re.search(rf"\b{up.pid}\b", after.split("runs as pid", 1)[-1]), after
+
+
+@pytest.mark.integration
+def test_the_stop_hint_of_a_detached_fleet_works_when_followed(state_dir):
+    """`up --detach --state-dir X` said "stop it with `graphdist down`", which answered "No
+    detached fleet" and left the fleet running (issue 57). The printed command, run as printed
+    in a shell that has no GRAPHDIST_STATE_DIR, stops the fleet."""
+    import shlex
+
+    up = run_python(["-m", "graphdist", "up", "--cluster", "local=1", "--detach", "--state-dir",
+                     state_dir])  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    hint = re.search(r"stop it with `([^`]+)`", up.stderr)
+    assert hint is not None, up.stderr
+    pids = [r["pid"] for r in json.loads(gd("status", "--json", state_dir=state_dir).stdout)]
+    record = read_json(os.path.join(state_dir, "fleet.json"))
+    argv = shlex.split(hint.group(1))
+    assert argv[:2] == ["graphdist", "down"], argv
+    down = run_python(["-m", "graphdist", *argv[1:]])
+    assert down.returncode == 0, down.stderr
+    assert wait_gone([*pids, record["supervisor"]["pid"]], EVENTUALLY_S) == []
+
+
+def test_the_stop_hint_names_the_state_folder_unless_it_is_the_default(monkeypatch, tmp_path):
+    from graphdist._detached.state import default_state_dir, down_command
+
+    monkeypatch.delenv("GRAPHDIST_STATE_DIR", raising=False)
+    assert down_command(default_state_dir()) == "graphdist down"
+    odd = str(tmp_path / "my fleet")
+    assert down_command(odd) == f"graphdist down --state-dir '{odd}'"
+    monkeypatch.setenv("GRAPHDIST_STATE_DIR", odd)  # the default of this environment
+    assert down_command(odd) == "graphdist down"
