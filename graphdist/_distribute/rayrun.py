@@ -81,13 +81,14 @@ class _Head:
         self._stop = threading.Event()
         with contextlib.suppress(Exception):  # a Ray client (ray://) has no GCS address here
             self.address = str(ray.get_runtime_context().gcs_address)
-        if self.address:
+        host, _, port = (self.address or "").rpartition(":")
+        self._where = (host, int(port)) if host and port.isdigit() else None
+        if self._where is not None:  # an address not HOST:PORT is not watched (nor crashes)
             threading.Thread(target=self._watch, daemon=True, name="graphdist-ray-head").start()
 
     def _probe(self) -> str | None:
-        assert self.address is not None
-        host, _, port = self.address.rpartition(":")
-        exc = tcp_connect_error(host, int(port), GCS_PROBE_S)
+        assert self._where is not None
+        exc = tcp_connect_error(*self._where, GCS_PROBE_S)
         return None if exc is None else exc.strerror or str(exc)
 
     def _watch(self) -> None:
