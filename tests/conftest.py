@@ -72,6 +72,45 @@ def is_gone(pid: int) -> bool:
         return True
 
 
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class Killed:
+    """The processes a teardown SIGKILLs, each held as the process it was when first seen (by
+    its start time): a pid that a new process took since is neither killed (psutil refuses a
+    reused pid) nor counted as left behind. Waiting on bare pids did both: a bed's teardown
+    reported another test's new process on a recycled pid as its own survivor."""
+
+    def __init__(self) -> None:
+        self.procs: dict[int, psutil.Process] = {}
+
+    def kill(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            proc = self.procs.get(pid)
+            if proc is None or not _running(proc):  # new, or a new process on a known pid
+                try:
+                    proc = psutil.Process(pid)
+                except psutil.NoSuchProcess:
+                    continue
+                self.procs[pid] = proc
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                proc.kill()
+
+    def alive_after(self, timeout_s: float) -> list[int]:
+        """The pids of those still running after up to ``timeout_s`` seconds (a zombie is
+        gone)."""
+        deadline = time.monotonic() + timeout_s
+        left = [p for p in self.procs.values() if _running(p)]
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = [p for p in left if _running(p)]
+        return sorted(p.pid for p in left)
+
+
 def listening(pid: int) -> list[tuple[str, int]]:
     """Where process ``pid`` listens, as psutil reads it: the tests' own oracle, independent of
     graphdist's reading (``graphdist._net.exposure``)."""

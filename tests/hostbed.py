@@ -24,7 +24,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import forbid_in_unit_tier, is_gone, wait_gone
+from tests.conftest import Killed, forbid_in_unit_tier, is_gone
 
 NETNS_PREFIX = "gdh-"
 # How long close() waits for killed processes to exit, and then for deleted links to disappear.
@@ -176,27 +175,22 @@ def _teardown(
     they are gone, delete the links and the namespaces; return what is still there, described,
     or "" if nothing is."""
     deadline = time.monotonic() + GONE_S
-    seen: set[int] = set()
-    for p in popens:
-        if p.poll() is None:
-            seen.add(p.pid)
-            p.kill()
+    killed = Killed()  # by pid and start time: never another test's process on a recycled pid
+    killed.kill(p.pid for p in popens if p.poll() is None)
     # Killed again and again: a process may fork between the scan and the kill.
     while True:
         inside = _netns_pids(namespaces)
         if not inside or time.monotonic() >= deadline:
             break
-        seen.update(inside)
-        for pid in inside:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        killed.kill(inside)
         time.sleep(0.02)
     for p in popens:  # reaped, so that no zombie of ours stays behind
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
-    alive = wait_gone(seen, max(0.1, deadline - time.monotonic()))
-    still_inside = set(_netns_pids(namespaces))
-    alive = sorted(set(alive) | still_inside)
+    alive = sorted(
+        set(killed.alive_after(max(0.1, deadline - time.monotonic())))
+        | set(_netns_pids(namespaces))
+    )
 
     existing_links = set(_link_names())
     existing_netns = set(_netns_names())
@@ -217,7 +211,7 @@ def _teardown(
         if not (left_links or left_netns) or time.monotonic() >= deadline:
             break
         time.sleep(0.05)
-    alive = [pid for pid in alive if not is_gone(pid)]
+    alive = sorted(set(killed.alive_after(0)) | set(_netns_pids(namespaces)))
     if not (left_links or left_netns or alive):
         return ""
     return f"namespaces {left_netns}, links {left_links}, processes {alive}"

@@ -50,7 +50,6 @@ import re
 import secrets
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -62,7 +61,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import is_gone, wait_gone
+from tests.conftest import Killed, is_gone, wait_gone
 from tests.hostbed import Host, HostBed, HostBedError, require_hostbed
 from tests.hostbed import sweep_stale as sweep_stale_hosts
 
@@ -170,20 +169,17 @@ def _kill_all(pids_of: Callable[[], Iterable[int]], timeout_s: float = GONE_S) -
     and the kill) until it lists nothing; return every pid killed, once gone, or raise
     :class:`AssertionError` naming those still alive after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    seen: set[int] = set()
+    killed = Killed()  # by pid and start time: never another test's process on a recycled pid
     while time.monotonic() < deadline:
         pids = [pid for pid in pids_of() if not is_gone(pid)]
         if not pids:
             break
-        seen.update(pids)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        killed.kill(pids)
         time.sleep(0.02)
-    alive = wait_gone(seen, max(0.1, deadline - time.monotonic()))
+    alive = killed.alive_after(max(0.1, deadline - time.monotonic()))
     if alive:
         raise AssertionError(f"processes still alive after SIGKILL: {alive}")
-    return sorted(seen)
+    return sorted(killed.procs)
 
 
 def _listens(pid: int, port: int) -> bool:
