@@ -176,3 +176,91 @@ def test_a_remote_server_whose_host_refuses_its_port_is_dead():
         "its host refuses connections to port 2000",
     )
     assert fleet._explain(task, "not answering", TIMEOUT) == ("not answering", TIMEOUT)
+
+
+# -- the guard's decision: when a run's probes fail, frozen or dead ---------------------------
+
+
+@pytest.fixture
+def watched(monkeypatch):
+    """A guard over a FakeFleet, the watchdog's probe decision, the probes injected and every
+    cancellation recorded instead of closing a session."""
+    from graphdist._fleet import guard as guard_module
+
+    fleet = FakeFleet()
+    answers: dict[str, tuple[bool, str | None]] = {}
+    monkeypatch.setattr(
+        guard_module,
+        "probe_all",
+        lambda addresses, timeout_s, *, alive: [answers.get(a, (True, None)) for a in addresses],
+    )
+    monkeypatch.setattr(client, "EXIT_NEWS_S", 0.3)
+    guard = guard_module.SessionGuard(fleet, fleet.task("local", 0))
+    dog = guard_module._Watchdog()
+    cancelled: list[Any] = []
+    monkeypatch.setattr(
+        dog, "_cancel", lambda g, ident, started, problem: cancelled.append(problem)
+    )
+    run = guard_module._Run(0.0, fleet._epoch)
+
+    def probe() -> list[Any]:
+        dog._probe(guard, 1, 0.0, run, list(fleet.tasks))
+        return cancelled
+
+    return fleet, answers, probe
+
+
+def test_a_run_is_cancelled_as_not_answering_after_the_third_missed_probe(watched):
+    from graphdist._fleet.guard import MISSES_BEFORE_FROZEN
+
+    fleet, answers, probe = watched
+    answers[fleet.task("local", 1).address] = (False, TIMEOUT)
+    for _ in range(MISSES_BEFORE_FROZEN - 1):
+        assert probe() == []
+    (problem,) = probe()
+    assert (problem.task, problem.status) == ("local-1", "not answering")
+    assert f"{MISSES_BEFORE_FROZEN} gRPC probes in a row unanswered" in str(problem)
+
+
+def test_an_answer_between_misses_starts_the_count_again(watched):
+    from graphdist._fleet.guard import MISSES_BEFORE_FROZEN
+
+    fleet, answers, probe = watched
+    address = fleet.task("local", 1).address
+    for _ in range(MISSES_BEFORE_FROZEN - 1):
+        answers[address] = (False, TIMEOUT)
+        assert probe() == []
+    answers[address] = (True, None)
+    assert probe() == []
+    answers[address] = (False, TIMEOUT)
+    assert probe() == []
+
+
+def test_a_task_whose_process_ended_is_cancelled_as_dead_not_frozen(watched):
+    """Its probes missed because its process is gone, and the fleet's epoch had not moved yet
+    (a loaded machine): the decision reads the facts, not the misses."""
+    from graphdist._fleet.guard import MISSES_BEFORE_FROZEN
+
+    fleet, answers, probe = watched
+    task = fleet.task("local", 1)
+    answers[task.address] = (False, TIMEOUT)
+    for _ in range(MISSES_BEFORE_FROZEN - 1):
+        probe()
+    task.alive, task.exitcode = False, -signal.SIGKILL
+    (problem,) = probe()
+    assert (problem.task, problem.status) == ("local-1", "dead")
+    assert "was killed by SIGKILL" in str(problem)
+
+
+def test_a_task_the_fleet_is_killing_is_cancelled_as_dead_by_graphdist(watched):
+    from graphdist._fleet.guard import MISSES_BEFORE_FROZEN
+
+    fleet, answers, probe = watched
+    fleet.end_after_s = None  # the end is on its way, not here yet
+    answers[fleet.task("local", 1).address] = (False, TIMEOUT)
+    fleet.kill("local", 1)
+    for _ in range(MISSES_BEFORE_FROZEN - 1):
+        probe()
+    (problem,) = probe()
+    assert (problem.task, problem.status) == ("local-1", "dead")
+    assert "by graphdist's kill()" in str(problem)
