@@ -23,6 +23,12 @@ both vanish with the last process that uses them: nothing to remove, nothing for
 worker to clash with. (slurmctld checks that SlurmctldHost names the machine it runs on: the
 controller's hostname is its name.)
 
+A second shape, ``SlurmBed(n, site=True)``, breaks those name assumptions as sites do (``slurmd
+-N``, ``NodeHostname``, several slurmd per host, containers): its nodes are ``sn-KEY-I``, names in
+no hosts file (Slurm reaches them at their NodeAddr), and every node's hostname is this
+machine's own, one name for all. Tests run on it with ``@pytest.mark.parametrize("slurm",
+SHAPES, indirect=True)`` (tests/slurm/conftest.py).
+
 No cgroups and no accounting: proctrack/linuxproc (a job's processes are found by their parent
 chain, so a task that daemonizes escapes scancel, but not :meth:`SlurmBed.close`), task/none,
 accounting_storage/none. Jobs run as root (SlurmUser=root). Timings, measured on the 2-core
@@ -232,8 +238,11 @@ class Node:
     node's). ``run``, ``popen`` and ``pids`` are :meth:`SlurmBed.run`'s, :meth:`SlurmBed.popen`'s
     and the host's processes, so that a node can stand where a test wants a host."""
 
-    def __init__(self, bed: SlurmBed, name: str, host: Host, *, compute: bool) -> None:
+    def __init__(
+        self, bed: SlurmBed, name: str, host: Host, *, compute: bool, hostname: str | None = None
+    ) -> None:
         self.name = name
+        self.hostname = name if hostname is None else hostname  # what `hostname` says there
         self.host = host
         self.address = host.address
         self.compute = compute
@@ -270,7 +279,9 @@ class SlurmBed:
     it, and srun passes it on to the tasks (``--export=ALL``). :attr:`start_s` is how long the
     bed took to make, :attr:`close_s` how long closing it took."""
 
-    def __init__(self, n: int = 3, *, owner_pid: int | None = None, debug: bool = False) -> None:
+    def __init__(
+        self, n: int = 3, *, owner_pid: int | None = None, debug: bool = False, site: bool = False
+    ) -> None:
         if not 1 <= n <= 250:
             raise ValueError(f"a Slurm bed has 1 to 250 nodes, not {n}")
         t = time.monotonic()
@@ -286,10 +297,15 @@ class SlurmBed:
             tempfile.gettempdir(), f"{FOLDER_PREFIX}{self.hosts.owner_pid}-{self.hosts.tag}"
         )
         self.controller = Node(self, f"gdc-{self.key}", self.hosts[0], compute=False)
+        self.site = site
+        # the site shape: node names that are no host's (they resolve nowhere), every node's
+        # host name this machine's own, shared by all (slurmd -N, as with NodeHostname)
+        shared = socket.gethostname() if site else None
         self.nodes = [
-            Node(self, f"gdn-{self.key}-{i}", host, compute=True)
+            Node(self, f"{'sn' if site else 'gdn'}-{self.key}-{i}", host, compute=True,
+                 hostname=shared)
             for i, host in enumerate(self.hosts.hosts[1:], 1)
-        ]
+        ]  # fmt: skip
         self.cluster_name = f"gd{self.key}"
         self.conf = os.path.join(self.folder, "etc", "slurm.conf")
         self.hosts_file = os.path.join(self.folder, "etc", "hosts")
@@ -367,7 +383,8 @@ class SlurmBed:
         with open(self.hosts_file, "w") as f:
             f.writelines(system)
             f.write(f"# Slurm bed {self.key}\n")
-            f.writelines(f"{n.address} {n.name}\n" for n in (self.controller, *self.nodes))
+            named = [self.controller, *([] if self.site else self.nodes)]
+            f.writelines(f"{n.address} {n.name}\n" for n in named)
         with open(self.conf, "w") as f:
             f.write(self._slurm_conf(debug))
 
@@ -500,7 +517,7 @@ class SlurmBed:
         return [
             *("nsenter", f"--net=/run/netns/{node.netns}", "--"),
             *("unshare", "--mount", "--uts", "--propagation", "private", "--"),
-            *("sh", "-c", _ENTER, "sh", self.hosts_file, node.name),
+            *("sh", "-c", _ENTER, "sh", self.hosts_file, node.hostname),
             *cmd,
         ]
 

@@ -33,6 +33,7 @@ __all__ = [
     "dead_nodes",
     "free_ports",
     "host_addresses",
+    "node_addresses",
     "srun_argv",
     "step_ids",
 ]
@@ -138,13 +139,29 @@ def expand_hostlist(hostlist: str, env: Mapping[str, str] | None = None) -> tupl
     return tuple(_slurm(["scontrol", "show", "hostnames", hostlist], env).split())
 
 
-def _address(node: str) -> str:
+def node_addresses(nodes: Sequence[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each node's address as Slurm knows it: its ``NodeAddr`` (which is its name where the
+    configuration sets none), resolved on this host. A node's name need not be a host name
+    (``slurmd -N``, several slurmd per host, ``NodeHostname``): Slurm reaches it at its
+    NodeAddr, and so does graphdist. ArgumentError, one line, for one that does not resolve."""
+    said: dict[str, str] = {}
+    for line in _slurm(
+        ["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %o"], env
+    ).splitlines():
+        words = line.split()
+        if len(words) == 2:
+            said[words[0]] = words[1]
+    return {node: _address(node, said.get(node, node)) for node in nodes}
+
+
+def _address(node: str, addr: str) -> str:
     try:
-        infos = socket.getaddrinfo(node, None, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
+        where = f"Slurm node {node!r}" + (f" (NodeAddr {addr!r})" if addr != node else "")
         raise ArgumentError(
-            f"Slurm node {node!r} does not resolve ({exc.strerror}) on this host; the run's "
-            "TF_CONFIG needs every node's address",
+            f"{where} does not resolve ({exc.strerror}) on this host; the run's TF_CONFIG "
+            "needs every node's address: give the node a NodeAddr that resolves here",
             name="backend",
             value=node,
         ) from None
@@ -195,7 +212,7 @@ def allocation(jobid: object, env: Mapping[str, str] | None = None) -> Allocatio
     return Allocation(
         text,
         nodes,
-        {n: _address(n) for n in nodes},
+        node_addresses(nodes, environ),
         float(config.get("KillWait", 30)),
         config.get("SlurmdPort", 6818),
     )
@@ -326,10 +343,10 @@ def cancel_steps(
 
 
 _PORTS = (
-    "import socket\n"
+    "import os, socket\n"
     "s=[socket.socket() for _ in range({k})]\n"
     "[x.bind(('', 0)) for x in s]\n"
-    "print(socket.gethostname().split('.')[0], *[x.getsockname()[1] for x in s], flush=True)\n"
+    "print(os.environ['SLURMD_NODENAME'], *[x.getsockname()[1] for x in s], flush=True)\n"
 )
 
 
@@ -340,7 +357,8 @@ def free_ports(
     env: Mapping[str, str] | None = None,
 ) -> dict[str, list[int]]:
     """``per_node[node]`` free ports on each node, found by one step on every node at once
-    (each binds port 0 and says which it got; taken again by the tasks a moment later)."""
+    (each binds port 0 and says which it got under its node's Slurm name, ``SLURMD_NODENAME``:
+    a host name need not be one; taken again by the tasks a moment later)."""
     nodes = [n for n in alloc.nodes if per_node.get(n)]
     most = max(per_node.values())
     argv = [
@@ -381,7 +399,7 @@ def free_ports(
         words = line.split()
         if words and all(w.isdigit() for w in words[1:]):
             found[words[0]] = [int(w) for w in words[1:]]
-    missing = [n for n in nodes if n not in found and n.split(".")[0] not in found]
+    missing = [n for n in nodes if n not in found]
     if done.returncode != 0 or missing:
         said = done.stderr.strip().splitlines()
         raise ArgumentError(
@@ -390,4 +408,4 @@ def free_ports(
             name="backend",
             value="slurm",
         )
-    return {n: found.get(n, found.get(n.split(".")[0], []))[: per_node[n]] for n in nodes}
+    return {n: found[n][: per_node[n]] for n in nodes}

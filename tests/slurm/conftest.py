@@ -7,19 +7,27 @@ from typing import Any
 
 import pytest
 
+SHAPES = ("bed", "site")
+"""The Slurm bed's shapes: ``bed`` (each node's name its host's name) and ``site`` (node names
+that are no host name and resolve nowhere, one host name shared by every node): a test
+parametrized ``@pytest.mark.parametrize("slurm", SHAPES, indirect=True)`` runs on both."""
+
 
 @pytest.fixture(scope="session")
-def slurm() -> Generator[Any, None, None]:
+def slurm(request: pytest.FixtureRequest) -> Generator[Any, None, None]:
     """A :class:`tests.slurmbed.SlurmBed` of three compute nodes and a controller (the login
-    host): made once per session and xdist worker, on first use (about a second: each worker has
-    a bed of its own), and closed at the end, which fails if anything of it is left. A test that
-    kills a node starts it again. Skips, naming why (a failure for a ``promise`` test), where
-    the bed cannot be made: no root, no network namespaces, Slurm or munge not installed."""
+    host): made once per session and xdist worker and shape (:data:`SHAPES`; ``bed`` unless a
+    test asks for another), on first use (about a second: each worker has a bed of its own),
+    and closed at the end, which fails if anything of it is left. A test that kills a node
+    starts it again. Skips, naming why (a failure for a ``promise`` test), where the bed cannot
+    be made: no root, no network namespaces, Slurm or munge not installed."""
     from tests.slurmbed import SlurmBed, SlurmBedError, require_slurmbed
 
+    shape = getattr(request, "param", "bed")
+    assert shape in SHAPES, shape
     require_slurmbed()
     try:
-        bed = SlurmBed(3)
+        bed = SlurmBed(3, site=shape == "site")
     except SlurmBedError as exc:
         pytest.skip(f"cannot make a Slurm bed: {exc}")
     with bed:

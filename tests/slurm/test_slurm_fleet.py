@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import EVENTUALLY_S, on_loopback, read_json, received_of, wait_gone
 from tests.net.test_hosts import SPLIT_GRAPH
 from tests.net.test_ray_hosts import ATTACHED, _step
+from tests.slurm.conftest import SHAPES
 
 pytestmark = [pytest.mark.promise]
 
@@ -59,6 +60,7 @@ say(step="closed", seconds=time.monotonic() - t, state=fleet.state.value)
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("slurm", SHAPES, indirect=True)
 def test_a_slurm_fleet_serves_runs_fails_fast_restarts_and_leaves_no_step(slurm, tmp_path):
     jobid = slurm.salloc(2)
     driver = slurm.popen(

@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import is_gone, on_loopback, received_of, wait_gone
 from tests.net.test_ray_hosts import _cmdline, _weights
+from tests.slurm.conftest import SHAPES
 
 pytestmark = [pytest.mark.promise]
 
@@ -28,8 +29,9 @@ EXAMPLES = os.path.join(REPO, "examples")
 EPOCHS = 3
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 PRINT_CONFIG = (
-    "import json, os, socket; c = json.loads(os.environ['TF_CONFIG']); "
-    "print(json.dumps({'node': socket.gethostname(), 'task': c['task'], 'cluster': c['cluster'], "
+    "import json, os; c = json.loads(os.environ['TF_CONFIG']); "
+    "print(json.dumps({'node': os.environ['SLURMD_NODENAME'], 'task': c['task'], "
+    "'cluster': c['cluster'], "
     "'restart': os.environ['GRAPHDIST_RESTART']}))"
 )
 
@@ -91,6 +93,7 @@ def alloc(slurm: Any) -> Any:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("slurm", SHAPES, indirect=True)
 def test_each_task_runs_on_its_own_node_with_the_allocations_addresses(slurm, alloc):
     result = _graphdist(
         slurm, "run", "--backend", "slurm", "--jobid", str(alloc), "--workers", "2", "--",
@@ -199,6 +202,7 @@ def test_bad_slurm_runs_are_one_line_and_exit_2_with_nothing_started(slurm, allo
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("slurm", SHAPES, indirect=True)
 def test_a_worker_killed_on_its_node_restarts_in_the_allocation_with_the_same_weights(
     slurm, alloc, tmp_path
 ):

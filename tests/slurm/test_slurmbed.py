@@ -12,6 +12,7 @@ import json
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -108,6 +109,24 @@ def test_srun_runs_a_task_on_each_of_three_hosts(slurm: SlurmBed) -> None:
         assert row["addresses"] == [node.address]
         assert row["resolved"] == node.address
         assert row["uid"] == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
+def test_the_site_shape_breaks_the_name_assumptions(slurm: SlurmBed) -> None:
+    """The bed's second shape, as sites run Slurm: each node's Slurm name is no host name (it
+    resolves on no host), and every node's host name is one, this machine's own, so that
+    nothing can find a node by its host name."""
+    rows = _rows(slurm.srun([sys.executable, "-c", WHERE], "-N3").stdout)
+    assert sorted(row["node"] for row in rows) == [n.name for n in slurm.nodes]
+    assert {row["hostname"] for row in rows} == {socket.gethostname()}, rows
+    assert sorted(a for row in rows for a in row["addresses"]) == sorted(
+        n.address for n in slurm.nodes
+    )
+    for where in (None, slurm.nodes[0]):
+        for node in slurm.nodes:
+            looked = slurm.run(where, ["getent", "hosts", node.name])
+            assert looked.returncode != 0, (where, node, looked.stdout)
 
 
 @pytest.mark.timeout(60)
