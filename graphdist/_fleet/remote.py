@@ -121,8 +121,9 @@ class RemoteFleet(Fleet[RemoteTask]):
         self._gateway: subprocess.Popen[bytes] | None = None
         if tls is not None:
             from graphdist._net.gateway import routes, start_gateway, tls_cluster
-            from graphdist._net.tlscerts import load_credentials
+            from graphdist._net.tlscerts import identity_folder, load_credentials
 
+            self.tls = tls = identity_folder(tls)  # the whole folder `certs` made: its client/
             load_credentials(tls)
             self.cluster = tls_cluster(self.real_cluster)
             outbound = routes(self.real_cluster)
@@ -273,10 +274,11 @@ def connect(
     :class:`StartTimeoutError` naming those that do not (not started, or this machine not let in:
     a server on a host address lets in only its cluster's hosts and its ``--allow`` list).
 
-    ``tls``: the client credentials folder ``graphdist certs`` made for the cluster, whose
-    servers run ``graphdist serve --tls``: this client then reaches them through a mutual-TLS
-    gateway of its own (a small process, stopped by :meth:`~RemoteFleet.close`), from any
-    machine, member or not; raises :class:`CredentialsError` if they refuse its certificate.
+    ``tls``: the client credentials folder ``graphdist certs`` made for the cluster (or the
+    whole folder it made: its ``client/`` is used), whose servers run ``graphdist serve
+    --tls``: this client then reaches them through a mutual-TLS gateway of its own (a small
+    process, stopped by :meth:`~RemoteFleet.close`), from any machine, member or not; raises
+    :class:`CredentialsError` if they refuse its certificate.
     """
     wait_s = check_timeout_s(timeout_s, "timeout_s", DEFAULT_CONNECT_TIMEOUT_S)
     fleet = RemoteFleet(cluster, operation_timeout_ms=operation_timeout_ms, tls=tls)

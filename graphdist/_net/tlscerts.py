@@ -46,6 +46,7 @@ __all__ = [
     "client_context",
     "client_folder",
     "host_folder",
+    "identity_folder",
     "load_credentials",
     "make_credentials",
     "server_context",
@@ -97,6 +98,37 @@ def host_folder(out: str, host: str) -> str:
 
 def client_folder(out: str) -> str:
     return os.path.join(out, CLIENT)
+
+
+def identity_folder(given: str, host: str | None = None) -> str:
+    """The folder of one identity in ``given``, as ``graphdist certs`` handed it out: ``given``
+    itself when it is one (it holds ``ca.pem``), else, when ``given`` is the whole folder
+    ``certs`` made, its sub-folder for ``host`` (``hosts/HOST``) or, with no host, the
+    client's. CredentialsError, one line naming what to give, when that whole folder has no
+    such sub-folder; anything else is left to :func:`load_credentials` to say."""
+    if os.path.exists(os.path.join(given, CA_FILE)):
+        return given
+    own = client_folder(given) if host is None else host_folder(given, host)
+    if os.path.isdir(own):
+        return own
+    hosts = os.path.join(given, "hosts")
+    if not (os.path.isdir(hosts) or os.path.isdir(client_folder(given))):
+        return given
+    if host is None:
+        raise CredentialsError(
+            f"{given} holds no client's folder ({own}): give the folder `graphdist certs` made, "
+            "whole, or its client/ folder",
+            given,
+        )
+    made: list[str] = []
+    with contextlib.suppress(OSError):
+        made = sorted(os.listdir(hosts))
+    raise CredentialsError(
+        f"{given} holds no credentials for host {host} ({own}; `graphdist certs` made them for "
+        f"{', '.join(made) or 'no host'}): give this host's folder, or make new credentials "
+        "whose --cluster names this host",
+        given,
+    )
 
 
 def _write(path: str, data: bytes, mode: int) -> None:
@@ -226,7 +258,10 @@ def _load(path: str, *, key: bool = False) -> Any:
                 except (ValueError, TypeError, UnsupportedAlgorithm):
                     fix = f"is not {what}; copy it again"
     except FileNotFoundError:
-        fix = "is missing; copy the whole folder that `graphdist certs` made"
+        fix = (
+            "is missing: give the folder `graphdist certs` made (whole, or one identity's: "
+            "DIR/client, DIR/hosts/HOST), with its ca.pem, cert.pem and key.pem"
+        )
     except OSError as exc:
         fix = f"cannot be read ({exc.strerror})"
     raise CredentialsError(f"{path} {fix}", path)

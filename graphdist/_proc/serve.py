@@ -299,7 +299,7 @@ def _serve_tls(
     """:func:`serve` in TLS mode: the server on its host's loopback alias, sessions between
     hosts through this serve's gateway (started before the re-execution, watched after it)."""
     from graphdist._net.gateway import tls_cluster
-    from graphdist._net.tlscerts import host_folder
+    from graphdist._net.tlscerts import identity_folder
 
     task = cluster.task(job, index)
     name = task_name(job, index)
@@ -351,9 +351,7 @@ def _serve_tls(
     try:
         if tls == "-":  # on stdin (SlurmFleet: srun's channel), on disk until the gateway read it
             tls = received = credentials_from_stdin()
-        own = host_folder(tls, task.host.strip("[]"))
-        if os.path.isdir(own):  # the whole `graphdist certs` folder (a shared file system): ours
-            tls = own
+        tls = identity_folder(tls, task.host.strip("[]"))  # the whole folder: hosts/HOST
         relay = _start_tls_gateway(cluster, task, name, tls)
     finally:
         if received is not None:

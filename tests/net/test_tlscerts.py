@@ -32,6 +32,7 @@ from graphdist._net.tlscerts import (
     client_context,
     client_folder,
     host_folder,
+    identity_folder,
     load_credentials,
     make_credentials,
     server_context,
@@ -266,6 +267,31 @@ def test_load_refuses_a_folder_missing_a_file(
     with pytest.raises(graphdist.CredentialsError, match="is missing") as caught:
         load_credentials(folder)
     assert caught.value.path == os.path.join(folder, missing)
+
+
+def test_the_whole_folder_certs_made_gives_each_role_its_own(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """``connect(tls=)`` and ``serve --tls`` take the folder ``graphdist certs`` made, whole, or
+    one identity's folder; a whole folder without the host's sub-folder is refused in one line
+    naming the sub-folder it lacks and the hosts it has."""
+    whole = os.path.dirname(cluster[CLIENT])
+    assert identity_folder(whole) == cluster[CLIENT]
+    assert identity_folder(whole, "fd00::3") == cluster["fd00::3"]
+    assert identity_folder(cluster["10.1.2.3"], "10.1.2.3") == cluster["10.1.2.3"]  # itself
+    with pytest.raises(graphdist.CredentialsError, match="holds no credentials for host") as no:
+        identity_folder(whole, "10.9.9.9")
+    assert host_folder(whole, "10.9.9.9") in str(no.value)
+    assert "10.1.2.3, fd00__3, node-1.example" in str(no.value)
+    copy = str(tmp_path / "hosts-only")
+    shutil.copytree(os.path.join(whole, "hosts"), os.path.join(copy, "hosts"))
+    with pytest.raises(graphdist.CredentialsError, match="holds no client's folder"):
+        identity_folder(copy)
+    empty = str(tmp_path / "empty")
+    os.mkdir(empty, 0o700)
+    assert identity_folder(empty) == empty  # load_credentials says what is missing, truly
+    with pytest.raises(graphdist.CredentialsError, match="DIR/client, DIR/hosts/HOST"):
+        load_credentials(empty)
 
 
 def test_load_refuses_a_certificate_another_ca_signed(
