@@ -26,20 +26,24 @@ controller's hostname is its name.)
 A second shape, ``SlurmBed(n, site=True)``, breaks those name assumptions as sites do (``slurmd
 -N``, ``NodeHostname``, several slurmd per host, containers): its nodes are ``sn-KEY-I``, names in
 no hosts file (Slurm reaches them at their NodeAddr), and every node's hostname is this
-machine's own, one name for all. Tests run on it with ``@pytest.mark.parametrize("slurm",
-SHAPES, indirect=True)`` (tests/slurm/conftest.py).
+machine's own, one name for all; and Slurm tracks and limits its steps by cgroup
+(``proctrack/cgroup``, ``task/cgroup``, cgroup v1, memory a consumable resource: each job's limit
+its ``--mem``, default :data:`DEF_MEM_PER_NODE_MB`; a step over it is killed by the kernel and
+``srun`` says ``task N: Out Of Memory``). Its nodes' cgroups (``slurm_NODE`` in each hierarchy)
+are removed with the bed, and a dead creator's by :func:`sweep_stale`. Tests run on it with
+``@pytest.mark.parametrize("slurm", SHAPES, indirect=True)`` (tests/slurm/conftest.py).
 
-No cgroups and no accounting: proctrack/linuxproc (a job's processes are found by their parent
-chain, so a task that daemonizes escapes scancel, but not :meth:`SlurmBed.close`), task/none,
-accounting_storage/none. Jobs run as root (SlurmUser=root). Timings, measured on the 2-core
-machine: a bed of 3 nodes is made in 0.5 s (1.1 s under load; half of it the host bed) and
-closed in 0.2 s; a killed node is "not responding" (``idle*``) 6-8 s later (slurmctld's ping
-retries a refused connection once a second for MessageTimeout, 5 s, then waits for its next
-cycle) and DOWN 15-16 s later (a second failed cycle: its jobs are requeued or failed then);
-ReturnToService=2 brings a restarted slurmd back within 0.2 s; a requeued job may start again
-cred_expire+1 s later (6 s: 5 is Slurm's minimum); time limits and ``--signal=B:SIG@S`` are
-checked by slurmctld every 30 s only (PERIODIC_TIMEOUT), so a warning signal arrives up to 30 s
-after it is due.
+The first shape has no cgroups, and neither has accounting: proctrack/linuxproc (a job's
+processes are found by their parent chain, so a task that daemonizes escapes scancel, but not
+:meth:`SlurmBed.close`), task/none, accounting_storage/none. Jobs run as root (SlurmUser=root).
+Timings, measured on the 2-core machine: a bed of 3 nodes is made in 0.5 s (1.1 s under load;
+half of it the host bed) and closed in 0.2 s; a killed node is "not responding" (``idle*``) 6-8
+s later (slurmctld's ping retries a refused connection once a second for MessageTimeout, 5 s,
+then waits for its next cycle) and DOWN 15-16 s later (a second failed cycle: its jobs are
+requeued or failed then); ReturnToService=2 brings a restarted slurmd back within 0.2 s; a
+requeued job may start again cred_expire+1 s later (6 s: 5 is Slurm's minimum); time limits and
+``--signal=B:SIG@S`` are checked by slurmctld every 30 s only (PERIODIC_TIMEOUT), so a warning
+signal arrives up to 30 s after it is due.
 
 Needs root, network namespaces (:func:`tests.hostbed.require_hostbed`), nsenter and unshare
 (util-linux), and Slurm (slurmctld, slurmd, the client commands) and munge: without them
@@ -71,6 +75,10 @@ from tests.conftest import Killed, is_gone, wait_gone
 from tests.hostbed import Host, HostBed, HostBedError, require_hostbed
 from tests.hostbed import sweep_stale as sweep_stale_hosts
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+# a node's name: gdn- (or the site shape's sn-), the host bed's key (the creator's pid in base
+# 36, then a 4-character tag), its number
+_NODE_RE = re.compile(r"^(?:gdn|sn)-([0-9a-z]+)[0-9a-z]{4}-\d+$")
 FOLDER_PREFIX = "gdslurm-"
 _FOLDER_RE = re.compile(r"^gdslurm-(\d+)-([0-9a-z]{4})$")
 PARTITION = "gd"
@@ -112,6 +120,18 @@ CLIENTS = ("srun", "sbatch", "salloc", "squeue", "scancel", "scontrol", "sinfo",
 TOOLS = ("nsenter", "unshare", "mount", "hostname")
 # On a host: the bed's hosts file over /etc/hosts, the host's name as hostname, then the command
 # (exec'd: the pid the caller sees is the command's). argv: hosts file, name, command...
+#: MB of memory a node of the site shape says it has, and a job's there without --mem.
+REAL_MEMORY_MB = 24000
+DEF_MEM_PER_NODE_MB = 3000
+# The site shape's cgroup.conf: steps tracked and constrained by cgroup v1 (this machine's),
+# each job's memory its --mem (or the node's RealMemory), no swap.
+CGROUP_CONF = """CgroupPlugin=cgroup/v1
+CgroupMountpoint=/sys/fs/cgroup
+ConstrainCores=no
+ConstrainRAMSpace=yes
+ConstrainSwapSpace=yes
+AllowedSwapSpace=0
+"""
 _ENTER = 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"'
 
 
@@ -226,9 +246,49 @@ def sweep_stale() -> list[str]:
         if os.path.exists(folder):
             failures.append(f"{folder} could not be removed")
         swept.append(folder)
+    cgroups = _bed_cgroups(_stale_node)
+    failures += [f"cgroup {c}" for c in _remove_cgroups(cgroups)]
     if failures:
         raise AssertionError("could not remove stale Slurm beds: " + "; ".join(failures))
-    return swept
+    return swept + cgroups
+
+
+def _bed_cgroups(owned: Callable[[str], bool]) -> list[str]:
+    """The cgroup folders of Slurm beds' nodes (the site shape's slurmd makes ``slurm_NODE`` in
+    every hierarchy it uses) whose node name ``owned`` says is one of the caller's."""
+    found = []
+    with contextlib.suppress(OSError):
+        for controller in os.listdir(CGROUP_ROOT):
+            folder = os.path.join(CGROUP_ROOT, controller)
+            with contextlib.suppress(OSError):
+                found += [
+                    os.path.join(folder, entry)
+                    for entry in os.listdir(folder)
+                    if entry.startswith("slurm_") and owned(entry.removeprefix("slurm_"))
+                ]
+    return sorted(found)
+
+
+def _remove_cgroups(folders: Iterable[str]) -> list[str]:
+    """Remove each cgroup folder, its sub-folders first (a cgroup's files go with it); the ones
+    still there (a process left in them)."""
+    left = []
+    for top in folders:
+        for root, dirs, _ in os.walk(top, topdown=False):
+            for name in dirs:
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(root, name))
+        with contextlib.suppress(FileNotFoundError, OSError):
+            os.rmdir(top)
+        if os.path.exists(top):
+            left.append(top)
+    return left
+
+
+def _stale_node(name: str) -> bool:
+    """Whether ``name`` is a node of a bed whose creating process is gone."""
+    found = _NODE_RE.match(name)
+    return found is not None and is_gone(int(found.group(1), 36))
 
 
 class Node:
@@ -298,6 +358,7 @@ class SlurmBed:
         )
         self.controller = Node(self, f"gdc-{self.key}", self.hosts[0], compute=False)
         self.site = site
+        self.cgroup = site  # the site shape tracks steps by cgroup, with memory limits
         # the site shape: node names that are no host's (they resolve nowhere), every node's
         # host name this machine's own, shared by all (slurmd -N, as with NodeHostname)
         shared = socket.gethostname() if site else None
@@ -387,6 +448,9 @@ class SlurmBed:
             f.writelines(f"{n.address} {n.name}\n" for n in named)
         with open(self.conf, "w") as f:
             f.write(self._slurm_conf(debug))
+        if self.cgroup:
+            with open(os.path.join(self.folder, "etc", "cgroup.conf"), "w") as f:
+                f.write(CGROUP_CONF)
 
     def _slurm_conf(self, debug: bool) -> str:
         level = "debug2" if debug else "info"
@@ -410,13 +474,21 @@ class SlurmBed:
             f"SlurmctldDebug={level}",
             f"SlurmdDebug={level}",
             f"PlugStackConfig={d}/etc/plugstack.conf",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
+            *(
+                ("ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup")
+                if self.cgroup
+                else ("ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none")
+            ),
             "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/none",
             "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_CPU",
+            # the site shape: memory a resource, each job's own limit (its --mem, default 3 GB)
+            *(
+                ("SelectTypeParameters=CR_CPU_Memory", f"DefMemPerNode={DEF_MEM_PER_NODE_MB}")
+                if self.cgroup
+                else ("SelectTypeParameters=CR_CPU",)
+            ),
             "MpiDefault=none",
             "SwitchType=switch/none",
             "MailProg=/bin/true",
@@ -435,6 +507,7 @@ class SlurmBed:
         ]
         lines += [
             f"NodeName={n.name} NodeAddr={n.address} CPUs={CPUS_PER_NODE} State=UNKNOWN"
+            + (f" RealMemory={REAL_MEMORY_MB}" if self.cgroup else "")
             for n in self.nodes
         ]
         lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
@@ -852,6 +925,8 @@ class SlurmBed:
             shutil.rmtree(self.folder, ignore_errors=True)
             if os.path.exists(self.folder):
                 left.append(f"folder {self.folder}")
+        names = {n.name for n in self.nodes}
+        left += [f"cgroup {c}" for c in _remove_cgroups(_bed_cgroups(names.__contains__))]
         self.close_s = time.monotonic() - t
         if left:
             raise AssertionError(f"{self!r} left behind: {'; '.join(left)}")
