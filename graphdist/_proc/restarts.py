@@ -23,7 +23,9 @@ The rules, with their numbers in one place (:data:`BACKOFF`, :data:`DEFAULT_REST
   cannot start (an import error, a bad path) will not start on the next try either; where the
   caller can tell the failure's error is one that no restart fixes (``failed(error=...)``: a
   missing module, a syntax error, a script that does not exist), the first such start-up
-  failure gives up at once.
+  failure gives up at once; one that ran out of memory (``failed(oom=...)``) at each of its
+  last :data:`OOM_STARTUPS` starts, each within ``min_uptime_s``, gives up then: the same
+  memory limit ends the same start the same way.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ __all__ = [
     "DEFAULT_MAX_RESTARTS",
     "DEFAULT_MIN_UPTIME_S",
     "DEFAULT_RESTART_WINDOW_S",
+    "OOM_STARTUPS",
     "STARTUP_FAILURES",
     "Backoff",
     "Decision",
@@ -59,6 +62,8 @@ DEFAULT_MIN_UPTIME_S = 10.0
 """Seconds something must have run before its failure stops counting as a start-up failure."""
 STARTUP_FAILURES = 3
 """Start-up failures in a row after which the policy gives up, whatever the budget says."""
+OOM_STARTUPS = 2
+"""Starts in a row ended by running out of memory after which the policy gives up."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,7 @@ class Decision:
     startup_failures: int = 0
     min_uptime_s: float = DEFAULT_MIN_UPTIME_S
     error: str | None = None  # a start-up failure's error that no restart fixes (its line)
+    oom: str | None = None  # out of memory at each of the last OOM_STARTUPS starts: how
 
     @property
     def restart_number(self) -> int:
@@ -126,6 +132,12 @@ class Decision:
         if self.restart:
             when = "at once" if self.wait_s == 0 else f"in {self.wait_s:g} s"
             return f"restarting {self.what} {when} (restart {self.restart_number} of {limit})"
+        if self.reason == "startup" and self.oom is not None:
+            return (
+                f"gave up on {self.what}: it ran out of memory at each of its last "
+                f"{OOM_STARTUPS} starts, within {self.min_uptime_s:g} s of starting ({self.oom}); "
+                "restarts will not fix it: give it more memory, or make it use less"
+            )
         if self.reason == "startup" and self.error is not None:
             return (
                 f"gave up on {self.what}: it failed within {self.min_uptime_s:g} s of starting "
@@ -167,6 +179,7 @@ class RestartPolicy:
         self._recent: deque[float] = deque()  # when the restarts within the window happened
         self._in_a_row = 0  # failures in a row (the back-off's exponent)
         self._startup_in_a_row = 0
+        self._oom_in_a_row = 0  # start-up failures in a row that ran out of memory
         self._up_since = clock()
         self.restarts = 0  # restarts done in all, preemptions included
 
@@ -191,13 +204,15 @@ class RestartPolicy:
         what: str | None = None,
         startup: bool = True,
         error: str | None = None,
+        oom: str | None = None,
     ) -> Decision:
         """The thing failed now (``preempted``: it was asked to stop and did): the decision.
         ``what`` names what failed when it is a part of the thing (``"the server of
         worker-1"``), whose failure spends the same budget; ``startup=False``: a part whose
         failure says nothing of the whole's start-up; ``error``: the failure's error, where it
         is one that no restart fixes (a missing module, a syntax error): within
-        ``min_uptime_s`` of a start it gives up at once."""
+        ``min_uptime_s`` of a start it gives up at once; ``oom``: it ran out of memory (how, in
+        words): the :data:`OOM_STARTUPS`-th such start-up failure in a row gives up."""
         now = self._clock()
         in_window = self._window(now)
         named = what or self.what
@@ -207,10 +222,13 @@ class RestartPolicy:
             uptime = now - self._up_since
             short = uptime < self.min_uptime_s
             self._startup_in_a_row = self._startup_in_a_row + 1 if short else 0
+            self._oom_in_a_row = self._oom_in_a_row + 1 if short and oom is not None else 0
         if in_window >= self.max_restarts:
             return self._decision(named, in_window, False, 0.0, "budget")
         if startup and self._startup_in_a_row and error is not None:
             return self._decision(named, in_window, False, 0.0, "startup", error)
+        if startup and self._oom_in_a_row >= OOM_STARTUPS:
+            return self._decision(named, in_window, False, 0.0, "startup", oom=oom)
         if startup and self._startup_in_a_row >= STARTUP_FAILURES:
             return self._decision(named, in_window, False, 0.0, "startup")
         stable = now - self._up_since >= self.window_s
@@ -226,6 +244,7 @@ class RestartPolicy:
         wait_s: float,
         reason: Reason,
         error: str | None = None,
+        oom: str | None = None,
     ) -> Decision:
         return Decision(
             what,
@@ -238,6 +257,7 @@ class RestartPolicy:
             self._startup_in_a_row,
             self.min_uptime_s,
             error,
+            oom,
         )
 
     def restarted(self, decision: Decision) -> None:
@@ -254,6 +274,7 @@ class RestartPolicy:
         restarts)."""
         self._in_a_row = 0
         self._startup_in_a_row = 0
+        self._oom_in_a_row = 0
         self._up_since = self._clock()
 
 

@@ -9,6 +9,7 @@ from graphdist._exceptions import ArgumentError
 from graphdist._proc import restarts
 from graphdist._proc.restarts import (
     BACKOFF,
+    OOM_STARTUPS,
     STARTUP_FAILURES,
     Backoff,
     RestartPolicy,
@@ -137,6 +138,36 @@ def test_an_unfixable_error_at_start_up_gives_up_at_once_and_names_it():
     # a part's failure never tells of the whole's start-up
     policy, clock = _policy(100, 60.0, min_uptime_s=10.0)
     assert policy.failed(what="the server of ps-0", startup=False, error=error).restart
+
+
+def test_out_of_memory_at_each_of_the_last_starts_gives_up_and_says_so():
+    """The same limit ends the same start the same way: out of memory within min_uptime_s of
+    its start, OOM_STARTUPS times in a row, the run gives up (the budget would allow more);
+    one long attempt between, or another kind of failure, starts the count over."""
+    oom = "the kernel's OOM killer; limit 400 MiB of memory cgroup /x"
+    policy, clock = _policy(100, 60.0, min_uptime_s=10.0)
+    for _ in range(OOM_STARTUPS - 1):
+        policy.started()
+        clock.now += 2
+        decision = policy.failed(oom=oom)
+        assert decision.restart
+        policy.restarted(decision)
+    policy.started()
+    clock.now += 2
+    final = policy.failed(oom=oom)
+    assert (final.restart, final.reason, final.oom) == (False, "startup", oom)
+    assert final.words() == (
+        f"gave up on the run: it ran out of memory at each of its last {OOM_STARTUPS} starts, "
+        f"within 10 s of starting ({oom}); restarts will not fix it: give it more memory, or "
+        "make it use less"
+    )
+    policy, clock = _policy(100, 60.0, min_uptime_s=10.0)
+    for uptime, kind in ((2, oom), (2, None), (30, oom), (2, oom)):
+        policy.started()
+        clock.now += uptime
+        decision = policy.failed(oom=kind)
+        assert decision.restart, (uptime, kind)  # never OOM_STARTUPS short OOMs in a row
+        policy.restarted(decision)
 
 
 def test_one_long_attempt_breaks_a_run_of_start_up_failures():

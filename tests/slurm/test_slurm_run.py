@@ -555,3 +555,38 @@ def test_the_example_batch_script_trains_on_the_allocation(slurm):
         "weights-worker-1.npz",
     ]
     assert os.path.exists(os.path.join(out, "logs", "run-1", "summary.txt"))
+
+
+# Up, then over its memory limit at once: a task that runs out of memory at every start.
+HOG = (
+    "import time; print('up', flush=True); time.sleep(0.3); "
+    "b = [bytearray(10 << 20) for _ in range(100)]"
+)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
+def test_a_task_over_its_steps_memory_limit_is_named_out_of_memory_and_not_restarted_blindly(
+    slurm,
+):
+    """On a cgroup-tracked Slurm (the site shape), a task over its job's --mem is killed by the
+    kernel; srun then exits 1. graphdist reports it as out of memory (not `exited with code
+    1`), ranks it as a death, and, out of memory at its start twice, gives up on the run in one
+    line instead of spending every restart; no step is left."""
+    jobid = slurm.salloc(1, "--mem=400M")
+    try:
+        result = _graphdist(
+            slurm, "run", "--backend", "slurm", "--jobid", str(jobid), "--workers", "1",
+            "--max-restarts", "5", "--preload", "none", "--", sys.executable, "-c", HOG,
+        )  # fmt: skip
+        out = result.stdout + result.stderr
+        assert result.returncode != 0, out
+        assert "worker-0 ran out of memory" in out, out
+        assert "exited with code 1" not in out, out
+        assert out.count("restarting the run") == 1, out  # the second start's OOM: it gives up
+        assert "ran out of memory at each of its last 2 starts" in out, out
+        assert _steps(slurm, jobid) == []
+    finally:
+        pids = slurm.job_pids(jobid)
+        slurm.scancel(jobid)
+        assert wait_gone(pids, 20) == []
