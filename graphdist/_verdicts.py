@@ -55,16 +55,21 @@ class ProcessFacts:
       another machine that graphdist does not own).
     - ``exitcode``: how it ended, once known (Popen's convention: ``-N`` for signal N).
     - ``killed_with``: the signal graphdist's ``kill()`` sent to end it, if it did.
+    - ``oom``: the kernel's (or the engine's) record that it was killed for memory, in words
+      (``out of memory (...)``), if there is one.
     """
 
     ended: bool | None
     exitcode: int | None = None
     killed_with: int | None = None
+    oom: str | None = None
 
 
 def ended_detail(facts: ProcessFacts) -> str:
     """How a task's process ended, as its ``dead`` status's detail: its exit status or signal,
     saying so when graphdist killed it; what is known when its exit status has not arrived."""
+    if facts.oom is not None and facts.killed_with is None:
+        return f"ran {facts.oom} and {how_ended(facts.exitcode)}"
     if facts.exitcode is not None:
         words = how_ended(facts.exitcode)
         if facts.killed_with is not None and facts.exitcode == -facts.killed_with:

@@ -63,6 +63,17 @@ def test_a_dead_task_whose_exit_status_has_not_arrived_says_so():
     assert "not reached graphdist yet" in ended_detail(ProcessFacts(ended=True))
 
 
+def test_a_task_the_oom_killer_ended_says_it_ran_out_of_memory_unless_graphdist_killed_it():
+    oom = "out of memory (the kernel's OOM killer; limit 200 MiB of memory cgroup /x)"
+    facts = ProcessFacts(ended=True, exitcode=-signal.SIGKILL, oom=oom)
+    assert task_status(facts, True) == (
+        DEAD,
+        f"ran {oom} and was killed by SIGKILL (exit status 137)",
+    )
+    killed = ProcessFacts(ended=True, exitcode=-9, killed_with=signal.SIGKILL, oom=oom)
+    assert "out of memory" not in ended_detail(killed)  # graphdist's kill() is the cause
+
+
 @pytest.mark.parametrize("error", [TIMEOUT, REFUSED])
 def test_a_running_process_whose_probe_failed_is_not_answering(error):
     assert task_status(ProcessFacts(ended=False), False, error) == (NOT_ANSWERING, error)

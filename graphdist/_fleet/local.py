@@ -11,6 +11,7 @@ server exits by itself as soon as the fleet's owner process is gone, however it 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -332,8 +333,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
             task._join(KILL_WAIT_S)
 
     def _facts(self, task: FleetTask, wait_s: float = 0.0) -> ProcessFacts:
-        facts = task.facts(wait_s)
-        return ProcessFacts(facts.ended, facts.exitcode, self._killed_with(task))
+        return dataclasses.replace(task.facts(wait_s), killed_with=self._killed_with(task))
 
     def _restart_task(self, task: FleetTask) -> None:
         if task.alive:

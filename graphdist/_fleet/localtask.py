@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import time
 from typing import Any
 
 from graphdist._cluster import Task
 from graphdist._fleet.task import LOG_TAIL_LINES, TaskView, read_log_tail
+from graphdist._proc import oom
 from graphdist._proc.pidwatch import PidWatch
 from graphdist._proc.server import fleet_child
 from graphdist._verdicts import ProcessFacts
@@ -27,6 +30,7 @@ class FleetTask(TaskView):
         self.restarts = 0
         self._process: Any = None
         self._pidwatch: PidWatch | None = None  # the kernel's word, once its pid is known
+        self._started_s = 0.0  # time.monotonic() when its process was started
 
     @property
     def pid(self) -> int | None:
@@ -67,7 +71,11 @@ class FleetTask(TaskView):
         ended = not self.alive
         if ended and self.exitcode is None and wait_s > 0:
             self._process.join(wait_s)
-        return ProcessFacts(ended=ended, exitcode=self.exitcode if ended else None)
+        code = self.exitcode if ended else None
+        killed = oom.shared().killed(self.pid, self._started_s) if code == -signal.SIGKILL else None
+        return ProcessFacts(
+            ended=ended, exitcode=code, oom=None if killed is None else killed.words()
+        )
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
         return read_log_tail(self.log_path, lines)
@@ -82,6 +90,8 @@ class FleetTask(TaskView):
         self._forget_process()
         process = process_class(target=fleet_child, args=(spec,), name=f"graphdist-{self.name}")
         process.daemon = False
+        oom.shared()  # the kernel's log is read from before the process starts
+        self._started_s = time.monotonic()
         process.start()
         self._process = process
 

@@ -21,7 +21,7 @@ import re
 import threading
 from dataclasses import dataclass
 
-__all__ = ["KMSG", "OomKill", "OomWatch", "parse_records"]
+__all__ = ["KMSG", "OomKill", "OomWatch", "parse_records", "shared"]
 
 KMSG = "/dev/kmsg"
 _KILLED = re.compile(r"Killed process (\d+) \(([^)]*)\)")
@@ -37,12 +37,14 @@ _LIMIT_FILES = (
 class OomKill:
     """One kill of the kernel's OOM killer: the victim's ``pid`` and ``name``; ``cgroup``: the
     memory cgroup whose limit was hit (``None``: the machine ran out); ``limit``: that limit in
-    bytes, where it could be read."""
+    bytes, where it could be read; ``at_s``: when, on the kernel's clock (seconds since boot,
+    as ``time.monotonic()``; None where the record had no time)."""
 
     pid: int
     name: str
     cgroup: str | None = None
     limit: int | None = None
+    at_s: float | None = None
 
     def words(self) -> str:
         """``out of memory (the kernel's OOM killer; limit 512 MiB of memory cgroup /x)``."""
@@ -76,7 +78,13 @@ def parse_records(records: list[str]) -> list[OomKill]:
     kills: list[OomKill] = []
     memcg: dict[int, str | None] = {}
     for record in records:
-        text = record.split(";", 1)[1] if ";" in record.split(" ", 1)[0] else record
+        at_s = None
+        if ";" in record.split(" ", 1)[0]:
+            prefix, text = record.split(";", 1)
+            with contextlib.suppress(IndexError, ValueError):
+                at_s = int(prefix.split(",")[2]) / 1e6
+        else:
+            text = record
         if text.startswith("oom-kill:"):
             fields = dict(_FIELDS.findall(text[len("oom-kill:") :]))
             with contextlib.suppress(KeyError, ValueError):
@@ -86,7 +94,7 @@ def parse_records(records: list[str]) -> list[OomKill]:
         found = _KILLED.search(text)
         if found and "out of memory" in text.lower():
             pid = int(found[1])
-            kills.append(OomKill(pid, found[2], memcg.get(pid)))
+            kills.append(OomKill(pid, found[2], memcg.get(pid), at_s=at_s))
     return kills
 
 
@@ -120,17 +128,20 @@ class OomWatch:
                 break
         for kill in parse_records(records):
             limit = cgroup_limit(kill.cgroup) if kill.cgroup else None
-            self._kills[kill.pid] = OomKill(kill.pid, kill.name, kill.cgroup, limit)
+            self._kills[kill.pid] = OomKill(kill.pid, kill.name, kill.cgroup, limit, kill.at_s)
 
-    def killed(self, pid: int | None) -> OomKill | None:
-        """The OOM kill of ``pid`` since this watch was made, or None (none logged, or the log
-        unreadable)."""
+    def killed(self, pid: int | None, since_s: float | None = None) -> OomKill | None:
+        """The OOM kill of ``pid`` since this watch was made (and, given ``since_s``, a
+        ``time.monotonic()`` of when that process started: not before it, so that a reused pid
+        is not another's death), or None (none logged, or the log unreadable)."""
         if pid is None or self._fd is None:
             return None
         with self._lock:
-            if pid not in self._kills:
+            kill = self._kills.get(pid)
+            if kill is None or not _after(kill, since_s):
                 self._read()
-            return self._kills.get(pid)
+                kill = self._kills.get(pid)
+        return kill if kill is not None and _after(kill, since_s) else None
 
     def close(self) -> None:
         with self._lock:
@@ -141,3 +152,22 @@ class OomWatch:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+def _after(kill: OomKill, since_s: float | None) -> bool:
+    # the kernel's clock and CLOCK_MONOTONIC agree to well under a second (no suspend here)
+    return since_s is None or kill.at_s is None or kill.at_s >= since_s - 1.0
+
+
+_shared: OomWatch | None = None
+_shared_lock = threading.Lock()
+
+
+def shared() -> OomWatch:
+    """This process's one watch, opened on first use (before the first process it is asked
+    about starts: every fleet and run makes sure of that when it starts one)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = OomWatch()
+        return _shared

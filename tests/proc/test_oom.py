@@ -4,10 +4,12 @@ the cgroup and the limit it hit; a pid the killer did not touch is not called ou
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -34,7 +36,7 @@ RECORDS = [
 
 def test_the_kernels_records_give_each_kill_its_pid_and_cgroup() -> None:
     assert parse_records(RECORDS) == [
-        OomKill(15370, "python3", "/jobs/gd-x"),
+        OomKill(15370, "python3", "/jobs/gd-x", at_s=12272.28019),
         OomKill(99, "train", None),
     ]
     assert OomKill(1, "x", "/jobs/gd-x", 60 << 20).words() == (
@@ -59,10 +61,11 @@ def _memory_cgroup() -> str | None:
     return None
 
 
-@pytest.fixture
-def small_cgroup() -> Iterator[tuple[str, str]]:
-    """A memory cgroup of this test's own, limited to 60 MiB: (its folder, its path as the
-    kernel names it); removed after the test."""
+@contextlib.contextmanager
+def memory_cgroup(limit: int) -> Iterator[tuple[str, str]]:
+    """A memory cgroup of the caller's own, limited to ``limit`` bytes: (its folder, its path
+    as the kernel names it); removed afterwards (its processes must be gone by then). Skips
+    where it cannot be made."""
     parent = _memory_cgroup()
     if parent is None or not os.access(parent, os.W_OK) or not os.access(KMSG, os.R_OK):
         pytest.skip("needs root, a cgroup v1 memory controller and the kernel's log (/dev/kmsg)")
@@ -70,10 +73,16 @@ def small_cgroup() -> Iterator[tuple[str, str]]:
     os.mkdir(folder)
     try:
         with open(os.path.join(folder, "memory.limit_in_bytes"), "w") as f:
-            f.write(str(60 << 20))
+            f.write(str(limit))
         yield folder, "/" + os.path.relpath(folder, "/sys/fs/cgroup/memory")
     finally:
         os.rmdir(folder)
+
+
+@pytest.fixture
+def small_cgroup() -> Iterator[tuple[str, str]]:
+    with memory_cgroup(60 << 20) as made:
+        yield made
 
 
 @pytest.mark.promise
@@ -97,6 +106,10 @@ def test_a_process_the_oom_killer_ended_is_named_with_its_limit(small_cgroup) ->
         60 << 20,
     )
     assert "limit 60 MiB of memory cgroup" in killed.words()
+    assert killed.at_s is not None and abs(killed.at_s - time.monotonic()) < 30
+    # a process started after the kill is not the one it killed (a reused pid)
+    assert watch.killed(hog.pid, since_s=time.monotonic() + 5) is None
+    assert watch.killed(hog.pid, since_s=killed.at_s - 0.5) == killed
     assert watch.killed(lean.pid) is None
     watch.close()
     assert watch.killed(hog.pid) is None  # closed: it knows nothing more
