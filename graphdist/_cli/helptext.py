@@ -93,7 +93,8 @@ The CA's private key is never written: to add a host, make new credentials for t
   graphdist warm stop
 
 A run uses the agent whose preloads are its --preload (default auto) and whose environment
-agrees with its own in what the imports read; otherwise it starts its own warm interpreter.""",
+agrees with its own in what the imports read; otherwise it starts its own warm interpreter and
+says which variable differs, with the command that starts an agent that matches.""",
     "demo": """examples:
   graphdist demo
   graphdist demo --master 1 --picture placed.svg""",
