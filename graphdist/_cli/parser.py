@@ -18,6 +18,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
+from graphdist._cli import helptext
 from graphdist._cli.helptext import DESCRIPTION, ENVIRONMENT, EXAMPLES, HELP_WIDTH, version_line
 from graphdist._detached.supervisor import RESTART_POLICIES
 from graphdist._distribute.heartbeat import HEARTBEAT_TIMEOUT_S, MIN_HEARTBEAT_TIMEOUT_S
@@ -336,6 +337,18 @@ def build_parser() -> _Parser:
     )
     status.add_argument("--json", action="store_true", help="print a JSON list of tasks")
     _add_state_dir(status)
+
+    logs = _command(sub, "logs", "print the last lines of the detached fleet's logs", helptext.LOGS)
+    logs.add_argument("task", nargs="?", metavar="TASK", help="one task's log (worker-1)")
+    lines, most = helptext.LOGS_LINES, helptext.MAX_LOGS_LINES
+    logs.add_argument(
+        "-n", "--lines", type=_int, default=lines, metavar="N",
+        help=f"lines of each log, at most {most} (default {lines})",
+    )  # fmt: skip
+    _add_state_dir(logs)
+    restart = _command(sub, "restart", "restart a task of the detached fleet", helptext.RESTART)
+    restart.add_argument("task", metavar="TASK", help="the task, as status names it (worker-1)")
+    _add_state_dir(restart)
 
     down = _command(
         sub,

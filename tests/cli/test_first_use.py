@@ -180,7 +180,7 @@ def test_down_removes_what_an_interrupted_up_detach_left(tmp_path, run_cli):
     (state_dir / "supervisor.log").write_text("")
     result = run_cli("down", "--state-dir", str(state_dir))
     assert result.returncode == 0, result.stderr
-    assert "no fleet was running; removed what an earlier one left (supervisor.log)" in (
+    assert "no fleet was running; removed what an earlier one left (supervisor.log, logs)" in (
         result.stdout
     )
     assert not state_dir.exists()

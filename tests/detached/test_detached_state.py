@@ -351,6 +351,7 @@ def test_policy_backs_off_exponentially_and_gives_up_within_the_window(tmp_path,
     assert (record["max_restarts"], record["restart_window_s"]) == (4, 60)
     problem = fleet_problem(FleetRecord.from_json(json.dumps(record)), str(tmp_path))
     assert problem is not None and "local-1 died 5 times within 60 s" in problem
+    assert f"`graphdist restart local-1 --state-dir {tmp_path}` starts it again" in problem
 
     # A restart by hand clears the give-up and starts the backoff over.
     fleet.restart_fails = False
