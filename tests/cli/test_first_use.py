@@ -110,6 +110,9 @@ def test_a_missing_tf_keras_gets_the_extra_to_install():
     assert "TF_USE_LEGACY_KERAS=1" in hint
     assert "no tf-keras" in interpreter_hint(["ModuleNotFoundError: No module named 'tf_keras'"])
     assert "no tensorflow" in interpreter_hint(["No module named 'tensorflow'"])
+    # a script that imports numpy first fails there, in a Python without graphdist's packages
+    numpy = interpreter_hint(["ModuleNotFoundError: No module named 'numpy'"])
+    assert "the task's Python has no numpy: is the command's `python` another" in numpy
     assert interpreter_hint(["epoch 1 done"]) == ""
 
 
