@@ -436,8 +436,8 @@ def build_parser() -> _Parser:
         dest="log_dir",
         metavar="DIR",
         help="keep each task's whole output, the run's events, exit statuses and summary in a "
-        "private folder of the run's own, DIR/run-N (attempt-K/TASK.log, events.jsonl, "
-        "exits.json, summary.txt)",
+        "private folder of the run's own, DIR/run-N (in /tmp: DIR/graphdist-run-TIME-PID; "
+        "attempt-K/TASK.log, events.jsonl, exits.json, summary.txt)",
     )
     run.add_argument(
         "--output-format",
