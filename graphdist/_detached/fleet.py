@@ -118,7 +118,7 @@ def resolve_state_dir(state_dir: str | os.PathLike[str] | None = None) -> str:
 def no_fleet(state_dir: str) -> StateError:
     return StateError(
         f"No detached fleet is running in {path_text(state_dir)}; start one with "
-        "`graphdist up --cluster SPEC --detach`",
+        f"`{fleet_command(state_dir, 'up', '--cluster', 'local=2', '--detach')}`",
         state_dir,
     )
 

@@ -125,7 +125,20 @@ def fleet_command(state_dir: str, command: str, *args: str) -> str:
     words = ["graphdist", command, *args]
     if os.path.abspath(state_dir) != default_state_dir():
         words += ["--state-dir", state_dir]
-    return shlex.join(words)
+    return " ".join(map(_shell_word, words))
+
+
+def _shell_word(text: str) -> str:
+    """``text`` quoted for a shell, on one line: a word with a newline or another character
+    that does not print is written ``$'...'`` (bash, zsh), with each such character escaped."""
+    if text.isprintable():
+        return shlex.quote(text)
+    escaped = "".join(
+        c if c.isprintable() and c not in "\\'" else f"\\x{ord(c):02x}" if ord(c) < 256
+        else f"\\U{ord(c):08x}"
+        for c in text
+    )  # fmt: skip
+    return f"$'{escaped}'"
 
 
 def down_command(state_dir: str) -> str:
@@ -381,14 +394,16 @@ def read_state(state_dir: str) -> FleetRecord | None:
         return None
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.EINVAL, errno.EFBIG):
-            raise CorruptStateError(path, str(exc.strerror), state_dir) from None
+            raise CorruptStateError(
+                path, str(exc.strerror), state_dir, down_command(state_dir)
+            ) from None
         raise StateError(f"Cannot read {path}: {exc.strerror or exc}", state_dir) from None
     try:
         return FleetRecord.from_json(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError: ValueError
         text = str(exc).splitlines()[0] if str(exc) else ""
         reason = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-        raise CorruptStateError(path, reason[:120], state_dir) from None
+        raise CorruptStateError(path, reason[:120], state_dir, down_command(state_dir)) from None
 
 
 def leftovers(state_dir: str) -> list[str]:

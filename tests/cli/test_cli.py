@@ -355,10 +355,12 @@ def test_a_detached_fleets_restarts_logs_and_hints_work_when_followed(state_dir)
     with the fleet's --state-dir, which brings it back; `graphdist logs` prints its log; a
     dead supervisor's fleet is cleaned up with its logs kept, and the hints of that line (`logs`,
     then `down`) read them and remove them (issue 57)."""
-    up = run_python(["-m", "graphdist", "up", "--cluster", "local=2", "--detach", "--state-dir",
-                     state_dir])  # fmt: skip
-    assert up.returncode == 0, up.stderr
     fleet = ["--state-dir", state_dir]
+    none = run_python(["-m", "graphdist", "status", *fleet])
+    start = re.search(r"start one with `([^`]+)`", none.stderr)
+    assert none.returncode == EXIT_USAGE and start is not None, none.stderr
+    up = _follow(start.group(1))  # the fleet it names is the one status was asked about
+    assert up.returncode == 0, up.stderr
     record = read_json(os.path.join(state_dir, "fleet.json"))
     pids = [t["pid"] for t in record["tasks"]]
     try:
@@ -427,3 +429,19 @@ def test_the_stop_hint_names_the_state_folder_unless_it_is_the_default(monkeypat
     assert down_command(odd) == f"graphdist down --state-dir '{odd}'"
     monkeypatch.setenv("GRAPHDIST_STATE_DIR", odd)  # the default of this environment
     assert down_command(odd) == "graphdist down"
+
+
+@pytest.mark.parametrize("folder", ["my fleet", "it's", "two\nlines", "tab\there", "bell\x07é"])
+def test_a_hints_command_is_one_line_that_a_shell_reads_back_as_the_folder(tmp_path, folder):
+    from graphdist._detached.state import fleet_command
+
+    path = str(tmp_path / folder)
+    command = fleet_command(path, "restart", "worker-1")
+    assert "\n" not in command and command.startswith("graphdist restart worker-1 --state-dir ")
+    words = subprocess.run(
+        ["bash", "-c", f"set -- {command}; printf '%s\\0' \"$@\""],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.split("\0")[:-1]
+    assert words == ["graphdist", "restart", "worker-1", "--state-dir", path]

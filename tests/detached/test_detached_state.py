@@ -182,6 +182,8 @@ def test_status_of_a_corrupt_record_is_one_line_exit_2(tmp_path):
     (tmp_path / "state" / "fleet.json").write_bytes(b"\xff\xfe not json")
     result = gd("unused", "status", "--state-dir", state_dir, timeout=60)
     assert one_error_line(result, "is corrupt") == 2
+    # the cure it names is the one for this folder, not the default one (issue 57)
+    assert f"`graphdist down --state-dir {state_dir}` stops the fleet's processes" in result.stderr
 
 
 def dead_process_ref() -> ProcessRef:
