@@ -139,8 +139,9 @@ def live_record(state_dir: str, *, cleanup: bool) -> FleetRecord | None:
             done = "its state was cleaned up"
             done += f"; {len(left)} process(es) would not die" if left else ""
             if fleet_logs(state_dir):
+                read = fleet_command(state_dir, "logs")
                 done += (
-                    f"; its logs are kept in {state_dir} (`{fleet_command(state_dir, 'logs')}`; "
+                    f"; its logs are kept in {path_text(state_dir)} (`{read}`; "
                     f"`{down_command(state_dir)}` removes them)"
                 )
         elif locked:
