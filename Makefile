@@ -8,8 +8,8 @@
 # `test` and `check` add the test extras (and Ray, whose backend the suite covers), and `test`, as
 # root with apt-get, Debian's Slurm and munge for the Slurm bed of tests/slurm
 # (tests/slurm/install-slurm.sh: a no-op once installed; it leaves none of their services running). Nothing else installs system
-# packages: without Graphviz, placement pictures are written as .dot (the message says how to get
-# SVG).
+# packages: without Graphviz, a placement picture is written as .dot only; an .svg, .png or .pdf
+# one is refused with one line that says how to get Graphviz (`make demo` draws none).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin

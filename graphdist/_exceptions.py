@@ -376,9 +376,11 @@ class CorruptStateError(StateError):
     """``fleet.json`` exists but is not a fleet record (``graphdist down`` still stops the
     fleet's processes, found by their marker, and cleans the folder); ``reason`` says why."""
 
-    def __init__(self, path: str, reason: str, state_dir: str) -> None:
+    def __init__(
+        self, path: str, reason: str, state_dir: str, down: str = "graphdist down"
+    ) -> None:
         super().__init__(
-            f"State file {path} is corrupt ({reason}); `graphdist down` stops the fleet's "
+            f"State file {path} is corrupt ({reason}); `{down}` stops the fleet's "
             "processes (found by their marker) and cleans the folder",
             state_dir,
         )

@@ -6,7 +6,10 @@ so outgoing connections do not grab them between choice and use, and each chosen
 with an exclusive ``flock`` on a per-user lock file until the process that chose it releases it
 (once its server is listening) or exits; the lock files live in a folder private to the user
 (``$XDG_RUNTIME_DIR/graphdist/ports`` or ``<temp>/graphdist-<uid>/ports``). Two processes picking
-ports at the same moment therefore never get the same one.
+ports at the same moment therefore never get the same one. A lock file is removed by the holder
+that releases it, while it still holds the lock; whoever locks a file checks afterwards that it is
+still the one at its path (the same inode), else it locks the new one: a lock on a removed file
+reserves nothing, and the folder does not fill with a file per port ever picked.
 
 A fleet that is about to start servers *claims* every port it serves (:func:`claim_ports`): the
 ports it picked itself, and the fixed ports a cluster spec names, whose lock it takes the same
@@ -50,6 +53,7 @@ __all__ = [
 _FALLBACK_RANGE = (20000, 32000)
 _MAX_TRIES = 2000
 _PID_READS = 20
+_RELOCKS = 100  # tries to lock the file at a port's path while others release and re-make it
 _held: dict[int, int] = {}  # port -> fd of the lock file that reserves it
 # port -> (the fleet that claimed it, how: the claim took its lock, or this process held it
 # before (picked), or another process holds it (it picked it, for us to serve))
@@ -114,25 +118,41 @@ def is_port_free(port: int) -> bool:
 _PICKED, _STARTING = "picked", "starting"  # what a lock's holder does with the port
 
 
+def _lock_path(port: int) -> str:
+    return os.path.join(_lock_dir(), f"{port}.lock")
+
+
 def _lock_file(port: int, kind: str) -> tuple[int | None, tuple[int | None, str | None]]:
     """Take ``port``'s lock: ``(fd, ...)``, the lock file open and locked with this process's pid
     and ``kind`` written in it, or ``(None, (pid, kind))`` when another open file holds the lock
     (what its holder wrote: ``None`` where it wrote nothing, or its pid is not a live process)."""
-    path = os.path.join(_lock_dir(), f"{port}.lock")
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = _written(fd)
-        for _ in range(_PID_READS):  # a holder that has just locked it writes its pid next
-            if holder[0] is not None:
-                break
-            time.sleep(0.001)
+    path = _lock_path(port)
+    for _ in range(_RELOCKS):
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
             holder = _written(fd)
-        os.close(fd)
-        return None, holder
-    _mark(fd, kind)
-    return fd, (None, None)
+            for _ in range(_PID_READS):  # a holder that has just locked it writes its pid next
+                if holder[0] is not None:
+                    break
+                time.sleep(0.001)
+                holder = _written(fd)
+            os.close(fd)
+            return None, holder
+        if _at_path(fd, path):
+            _mark(fd, kind)
+            return fd, (None, None)
+        os.close(fd)  # its last holder removed it after we opened it: lock the one there now
+    return None, (None, None)  # released and re-made under us every time: taken, as good as
+
+
+def _at_path(fd: int, path: str) -> bool:
+    """Whether the open file ``fd`` is still the file at ``path`` (not removed, not replaced)."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False
 
 
 def _mark(fd: int, kind: str) -> None:
@@ -155,9 +175,16 @@ def _written(fd: int) -> tuple[int | None, str | None]:
     return pid, fields[1] if len(fields) > 1 else None
 
 
-def _unlock(fd: int) -> None:
+def _unlock(fd: int, port: int) -> None:
+    """Release ``port``'s lock held through ``fd``: its file is removed first, while it is still
+    locked (one that opened it meanwhile finds it is no longer at its path, see
+    :func:`_lock_file`), then unlocked and closed."""
+    path = _lock_path(port)
     with contextlib.suppress(OSError):
-        os.ftruncate(fd, 0)  # before unlocking: the next holder writes its own pid
+        if _at_path(fd, path):  # only ever this holder's own file
+            os.unlink(path)
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)  # a file another process opened before it was removed says nobody
     with contextlib.suppress(OSError):
         fcntl.flock(fd, fcntl.LOCK_UN)
     os.close(fd)
@@ -173,10 +200,10 @@ def _reserve(port: int) -> bool:
         try:
             free = is_port_free(port)
         except BaseException:
-            _unlock(fd)
+            _unlock(fd, port)
             raise
         if not free:
-            _unlock(fd)
+            _unlock(fd, port)
             return False
         _held[port] = fd
         return True
@@ -231,7 +258,7 @@ def release_ports(ports: Iterable[int], owner: object = None) -> None:
             _claims.pop(port, None)
             fd = _held.pop(port, None)
             if fd is not None:
-                _unlock(fd)
+                _unlock(fd, port)
 
 
 def claim_ports(ports: Iterable[int], owner: object) -> PortTaken | None:
@@ -290,7 +317,7 @@ def _unclaim(ports: Iterable[int]) -> None:
         if claim[1] == _LOCKED:  # the claim took the lock: give it back
             fd = _held.pop(port, None)
             if fd is not None:
-                _unlock(fd)
+                _unlock(fd, port)
         elif claim[1] == _HELD and port in _held:  # reserved before: it stays reserved
             _mark(_held[port], _PICKED)
 

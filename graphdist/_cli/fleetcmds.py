@@ -1,10 +1,11 @@
 """The ``graphdist`` commands that start or read a fleet of servers: ``up`` (in the foreground
-or detached), ``status``, ``down`` and ``demo``, with the table of tasks they print. Each parses
-nothing and decides nothing itself: it calls the library and prints."""
+or detached), ``status``, ``logs``, ``restart``, ``down`` and ``demo``, with the table of tasks
+they print. Each parses nothing and decides nothing itself: it calls the library and prints."""
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -13,6 +14,7 @@ import sys
 import threading
 from typing import Any
 
+from graphdist._cli.helptext import MAX_LOGS_LINES
 from graphdist._cli.parser import allow_text, given_backend_options, refuse_unused
 from graphdist._exceptions import (
     ArgumentError,
@@ -25,11 +27,30 @@ from graphdist._fleet.backends import backend, check_options
 from graphdist._net.members import parse_allow
 from graphdist._proc.signals import STOP_SIGNALS, wait_for_stop
 
-__all__ = ["Interrupted", "cmd_demo", "cmd_down", "cmd_status", "cmd_up"]
+__all__ = [
+    "Interrupted",
+    "cmd_demo",
+    "cmd_down",
+    "cmd_logs",
+    "cmd_restart",
+    "cmd_status",
+    "cmd_up",
+]
 
 
 def _rows_table(rows: list[dict[str, Any]]) -> str:
-    header = ["JOB", "TASK", "ADDRESS", "PID", "ALIVE", "TARGET"]
+    """The tasks' table; RESTARTS where the rows have it (a detached fleet's: how often its
+    supervisor started the task again, ``gave up`` once its restart policy did)."""
+    restarts = all("restarts" in r for r in rows)
+    header = [
+        "JOB",
+        "TASK",
+        "ADDRESS",
+        "PID",
+        "ALIVE",
+        *(["RESTARTS"] if restarts else []),
+        "TARGET",
+    ]
     table = [header] + [
         [
             r["job"],
@@ -37,6 +58,7 @@ def _rows_table(rows: list[dict[str, Any]]) -> str:
             r["address"],
             str(r["pid"]),
             "yes" if r["alive"] else "NO",
+            *([f"{r['restarts']}{' (gave up)' if r.get('gave_up') else ''}"] if restarts else []),
             f"grpc://{r['address']}",
         ]
         for r in rows
@@ -295,6 +317,68 @@ def _foreground_ups() -> list[int]:
             if at and argv[at[0] + 1 : at[0] + 2] == ["up"] and "--detach" not in argv:
                 found.append(proc.info["pid"])
     return found
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """The last ``-n`` lines of the fleet's logs, each after ``==> PATH <==`` (tail's header);
+    exit 2 (a StateError) where the folder has none, or none of TASK."""
+    from graphdist._detached.fleet import no_fleet
+    from graphdist._detached.state import fleet_logs
+
+    if not 0 <= args.lines <= MAX_LOGS_LINES:
+        raise UsageError(f"-n must be 0 to {MAX_LOGS_LINES} lines, not {args.lines}")
+    state_dir = _state_dir(args)
+    logs = fleet_logs(state_dir)
+    if not logs:
+        raise no_fleet(state_dir)
+    if args.task is not None:
+        name = _task_name(args.task)
+        if name not in logs:
+            raise UsageError(
+                f"{args.task}: no log of that task in {state_dir}; its logs are {', '.join(logs)}"
+            )
+        logs = {name: logs[name]}
+    for i, path in enumerate(logs.values()):
+        print(f"{'' if i == 0 else chr(10)}==> {path} <==")
+        for line in _tail(path, args.lines):
+            print(line)
+    return 0
+
+
+def _tail(path: str, lines: int) -> list[str]:
+    """The last ``lines`` lines of ``path`` (read through once, ``lines`` kept at a time; []
+    where it cannot be read: a log removed meanwhile)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return [line.rstrip("\n") for line in collections.deque(f, maxlen=lines)]
+    except OSError:
+        return []
+
+
+def _task_name(text: str) -> str:
+    """A task as the user wrote it (``worker-1``, as status and every message name it, or
+    ``worker:1``, as ``tf-config --task``) as graphdist names it: ``worker-1``."""
+    return text.strip().replace(":", "-") if text.count(":") == 1 else text.strip()
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    from graphdist._detached.fleet import attach
+
+    fleet = attach(_state_dir(args))
+    names = {t.name: t for t in fleet.tasks}
+    task = names.get(_task_name(args.task))
+    if task is None:
+        raise UsageError(
+            f"{args.task}: no such task in this fleet; its tasks are {', '.join(names)}"
+        )
+    was = task.pid
+    fleet.restart(task.job, task.index)
+    print(
+        f"graphdist: task {task.name} restarted at {task.address}: pid {task.pid} (was {was}), "
+        f"restart {task.restarts}"
+    )
+    fleet.detach()
+    return 0
 
 
 def cmd_down(args: argparse.Namespace) -> int:

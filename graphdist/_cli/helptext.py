@@ -9,7 +9,17 @@ import sys
 from graphdist._tflog import TF_LOGS_ENV
 from graphdist._version import __version__
 
-__all__ = ["DESCRIPTION", "ENVIRONMENT", "EXAMPLES", "HELP_WIDTH", "version_line"]
+__all__ = [
+    "DESCRIPTION",
+    "ENVIRONMENT",
+    "EXAMPLES",
+    "HELP_WIDTH",
+    "LOGS",
+    "LOGS_LINES",
+    "MAX_LOGS_LINES",
+    "RESTART",
+    "version_line",
+]
 
 
 def version_line() -> str:
@@ -29,6 +39,19 @@ DESCRIPTION = (
     "this machine or a Ray cluster: fleets of gRPC servers that stay on loopback, sessions that "
     "never hang, and tf.distribute runs with one process per task."
 )
+LOGS_LINES = 20  # `graphdist logs`: lines of each log by default
+MAX_LOGS_LINES = 100_000  # ...and at most (`tail -f LOG` follows one)
+LOGS = (
+    "Print the last lines of the detached fleet's logs, each after a `==> PATH <==` line: the "
+    "supervisor's and every task's, or one task's. They are read from the state folder, so a "
+    "fleet whose supervisor died (cleaned up with its logs kept) still shows them. Exit status 2 "
+    "where there are none."
+)
+RESTART = (
+    "Have the detached fleet's supervisor start a task's server again on its address (killing "
+    "it first if it runs; a task the restart policy gave up on comes back too) and wait until it "
+    "answers. Sessions that used it are broken, new ones work."
+)
 HELP_WIDTH = 92  # descriptions are wrapped here: the epilogs' examples keep their own lines
 ENVIRONMENT = f"""environment:
   {TF_LOGS_ENV}=1  show TensorFlow's own log lines live (its C++ start-up notices,
@@ -41,7 +64,8 @@ EXAMPLES = {
     "": """examples:
   graphdist demo                                  the seeds' split graph on a two-task fleet
   graphdist up --cluster worker=2,ps=1            a fleet in the foreground; Ctrl-C stops it
-  graphdist up --cluster worker=2 --detach        ...kept by a supervisor: `status`, `down`
+  graphdist up --cluster worker=2 --detach        ...kept by a supervisor: `status`, `logs`,
+                                                  `restart`, `down`
   graphdist run --workers 2 -- python train.py    one process per task, each with its TF_CONFIG
   graphdist tf-config --cluster cluster.json --task worker:1
   graphdist serve --cluster cluster.json --job worker --task 0
@@ -56,6 +80,16 @@ EXAMPLES = {
     "status": """examples:
   graphdist status
   graphdist status --json --state-dir /tmp/fleet-a""",
+    "logs": """examples:
+  graphdist logs                        # the last lines of the supervisor's and every task's log
+  graphdist logs worker-1 -n 100
+  tail -f ~/.local/state/graphdist/logs/worker-1.log   # to follow one as it grows
+
+A fleet whose supervisor died is cleaned up with its logs kept: `logs` still reads them, and
+`graphdist down` removes them.""",
+    "restart": """examples:
+  graphdist restart worker-1            # the supervisor starts it again on its address
+  graphdist restart ps:0 --state-dir /tmp/fleet-a""",
     "down": """examples:
   graphdist down
   graphdist down --state-dir /tmp/fleet-a""",
@@ -93,7 +127,8 @@ The CA's private key is never written: to add a host, make new credentials for t
   graphdist warm stop
 
 A run uses the agent whose preloads are its --preload (default auto) and whose environment
-agrees with its own in what the imports read; otherwise it starts its own warm interpreter.""",
+agrees with its own in what the imports read; otherwise it starts its own warm interpreter and
+says which variable differs, with the command that starts an agent that matches.""",
     "demo": """examples:
   graphdist demo
   graphdist demo --master 1 --picture placed.svg""",

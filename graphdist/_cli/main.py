@@ -17,7 +17,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import IO, cast
 
-from graphdist._cli.fleetcmds import Interrupted, cmd_demo, cmd_down, cmd_status, cmd_up
+from graphdist._cli.fleetcmds import (
+    Interrupted,
+    cmd_demo,
+    cmd_down,
+    cmd_logs,
+    cmd_restart,
+    cmd_status,
+    cmd_up,
+)
 from graphdist._cli.parser import build_parser, cli_words, flags_of
 from graphdist._cli.runcmds import cmd_certs, cmd_run, cmd_serve, cmd_tf_config, cmd_warm
 from graphdist._cli.streams import (
@@ -68,6 +76,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "up": cmd_up,
     "status": cmd_status,
     "down": cmd_down,
+    "logs": cmd_logs,
+    "restart": cmd_restart,
     "demo": cmd_demo,
     "certs": cmd_certs,
     "warm": cmd_warm,

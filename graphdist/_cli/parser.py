@@ -18,6 +18,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
+from graphdist._cli import helptext
 from graphdist._cli.helptext import DESCRIPTION, ENVIRONMENT, EXAMPLES, HELP_WIDTH, version_line
 from graphdist._detached.supervisor import RESTART_POLICIES
 from graphdist._distribute.heartbeat import HEARTBEAT_TIMEOUT_S, MIN_HEARTBEAT_TIMEOUT_S
@@ -337,6 +338,18 @@ def build_parser() -> _Parser:
     status.add_argument("--json", action="store_true", help="print a JSON list of tasks")
     _add_state_dir(status)
 
+    logs = _command(sub, "logs", "print the last lines of the detached fleet's logs", helptext.LOGS)
+    logs.add_argument("task", nargs="?", metavar="TASK", help="one task's log (worker-1)")
+    lines, most = helptext.LOGS_LINES, helptext.MAX_LOGS_LINES
+    logs.add_argument(
+        "-n", "--lines", type=_int, default=lines, metavar="N",
+        help=f"lines of each log, at most {most} (default {lines})",
+    )  # fmt: skip
+    _add_state_dir(logs)
+    restart = _command(sub, "restart", "restart a task of the detached fleet", helptext.RESTART)
+    restart.add_argument("task", metavar="TASK", help="the task, as status names it (worker-1)")
+    _add_state_dir(restart)
+
     down = _command(
         sub,
         "down",
@@ -423,8 +436,8 @@ def build_parser() -> _Parser:
         dest="log_dir",
         metavar="DIR",
         help="keep each task's whole output, the run's events, exit statuses and summary in a "
-        "private folder of the run's own, DIR/run-N (attempt-K/TASK.log, events.jsonl, "
-        "exits.json, summary.txt)",
+        "private folder of the run's own, DIR/run-N (in /tmp: DIR/graphdist-run-TIME-PID; "
+        "attempt-K/TASK.log, events.jsonl, exits.json, summary.txt)",
     )
     run.add_argument(
         "--output-format",

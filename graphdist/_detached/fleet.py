@@ -44,6 +44,8 @@ from graphdist._detached.state import (
     clear_state,
     default_state_dir,
     down_command,
+    fleet_command,
+    fleet_logs,
     fleet_mark,
     foreign_entries,
     leftovers,
@@ -116,7 +118,7 @@ def resolve_state_dir(state_dir: str | os.PathLike[str] | None = None) -> str:
 def no_fleet(state_dir: str) -> StateError:
     return StateError(
         f"No detached fleet is running in {path_text(state_dir)}; start one with "
-        "`graphdist up --cluster SPEC --detach`",
+        f"`{fleet_command(state_dir, 'up', '--cluster', 'local=2', '--detach')}`",
         state_dir,
     )
 
@@ -133,9 +135,15 @@ def live_record(state_dir: str, *, cleanup: bool) -> FleetRecord | None:
     with contextlib.suppress(StateError), lock_state(state_dir) as locked:
         if locked and read_state(state_dir) == record:
             left = _stop_all(state_dir, record)
-            clear_state(state_dir)
+            clear_state(state_dir, keep_logs=True)  # they may say why it died
             done = "its state was cleaned up"
             done += f"; {len(left)} process(es) would not die" if left else ""
+            if fleet_logs(state_dir):
+                read = fleet_command(state_dir, "logs")
+                done += (
+                    f"; its logs are kept in {path_text(state_dir)} (`{read}`; "
+                    f"`{down_command(state_dir)}` removes them)"
+                )
         elif locked:
             done = "another graphdist command has dealt with it"
     if cleanup:
@@ -175,16 +183,25 @@ def fleet_problem(record: FleetRecord, state_dir: str) -> str | None:
     for t in dead:
         if t.gave_up:
             lines.append(
-                f"task {t.name} died {record.max_restarts + 1} times within "
-                f"{record.restart_window_s:g} s and is not restarted again (max_restarts "
-                f"{record.max_restarts}; log: {t.log})"
+                (
+                    t.name,
+                    f"task {t.name} died {record.max_restarts + 1} times within "
+                    f"{record.restart_window_s:g} s and is not restarted again (max_restarts "
+                    f"{record.max_restarts}; log: {t.log})",
+                )
             )
         elif record.restart_policy == "no":
-            lines.append(f"task {exited(t.name, t.exitcode)} and is not restarted (log: {t.log})")
+            lines.append(
+                (t.name, f"task {exited(t.name, t.exitcode)} and is not restarted (log: {t.log})")
+            )
     if not lines:
         return None
+    name, line = lines[0]
     more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
-    return f"{lines[0][0].upper()}{lines[0][1:]}{more}; `{down_command(state_dir)}` stops the fleet"
+    return (
+        f"{line[0].upper()}{line[1:]}{more}; `{fleet_command(state_dir, 'restart', name)}` "
+        f"starts it again, `{down_command(state_dir)}` stops the fleet"
+    )
 
 
 def _stop_all(
@@ -429,8 +446,9 @@ def _start_leftovers(state_dir: str) -> list[str]:
     """What an earlier fleet, or a start that did not finish, left in ``state_dir``: the
     :func:`leftovers` and the supervisor's log (the folder and its lock are graphdist's own)."""
     found = leftovers(state_dir)
-    if os.path.lexists(os.path.join(state_dir, SUPERVISOR_LOG)):
-        found.append(SUPERVISOR_LOG)
+    for name in (SUPERVISOR_LOG, LOGS_DIR):  # kept after a stale fleet was cleaned up
+        if os.path.lexists(os.path.join(state_dir, name)):
+            found.append(name)
     return found
 
 

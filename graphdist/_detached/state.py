@@ -65,6 +65,9 @@ __all__ = [
     "TaskRecord",
     "clear_state",
     "default_state_dir",
+    "down_command",
+    "fleet_command",
+    "fleet_logs",
     "fleet_mark",
     "leftovers",
     "lock_state",
@@ -115,13 +118,51 @@ def default_state_dir() -> str:
     return os.path.join(base, "graphdist")
 
 
+def fleet_command(state_dir: str, command: str, *args: str) -> str:
+    """``graphdist COMMAND ARGS`` for the fleet in ``state_dir``, as a user copies it from a
+    hint: as it is where that finds the fleet (the default folder, :func:`default_state_dir`),
+    else with ``--state-dir``; every word quoted for a shell."""
+    words = ["graphdist", command, *args]
+    if os.path.abspath(state_dir) != default_state_dir():
+        words += ["--state-dir", state_dir]
+    return " ".join(map(_shell_word, words))
+
+
+def _shell_word(text: str) -> str:
+    """``text`` quoted for a shell, on one line: a word with a newline or another character
+    that does not print is written ``$'...'`` (bash, zsh), with each such character escaped."""
+    if text.isprintable():
+        return shlex.quote(text)
+    escaped = "".join(
+        c if c.isprintable() and c not in "\\'" else f"\\x{ord(c):02x}" if ord(c) < 256
+        else f"\\U{ord(c):08x}"
+        for c in text
+    )  # fmt: skip
+    return f"$'{escaped}'"
+
+
 def down_command(state_dir: str) -> str:
-    """The command that stops the fleet in ``state_dir``, as a user copies it from a hint:
-    ``graphdist down`` where that finds it (the default folder, :func:`default_state_dir`),
-    else with ``--state-dir`` (quoted for a shell)."""
-    if os.path.abspath(state_dir) == default_state_dir():
-        return "graphdist down"
-    return f"graphdist down --state-dir {shlex.quote(state_dir)}"
+    """The command that stops the fleet in ``state_dir`` (:func:`fleet_command`)."""
+    return fleet_command(state_dir, "down")
+
+
+def fleet_logs(state_dir: str) -> dict[str, str]:
+    """Every log the fleet in ``state_dir`` has, running or not (a stale fleet's are kept):
+    ``{"supervisor": PATH, TASK: PATH...}``, the tasks' as ``fleet.json`` names them where it is
+    readable and as ``logs/TASK.log`` otherwise, sorted by name; only files that exist."""
+    found: dict[str, str] = {}
+    folder = os.path.join(state_dir, LOGS_DIR)
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            if name.endswith(".log"):
+                found[name.removesuffix(".log")] = os.path.join(folder, name)
+    with contextlib.suppress(StateError):
+        record = read_state(state_dir)
+        for t in record.tasks if record is not None else ():
+            found[t.name] = t.log
+    found = {k: v for k, v in sorted(found.items()) if os.path.isfile(v)}
+    supervisor = os.path.join(state_dir, SUPERVISOR_LOG)
+    return {"supervisor": supervisor, **found} if os.path.isfile(supervisor) else found
 
 
 def fleet_mark(state_dir: str) -> str:
@@ -353,14 +394,16 @@ def read_state(state_dir: str) -> FleetRecord | None:
         return None
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.EINVAL, errno.EFBIG):
-            raise CorruptStateError(path, str(exc.strerror), state_dir) from None
+            raise CorruptStateError(
+                path, str(exc.strerror), state_dir, down_command(state_dir)
+            ) from None
         raise StateError(f"Cannot read {path}: {exc.strerror or exc}", state_dir) from None
     try:
         return FleetRecord.from_json(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError: ValueError
         text = str(exc).splitlines()[0] if str(exc) else ""
         reason = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-        raise CorruptStateError(path, reason[:120], state_dir) from None
+        raise CorruptStateError(path, reason[:120], state_dir, down_command(state_dir)) from None
 
 
 def leftovers(state_dir: str) -> list[str]:
@@ -407,16 +450,18 @@ def remove_leftovers(state_dir: str) -> list[str]:
     return removed
 
 
-def clear_state(state_dir: str) -> None:
+def clear_state(state_dir: str, *, keep_logs: bool = False) -> None:
     """Remove a fleet's own entries (:data:`STATE_ENTRIES`: fleet.json, error.json, logs, TLS
     credentials, the lock...) from ``state_dir``, then the folder if that left it empty; never
-    anything else it holds."""
+    anything else it holds. ``keep_logs``: the logs stay (``supervisor.log``, ``logs/``; a
+    fleet whose supervisor died, cleaned up without being asked: they say why)."""
     try:
         names = os.listdir(state_dir)
     except OSError:
         return
+    kept = (SUPERVISOR_LOG, LOGS_DIR) if keep_logs else ()
     for name in names:
-        if _ours(name):
+        if _ours(name) and name not in kept:
             _remove(os.path.join(state_dir, name))
     with contextlib.suppress(OSError):
         os.rmdir(state_dir)

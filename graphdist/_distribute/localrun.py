@@ -160,6 +160,8 @@ class LocalRun:
         self.spec = spec
         self._warm: Zygote | str = self._start_warm()
 
+    _agent_said = False  # the line on a warm agent passed over was printed (_start_warm)
+
     def _start_warm(self) -> Zygote | str:
         """The run's warm interpreter (:mod:`graphdist._distribute.warm`) once it has imported
         the preloads, or why the run's tasks run cold. A preload that fails to import is an
@@ -174,6 +176,9 @@ class LocalRun:
         session = attach(preload, env)  # a warm agent's (graphdist warm start), if one runs
         if isinstance(session, Zygote):
             return session
+        if session.said is not None and not self._agent_said:  # once a run, not per attempt
+            self._agent_said = True
+            print(session.said, file=sys.stderr, flush=True)
         zygote = Zygote(preload, env)
         why = zygote.ready(min(READY_TIMEOUT_S, self.spec.timeout_s or READY_TIMEOUT_S))
         if why is not None:

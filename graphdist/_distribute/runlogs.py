@@ -2,7 +2,9 @@
 state folders.
 
 Each run writes into a folder of its own, ``LOG_DIR/run-N`` (N one more than the highest there,
-made with an exclusive ``mkdir``), so a reused ``LOG_DIR`` keeps runs apart::
+made with an exclusive ``mkdir``), so a reused ``LOG_DIR`` keeps runs apart. In a folder others
+write to too (``/tmp``: the sticky bit), where a bare ``run-1`` says nothing of whose it is, it is
+``LOG_DIR/graphdist-run-YYYYMMDD-HHMMSS-PID`` instead (the run's start, the launcher's pid)::
 
     LOG_DIR/run-N/attempt-K/TASK.log   every line a task of attempt K printed (K from 1)
     LOG_DIR/run-N/events.jsonl         the run's events, one JSON object a line, as they happen
@@ -20,12 +22,14 @@ is refused with one line (:class:`~graphdist.ArgumentError`) before the run star
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
 import stat
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from graphdist._exceptions import ArgumentError
@@ -97,22 +101,40 @@ def check_log_dir(log_dir: object) -> str:
     return path
 
 
+def _shared(folder: str) -> bool:
+    """Whether others may make entries in ``folder`` (it passed :func:`check_log_dir`: then only
+    with the sticky bit, as ``/tmp``)."""
+    try:
+        return bool(os.stat(folder).st_mode & 0o022)
+    except OSError:
+        return False
+
+
+def _names(base: str) -> Iterator[str]:
+    """The run folder's name in ``base``, then the next to try where it is taken: ``run-N``, or
+    in a shared folder ``graphdist-run-<start time>-<pid>`` (``-2``, ``-3``... after it)."""
+    if _shared(base):
+        stem = f"graphdist-run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        yield stem
+        yield from (f"{stem}-{k}" for k in itertools.count(2))
+    taken: list[int] = []
+    with contextlib.suppress(OSError):
+        taken = [int(m[1]) for n in os.listdir(base) if (m := _RUN.fullmatch(n))]
+    yield from (f"run-{n}" for n in itertools.count(max(taken, default=0) + 1))
+
+
 class RunLogs:
     """One run's folder ``LOG_DIR/run-N`` (see the module docstring)."""
 
     def __init__(self, log_dir: str | os.PathLike[str]) -> None:
         base = check_log_dir(log_dir)
-        taken: list[int] = []
-        with contextlib.suppress(OSError):
-            taken = [int(m[1]) for n in os.listdir(base) if (m := _RUN.fullmatch(n))]
-        number = max(taken, default=0) + 1
-        while True:
-            path = os.path.join(base, f"run-{number}")
+        for name in _names(base):
+            path = os.path.join(base, name)
             try:
                 os.mkdir(path, 0o700)
                 break
             except FileExistsError:  # another run took it (or a file by that name is there)
-                number += 1
+                continue
             except OSError as exc:
                 raise _refuse(base, exc.strerror or str(exc), log_dir) from None
         self.path = path

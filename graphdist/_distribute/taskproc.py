@@ -500,7 +500,7 @@ def interpreter_hint(tail: Sequence[str]) -> str:
     ``python`` is another interpreter than the one graphdist runs in; or tf-keras, which the
     run's ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras``: the ``distribute`` extra has it."""
     text = "".join(tail)
-    missing = [m for m in ("tensorflow", "graphdist") if f"No module named '{m}'" in text]
+    missing = [m for m in ("tensorflow", "numpy", "graphdist") if f"No module named '{m}'" in text]
     if not missing and ("Keras cannot be imported" in text or "No module named 'tf_keras'" in text):
         return (
             "\n  the task's Python has no tf-keras, tf.keras in a run (graphdist run sets "

@@ -67,6 +67,7 @@ __all__ = [
     "WarmTarget",
     "Zygote",
     "check_preload",
+    "env_differences",
     "env_differs",
     "import_time_env",
     "peer_credentials",
@@ -79,7 +80,10 @@ PRELOAD_DEFAULT = ("numpy", "tensorflow", "tf_keras")
 #: they are imported: a task whose value differs from the zygote's runs cold. Besides these,
 #: every ``PYTHON*`` variable (read by the interpreter at its start). Variables read when
 #: TensorFlow's runtime starts (``CUDA_VISIBLE_DEVICES``, ``TF_CONFIG``,
-#: ``TF_FORCE_GPU_ALLOW_GROWTH``...) may differ: the zygote never starts it.
+#: ``TF_FORCE_GPU_ALLOW_GROWTH``...) may differ: the zygote never starts it. Measured for
+#: ``TF_CPP_MIN_LOG_LEVEL`` (TF 2.x): TensorFlow's C++ logging keeps the level it read at its first
+#: log line, which ``import tensorflow`` writes (oneDNN, CUDA notices); set after the import, 0 or 3
+#: changes nothing of what a server logs later, so a task cannot inherit it from a zygote.
 IMPORT_TIME_ENV = (
     "TF_USE_LEGACY_KERAS",
     "TF_CPP_MIN_LOG_LEVEL",
@@ -237,11 +241,15 @@ def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
 def env_differs(env: Mapping[str, str], zygote_env: Mapping[str, str]) -> str | None:
     """The first variable read at import whose value differs between ``env`` and the warm
     interpreter's ``zygote_env``, or None."""
+    differ = env_differences(env, zygote_env)
+    return differ[0] if differ else None
+
+
+def env_differences(env: Mapping[str, str], zygote_env: Mapping[str, str]) -> list[str]:
+    """Every variable read at import whose value differs between ``env`` and the warm
+    interpreter's ``zygote_env`` (one set in only one of them included), sorted."""
     keys = {*IMPORT_TIME_ENV, *(k for k in (*env, *zygote_env) if k.startswith("PYTHON"))}
-    for key in sorted(keys):
-        if env.get(key) != zygote_env.get(key):
-            return key
-    return None
+    return [key for key in sorted(keys) if env.get(key) != zygote_env.get(key)]
 
 
 def _imports(target: WarmTarget) -> frozenset[str] | str:

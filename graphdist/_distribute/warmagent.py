@@ -34,6 +34,7 @@ import json
 import os
 import secrets
 import select
+import shlex
 import signal
 import socket
 import subprocess
@@ -50,7 +51,8 @@ from graphdist._distribute.warm import (
     MSG_MAX,
     READY_TIMEOUT_S,
     Zygote,
-    env_differs,
+    check_preload,
+    env_differences,
     import_time_env,
     peer_credentials,
 )
@@ -63,6 +65,8 @@ __all__ = [
     "IDLE_TIMEOUT_S",
     "WARM_DIR_ENV",
     "AgentRecord",
+    "NotAttached",
+    "agent_command",
     "attach",
     "live_agent",
     "start_agent",
@@ -146,13 +150,33 @@ def live_agent(preload: Sequence[str]) -> AgentRecord | None:
 
 @contextlib.contextmanager
 def _locked(path: str) -> Iterator[None]:
-    """The record's lock (``RECORD.lock``): one start or stop at a time."""
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
+    """The record's lock (``RECORD.lock``): one start or stop at a time. A stop removes the lock
+    file while it holds it (:func:`_remove_files`); whoever then gets the lock on the removed file
+    finds it is no longer the one at its path and locks the new one."""
+    lock = path + ".lock"
+    for _ in range(100):
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(lock)):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # removed by a stop while this waited: lock the file at the path now
+    else:
+        raise StateError(f"The warm agents' lock {lock} is removed as soon as it is taken", lock)
+    try:
         yield
     finally:
         os.close(fd)
+
+
+def _remove_files(path: str) -> None:
+    """What an agent leaves beside its record once it is gone: its log and the lock (held by
+    the caller, :func:`_locked`)."""
+    for name in (path.removesuffix(".json") + ".log", path + ".lock"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
 
 
 def start_agent(
@@ -219,36 +243,79 @@ def _end(proc: subprocess.Popen[bytes]) -> None:
 
 def stop_agent(preload: Sequence[str], wait_s: float = 10.0) -> AgentRecord | None:
     """Stop the agent of these preloads (SIGTERM, then SIGKILL after ``wait_s``), check it is
-    gone and remove its record; the record it had, or None where none ran."""
+    gone and remove its record, log and lock (also those an agent that exited by itself left);
+    the record it had, or None where none ran."""
     path = _record_path(preload, create=False)
     if not os.path.isdir(os.path.dirname(path)):
         return None  # no folder: no agent was ever started there (nothing is made to say so)
     with _locked(path):
         record = live_agent(preload)
-        if record is None:
-            return None
-        if stop_all([ProcessRef(record.pid, record.create_time)], wait_s, wait_s):
-            raise StateError(f"The warm agent (pid {record.pid}) did not end", path)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        if record is not None:
+            if stop_all([ProcessRef(record.pid, record.create_time)], wait_s, wait_s):
+                raise StateError(f"The warm agent (pid {record.pid}) did not end", path)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        _remove_files(path)
         return record
 
 
-def attach(preload: Sequence[str], env: Mapping[str, str]) -> Zygote | str:
+@dataclass(frozen=True)
+class NotAttached:
+    """Why a run does not use a warm agent: ``why``; ``said``, one line for the user where an
+    agent runs but is passed over (None where none runs: nothing to tell)."""
+
+    why: str
+    said: str | None = None
+
+
+def agent_command(preload: Sequence[str], env: Mapping[str, str], differ: Sequence[str]) -> str:
+    """The shell command that replaces the agent of ``preload`` by one that serves a run whose
+    environment is ``env``: ``graphdist warm stop`` (one agent per Python and preloads), then
+    ``warm start`` with the run's values of the variables in ``differ`` (``env -u`` for those the
+    run does not set); ``--preload`` where it is not the default."""
+    option = "" if tuple(preload) == check_preload("auto") else f" --preload {','.join(preload)}"
+    unset = [f"-u {k}" for k in differ if k not in env]
+    values = [f"{k}={shlex.quote(env[k])}" for k in differ if k in env]
+    prefix = " ".join(["env", *unset, *values] if unset else values)
+    start = f"{prefix} graphdist warm start{option}".lstrip()
+    return f"graphdist warm stop{option} && {start}"
+
+
+def attach(preload: Sequence[str], env: Mapping[str, str]) -> Zygote | NotAttached:
     """A session of the running agent of these preloads, as the run's zygote (its tasks forked
     from it), or why the run starts its own: no agent, another environment at import, an agent
     that does not answer as itself."""
     if not preload:
-        return "no preloads"
+        return NotAttached("no preloads")
     try:
         record = live_agent(preload)
     except StateError as exc:  # a folder that is not ours: no agent of it is used
-        return str(exc)
+        return NotAttached(str(exc))
     if record is None:
-        return "no warm agent runs (graphdist warm start)"
-    differs = env_differs(env, record.env)
-    if differs is not None:
-        return f"the run's {differs} differs from the warm agent's"
+        return NotAttached("no warm agent runs (graphdist warm start)")
+    passed = f"graphdist: the warm agent (pid {record.pid}) is not used by this run"
+    differ = env_differences(env, record.env)
+    if differ:
+        shown = "; ".join(
+            f"{k} is {_value(env, k)} here, {_value(record.env, k)} in the agent" for k in differ
+        )
+        return NotAttached(
+            f"the run's {differ[0]} differs from the warm agent's",
+            f"{passed}: {shown}, read once, as the preloads import; the run imports them "
+            f"itself. An agent for runs like this one: `{agent_command(preload, env, differ)}`",
+        )
+    why = _session_of(record)
+    if isinstance(why, str):
+        return NotAttached(why, f"{passed}: {why}; the run imports its preloads itself")
+    return why
+
+
+def _value(env: Mapping[str, str], key: str) -> str:
+    return shlex.quote(env[key]) if key in env else "unset"
+
+
+def _session_of(record: AgentRecord) -> Zygote | str:
+    """A session of the agent ``record`` names, or why there is none."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
         sock.connect("\0" + record.path[1:])

@@ -339,6 +339,87 @@ def test_the_stop_hint_of_a_detached_fleet_works_when_followed(state_dir):
     assert wait_gone([*pids, record["supervisor"]["pid"]], EVENTUALLY_S) == []
 
 
+def _follow(hint: str) -> subprocess.CompletedProcess[str]:
+    """The command a hint printed, run as printed (``graphdist ...``: this Python's)."""
+    import shlex
+
+    argv = shlex.split(hint)
+    assert argv[0] == "graphdist", hint
+    return run_python(["-m", "graphdist", *argv[1:]])
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_detached_fleets_restarts_logs_and_hints_work_when_followed(state_dir):
+    """`status` shows each task's restarts; a dead task's error names `graphdist restart TASK`
+    with the fleet's --state-dir, which brings it back; `graphdist logs` prints its log; a
+    dead supervisor's fleet is cleaned up with its logs kept, and the hints of that line (`logs`,
+    then `down`) read them and remove them (issue 57)."""
+    fleet = ["--state-dir", state_dir]
+    none = run_python(["-m", "graphdist", "status", *fleet])
+    start = re.search(r"start one with `([^`]+)`", none.stderr)
+    assert none.returncode == EXIT_USAGE and start is not None, none.stderr
+    up = _follow(start.group(1))  # the fleet it names is the one status was asked about
+    assert up.returncode == 0, up.stderr
+    record = read_json(os.path.join(state_dir, "fleet.json"))
+    pids = [t["pid"] for t in record["tasks"]]
+    try:
+        table = run_python(["-m", "graphdist", "status", *fleet])
+        header, *rows = table.stdout.splitlines()
+        assert header.split() == ["JOB", "TASK", "ADDRESS", "PID", "ALIVE", "RESTARTS", "TARGET"]
+        assert [r.split()[5] for r in rows] == ["0", "0"], table.stdout
+
+        os.kill(pids[1], signal.SIGKILL)  # --restart no: dead for good
+        assert wait_gone([pids[1]], EVENTUALLY_S) == []
+        dead = run_python(["-m", "graphdist", "status", *fleet])
+        assert dead.returncode == 1, dead.stderr
+        hint = re.search(r"`(graphdist restart [^`]+)` starts it again", dead.stderr)
+        assert hint is not None, dead.stderr
+        restarted = _follow(hint.group(1))
+        assert restarted.returncode == 0, restarted.stderr
+        assert "task local-1 restarted" in restarted.stdout, restarted.stdout
+        table = run_python(["-m", "graphdist", "status", *fleet])
+        assert table.returncode == 0, table.stderr
+        assert [r.split()[5] for r in table.stdout.splitlines()[1:]] == ["0", "1"], table.stdout
+        record = read_json(os.path.join(state_dir, "fleet.json"))
+        pids.append(record["tasks"][1]["pid"])
+
+        logs = run_python(["-m", "graphdist", "logs", "local:1", "-n", "3", *fleet])
+        assert logs.returncode == 0, logs.stderr
+        path = record["tasks"][1]["log"]
+        assert logs.stdout.splitlines()[0] == f"==> {path} <==", logs.stdout
+        assert len(logs.stdout.splitlines()) <= 4
+        for argv, fragment in [
+            (["restart", "local-7", *fleet], "local-7: no such task in this fleet; its tasks are"),
+            (["logs", "local-7", *fleet], "local-7: no log of that task in"),
+            (["logs", "-n", "-1", *fleet], "-n must be 0 to 100000 lines, not -1"),
+        ]:
+            assert_user_error(run_python(["-m", "graphdist", *argv]), fragment)
+
+        os.kill(record["supervisor"]["pid"], signal.SIGKILL)
+        assert wait_gone([record["supervisor"]["pid"]], EVENTUALLY_S) == []
+        stale = run_python(["-m", "graphdist", "status", *fleet])
+        assert stale.returncode == EXIT_USAGE and "stale" in stale.stderr, stale.stderr
+        assert wait_gone(pids, EVENTUALLY_S) == []
+        said = r"its logs are kept in .*\(`([^`]+)`; `([^`]+)` removes them\)"
+        kept = re.search(said, stale.stderr)
+        assert kept is not None, stale.stderr
+        read = _follow(kept.group(1))
+        assert read.returncode == 0, read.stderr
+        headers = [ln for ln in read.stdout.splitlines() if ln.startswith("==> ")]
+        assert [h.rsplit("/", 1)[-1] for h in headers] == [
+            "supervisor.log <==",
+            "local-0.log <==",
+            "local-1.log <==",
+        ], read.stdout
+        removed = _follow(kept.group(2))
+        assert removed.returncode == 0, removed.stderr
+        assert not os.path.exists(state_dir)
+    finally:
+        run_python(["-m", "graphdist", "down", *fleet])
+        assert wait_gone([*pids, record["supervisor"]["pid"]], EVENTUALLY_S) == []
+
+
 def test_the_stop_hint_names_the_state_folder_unless_it_is_the_default(monkeypatch, tmp_path):
     from graphdist._detached.state import default_state_dir, down_command
 
@@ -348,3 +429,19 @@ def test_the_stop_hint_names_the_state_folder_unless_it_is_the_default(monkeypat
     assert down_command(odd) == f"graphdist down --state-dir '{odd}'"
     monkeypatch.setenv("GRAPHDIST_STATE_DIR", odd)  # the default of this environment
     assert down_command(odd) == "graphdist down"
+
+
+@pytest.mark.parametrize("folder", ["my fleet", "it's", "two\nlines", "tab\there", "bell\x07é"])
+def test_a_hints_command_is_one_line_that_a_shell_reads_back_as_the_folder(tmp_path, folder):
+    from graphdist._detached.state import fleet_command
+
+    path = str(tmp_path / folder)
+    command = fleet_command(path, "restart", "worker-1")
+    assert "\n" not in command and command.startswith("graphdist restart worker-1 --state-dir ")
+    words = subprocess.run(
+        ["bash", "-c", f"set -- {command}; printf '%s\\0' \"$@\""],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.split("\0")[:-1]
+    assert words == ["graphdist", "restart", "worker-1", "--state-dir", path]

@@ -110,6 +110,9 @@ def test_a_missing_tf_keras_gets_the_extra_to_install():
     assert "TF_USE_LEGACY_KERAS=1" in hint
     assert "no tf-keras" in interpreter_hint(["ModuleNotFoundError: No module named 'tf_keras'"])
     assert "no tensorflow" in interpreter_hint(["No module named 'tensorflow'"])
+    # a script that imports numpy first fails there, in a Python without graphdist's packages
+    numpy = interpreter_hint(["ModuleNotFoundError: No module named 'numpy'"])
+    assert "the task's Python has no numpy: is the command's `python` another" in numpy
     assert interpreter_hint(["epoch 1 done"]) == ""
 
 
@@ -180,7 +183,7 @@ def test_down_removes_what_an_interrupted_up_detach_left(tmp_path, run_cli):
     (state_dir / "supervisor.log").write_text("")
     result = run_cli("down", "--state-dir", str(state_dir))
     assert result.returncode == 0, result.stderr
-    assert "no fleet was running; removed what an earlier one left (supervisor.log)" in (
+    assert "no fleet was running; removed what an earlier one left (supervisor.log, logs)" in (
         result.stdout
     )
     assert not state_dir.exists()

@@ -36,6 +36,8 @@ CASES: dict[str, tuple[list[str], str]] = {
     "up": (["up", "--cluster", "local=1", "--restart", "on-failure"], MISTAKE),
     "status": (["status", "--state-dir", STATE], REAL),
     "down": (["down", "--state-dir", "/nonexistent/graphdist-state"], MISTAKE),
+    "logs": (["logs", "--state-dir", STATE], REAL),
+    "restart": (["restart", "local-9", "--state-dir", STATE], MISTAKE),
     "run": (["run", "--workers", "1", "--", PY, "-c", "print('hello')"], RUN),
     "serve": (
         [

@@ -182,6 +182,8 @@ def test_status_of_a_corrupt_record_is_one_line_exit_2(tmp_path):
     (tmp_path / "state" / "fleet.json").write_bytes(b"\xff\xfe not json")
     result = gd("unused", "status", "--state-dir", state_dir, timeout=60)
     assert one_error_line(result, "is corrupt") == 2
+    # the cure it names is the one for this folder, not the default one (issue 57)
+    assert f"`graphdist down --state-dir {state_dir}` stops the fleet's processes" in result.stderr
 
 
 def dead_process_ref() -> ProcessRef:
@@ -351,6 +353,7 @@ def test_policy_backs_off_exponentially_and_gives_up_within_the_window(tmp_path,
     assert (record["max_restarts"], record["restart_window_s"]) == (4, 60)
     problem = fleet_problem(FleetRecord.from_json(json.dumps(record)), str(tmp_path))
     assert problem is not None and "local-1 died 5 times within 60 s" in problem
+    assert f"`graphdist restart local-1 --state-dir {tmp_path}` starts it again" in problem
 
     # A restart by hand clears the give-up and starts the backoff over.
     fleet.restart_fails = False

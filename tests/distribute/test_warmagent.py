@@ -223,6 +223,63 @@ def test_without_a_usable_agent_a_run_starts_its_own_warm_interpreter(
     assert warm_dir.records() == []  # the stale record is gone
 
 
+def test_an_agent_passed_over_is_said_once_with_a_command_that_starts_one_that_serves(
+    warm_dir: Agents, tmp_path: Any
+) -> None:
+    """A run whose environment at import differs from the agent's says so in one line (not one
+    per task), naming the variable, both values and a command; that command, copied into the
+    shell the agent was started from, replaces the agent by one the same run then uses."""
+    agent = _start(warm_dir)  # TF_CPP_MIN_LOG_LEVEL=2 (QUIET_TF)
+    (tmp_path / "tree.py").write_text(TREE)
+    argv = ["--workers", "2", *PRELOAD, "--", sys.executable, "tree.py"]
+    run_env = {"TF_CPP_MIN_LOG_LEVEL": "3"}
+    first = _run(argv, cwd=str(tmp_path), env=run_env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    said = [ln for ln in first.stderr.splitlines() if "warm agent" in ln]
+    assert len(said) == 1, first.stderr
+    assert f"the warm agent (pid {agent}) is not used by this run" in said[0], said
+    assert "TF_CPP_MIN_LOG_LEVEL is 3 here, 2 in the agent" in said[0], said
+    command = said[0].split("`")[1]
+    assert command == (
+        "graphdist warm stop --preload numpy && "
+        "TF_CPP_MIN_LOG_LEVEL=3 graphdist warm start --preload numpy"
+    )
+    shell_env = {**os.environ, **QUIET_TF}  # where the agent was started: level 2
+    shell_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + shell_env["PATH"]
+    followed = subprocess.run(
+        command, shell=True, env=shell_env, capture_output=True, text=True, timeout=120
+    )
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    warm_dir.note()
+    assert wait_gone([agent], EVENTUALLY_S) == []
+    [record] = warm_dir.records()
+    assert record["env"]["TF_CPP_MIN_LOG_LEVEL"] == "3"
+    again = _run(argv, cwd=str(tmp_path), env=run_env)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "warm agent" not in again.stderr, again.stderr
+    [line] = [ln for ln in _lines(_events(again)) if ln.startswith("TREE ")][:1]
+    assert int(line.split()[3]) == record["pid"]  # forked by a session of the new agent
+
+
+def test_warm_stop_leaves_neither_the_agents_lock_nor_its_log(warm_dir: Agents) -> None:
+    """``warm stop`` removes what the agent kept beside its record, for a running agent and
+    for one that exited by itself (idle); a ``warm start`` after it works as the first did."""
+    _start(warm_dir)
+    assert sorted(n.split(".", 1)[1] for n in os.listdir(warm_dir.path)) == [
+        "json",
+        "json.lock",
+        "log",
+    ]
+    assert _warm("stop", *PRELOAD).returncode == 0
+    assert os.listdir(warm_dir.path) == []
+    agent = _start(warm_dir, "--idle-timeout", "1")
+    assert wait_gone([agent], EVENTUALLY_S) == []
+    assert sorted(os.listdir(warm_dir.path)) != []  # the idle agent removed its record only
+    stopped = _warm("stop", *PRELOAD)
+    assert stopped.returncode == 0 and "no warm agent runs" in stopped.stdout, stopped
+    assert os.listdir(warm_dir.path) == []
+
+
 @pytest.mark.promise
 def test_an_agent_in_another_cgroup_is_not_used(warm_dir: Agents, tmp_path: Any) -> None:
     """A task forked by an agent in another cgroup would escape the run's (a Slurm job's, a

@@ -143,7 +143,7 @@ def _free_ports(n: int) -> list[int]:
 
 
 def _lock_path(port: int) -> str:
-    return os.path.join(ports._lock_dir(), f"{port}.lock")
+    return ports._lock_path(port)
 
 
 def _foreign_lock(port: int, text: str) -> int:
@@ -156,7 +156,11 @@ def _foreign_lock(port: int, text: str) -> int:
 
 
 def _lockable(port: int) -> bool:
-    fd = os.open(_lock_path(port), os.O_RDWR)
+    """Nobody holds ``port``'s lock: no lock file (released ones are removed), or one unlocked."""
+    try:
+        fd = os.open(_lock_path(port), os.O_RDWR)
+    except FileNotFoundError:
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -212,7 +216,7 @@ def test_the_lock_folder_is_the_users_private_ports_folder(monkeypatch):
     assert asked == [(os.path.join(runtime_dir(), "ports"), "graphdist's port-lock folder")]
 
 
-def test_a_reservation_is_a_private_lock_file_naming_its_holder_emptied_when_released():
+def test_a_reservation_is_a_private_lock_file_naming_its_holder_removed_when_released():
     port = _one_port()
     fd, holder = ports._lock_file(port, "picked")
     try:
@@ -223,8 +227,45 @@ def test_a_reservation_is_a_private_lock_file_naming_its_holder_emptied_when_rel
             assert f.read() == f"{os.getpid()} picked\n"
         assert ports._lock_file(port, "picked") == (None, (os.getpid(), "picked"))
     finally:
-        ports._unlock(fd)
-    assert os.path.getsize(_lock_path(port)) == 0 and _lockable(port)
+        ports._unlock(fd, port)
+    assert not os.path.lexists(_lock_path(port))  # nothing accumulates, one file per port picked
+
+
+def test_picking_and_releasing_ports_leaves_no_lock_file():
+    picked = pick_free_ports(5)
+    assert all(os.path.exists(_lock_path(p)) for p in picked)
+    release_ports(picked)
+    assert not [p for p in picked if os.path.lexists(_lock_path(p))]
+
+
+def test_a_lock_on_a_file_its_holder_removed_meanwhile_is_not_the_ports_lock(monkeypatch):
+    """The race the removal opens: this process opens the lock file, its holder releases it
+    (removes it) and another locks a new file at that path, then this process's flock succeeds
+    on the removed one. It must not take that for the port's lock: two holders of one port."""
+    port = _one_port()
+    first, _ = ports._lock_file(port, "picked")
+    assert first is not None
+    real_flock = fcntl.flock
+    other: list[int] = []
+    monkeypatch.setattr(ports.fcntl, "flock", real_flock)  # undone first, whatever happens
+
+    def flock_after_a_release(fd, op):
+        if not other:  # between this open and this flock: released, and locked anew elsewhere
+            other.append(-1)
+            ports._unlock(first, port)
+            new = os.open(_lock_path(port), os.O_CREAT | os.O_RDWR, 0o600)
+            other.append(new)
+            real_flock(new, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.pwrite(new, f"{os.getpid()} starting\n".encode(), 0)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(ports.fcntl, "flock", flock_after_a_release)
+    try:
+        assert ports._lock_file(port, "starting") == (None, (os.getpid(), "starting"))
+    finally:
+        monkeypatch.undo()
+        for fd in other[1:]:
+            ports._unlock(fd, port)
 
 
 def test_a_lock_whose_holder_wrote_nothing_is_read_briefly_then_named_nobody():
@@ -235,7 +276,7 @@ def test_a_lock_whose_holder_wrote_nothing_is_read_briefly_then_named_nobody():
         assert ports._lock_file(port, "picked") == (None, (None, None))
         assert time.monotonic() - start < 1.0  # 20 reads 1 ms apart, not seconds
     finally:
-        ports._unlock(fd)
+        ports._unlock(fd, port)
 
 
 @pytest.mark.parametrize(
@@ -268,7 +309,8 @@ def test_marking_and_unlocking_a_file_that_cannot_be_written_is_no_error(tmp_pat
     path.write_text("1 picked\n")
     fd = os.open(path, os.O_RDONLY)
     ports._mark(fd, "picked")  # ftruncate fails on a read-only file: only the holder's name lost
-    ports._unlock(fd)  # and closes it
+    ports._unlock(fd, 1)  # and closes it (a file that is not port 1's lock stays)
+    assert path.exists()
     with pytest.raises(OSError):
         os.fstat(fd)
 
@@ -428,7 +470,7 @@ def test_a_claim_refuses_a_port_in_use_or_another_fleets_start_and_keeps_nothing
         assert ports.claim_ports([starting], owner) == ports.PortTaken(starting, os.getpid(), True)
         assert starting not in ports._claims
     finally:
-        ports._unlock(fd)
+        ports._unlock(fd, starting)
 
 
 def test_a_port_another_process_only_picked_is_this_fleets_to_serve():
@@ -442,7 +484,7 @@ def test_a_port_another_process_only_picked_is_this_fleets_to_serve():
         assert port not in ports._claims
         assert not _lockable(port)  # still the other process's
     finally:
-        ports._unlock(fd)
+        ports._unlock(fd, port)
 
 
 def test_a_garbled_kind_still_names_the_holder(tmp_path):
@@ -464,7 +506,7 @@ def test_a_new_lock_file_is_private(tmp_path, monkeypatch):
         assert stat.S_IMODE(os.stat(folder / "4242.lock").st_mode) == 0o600
     finally:
         assert fd is not None
-        ports._unlock(fd)
+        ports._unlock(fd, 4242)
 
 
 def test_a_picked_port_is_marked_picked_and_a_release_drops_only_the_owners_claims():
