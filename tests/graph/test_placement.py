@@ -438,3 +438,32 @@ def test_gpus_a_task_has_pass_and_one_beyond_them_names_each_tasks_count():
 def test_each_device_is_checked_once_and_the_first_op_asking_for_it_is_named():
     ops = [("first", "/job:local/task:7"), ("second", "/job:local/task:7")]
     assert refusal(ops).op == "first"
+
+
+def test_a_job_of_three_tasks_is_listed_whole():
+    three = Cluster({"local": ["h:1", "h:2", "h:3"]})
+    assert str(refusal([("o", "/job:local/task:3")], three)).endswith(
+        "(it has /job:local/task:0, /job:local/task:1, /job:local/task:2)"
+    )
+
+
+def test_one_gpu_serves_gpu_0_and_the_wildcard_and_an_unlisted_task_has_none():
+    one = {("local", 0): 1}  # local:1 not listed: no GPU
+    check_ops([("a", "/job:local/task:0/device:GPU:0"), ("b", "/device:GPU:*")], TWO, gpus=one)
+    assert str(refusal([("c", "/job:local/device:GPU:1")], gpus=one)).endswith(
+        "(/job:local/task:0 has 1 GPU(s), /job:local/task:1 has 0 GPU(s))"
+    )
+    assert str(refusal([("d", "/job:local/task:1/device:GPU:0")], gpus=one)).startswith(
+        "Op 'd' asks for /job:local/task:1/device:GPU:0, which this fleet does not have (its "
+        "tasks have no GPU"
+    )
+
+
+def test_ops_after_one_without_a_device_are_still_checked():
+    assert refusal([("free", ""), ("far", "/job:local/task:9")]).op == "far"
+
+
+def test_a_malformed_op_device_names_the_op():
+    error = refusal([("odd", "/job:local/tsk:1")])
+    assert str(error).startswith("Op 'odd': Device '/job:local/tsk:1': unknown part 'tsk:1'")
+    assert (error.op, error.device) == ("odd", "/job:local/tsk:1")
