@@ -128,11 +128,14 @@ class NoFreePortsError(ClusterSpecError):
 
 
 class PlacementError(GraphdistError, ValueError):
-    """A device string is malformed or names a job, task or device the cluster lacks."""
+    """A device string is malformed or names a job, task or device the cluster lacks; ``op``:
+    the graph's op that asks for it, when a fleet's session found it among a graph's ops (or
+    eager execution is on, so no op can be placed on a fleet's device)."""
 
-    def __init__(self, message: str, device: str | None = None) -> None:
+    def __init__(self, message: str, device: str | None = None, *, op: str | None = None) -> None:
         super().__init__(message)
         self.device = device
+        self.op = op
 
 
 class SplitError(GraphdistError, ValueError):

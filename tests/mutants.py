@@ -74,6 +74,7 @@ MODULES = {
 
 # Survivors that behave as the original: (module key, function, the mutated line as mutmut
 # writes it, stripped) -> why no test can tell them apart. docs/mutants.md prints this table.
+_SEEN = "the set of devices found fine only spares a device's second check, which finds it fine"
 _TWO_COLONS = (
     "with two colons or more in a part, its job or its count fails its check whichever colon "
     "splits it"
@@ -189,6 +190,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("placement", "check_device", "text = parsed.to_string() or repr(None)"): (
         "an empty device (None, '') never fails a check, so its text is never shown"
     ),
+    ("placement", "check_ops", "if not text and text in seen:"): _SEEN,
+    ("placement", "check_ops", "seen.add(None)"): _SEEN,
     ("members", "member_addresses", "infos = socket.getaddrinfo(host, None, )"): (
         "without type= each address comes once per socket type, and is kept once"
     ),

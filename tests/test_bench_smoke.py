@@ -148,6 +148,7 @@ def test_master_choice_times_every_session_kind(tmp_path, capsys, no_process_lef
     in_process(master_choice.main, [*argv, "--json", str(out), "--readme", str(readme)])
     figures = json.loads(out.read_text())
     assert sorted(figures) == [
+        "graphdist device check, per step",
         "graphdist, master 0 (the seed's)",
         "graphdist, master 1 (graphdist's choice)",
         "raw TF, master 0",
@@ -159,8 +160,10 @@ def test_master_choice_times_every_session_kind(tmp_path, capsys, no_process_lef
     printed = capsys.readouterr().out
     targets = [line for line in printed.splitlines() if line.startswith(("met ", "MISSED "))]
     assert (
-        len(targets) == 3 and "(target <= 1.05)" in targets[0] and "(target >= 1.8)" in targets[2]
+        len(targets) == 4 and "(target <= 1.05)" in targets[0] and "(target >= 1.8)" in targets[2]
     )
+    assert targets[3].split(maxsplit=1)[1].startswith("device check per step: ")
+    assert targets[3].endswith("a raw step (target <= 1.02)")
     text = readme.read_text()
     assert "local fleet" in section(text, "master_choice") and targets[2] in text
     line = section(text, "master_choice_line")

@@ -40,9 +40,10 @@ from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS, SessionGuard
 from graphdist._fleet.health import HealthReport, TaskHealth, probe_all
 from graphdist._fleet.task import TaskExit, TaskHandle
 from graphdist._graph.master import master_for
-from graphdist._graph.placement import DeviceSpec, check_device, device
+from graphdist._graph.placement import DeviceSpec, check_device, device, parse_device
 from graphdist._graph.session import TASK_FAILURE_ERRORS, session, session_config
 from graphdist._net.probe import DIAGNOSE_PROBE_S, PROBE_TIMEOUT_S, RECHECK_PROBE_S
+from graphdist._proc.gpus import task_gpu_counts
 from graphdist._validate import timeout_ms
 from graphdist._validate import timeout_s as check_timeout_s
 from graphdist._verdicts import ProcessFacts, task_status
@@ -122,6 +123,7 @@ class Fleet(Generic[TaskT]):
     start_timeout_s: float
     operation_timeout_ms: int | None = None
     gpus: dict[tuple[str, int], list[int]] | None = None
+    _gpu_counts: tuple[dict[tuple[str, int], int] | None] | None = None  # _task_gpus, once found
     _tasks: dict[tuple[str, int], TaskT]
     pids_here = False
     """Whether its tasks' pids are processes of this machine (a LocalFleet's are; a Slurm or
@@ -302,9 +304,19 @@ class Fleet(Generic[TaskT]):
         return text
 
     def check(self, spec: str | DeviceSpec | None) -> DeviceSpec:
-        """Check any device string against this fleet's cluster; raises :class:`PlacementError`."""
-        counts = None if self.gpus is None else {k: len(v) for k, v in self.gpus.items()}
-        return check_device(spec, self.cluster, gpus=counts)
+        """Check any device string against this fleet's cluster, a GPU against those its task
+        has (:meth:`_task_gpus`); raises :class:`PlacementError`."""
+        parsed = parse_device(spec)
+        gpus = self._task_gpus() if parsed.device_type == "GPU" else None
+        return check_device(parsed, self.cluster, gpus=gpus)
+
+    def _task_gpus(self) -> dict[tuple[str, int], int] | None:
+        """How many GPUs each task has, as far as this fleet knows (``None``: unknown, not
+        checked): see :func:`graphdist._proc.gpus.task_gpu_counts`. Found once, on first use
+        (it may ask ``nvidia-smi``)."""
+        if self._gpu_counts is None:
+            self._gpu_counts = (task_gpu_counts(self.gpus, self.cluster, here=self.pids_here),)
+        return self._gpu_counts[0]
 
     def session(
         self,
@@ -339,7 +351,9 @@ class Fleet(Generic[TaskT]):
                 health, effective.operation_timeout_in_ms, "cannot open a session"
             )
         self._ensure_watcher()  # it tells the sessions' guards of every death (``_epoch``)
-        guard = SessionGuard(self, master, effective.device_filters)
+        guard = SessionGuard(
+            self, master, effective.device_filters, soft_placement=effective.allow_soft_placement
+        )
         guard.timeout_ms = effective.operation_timeout_in_ms
         sess = session(master.target, graph=graph, config=effective, guard=guard)
         guard.attach(sess)

@@ -6,7 +6,11 @@ dead task, a transfer from a task killed mid-run, or a frozen (SIGSTOP) task wai
 ``operation_timeout_in_ms``. The fleet knows better — it owns the processes — so every session a
 fleet opens carries a :class:`SessionGuard`:
 
-- **Before a run**, the tasks the run needs (the master, and every task a device in the graph
+- **Before a run**, the devices of the ops added to the session's graph since its last run
+  are checked against the fleet's cluster (:func:`graphdist._graph.placement.check_ops`:
+  however they were written, a device no task has raises :class:`PlacementError` naming the
+  op before TensorFlow sees the step; a step with no new op pays one int compare). Then the
+  tasks the run needs (the master, and every task a device in the graph
   names; on a session's first run every task its ``device_filters`` allow, since the master
   contacts them all when it creates the session) are checked: one that is dead, or restarted
   since the session opened (its server lost this session's state), fails the run at once with
@@ -56,6 +60,7 @@ from _thread import get_ident
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from graphdist._cluster import Cluster
 from graphdist._exceptions import (
     FleetClosedError,
     FleetError,
@@ -66,6 +71,7 @@ from graphdist._exceptions import (
 from graphdist._failures import DEAD, NOT_ANSWERING, task_failed
 from graphdist._fleet.health import probe_all, problem_of
 from graphdist._fleet.task import TaskHandle
+from graphdist._graph.placement import check_ops
 from graphdist._graph.session import TASK_FAILURE_ERRORS
 from graphdist._net.probe import RUN_PROBE_TIMEOUT_S
 
@@ -87,12 +93,15 @@ class GuardedFleet(Protocol):
     @property
     def tasks(self) -> tuple[TaskHandle, ...]: ...
     @property
+    def cluster(self) -> Cluster: ...
+    @property
     def _epoch(self) -> int: ...
     @property
     def _sessions_closed(self) -> bool: ...
     def _status(self, task: Any, answered: bool, error: str = "") -> tuple[str, str]: ...
     def _diagnose(self, exc: BaseException, timeout_ms: int) -> FleetError | None: ...
     def _explain(self, task: Any, status: str, detail: str) -> tuple[str, str]: ...
+    def _task_gpus(self) -> dict[tuple[str, int], int] | None: ...
 
 
 FLEET_OPERATION_TIMEOUT_MS = 600_000
@@ -418,21 +427,31 @@ def release_signals() -> None:
 
 class SessionGuard:
     """The guard of one session of ``fleet`` whose master is ``master`` (see the module
-    docstring). ``device_filters`` are the session config's."""
+    docstring). ``device_filters`` and ``soft_placement`` (``allow_soft_placement``: a GPU a
+    task lacks is then placed on its CPU, so GPUs are not checked) are the session config's."""
 
     def __init__(
-        self, fleet: GuardedFleet, master: TaskHandle, device_filters: Iterable[str] = ()
+        self,
+        fleet: GuardedFleet,
+        master: TaskHandle,
+        device_filters: Iterable[str] = (),
+        *,
+        soft_placement: bool = False,
     ) -> None:
         self.fleet = fleet
         self.master = master
         self.allowed = self._filtered(list(device_filters))
+        self.soft_placement = soft_placement
         self.pids = {self._key(t): t.pid for t in fleet.tasks}
         self.restarts = {self._key(t): t.restarts for t in fleet.tasks}
         self.timeout_ms = 0
         self.broken: TaskFailedError | None = None
         self.interrupted: float | None = None  # time.time() of the interrupt that closed it
         self._ran = False
-        self._needs: dict[tuple[int, int], list[TaskHandle]] = {}
+        self._version = -1  # the graph's version when its ops' devices were last looked at
+        self._ops_seen = 0  # how many of its ops were looked at then (a graph only grows)
+        self._devices: set[str] = set()  # every device its ops ask for, each one checked
+        self._needs = [master]  # the master and every task a device in the graph names
         self._epoch = -1  # the fleet's _epoch when this session's tasks were last found fine
         self._checked: list[TaskHandle] | None = None  # the tasks checked then
         self.sess: Callable[[], Any] = lambda: None  # a weak reference, set by attach()
@@ -467,20 +486,37 @@ class SessionGuard:
         return index is None or int(index.group(1)) == task.index
 
     def _needed(self, sess: Any) -> list[TaskHandle]:
-        if not self._ran:
-            return self.allowed
+        """The tasks this run needs, once the devices of the ops added to the session's graph
+        since the last look are checked (raises :class:`PlacementError` for one the fleet
+        lacks). A step with no new op pays one int compare."""
         graph = sess.graph
-        key = (id(graph), graph.version)
-        needed = self._needs.get(key)
-        if needed is None:
-            devices = {op.device for op in graph.get_operations() if op.device}
-            needed = [self.master] + [
+        if graph.version != self._version:
+            self._look(graph)
+        return self._needs if self._ran else self.allowed
+
+    def _look(self, graph: Any) -> None:
+        """Check the devices of ``graph``'s ops added since the last look; then mark them seen
+        and, when they name new devices, find the tasks runs need again. An op on a device the
+        fleet lacks stays unseen: every run raises the same error (TensorFlow places the whole
+        graph, so every step would fail)."""
+        version = graph.version
+        ops = graph.get_operations()  # in creation order
+        fresh: dict[str, str] = {}
+        for op in ops[self._ops_seen :]:
+            device = op.device
+            if device and device not in self._devices and device not in fresh:
+                fresh[device] = op.name
+        if fresh:
+            needs_gpus = not self.soft_placement and any("GPU" in d for d in fresh)
+            gpus = self.fleet._task_gpus() if needs_gpus else None
+            check_ops([(name, d) for d, name in fresh.items()], self.fleet.cluster, gpus=gpus)
+            self._devices.update(fresh)
+            self._needs = [self.master] + [
                 t
                 for t in self.fleet.tasks
-                if t is not self.master and any(self._names(d, t) for d in devices)
+                if t is not self.master and any(self._names(d, t) for d in self._devices)
             ]
-            self._needs = {key: needed}
-        return needed
+        self._version, self._ops_seen = version, len(ops)
 
     # -- what is wrong, if anything --------------------------------------------------------------
 

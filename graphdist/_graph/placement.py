@@ -5,7 +5,11 @@ parts ``job:NAME``, ``replica:N``, ``task:N``, and one device part, either the f
 ``device:TYPE:N`` (``N`` may be ``*``) or the short ``TYPE:N`` / ``TYPE`` for the known types
 (``cpu:0``, ``gpu:0``, as in the seed). Unlike TensorFlow, graphdist also rejects negative or
 repeated parts at parse time, and :func:`check_device` catches an unknown job or an out-of-range
-task before TensorFlow only notices it at ``sess.run``. Numbers are ASCII digits only
+task before TensorFlow only notices it at ``sess.run``. :func:`check_ops` checks the devices a
+graph's ops ask for, however they were written (``tf.device`` strings, device functions,
+``replica_device_setter``, colocation: ``op.device`` as TensorFlow merged it), by TensorFlow's own
+rule: a device may leave parts out, and must match at least one device of the cluster (a fleet's
+session calls it before each step that follows new ops). Numbers are ASCII digits only
 (Arabic-Indic or fullwidth digits are refused, though Python's ``int()`` takes them) and at most
 ``2**31 - 1``; a device string is at most ``MAX_DEVICE_CHARS`` long.
 """
@@ -13,18 +17,28 @@ task before TensorFlow only notices it at ``sess.run``. Numbers are ASCII digits
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from graphdist._cluster import MAX_TASK_INDEX, Cluster, ClusterLike
 from graphdist._exceptions import PlacementError
 from graphdist._validate import is_ascii_digits, show
 
-__all__ = ["DeviceSpec", "check_device", "device", "normalize_device", "parse_device"]
+__all__ = [
+    "DeviceSpec",
+    "check_device",
+    "check_ops",
+    "device",
+    "normalize_device",
+    "parse_device",
+]
 
 # The short form ``gpu:0`` is accepted for these types only, as in TensorFlow.
 SHORT_DEVICE_TYPES = frozenset({"CPU", "GPU", "TPU", "CUSTOM", "EPU"})
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 MAX_DEVICE_CHARS = 1024
+TASKS_SHOWN = 3
+"""How many tasks of a job an op's error lists before it gives the job's range instead."""
 
 
 @dataclass(frozen=True)
@@ -272,3 +286,76 @@ def check_device(
                     text,
                 )
     return parsed
+
+
+def check_ops(
+    ops: Iterable[tuple[str, str]],
+    cluster: ClusterLike,
+    *,
+    gpus: Mapping[tuple[str, int], int] | None = None,
+) -> None:
+    """Check the device each op asks for against ``cluster``, by TensorFlow's rule for placing
+    it: ``ops`` are ``(op.name, op.device)`` pairs, the device as TensorFlow merged it (empty:
+    no constraint, fine). A device may leave out its job, task or device (``/task:1`` matches
+    task 1 of any job, ``/job:ps`` any ps task), and must match at least one task of the
+    cluster, with replica 0; with ``gpus`` (``(job, task)`` -> GPU count; ``None``: unknown, or
+    soft placement allowed, and GPUs are not checked) a GPU device must be one a matching task
+    has. Each distinct device is checked once.
+
+    Raises :class:`PlacementError` (``device``: the op's device, ``op``: its name) for the
+    first op whose device no task has: one line naming the op, the device and what the cluster
+    has. TensorFlow would fail every step of the graph for it ("Cannot assign a device").
+    """
+    cluster = Cluster.parse(cluster)
+    seen: set[str] = set()
+    for name, text in ops:
+        if not text or text in seen:
+            continue
+        try:
+            parsed = parse_device(text)
+        except PlacementError as exc:
+            raise PlacementError(f"Op {name!r}: {exc}", text, op=name) from None
+        lacks = _lacks(parsed, cluster, gpus)
+        if lacks is not None:
+            raise PlacementError(
+                f"Op {name!r} asks for {text}, which this fleet does not have ({lacks})",
+                text,
+                op=name,
+            )
+        seen.add(text)
+
+
+def _lacks(
+    parsed: DeviceSpec, cluster: Cluster, gpus: Mapping[tuple[str, int], int] | None
+) -> str | None:
+    """What ``cluster`` has instead of a device that matches ``parsed`` (None: it has one)."""
+    jobs = list(cluster.jobs) if parsed.job is None else [parsed.job]
+    tasks = [
+        (job, index)
+        for job in jobs
+        if job in cluster
+        for index in cluster.task_indices(job)
+        if parsed.task in (None, index)
+    ]
+    if not tasks or parsed.replica not in (None, 0):
+        return "it has " + ", ".join(_job_tasks(job, cluster) for job in cluster.jobs)
+    if gpus is None or parsed.device_type != "GPU":
+        return None
+    wanted = parsed.device_index or 0  # the wildcard GPU:* needs one
+    if any(gpus.get(task, 0) > wanted for task in tasks):
+        return None
+    counts = [(f"/job:{job}/task:{index}", gpus.get((job, index), 0)) for job, index in tasks]
+    if not any(n for _, n in counts):
+        return (
+            "its tasks have no GPU; place the op on a CPU, or allow soft placement in the "
+            "session's config"
+        )
+    return ", ".join(f"{name} has {n} GPU(s)" for name, n in counts)
+
+
+def _job_tasks(job: str, cluster: Cluster) -> str:
+    """A job's task devices: each one, or the first and last of a long job."""
+    indices = list(cluster.task_indices(job))
+    if len(indices) <= TASKS_SHOWN:
+        return ", ".join(f"/job:{job}/task:{i}" for i in indices)
+    return f"/job:{job}/task:{indices[0]} to /job:{job}/task:{indices[-1]} ({len(indices)} tasks)"

@@ -13,13 +13,13 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from graphdist._exceptions import ArgumentError
+from graphdist._exceptions import ArgumentError, PlacementError
 from graphdist._validate import show, timeout_ms
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["DEFAULT_OPERATION_TIMEOUT_MS", "session", "session_config"]
+__all__ = ["DEFAULT_OPERATION_TIMEOUT_MS", "eager_error", "session", "session_config"]
 
 log = logging.getLogger("graphdist.session")
 
@@ -58,6 +58,28 @@ TASK_FAILURE_ERRORS = frozenset(
 """TensorFlow errors that a dead, restarted or frozen task causes."""
 
 Diagnose = Callable[[BaseException, int], Exception | None]
+
+EAGER_FIX = "call tf.compat.v1.disable_eager_execution() right after importing TensorFlow"
+# What TensorFlow says when a session is given what eager execution made: a session on the
+# (empty) default graph, a fetch that is an eager tensor.
+_EAGER_SYMPTOMS = ("The Session graph is empty", "when eager execution is enabled")
+
+
+def eager_error(exc: BaseException) -> PlacementError | None:
+    """The one-line error to raise instead of TensorFlow's ``exc`` from a session's run when it
+    comes of eager execution, on by default (TensorFlow ran each op at once in this process:
+    a fleet's device is an "unknown device" there, and the session's graph holds none of them);
+    ``None`` for any other error."""
+    if not any(symptom in str(exc) for symptom in _EAGER_SYMPTOMS):
+        return None
+    from tensorflow.python.eager import context
+
+    if context.default_execution_mode != context.EAGER_MODE:
+        return None
+    return PlacementError(
+        "Eager execution is on: TensorFlow ran each op at once in this process, not in this "
+        f"session's graph; {EAGER_FIX}"
+    )
 
 
 class RunGuard(Protocol):
@@ -119,11 +141,19 @@ def _graphdist_session_class() -> Any:
                 run_metadata: Any = None,
             ) -> Any:
                 guard = self._graphdist_guard
-                if guard is None:
-                    return self._diagnosed(
-                        base_run, self, fetches, feed_dict, options, run_metadata
+                try:
+                    if guard is None:
+                        return self._diagnosed(
+                            base_run, self, fetches, feed_dict, options, run_metadata
+                        )
+                    return guard.run(
+                        self, base_run, self, fetches, feed_dict, options, run_metadata
                     )
-                return guard.run(self, base_run, self, fetches, feed_dict, options, run_metadata)
+                except (RuntimeError, AttributeError) as exc:
+                    eager = eager_error(exc)
+                    if eager is None:
+                        raise
+                    raise eager from exc
 
             def make_callable(
                 self, fetches: Any, feed_list: Any = None, accept_options: bool = False

@@ -4,7 +4,8 @@ A TensorFlow process grabs every visible GPU. Pinning gives each task its own th
 ``CUDA_VISIBLE_DEVICES`` in its server process, set before TensorFlow initialises its devices:
 round-robin over the machine's GPUs (``"round-robin"``) or explicit (``{"worker:0": [0, 1]}``).
 A task pinned to nothing sees no GPU at all. Device strings with ``gpu:N`` are then checked
-against what each task has (inside a task, ``gpu:0`` is its first pinned GPU).
+against what each task has (inside a task, ``gpu:0`` is its first pinned GPU):
+:func:`task_gpu_counts` says what a fleet's tasks have, as far as it is known.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from graphdist._cluster import Cluster
 from graphdist._exceptions import ClusterSpecError
 
-__all__ = ["GpuPlan", "available_gpus", "plan_gpus"]
+__all__ = ["GpuPlan", "available_gpus", "plan_gpus", "task_gpu_counts"]
 
 GpuPlan = str | Mapping[str, Sequence[int]] | Mapping[tuple[str, int], Sequence[int]] | None
 
@@ -74,3 +75,23 @@ def plan_gpus(
             raise ClusterSpecError(f"GPU ids for {key!r} must be >= 0, not {chosen}", key)
         out[_key(key, cluster)] = chosen
     return out
+
+
+def task_gpu_counts(
+    pinned: Mapping[tuple[str, int], Sequence[int]] | None,
+    cluster: Cluster,
+    *,
+    here: bool,
+    gpus: Sequence[int] | None = None,
+) -> dict[tuple[str, int], int] | None:
+    """How many GPUs each task's server has, as far as its fleet knows: those ``pinned`` to it
+    (:func:`plan_gpus`); unpinned servers on this machine (``here``) see every GPU this process
+    may use (``gpus``, default :func:`available_gpus`: none on a machine without one), since
+    they inherit its environment; ``None`` for servers elsewhere (a Ray node, a Slurm node, a
+    host: unknown, so their GPUs are not checked)."""
+    if pinned is not None:
+        return {task: len(ids) for task, ids in pinned.items()}
+    if not here:
+        return None
+    count = len(available_gpus() if gpus is None else gpus)
+    return {(t.job, t.index): count for t in cluster}

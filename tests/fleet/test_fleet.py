@@ -105,7 +105,11 @@ def test_readiness_wait_names_the_first_silent_server_and_how_many_answered(grap
 
 def test_fleet_device_is_checked_against_its_cluster(graphdist_fleet):
     fleet = graphdist_fleet
-    assert fleet.device("local", 1, gpu=0) == "/job:local/replica:0/task:1/device:GPU:0"
+    gpus = len(graphdist.available_gpus())  # what its servers, on this machine, see
+    if gpus:
+        assert fleet.device("local", 1, gpu=0) == "/job:local/replica:0/task:1/device:GPU:0"
+    with pytest.raises(graphdist.PlacementError, match=f"task local:1 has {gpus} GPU"):
+        fleet.device("local", 1, gpu=gpus)
     assert fleet.device(task=0) == "/job:local/replica:0/task:0"
     with pytest.raises(graphdist.PlacementError, match="no task with index 5"):
         fleet.device("local", 5)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +17,7 @@ from graphdist import (
     normalize_device,
     parse_device,
 )
+from graphdist._graph.placement import check_ops
 from graphdist._validate import show
 
 CLUSTER = Cluster({"local": ["h:1", "h:2"], "ps": ["h:3"]})
@@ -352,3 +355,115 @@ def test_a_task_without_a_job_in_a_one_job_cluster_is_checked_in_that_job():
     assert str(info.value) == (
         "Device '/task:5': no task with index 5 in job 'local' (it has tasks 0-1)"
     )
+
+
+# -- the devices a graph's ops ask for (check_ops: TensorFlow's matching rule) -----------------
+
+TWO = Cluster({"local": ["h:1", "h:2"]})
+JOBS = Cluster({"local": ["h:1", "h:2"], "ps": ["h:3"]})
+NO_GPU = {("local", 0): 0, ("local", 1): 0}
+
+
+def refusal(ops: list[tuple[str, str]], cluster: Cluster = TWO, **kw: Any) -> PlacementError:
+    with pytest.raises(PlacementError) as info:
+        check_ops(ops, cluster, **kw)
+    assert "\n" not in str(info.value)  # one line
+    return info.value
+
+
+def test_an_op_on_a_task_the_fleet_lacks_is_named_with_its_device_and_the_tasks():
+    error = refusal([("a", "/job:local/task:0"), ("add_1", "/job:local/task:2")])
+    assert str(error) == (
+        "Op 'add_1' asks for /job:local/task:2, which this fleet does not have "
+        "(it has /job:local/task:0, /job:local/task:1)"
+    )
+    assert (error.op, error.device) == ("add_1", "/job:local/task:2")
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "/job:ps/task:0",  # a job the cluster lacks
+        "/task:2",  # no job has task 2
+        "/job:local/replica:1/task:0",  # graphdist clusters have replica 0 only
+        "/job:local/task:2/device:CPU:0",
+    ],
+)
+def test_every_device_no_task_matches_is_refused(device):
+    assert refusal([("op", device)]).device == device
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "",  # no constraint
+        "/job:local",  # any task of the job
+        "/task:1",  # task 1 of any job: TensorFlow accepts it in a cluster of several jobs
+        "/job:local/replica:0/task:1/device:CPU:0",
+        "/device:CPU:0",
+        "/job:local/task:0/device:GPU:0",  # GPUs unknown (gpus=None): not checked
+    ],
+)
+def test_devices_some_task_matches_pass_as_tensorflow_places_them(device):
+    check_ops([("op", device)], JOBS)
+
+
+def test_a_long_job_is_named_by_its_first_and_last_task():
+    big = Cluster({"worker": [f"h:{i}" for i in range(1, 101)], "ps": ["h:200"]})
+    assert str(refusal([("w", "/job:worker/task:100")], big)).endswith(
+        "(it has /job:ps/task:0, /job:worker/task:0 to /job:worker/task:99 (100 tasks))"
+    )
+
+
+def test_a_gpu_on_a_fleet_without_gpus_is_named_with_what_to_do():
+    error = refusal([("add", "/job:local/task:1/device:GPU:0")], gpus=NO_GPU)
+    assert str(error) == (
+        "Op 'add' asks for /job:local/task:1/device:GPU:0, which this fleet does not have (its "
+        "tasks have no GPU; place the op on a CPU, or allow soft placement in the session's "
+        "config)"
+    )
+    refusal([("add", "/device:GPU:*")], gpus=NO_GPU)  # no task at all: TensorFlow fails it too
+
+
+def test_gpus_a_task_has_pass_and_one_beyond_them_names_each_tasks_count():
+    gpus = {("local", 0): 2, ("local", 1): 0}
+    check_ops([("a", "/job:local/task:0/device:GPU:1"), ("b", "/device:GPU:*")], TWO, gpus=gpus)
+    check_ops([("c", "/job:local/device:GPU:0")], TWO, gpus=gpus)  # one task of the job has it
+    assert str(refusal([("d", "/job:local/device:GPU:2")], gpus=gpus)).endswith(
+        "(/job:local/task:0 has 2 GPU(s), /job:local/task:1 has 0 GPU(s))"
+    )
+    assert refusal([("e", "/job:local/task:1/device:GPU:0")], gpus=gpus).op == "e"
+
+
+def test_each_device_is_checked_once_and_the_first_op_asking_for_it_is_named():
+    ops = [("first", "/job:local/task:7"), ("second", "/job:local/task:7")]
+    assert refusal(ops).op == "first"
+
+
+def test_a_job_of_three_tasks_is_listed_whole():
+    three = Cluster({"local": ["h:1", "h:2", "h:3"]})
+    assert str(refusal([("o", "/job:local/task:3")], three)).endswith(
+        "(it has /job:local/task:0, /job:local/task:1, /job:local/task:2)"
+    )
+
+
+def test_one_gpu_serves_gpu_0_and_the_wildcard_and_an_unlisted_task_has_none():
+    one = {("local", 0): 1}  # local:1 not listed: no GPU
+    check_ops([("a", "/job:local/task:0/device:GPU:0"), ("b", "/device:GPU:*")], TWO, gpus=one)
+    assert str(refusal([("c", "/job:local/device:GPU:1")], gpus=one)).endswith(
+        "(/job:local/task:0 has 1 GPU(s), /job:local/task:1 has 0 GPU(s))"
+    )
+    assert str(refusal([("d", "/job:local/task:1/device:GPU:0")], gpus=one)).startswith(
+        "Op 'd' asks for /job:local/task:1/device:GPU:0, which this fleet does not have (its "
+        "tasks have no GPU"
+    )
+
+
+def test_ops_after_one_without_a_device_are_still_checked():
+    assert refusal([("free", ""), ("far", "/job:local/task:9")]).op == "far"
+
+
+def test_a_malformed_op_device_names_the_op():
+    error = refusal([("odd", "/job:local/tsk:1")])
+    assert str(error).startswith("Op 'odd': Device '/job:local/tsk:1': unknown part 'tsk:1'")
+    assert (error.op, error.device) == ("odd", "/job:local/tsk:1")
