@@ -333,7 +333,7 @@ class RayAgents:
     def __init__(self, command: Sequence[str], base_env: Mapping[str, str], preload: Sequence[str]):
         import secrets
 
-        from graphdist._net.loopback import shim_env
+        from graphdist._net.policy import NetPolicy
 
         self.command, self.preload = list(command), tuple(preload)
         self.tag = secrets.token_hex(4)
@@ -344,7 +344,7 @@ class RayAgents:
         # as a task's on its node (rayrun's _CommandActor) in what is read at import
         self.env: dict[str, str] = {}
         if self.cold is None:
-            shim = shim_env("127.0.0.1", base_env.get("LD_PRELOAD"), inherit=True)
+            shim = NetPolicy().env("127.0.0.1", base_env.get("LD_PRELOAD"), inherit=True)
             self.env = {**base_env, **shim}
 
     def why_cold(self, node: str) -> str | None:

@@ -51,7 +51,6 @@ from typing import Any, cast
 
 from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import (
-    ArgumentError,
     ClusterSpecError,
     CredentialsError,
     PortInUseError,
@@ -69,7 +68,6 @@ __all__ = [
     "start_gateway",
     "stop_gateway",
     "tls_cluster",
-    "tls_flag",
     "tls_refusal",
 ]
 
@@ -93,23 +91,6 @@ HANDSHAKE_READ = 64 * 1024
 ACCEPT_PAUSE_S = 1.0
 """How long a listener rests when accept() fails (out of descriptors or memory)."""
 _ALIAS_FIRST = 128  # aliases lie in 127.128.0.0/9, away from 127.0.0.1 and its neighbours
-
-
-def tls_flag(tls: bool, *, expose: bool = False, allow: object = None) -> bool:
-    """``tls`` checked as a security switch (never read by truthiness), and refused with
-    ``expose`` or ``allow``: in TLS mode no server listens on a host address, and the gateways
-    admit by certificate, not by address (:class:`ArgumentError` naming the one given)."""
-    from graphdist._validate import flag
-
-    if flag(tls, "tls") and (allow or expose):
-        name = "allow" if allow else "expose"
-        raise ArgumentError(
-            f"{name} does nothing with tls=True: no server listens on a host address, and the "
-            "gateways admit by certificate, not by address; drop it",
-            name=name,
-            value=allow if allow else expose,
-        )
-    return tls
 
 
 def alias(host: str) -> str:
@@ -657,15 +638,11 @@ def start_gateway(
     inbound routes let in every machine, at the TLS handshake; its loopback ones only this
     user. Raises :class:`PortInUseError`, :class:`CredentialsError`. The caller stops it
     (SIGTERM); it also ends within 0.1 s of the caller's process."""
-    from graphdist._net.loopback import shim_env
-    from graphdist._net.members import ALLOW_ENV, DIAL_ENV
+    from graphdist._net.policy import gateway_env
     from graphdist._net.tlscerts import load_credentials
 
     load_credentials(credentials)
-    env = {k: v for k, v in os.environ.items() if k not in (ALLOW_ENV, DIAL_ENV)}
-    env.update(shim_env("127.0.0.1", os.environ.get("LD_PRELOAD")))
-    if any(r.inbound for r in route_list):
-        env[ALLOW_ENV] = "*"
+    env = gateway_env(any(r.inbound for r in route_list))
     stderr = open(log_path, "ab") if log_path else None  # noqa: SIM115 - handed to the child
     try:
         proc = subprocess.Popen(
