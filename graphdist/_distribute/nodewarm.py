@@ -50,6 +50,7 @@ from graphdist._distribute.warm import (
     peer_credentials,
     warm_target,
 )
+from graphdist._net.policy import NetPolicy
 
 __all__ = [
     "AGENT_CODE",
@@ -332,8 +333,6 @@ class RayAgents:
 
     def __init__(self, command: Sequence[str], base_env: Mapping[str, str], preload: Sequence[str]):
         import secrets
-
-        from graphdist._net.policy import NetPolicy
 
         self.command, self.preload = list(command), tuple(preload)
         self.tag = secrets.token_hex(4)

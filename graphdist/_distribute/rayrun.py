@@ -43,6 +43,7 @@ from graphdist._distribute.runspec import RunSpec, check_folder
 from graphdist._distribute.taskproc import LINE_LIMIT, RunSink, TaskOutput, TaskResult
 from graphdist._distribute.warm import PRELOAD_OPTION, check_preload, warm_target
 from graphdist._exceptions import ArgumentError, LaunchError
+from graphdist._net.policy import NetPolicy
 from graphdist._net.probe import GCS_PROBE_S, tcp_connect_error
 from graphdist._proc.process import STOP_GRACE_S, guarded_argv
 from graphdist._proc.signals import SignalScope
@@ -142,7 +143,6 @@ class _CommandActor:
         warm: str | None = None,
     ) -> None:
         from graphdist._distribute.nodewarm import client_argv
-        from graphdist._net.policy import NetPolicy
 
         grace = STOP_GRACE_S
         if warm is not None:  # a client of its node's agent, the command its cold fallback;
@@ -442,7 +442,6 @@ class _RayPlacement:
             plan_hosts,
             ray_members,
         )
-        from graphdist._net.policy import NetPolicy
 
         self.spec, self._head, self._agents = spec, head, agents
         names = [(n, i) for n in sorted(spec.jobs) for i in range(spec.jobs[n])]  # Cluster's
@@ -528,8 +527,6 @@ class _RayPlacement:
         self, task: Task, env: Mapping[str, str], run: RunSink, log_path: str | None
     ) -> _RayTaskProcess:
         import ray
-
-        from graphdist._net.policy import NetPolicy
 
         i = self._index[task.name]
         options: dict[str, Any] = {

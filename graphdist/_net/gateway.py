@@ -56,6 +56,7 @@ from graphdist._exceptions import (
     PortInUseError,
     from_wire,
 )
+from graphdist._net.loopback import bind_address_for
 from graphdist._proc.process import stop_processes
 
 __all__ = [
@@ -99,15 +100,6 @@ def alias(host: str) -> str:
     return f"127.{_ALIAS_FIRST + digest[0] % 127}.{digest[1]}.{digest[2]}"
 
 
-def _loopback(host: str) -> bool:
-    if host.strip("[]").lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def tls_cluster(cluster: Cluster) -> Cluster:
     """``cluster`` as TensorFlow sees it in TLS mode: each task on a host address at its host's
     alias and its own port (tasks on loopback unchanged). Raises :class:`ClusterSpecError` if
@@ -116,7 +108,7 @@ def tls_cluster(cluster: Cluster) -> Cluster:
     jobs: dict[str, list[str]] = {}
     for task in cluster:
         host = task.host
-        if not _loopback(host):
+        if bind_address_for(host) is None:
             mapped = alias(host)
             other = seen.setdefault(mapped, host.lower())
             if other != host.lower():
@@ -133,7 +125,7 @@ def tls_cluster(cluster: Cluster) -> Cluster:
 
 def is_here(host: str) -> bool:
     """Whether ``host`` is this machine: it resolves to an address a socket here can bind."""
-    if _loopback(host):
+    if bind_address_for(host) is not None:
         return True
     try:
         infos = socket.getaddrinfo(host.strip("[]"), None, type=socket.SOCK_STREAM)
@@ -169,7 +161,7 @@ def routes(cluster: Cluster, serving: Iterable[Task] = ()) -> list[Route]:
     here: dict[str, bool] = {}
     found = []
     for task in cluster:
-        if _loopback(task.host):
+        if bind_address_for(task.host) is not None:
             continue
         name = f"/job:{task.job}/task:{task.index}"
         mapped = (alias(task.host), task.port)

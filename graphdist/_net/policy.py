@@ -52,8 +52,6 @@ __all__ = [
     "exposed_allow",
     "gateway_env",
     "member_list",
-    "server_bind_address",
-    "tls_flag",
 ]
 
 # The lists travel in one environment variable each, which Linux bounds to 128 KiB
@@ -62,21 +60,6 @@ __all__ = [
 # hosts fit.
 _MAX_LIST_CHARS = 128 * 1024 - len(ALLOW_ENV) - 2
 _MAX_DIAL_CHARS = 128 * 1024 - len(DIAL_ENV) - 2
-
-
-def tls_flag(tls: bool, *, expose: bool = False, allow: object = None) -> bool:
-    """``tls`` checked as a security switch (never read by truthiness), and refused with
-    ``expose`` or ``allow``: in TLS mode no server listens on a host address, and the gateways
-    admit by certificate, not by address (:class:`ArgumentError` naming the one given)."""
-    if flag(tls, "tls") and (allow or expose):
-        name = "allow" if allow else "expose"
-        raise ArgumentError(
-            f"{name} does nothing with tls=True: no server listens on a host address, and the "
-            "gateways admit by certificate, not by address; drop it",
-            name=name,
-            value=allow if allow else expose,
-        )
-    return tls
 
 
 def exposed_allow(allow: Iterable[str] | str | None, expose: bool) -> tuple[str, ...]:
@@ -128,53 +111,6 @@ def dial_list(cluster: Cluster) -> str:
     return value
 
 
-def server_bind_address(task: Task, *, expose: bool, allow_own_host: bool = False) -> str | None:
-    """Where the server of ``task`` listens: the one place graphdist decides it.
-
-    ``None`` with ``expose`` (TensorFlow's own default: every interface). Otherwise the loopback
-    address of a loopback host (``localhost`` → ``127.0.0.1``, ``[::1]`` → ``::1``); with
-    ``allow_own_host`` (a server on a real host: ``serve``) the IPv4 address the
-    task's host resolves to; anything else raises :class:`ClusterSpecError` naming the task.
-    """
-    if expose:
-        return None
-    address = bind_address_for(task.host)
-    if address is not None:
-        return address
-    if not allow_own_host:
-        raise ClusterSpecError(
-            f"Task {task.name} is on {task.host!r}, which is not a loopback "
-            "address; servers stay on loopback unless you pass expose=True (CLI: --expose), "
-            "which makes them reachable from the network without authentication",
-            task.address,
-        )
-    host = task.host.strip("[]")
-    if _is_wildcard(host):
-        raise ClusterSpecError(
-            f"Task {task.name} is on {task.host!r}, the wildcard address: its server "
-            "would listen on every interface, reachable from the network without "
-            "authentication. Name the host's own address, or pass --bind-all (expose=True) if "
-            "that is what you want",
-            task.address,
-        )
-    try:
-        infos = socket.getaddrinfo(host, task.port, socket.AF_INET, socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise ClusterSpecError(
-            f"Host {host!r} of task {task.name} does not resolve to an IPv4 address "
-            f"({exc.strerror}); use --bind-all to listen on every interface",
-            task.address,
-        ) from None
-    resolved = str(infos[0][4][0])
-    if _is_wildcard(resolved):
-        raise ClusterSpecError(
-            f"Host {host!r} of task {task.name} resolves to the wildcard address "
-            f"{resolved}; name the host's own address, or pass --bind-all",
-            task.address,
-        )
-    return resolved
-
-
 def _is_wildcard(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_unspecified
@@ -205,18 +141,22 @@ class NetPolicy:
         """The user's switches checked, ``expose`` first (a security switch, never read by
         truthiness): ``tls`` refuses ``expose`` and ``allow``, ``allow`` needs ``expose``. On
         Slurm (``slurm``) servers always listen on their nodes: ``expose=False`` is refused."""
-        expose = flag(expose, "expose")
-        if slurm:
-            tls = tls_flag(tls, allow=allow)
-            if not expose:
-                raise ClusterSpecError(
-                    "A Slurm fleet's servers listen on their nodes' addresses (members only): "
-                    "expose=False cannot be kept on Slurm; drop it",
-                    expose,
-                )
-            return cls(True, parse_allow(allow), tls)
-        tls = tls_flag(tls, expose=expose, allow=allow)
-        return cls(expose, exposed_allow(allow, expose), tls)
+        expose, tls = flag(expose, "expose"), flag(tls, "tls")
+        if tls and (allow or (expose and not slurm)):
+            name = "allow" if allow else "expose"
+            raise ArgumentError(
+                f"{name} does nothing with tls=True: no server listens on a host address, and "
+                "the gateways admit by certificate, not by address; drop it",
+                name=name,
+                value=allow if allow else expose,
+            )
+        if slurm and not expose:
+            raise ClusterSpecError(
+                "A Slurm fleet's servers listen on their nodes' addresses (members only): "
+                "expose=False cannot be kept on Slurm; drop it",
+                expose,
+            )
+        return cls(expose, parse_allow(allow) if slurm else exposed_allow(allow, expose), tls)
 
     # -- resolved once per cluster, for one kind of process ---------------------------------
 
@@ -258,10 +198,48 @@ class NetPolicy:
     # -- what each process gets --------------------------------------------------------------
 
     def bind(self, task: Task, *, own_host: bool = False) -> str:
-        """Where ``task``'s server listens (:func:`server_bind_address`), ``*`` where exposed
-        (TensorFlow's wildcard, the shim still enforcing the members)."""
-        address = server_bind_address(task, expose=self.expose, allow_own_host=own_host)
-        return address or KEEP_WILDCARD
+        """Where the server of ``task`` listens: the one place graphdist decides it.
+
+        ``*`` where exposed (TensorFlow's own wildcard, the shim still enforcing the members).
+        Otherwise the loopback address of a loopback host (``localhost`` → ``127.0.0.1``,
+        ``[::1]`` → ``::1``); with ``own_host`` (a server on a real host: ``serve``) the IPv4
+        address the task's host resolves to; anything else raises :class:`ClusterSpecError`
+        naming the task."""
+        address = KEEP_WILDCARD if self.expose else bind_address_for(task.host)
+        if address is not None:
+            return address
+        if not own_host:
+            raise ClusterSpecError(
+                f"Task {task.name} is on {task.host!r}, which is not a loopback "
+                "address; servers stay on loopback unless you pass expose=True (CLI: --expose), "
+                "which makes them reachable from the network without authentication",
+                task.address,
+            )
+        host = task.host.strip("[]")
+        if _is_wildcard(host):
+            raise ClusterSpecError(
+                f"Task {task.name} is on {task.host!r}, the wildcard address: its server "
+                "would listen on every interface, reachable from the network without "
+                "authentication. Name the host's own address, or pass --bind-all (expose=True) if "
+                "that is what you want",
+                task.address,
+            )
+        try:
+            infos = socket.getaddrinfo(host, task.port, socket.AF_INET, socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise ClusterSpecError(
+                f"Host {host!r} of task {task.name} does not resolve to an IPv4 address "
+                f"({exc.strerror}); use --bind-all to listen on every interface",
+                task.address,
+            ) from None
+        resolved = str(infos[0][4][0])
+        if _is_wildcard(resolved):
+            raise ClusterSpecError(
+                f"Host {host!r} of task {task.name} resolves to the wildcard address "
+                f"{resolved}; name the host's own address, or pass --bind-all",
+                task.address,
+            )
+        return resolved
 
     def env(
         self, bind: str, preload: str | None = None, *, inherit: bool = False, shim: bool = True
