@@ -371,11 +371,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
         the cluster's hosts and ``allow``."""
         if self.expose:
             log.warning(
-                "expose=True: the servers of %r listen on every network interface and let in "
-                "the cluster's own hosts%s; TensorFlow's gRPC runtime has no authentication, so "
-                "whoever runs code on those machines can run code in the servers",
-                self,
-                f" and {', '.join(self.allow)}" if self.allow else "",
+                "%s", self.net.exposed(self, "every network interface", "the cluster's own hosts")
             )
         else:
             check_loopback(self.served)

@@ -866,14 +866,8 @@ class RayFleet(OwnedFleet[RayTask]):
         if self.expose:
             exposed = sorted({h for h in hosts if not is_loopback_ip(h)})
             if exposed:
-                log.warning(
-                    "expose=True: the servers of %r listen on %s and let in the Ray cluster's "
-                    "nodes%s; TensorFlow's gRPC runtime has no authentication, so whoever runs "
-                    "code on those machines can run code in the servers",
-                    self,
-                    ", ".join(exposed),
-                    f" and {', '.join(self.allow)}" if self.allow else "",
-                )
+                where, members = ", ".join(exposed), "the Ray cluster's nodes"
+                log.warning("%s", self.net.exposed(self, where, members))
             else:
                 log.warning(
                     "expose=True, but the Ray node address is loopback (a Ray instance on this "

@@ -195,6 +195,16 @@ class NetPolicy:
             self, allow=networks, accept=member_list(member_addresses(cluster), networks)
         )
 
+    def exposed(self, fleet: object, where: str, members: str) -> str:
+        """What an exposed ``fleet`` warns of as it starts: its servers listen on ``where`` and
+        let in ``members`` and ``allow``."""
+        extra = f" and {', '.join(self.allow)}" if self.allow else ""
+        return (
+            f"expose=True: the servers of {fleet!r} listen on {where} and let in {members}{extra}; "
+            "TensorFlow's gRPC runtime has no authentication, so whoever runs code on those "
+            "machines can run code in the servers"
+        )
+
     # -- what each process gets --------------------------------------------------------------
 
     def bind(self, task: Task, *, own_host: bool = False) -> str:
