@@ -39,7 +39,6 @@ from graphdist._validate import show
 __all__ = [
     "ALLOW_ENV",
     "DIAL_ENV",
-    "KEEP_WILDCARD",
     "check_enforced",
     "dial_addresses",
     "member_addresses",
@@ -49,9 +48,6 @@ __all__ = [
 
 ALLOW_ENV = "GRAPHDIST_ALLOW"
 DIAL_ENV = "GRAPHDIST_DIAL"
-KEEP_WILDCARD = "*"
-"""``GRAPHDIST_BIND_ADDR`` for a server that keeps TensorFlow's wildcard bind (``--bind-all``,
-``expose=True`` on loopback hosts) while the shim still enforces the members."""
 
 _MAX_ENTRIES = 1024  # see graphdist._net.policy: the list fits one environment variable
 _ALL_V4 = ipaddress.IPv6Network("::ffff:0:0/96")  # every IPv4 address, as IPv6 sockets see it

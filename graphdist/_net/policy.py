@@ -38,7 +38,6 @@ from graphdist._net.loopback import BIND_ADDR_ENV, bind_address_for, shim_env
 from graphdist._net.members import (
     ALLOW_ENV,
     DIAL_ENV,
-    KEEP_WILDCARD,
     dial_addresses,
     member_addresses,
     parse_allow,
@@ -54,10 +53,9 @@ __all__ = [
     "member_list",
 ]
 
-# The lists travel in one environment variable each, which Linux bounds to 128 KiB
-# (MAX_ARG_STRLEN, 32 pages): a longer one fails execve with "Argument list too long". 1,024
-# allow entries of the longest kind (an IPv6 /128, 43 characters and a comma) and 1,024 cluster
-# hosts fit.
+# One environment variable each, which Linux bounds to 128 KiB (MAX_ARG_STRLEN): a longer one
+# fails execve. 1,024 allow entries of the longest kind (an IPv6 /128) and 1,024 hosts fit.
+KEEP_WILDCARD = "*"  # a bind address: TensorFlow's wildcard, the shim still enforcing the lists
 _MAX_LIST_CHARS = 128 * 1024 - len(ALLOW_ENV) - 2
 _MAX_DIAL_CHARS = 128 * 1024 - len(DIAL_ENV) - 2
 
@@ -78,8 +76,7 @@ def exposed_allow(allow: Iterable[str] | str | None, expose: bool) -> tuple[str,
 
 def member_list(members: Iterable[str], allow: Sequence[str] = ()) -> str:
     """``GRAPHDIST_ALLOW``'s value: ``members`` (addresses), then the parsed ``allow`` networks
-    not among them. Raises :class:`ArgumentError` where the list is too long for one environment
-    variable (128 KiB on Linux; fewer, wider networks fit)."""
+    not among them. Raises :class:`ArgumentError` where it is too long for one variable."""
     entries = list(dict.fromkeys(members))
     entries += [n for n in allow if n not in entries]
     value = ",".join(entries)
@@ -96,10 +93,9 @@ def member_list(members: Iterable[str], allow: Sequence[str] = ()) -> str:
 
 
 def dial_list(cluster: Cluster) -> str:
-    """``GRAPHDIST_DIAL``'s value for a server of ``cluster`` (see
-    :func:`~graphdist._net.members.dial_addresses`): the shim then lets it dial only its own
-    cluster's tasks. Raises :class:`ClusterSpecError` where the list is too long for one
-    environment variable (128 KiB on Linux)."""
+    """``GRAPHDIST_DIAL``'s value for a server of ``cluster``: every address of its tasks
+    (:func:`~graphdist._net.members.dial_addresses`). Raises :class:`ClusterSpecError` where
+    the list is too long for one environment variable."""
     value = ",".join(dial_addresses(cluster))
     if len(value) > _MAX_DIAL_CHARS:
         raise ClusterSpecError(
@@ -120,12 +116,9 @@ def _is_wildcard(host: str) -> bool:
 
 @dataclass(frozen=True)
 class NetPolicy:
-    """The network policy of one fleet, run attempt or serve (see the module docstring).
-
-    ``expose``: servers on host addresses (``serve``: ``--bind-all``); ``allow``: the parsed
-    networks let in besides the members; ``tls``: TLS mode. Once resolved for a cluster,
-    ``accept`` and ``dial`` are the lists its processes get (``None``: the variable is not set:
-    no other machine, any dial)."""
+    """The network policy of one fleet, run attempt or serve (see the module docstring):
+    ``expose`` (``serve``: ``--bind-all``), the parsed ``allow`` networks, ``tls``; once resolved
+    for a cluster, the ``accept`` and ``dial`` lists (``None``: unset)."""
 
     expose: bool = False
     allow: tuple[str, ...] = ()
