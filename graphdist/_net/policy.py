@@ -129,17 +129,24 @@ class NetPolicy:
     @classmethod
     def checked(
         cls, expose: bool, allow: Iterable[str] | str | None = None, tls: bool = False, *,
-        slurm: bool = False,
+        slurm: bool = False, run: bool = False,
     ) -> NetPolicy:  # fmt: skip
         """The user's switches checked, ``expose`` first (a security switch, never read by
         truthiness): ``tls`` refuses ``expose`` and ``allow``, ``allow`` needs ``expose``. On
-        Slurm (``slurm``) servers always listen on their nodes: ``expose=False`` is refused."""
+        Slurm (``slurm``) servers always listen on their nodes: ``expose=False`` is refused.
+        ``run``: a run's switches (its tasks' servers; a run takes no ``allow``)."""
         expose, tls = flag(expose, "expose"), flag(tls, "tls")
         if tls and (allow or (expose and not slurm)):
             name = "allow" if allow else "expose"
+            why = (
+                "the tasks' servers stay on loopback, and the gateways admit other machines by "
+                "certificate, not by address; drop expose"
+                if run
+                else "no server listens on a host address, and the gateways admit by "
+                "certificate, not by address; drop it"
+            )
             raise ArgumentError(
-                f"{name} does nothing with tls=True: no server listens on a host address, and "
-                "the gateways admit by certificate, not by address; drop it",
+                f"{name} does nothing with tls=True: {why}",
                 name=name,
                 value=allow if allow else expose,
             )

@@ -295,3 +295,12 @@ def test_no_module_but_the_policy_and_the_shims_own_writes_the_shims_variables()
 def test_the_layout_check_finds_each_way_of_writing_a_variable(planted):
     assert shim_writes(f"import os\n{planted}\n") == [2]
     assert shim_writes("import os\nnode = os.environ.get(BIND_ADDR_ENV)\n") == []
+
+
+def test_a_runs_tls_and_expose_are_refused_in_a_runs_words():
+    with pytest.raises(ArgumentError) as info:
+        NetPolicy.checked(True, None, True, run=True)
+    assert str(info.value) == (
+        "expose does nothing with tls=True: the tasks' servers stay on loopback, and the "
+        "gateways admit other machines by certificate, not by address; drop expose"
+    )
