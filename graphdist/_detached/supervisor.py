@@ -56,7 +56,7 @@ from graphdist._failures import dead_detail
 from graphdist._fleet.backends import backend, check_options
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskHandle
-from graphdist._net.members import exposed_allow
+from graphdist._net.policy import exposed_allow
 from graphdist._proc.forkserver_pool import SPARES_ENV
 from graphdist._proc.restarts import (
     DEFAULT_MAX_RESTARTS,

@@ -4,7 +4,7 @@ parameter-server run's worker and ps tasks a :class:`~graphdist._fleet.local.Loc
 
 Each attempt gets a fresh cluster on free loopback ports (:func:`~graphdist._distribute.
 runspec.launch_cluster`, given back when the attempt ends). Where the tasks' own servers listen
-is decided as for a fleet's (:func:`~graphdist._net.loopback.server_bind_address`): loopback,
+is decided as for a fleet's (:class:`~graphdist._net.policy.NetPolicy`): loopback,
 or with ``expose`` every interface with members only (the cluster's hosts); the bind shim is
 loaded into the command's processes either way, so the servers the strategies start in them are
 held to it too.
@@ -37,8 +37,7 @@ from graphdist._distribute.warm import (
 )
 from graphdist._distribute.warmagent import attach
 from graphdist._exceptions import ArgumentError
-from graphdist._net.loopback import server_bind_address, shim_env
-from graphdist._net.members import KEEP_WILDCARD, members_env
+from graphdist._net.policy import NetPolicy
 from graphdist._ports import release_ports
 from graphdist._proc.signals import SignalScope
 from graphdist._registry import Option
@@ -59,7 +58,7 @@ class _LocalPlacement:
         host = socket.gethostname()
         self.nodes = {t.name: host for t in self.cluster}
         # exposed: the members are resolved once, before any task starts (members only)
-        self.members = members_env(self.cluster) if spec.expose else {}
+        self.net = NetPolicy(expose=spec.expose, tls=spec.tls).tasks(self.cluster)
         if spec.tls:
             try:
                 self._start_tls(attempt)
@@ -115,9 +114,7 @@ class _LocalPlacement:
         # Exposed or not, the shim is loaded: an exposed task keeps TensorFlow's wildcard bind
         # and the shim lets in only the members (as an exposed LocalFleet's servers). Without
         # it an exposed task listened on every interface and let every machine run code in it.
-        address = server_bind_address(task, expose=self.spec.expose) or KEEP_WILDCARD
-        env = shim_env(address, self.spec.base_env.get("LD_PRELOAD"), inherit=True)
-        return {**env, **self.members}
+        return self.net.env(self.net.bind(task), self.spec.base_env.get("LD_PRELOAD"), inherit=True)
 
     def start_task(
         self, task: Task, env: Mapping[str, str], run: RunSink, log_path: str | None
@@ -138,7 +135,7 @@ def zygote_env(base: Mapping[str, str]) -> dict[str, str]:
     """The environment of a local run's warm interpreter (or agent's) from the run's base
     environment: with the bind shim preloaded (at 127.0.0.1; each task sets its own address),
     which a forked task cannot load any more."""
-    return {**base, **shim_env("127.0.0.1", base.get("LD_PRELOAD"), inherit=True)}
+    return {**base, **NetPolicy().env("127.0.0.1", base.get("LD_PRELOAD"), inherit=True)}
 
 
 class LocalRun:

@@ -50,6 +50,7 @@ from graphdist._distribute.warm import (
     peer_credentials,
     warm_target,
 )
+from graphdist._net.policy import NetPolicy
 
 __all__ = [
     "AGENT_CODE",
@@ -333,8 +334,6 @@ class RayAgents:
     def __init__(self, command: Sequence[str], base_env: Mapping[str, str], preload: Sequence[str]):
         import secrets
 
-        from graphdist._net.loopback import shim_env
-
         self.command, self.preload = list(command), tuple(preload)
         self.tag = secrets.token_hex(4)
         self.actors: dict[str, Any] = {}  # node id -> its AgentActor
@@ -344,7 +343,7 @@ class RayAgents:
         # as a task's on its node (rayrun's _CommandActor) in what is read at import
         self.env: dict[str, str] = {}
         if self.cold is None:
-            shim = shim_env("127.0.0.1", base_env.get("LD_PRELOAD"), inherit=True)
+            shim = NetPolicy().env("127.0.0.1", base_env.get("LD_PRELOAD"), inherit=True)
             self.env = {**base_env, **shim}
 
     def why_cold(self, node: str) -> str | None:

@@ -43,6 +43,7 @@ from graphdist._distribute.runspec import RunSpec, check_folder
 from graphdist._distribute.taskproc import LINE_LIMIT, RunSink, TaskOutput, TaskResult
 from graphdist._distribute.warm import PRELOAD_OPTION, check_preload, warm_target
 from graphdist._exceptions import ArgumentError, LaunchError
+from graphdist._net.policy import NetPolicy
 from graphdist._net.probe import GCS_PROBE_S, tcp_connect_error
 from graphdist._proc.process import STOP_GRACE_S, guarded_argv
 from graphdist._proc.signals import SignalScope
@@ -142,7 +143,6 @@ class _CommandActor:
         warm: str | None = None,
     ) -> None:
         from graphdist._distribute.nodewarm import client_argv
-        from graphdist._net.loopback import shim_env
 
         grace = STOP_GRACE_S
         if warm is not None:  # a client of its node's agent, the command its cold fallback;
@@ -150,7 +150,7 @@ class _CommandActor:
             argv = [*client_argv(warm, name, argv, STOP_GRACE_S), *argv]
             grace += WARM_GRACE_MARGIN_S
 
-        self._env = {**env, **shim_env(bind, env.get("LD_PRELOAD"), inherit=True)}
+        self._env = {**env, **NetPolicy().env(bind, env.get("LD_PRELOAD"), inherit=True)}
         # the driver's folder where the node has it; "" (a shipped working_dir): the actor's own
         self._cwd = cwd if cwd and os.path.isdir(cwd) else None
         self._chunks: collections.deque[bytes] = collections.deque()
@@ -471,7 +471,7 @@ class _RayPlacement:
             for (name, _), host, (_, port, _) in zip(names, self._hosts, self._spots, strict=True):
                 jobs.setdefault(name, []).append(f"{host}:{port}")
             self.cluster = Cluster(jobs)
-            self._members = ray_members(()) if spec.expose else {}
+            self._net = ray_members(NetPolicy(expose=spec.expose, tls=spec.tls), fleet=False)
             if spec.tls:  # every TF_CONFIG names the aliases; each task binds its node's
                 from graphdist._fleet.ray import TlsGateways
 
@@ -499,14 +499,13 @@ class _RayPlacement:
 
         from graphdist._fleet.ray import ServerActor
         from graphdist._fleet.remote import RemoteFleet
-        from graphdist._net.loopback import shim_env
 
         actor_class = ray.remote(ServerActor)
         for i, task in enumerate(self.cluster):
             if task.job not in jobs:
                 continue
             signals.check()
-            env = {**shim_env(self._spots[i][0], inherit=True), **self._members}
+            env = self._net.env(self._spots[i][0], inherit=True)
             self._servers.append(
                 actor_class.options(
                     scheduling_strategy=self._on_bundle[i],
@@ -521,14 +520,13 @@ class _RayPlacement:
             )
 
     def task_env(self, task: Task) -> Mapping[str, str]:
-        return dict(self._members)  # the shim itself is set on the node (_CommandActor)
+        # the shim itself is set on the node (_CommandActor)
+        return self._net.lists()
 
     def start_task(
         self, task: Task, env: Mapping[str, str], run: RunSink, log_path: str | None
     ) -> _RayTaskProcess:
         import ray
-
-        from graphdist._net.loopback import shim_env
 
         i = self._index[task.name]
         options: dict[str, Any] = {
@@ -544,7 +542,8 @@ class _RayPlacement:
         agents = self._agents
         cold_because = agents.why_cold(node)
         if cold_because is None:  # the node's agent decides again there, as on Slurm
-            task_env = {**env, **shim_env(self._hosts[i], env.get("LD_PRELOAD"), inherit=True)}
+            shim = NetPolicy().env(self._hosts[i], env.get("LD_PRELOAD"), inherit=True)
+            task_env = {**env, **shim}
             target = warm_target(self.spec.command, task_env, agents.env, agents.preload)
             cold_because = target if isinstance(target, str) else None
         warm = agents.paths[node] if cold_because is None else None

@@ -19,6 +19,7 @@ from typing import IO, Any
 from graphdist._cluster import Cluster
 from graphdist._distribute.heartbeat import HEARTBEAT_TIMEOUT_S, check_heartbeat_timeout
 from graphdist._exceptions import ArgumentError, ClusterSpecError
+from graphdist._net.policy import NetPolicy
 from graphdist._proc.restarts import (
     DEFAULT_MIN_UPTIME_S,
     DEFAULT_RESTART_WINDOW_S,
@@ -143,14 +144,7 @@ class RunSpec:
         heartbeat_s = check_heartbeat_timeout(heartbeat_timeout_s)
         preemption_code = _check_preemption_code(preemption_exit_code)
         fmt = _check_output_format(output_format)
-        flag(expose, "expose")
-        if flag(tls, "tls") and expose:
-            raise ArgumentError(
-                "expose does nothing with tls=True: the tasks' servers stay on loopback, and "
-                "the gateways admit other machines by certificate, not by address; drop expose",
-                name="expose",
-                value=expose,
-            )
+        NetPolicy.checked(expose, None, tls, run=True)
         if not isinstance(backend, str) or not backend:
             raise ArgumentError(
                 f"backend must be a run backend's name, not {show(backend)}",

@@ -47,8 +47,7 @@ from graphdist._distribute.taskproc import GuardedTask, RunSink
 from graphdist._distribute.warm import PRELOAD_OPTION, READY_TIMEOUT_S, check_preload, warm_target
 from graphdist._exceptions import ArgumentError, LaunchError
 from graphdist._net.gateway import read_line
-from graphdist._net.loopback import shim_env
-from graphdist._net.members import ALLOW_ENV, members_env, parse_allow
+from graphdist._net.policy import NetPolicy
 from graphdist._proc.process import (
     NOW_SIGNAL,
     PREEMPT_SIGNAL,
@@ -196,7 +195,8 @@ class _SlurmPlacement:
             jobs.setdefault(job, []).append(_host_port(alloc.addresses[node], ports[node].pop(0)))
             self.nodes[f"{job}-{i}"] = node
         self.cluster = self.real_cluster = Cluster(jobs)
-        self._allow = parse_allow([f"{a}/{128 if ':' in a else 32}" for a in host_addresses()])
+        # the members (the allocation's nodes, this host), resolved once for the attempt
+        self.net = NetPolicy(expose=True, tls=spec.tls).slurm_tasks(self.cluster, host_addresses())
         self._tls: TlsMode | None = None
         if spec.tls:  # the tasks on their nodes' aliases; this host's gateway for its probes
             from graphdist._net.tlsmode import TlsMode
@@ -212,12 +212,7 @@ class _SlurmPlacement:
         """What the task's processes on its node get besides the run's env: the bind shim on
         the node's address and the members (the allocation's nodes, this host); in TLS mode the
         shim on the node's alias, where only this user gets in."""
-        if self._tls is not None:
-            return {**shim_env(task.host, None, inherit=True), ALLOW_ENV: ""}
-        return {
-            **shim_env(task.host.strip("[]"), None, inherit=True),
-            **members_env(self.cluster, self._allow),
-        }
+        return self.net.env(task.host.strip("[]"), inherit=True)
 
     def start_servers(
         self, jobs: Sequence[str], log_folder: str | None, signals: SignalScope
@@ -230,7 +225,7 @@ class _SlurmPlacement:
             jobid=self.alloc.jobid,
             log_dir=log_folder,
             step_prefix=self.prefix,
-            allow=None if self._tls is not None else self._allow,
+            allow=None if self._tls is not None else self.net.allow,
             env=self.spec.base_env,
             tls=self._tls is not None,
             tls_mode=self._tls,  # one CA for the attempt: its command tasks and its servers
@@ -331,7 +326,8 @@ class _Agents:
 
     def env(self, node: str) -> dict[str, str]:
         """The agent's environment on ``node`` (as its tasks', in what is read at import)."""
-        return {**self.spec.base_env, **shim_env(self.alloc.addresses[node], None, inherit=True)}
+        shim = NetPolicy().env(self.alloc.addresses[node], inherit=True)
+        return {**self.spec.base_env, **shim}
 
     def why_cold(self, node: str) -> str | None:
         if self.cold is not None:
@@ -356,8 +352,8 @@ class _Agents:
             if proc is not None and proc.poll() is None:
                 continue
             self.paths.pop(node, None)
-            env = [f"{k}={v}" for k, v in shim_env(self.alloc.addresses[node], None,
-                                                  inherit=True).items()]  # fmt: skip
+            shim = NetPolicy().env(self.alloc.addresses[node], inherit=True)
+            env = [f"{k}={v}" for k, v in shim.items()]
             on_node = ["env", *env, sys.executable, "-c", AGENT_CODE, self.tag, *self.preload]
             step = f"graphdist-{self.tag}-warm-{node}"
             argv = srun_argv(self.alloc.jobid, node, step, on_node, grace_s=STOP_GRACE_S)

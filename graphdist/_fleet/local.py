@@ -38,13 +38,8 @@ from graphdist._fleet.localchecks import (
 )
 from graphdist._fleet.localtask import FleetTask, pid_may_be
 from graphdist._net.exposure import ListeningTable
-from graphdist._net.gateway import tls_flag
-from graphdist._net.loopback import (
-    BIND_ADDR_ENV,
-    loopback_library,
-    server_bind_address,
-)
-from graphdist._net.members import KEEP_WILDCARD, dial_env, exposed_allow, members_env
+from graphdist._net.loopback import loopback_library
+from graphdist._net.policy import NetPolicy
 from graphdist._net.ready import READY_SOCKET_KEY, ReadyNotices
 from graphdist._ports import (
     port_holder,
@@ -235,10 +230,8 @@ class LocalFleet(OwnedFleet[FleetTask]):
         tls: bool = False,
         tls_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        # a security switch: checked first, never read by truthiness ("no" is a true string)
-        expose = flag(expose, "expose")
-        self.tls = tls_flag(tls, expose=expose, allow=allow)
-        self.allow = exposed_allow(allow, expose)
+        self.net = NetPolicy.checked(expose, allow, tls)  # first: security switches
+        self.expose, self.allow, self.tls = self.net.expose, self.net.allow, self.net.tls
         super().__init__()
         # the plain values first: a job=N cluster reserves ports as it is parsed
         self.start_timeout_s = timeout_s(
@@ -247,7 +240,6 @@ class LocalFleet(OwnedFleet[FleetTask]):
         self.operation_timeout_ms = timeout_ms(operation_timeout_ms, "operation_timeout_ms")
         self.real_cluster = Cluster.parse(cluster)
         self.cluster = tls_fleet_cluster(self.real_cluster) if self.tls else self.real_cluster
-        self.expose = expose
         self.tls_dir: str | None = None
         self._tls_dir_given = os.fspath(tls_dir) if tls_dir is not None else None
         self._tls: TlsMode | None = None
@@ -262,8 +254,6 @@ class LocalFleet(OwnedFleet[FleetTask]):
         self._own_log_dir = log_dir is None
         self.log_dir = os.fspath(log_dir) if log_dir is not None else ""
         self._process_class: Any = None
-        self._members: dict[str, str] = {}
-        self._dial: dict[str, str] = {}
         self._notices: ReadyNotices | None = None
 
     # -- the backend's primitives (the lifecycle is Fleet's) -----------------------------------
@@ -279,11 +269,8 @@ class LocalFleet(OwnedFleet[FleetTask]):
         os.makedirs(self.log_dir, exist_ok=True)
         self._process_class = process_class(self._bind_shim())
         self._notices = ready_notices()
-        # exposed: the members are resolved once, before any server starts (members only)
-        self._members = members_env(self.cluster, self.allow) if self.expose else {}
-        # every server dials only the cluster's own tasks: a session's cluster_def naming
-        # another address (another fleet of this user's, on loopback) is refused at connect()
-        self._dial = dial_env(self.cluster)
+        # the members and the dial list, resolved once, before any server starts
+        self.net = self.net.servers(self.cluster)
         if self.tls:
             self._start_gateway()
         for task in self.served:
@@ -361,11 +348,8 @@ class LocalFleet(OwnedFleet[FleetTask]):
         # empty value as 0 queues and dies of SIGFPE at its first call to another task)
         if not os.environ.get(GRPC_QUEUES_ENV, "").strip():
             env.setdefault(GRPC_QUEUES_ENV, grpc_queues())
-        # the fork server carries the shim; this tells it the address (exposed: keep the
-        # wildcard) and, exposed, which other machines it lets in
-        env[BIND_ADDR_ENV] = server_bind_address(task, expose=self.expose) or KEEP_WILDCARD
-        env.update(self._members)
-        env.update(self._dial)
+        # the fork server carries the shim; this tells it the address and the lists
+        env.update(self.net.env(self.net.bind(task), shim=False))
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus[(task.job, task.index)]))
         return env
@@ -387,11 +371,7 @@ class LocalFleet(OwnedFleet[FleetTask]):
         the cluster's hosts and ``allow``."""
         if self.expose:
             log.warning(
-                "expose=True: the servers of %r listen on every network interface and let in "
-                "the cluster's own hosts%s; TensorFlow's gRPC runtime has no authentication, so "
-                "whoever runs code on those machines can run code in the servers",
-                self,
-                f" and {', '.join(self.allow)}" if self.allow else "",
+                "%s", self.net.exposed(self, "every network interface", "the cluster's own hosts")
             )
         else:
             check_loopback(self.served)

@@ -12,7 +12,8 @@ import psutil
 
 from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import ClusterSpecError, PortInUseError
-from graphdist._net.loopback import bind_address_for, server_bind_address
+from graphdist._net.loopback import bind_address_for
+from graphdist._net.policy import NetPolicy
 from graphdist._ports import claim_ports, is_port_free, port_holder
 
 __all__ = ["check_hosts_and_ports", "check_loopback", "check_tls_served", "tls_fleet_cluster"]
@@ -93,7 +94,7 @@ def _port_in_use(task: Task, holder: int | None, *, starting: bool = False) -> P
 def check_loopback(cluster: Cluster) -> None:
     """Raise ClusterSpecError if a task is not on a loopback host (needed unless exposed)."""
     for task in cluster:
-        server_bind_address(task, expose=False)
+        NetPolicy().bind(task)
 
 
 def tls_fleet_cluster(cluster: Cluster) -> Cluster:

@@ -64,11 +64,9 @@ from graphdist._fleet.backends import BackendOption, register
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
 from graphdist._net.exposure import ListeningTable, check_listening, is_loopback_ip
-from graphdist._net.gateway import tls_flag
-from graphdist._net.loopback import BIND_ADDR_ENV, shim_env
-from graphdist._net.members import ALLOW_ENV, exposed_allow
+from graphdist._net.policy import NetPolicy, bound_to
 from graphdist._net.probe import GCS_CONNECT_S, RAYLET_PROBE_S, tcp_connect_error
-from graphdist._validate import flag, positive, show, timeout_ms, timeout_s
+from graphdist._validate import positive, show, timeout_ms, timeout_s
 
 __all__ = [
     "RayFleet",
@@ -102,13 +100,8 @@ class ServerActor:
         lean.install()  # an actor's process is its own and only serves (see lean.py)
         from graphdist._proc.server import start_server
 
-        node = os.environ.get(BIND_ADDR_ENV)
-        os.environ[BIND_ADDR_ENV] = bind
-        try:
+        with bound_to(bind):
             self._server = start_server(cluster, job, index)
-        finally:
-            if node is not None:
-                os.environ[BIND_ADDR_ENV] = node
 
     def pid(self) -> int:
         return os.getpid()
@@ -488,19 +481,20 @@ def source_address(ip: str) -> str | None:
         return None
 
 
-def ray_members(allow: Sequence[str]) -> dict[str, str]:
-    """``GRAPHDIST_ALLOW`` for exposed servers: every node of the Ray cluster (Ray's own
-    processes in the actor's process are reached from them too; Ray's token authentication
-    guards who joins), this process's own address towards each of them (an owner or a launcher
-    on a host that is no Ray node, a Ray client's: its readiness and heartbeat probes come from
-    there) and ``allow``."""
+def ray_members(net: NetPolicy, *, fleet: bool) -> NetPolicy:
+    """``net`` resolved for Ray actors (:meth:`NetPolicy.ray`), the members being every node of
+    the Ray cluster (Ray's own processes in the actor's process are reached from them too; Ray's
+    token authentication guards who joins) and this process's own address towards each of them
+    (an owner or a launcher on a host that is no Ray node, a Ray client's: its readiness and
+    heartbeat probes come from there); looked up only where the policy lets them in."""
+    if not (net.expose or net.tls):
+        return net
     import ray
 
     nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
     own = [source_address(ip) for ip in dict.fromkeys(nodes)]
     entries = [ip for ip in dict.fromkeys([*nodes, *own]) if ip and not is_loopback_ip(ip)]
-    entries += [n for n in allow if n not in entries]
-    return {ALLOW_ENV: ",".join(entries)}
+    return net.ray(entries, fleet=fleet)
 
 
 def _starts_local_ray(address: str | None) -> bool:
@@ -793,7 +787,7 @@ class RayFleet(OwnedFleet[RayTask]):
     @classmethod
     def check_cluster(cls, cluster: Mapping[str, int], *, expose: bool, tls: bool = False) -> None:
         """Only ``expose`` and ``tls``: Ray places the servers (it picks the nodes and ports)."""
-        tls_flag(tls, expose=flag(expose, "expose"))
+        NetPolicy.checked(expose, None, tls)
 
     @classmethod
     def for_command(
@@ -834,10 +828,8 @@ class RayFleet(OwnedFleet[RayTask]):
         tls: bool = False,
         tls_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        # a security switch: checked first, never read by truthiness ("no" is a true string)
-        expose = flag(expose, "expose")
-        self.tls = tls_flag(tls, expose=expose, allow=allow)
-        self.allow = exposed_allow(allow, expose)
+        self.net = NetPolicy.checked(expose, allow, tls)  # first: security switches
+        self.expose, self.allow, self.tls = self.net.expose, self.net.allow, self.net.tls
         super().__init__()
         self.counts = _counts(cluster)
         self.real_cluster: Cluster | None = None
@@ -853,7 +845,6 @@ class RayFleet(OwnedFleet[RayTask]):
             start_timeout_s, "start_timeout_s", self.DEFAULT_START_TIMEOUT_S
         )
         self.operation_timeout_ms = timeout_ms(operation_timeout_ms, "operation_timeout_ms")
-        self.expose = expose
         self.gpus = None
         self._pg: Any = None
         self._owns_ray = False
@@ -875,14 +866,8 @@ class RayFleet(OwnedFleet[RayTask]):
         if self.expose:
             exposed = sorted({h for h in hosts if not is_loopback_ip(h)})
             if exposed:
-                log.warning(
-                    "expose=True: the servers of %r listen on %s and let in the Ray cluster's "
-                    "nodes%s; TensorFlow's gRPC runtime has no authentication, so whoever runs "
-                    "code on those machines can run code in the servers",
-                    self,
-                    ", ".join(exposed),
-                    f" and {', '.join(self.allow)}" if self.allow else "",
-                )
+                where, members = ", ".join(exposed), "the Ray cluster's nodes"
+                log.warning("%s", self.net.exposed(self, where, members))
             else:
                 log.warning(
                     "expose=True, but the Ray node address is loopback (a Ray instance on this "
@@ -893,7 +878,7 @@ class RayFleet(OwnedFleet[RayTask]):
         for (job, _), host, (_, port, _) in zip(names, hosts, spots, strict=True):
             jobs.setdefault(job, []).append(f"{host}:{port}")
         self.cluster = Cluster(jobs)
-        members = ray_members(self.allow) if self.expose or self.tls else {}
+        net = ray_members(self.net, fleet=True)
         if self.tls:
             hosts = self._start_gateways(names, spots)
         actor_class = ray.remote(ServerActor)
@@ -908,7 +893,7 @@ class RayFleet(OwnedFleet[RayTask]):
                 "name": f"graphdist-{os.getpid()}-{id(self):x}-{job}-{index}",
                 # The shim is set to the node's address for Ray's own sockets in the process;
                 # the actor switches it to ``host`` for its server (see ServerActor).
-                "runtime_env": {"env_vars": {**shim_env(ip, inherit=True), **members}},
+                "runtime_env": {"env_vars": net.env(ip, inherit=True)},
             }
             actor = actor_class.options(**options).remote(spec, job, index, host)
             task = self.cluster.task(job, index)

@@ -41,8 +41,7 @@ from graphdist._fleet.backends import BackendOption, register
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView, read_log_tail
 from graphdist._net.exposure import ListeningTable
-from graphdist._net.gateway import tls_flag
-from graphdist._net.members import parse_allow
+from graphdist._net.policy import NetPolicy, member_list
 from graphdist._private import owned_temp_dir
 from graphdist._proc.process import stop_processes
 from graphdist._proc.slurm import (
@@ -240,17 +239,9 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         tls_mode: TlsMode | None = None,
         tls_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        expose = flag(expose, "expose")
-        self.tls = tls_flag(tls, allow=allow)  # expose: always True on Slurm
-        if not expose:
-            raise ClusterSpecError(
-                "A Slurm fleet's servers listen on their nodes' addresses (members only): "
-                "expose=False cannot be kept on Slurm; drop it",
-                expose,
-            )
+        net = NetPolicy.checked(expose, allow, tls, slurm=True)  # expose: always True
+        self.expose, self.allow, self.tls = net.expose, net.allow, net.tls
         super().__init__()
-        self.expose = True
-        self.allow = parse_allow(allow)
         self._wanted = _counts_or_cluster(cluster)
         self._jobs = None if jobs is None else tuple(jobs)
         self._env = dict(os.environ if env is None else env)
@@ -274,7 +265,8 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         self._own_log_dir = log_dir is None
         self.log_dir = "" if log_dir is None else os.fspath(log_dir)
         self.prefix = step_prefix or f"graphdist-{secrets.token_hex(4)}-"
-        self._members = ",".join([*self.alloc.addresses.values(), *host_addresses(), *self.allow])
+        # what each server's `graphdist serve --allow` lets in besides the cluster's hosts
+        self._members = member_list([*self.alloc.addresses.values(), *host_addresses()], self.allow)
 
     # -- where the servers go ------------------------------------------------------------------
 

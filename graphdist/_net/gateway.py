@@ -51,12 +51,12 @@ from typing import Any, cast
 
 from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import (
-    ArgumentError,
     ClusterSpecError,
     CredentialsError,
     PortInUseError,
     from_wire,
 )
+from graphdist._net.loopback import bind_address_for
 from graphdist._proc.process import stop_processes
 
 __all__ = [
@@ -69,7 +69,6 @@ __all__ = [
     "start_gateway",
     "stop_gateway",
     "tls_cluster",
-    "tls_flag",
     "tls_refusal",
 ]
 
@@ -95,36 +94,10 @@ ACCEPT_PAUSE_S = 1.0
 _ALIAS_FIRST = 128  # aliases lie in 127.128.0.0/9, away from 127.0.0.1 and its neighbours
 
 
-def tls_flag(tls: bool, *, expose: bool = False, allow: object = None) -> bool:
-    """``tls`` checked as a security switch (never read by truthiness), and refused with
-    ``expose`` or ``allow``: in TLS mode no server listens on a host address, and the gateways
-    admit by certificate, not by address (:class:`ArgumentError` naming the one given)."""
-    from graphdist._validate import flag
-
-    if flag(tls, "tls") and (allow or expose):
-        name = "allow" if allow else "expose"
-        raise ArgumentError(
-            f"{name} does nothing with tls=True: no server listens on a host address, and the "
-            "gateways admit by certificate, not by address; drop it",
-            name=name,
-            value=allow if allow else expose,
-        )
-    return tls
-
-
 def alias(host: str) -> str:
     """The loopback alias of ``host`` (as the cluster spells it, case aside): 127.128.0.0/9."""
     digest = hashlib.sha256(host.strip("[]").lower().encode()).digest()
     return f"127.{_ALIAS_FIRST + digest[0] % 127}.{digest[1]}.{digest[2]}"
-
-
-def _loopback(host: str) -> bool:
-    if host.strip("[]").lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def tls_cluster(cluster: Cluster) -> Cluster:
@@ -135,7 +108,7 @@ def tls_cluster(cluster: Cluster) -> Cluster:
     jobs: dict[str, list[str]] = {}
     for task in cluster:
         host = task.host
-        if not _loopback(host):
+        if bind_address_for(host) is None:
             mapped = alias(host)
             other = seen.setdefault(mapped, host.lower())
             if other != host.lower():
@@ -152,7 +125,7 @@ def tls_cluster(cluster: Cluster) -> Cluster:
 
 def is_here(host: str) -> bool:
     """Whether ``host`` is this machine: it resolves to an address a socket here can bind."""
-    if _loopback(host):
+    if bind_address_for(host) is not None:
         return True
     try:
         infos = socket.getaddrinfo(host.strip("[]"), None, type=socket.SOCK_STREAM)
@@ -188,7 +161,7 @@ def routes(cluster: Cluster, serving: Iterable[Task] = ()) -> list[Route]:
     here: dict[str, bool] = {}
     found = []
     for task in cluster:
-        if _loopback(task.host):
+        if bind_address_for(task.host) is not None:
             continue
         name = f"/job:{task.job}/task:{task.index}"
         mapped = (alias(task.host), task.port)
@@ -657,15 +630,11 @@ def start_gateway(
     inbound routes let in every machine, at the TLS handshake; its loopback ones only this
     user. Raises :class:`PortInUseError`, :class:`CredentialsError`. The caller stops it
     (SIGTERM); it also ends within 0.1 s of the caller's process."""
-    from graphdist._net.loopback import shim_env
-    from graphdist._net.members import ALLOW_ENV, DIAL_ENV
+    from graphdist._net.policy import gateway_env
     from graphdist._net.tlscerts import load_credentials
 
     load_credentials(credentials)
-    env = {k: v for k, v in os.environ.items() if k not in (ALLOW_ENV, DIAL_ENV)}
-    env.update(shim_env("127.0.0.1", os.environ.get("LD_PRELOAD")))
-    if any(r.inbound for r in route_list):
-        env[ALLOW_ENV] = "*"
+    env = gateway_env(any(r.inbound for r in route_list))
     stderr = open(log_path, "ab") if log_path else None  # noqa: SIM115 - handed to the child
     try:
         proc = subprocess.Popen(

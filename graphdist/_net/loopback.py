@@ -25,22 +25,19 @@ import logging
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 from importlib import resources
 
-from graphdist._cluster import Task
-from graphdist._exceptions import ClusterSpecError, LoopbackUnavailableError
+from graphdist._exceptions import LoopbackUnavailableError
 from graphdist._private import private_dir
 
 __all__ = [
     "BIND_ADDR_ENV",
     "bind_address_for",
     "loopback_library",
-    "server_bind_address",
     "shim_env",
 ]
 
@@ -195,60 +192,6 @@ def bind_address_for(host: str) -> str | None:
     if ip.is_loopback:
         return str(ip)
     return None
-
-
-def server_bind_address(task: Task, *, expose: bool, allow_own_host: bool = False) -> str | None:
-    """Where the server of ``task`` listens: the one place graphdist decides it.
-
-    ``None`` with ``expose`` (TensorFlow's own default: every interface). Otherwise the loopback
-    address of a loopback host (``localhost`` → ``127.0.0.1``, ``[::1]`` → ``::1``); with
-    ``allow_own_host`` (a server on a real host: ``serve``) the IPv4 address the
-    task's host resolves to; anything else raises :class:`ClusterSpecError` naming the task.
-    """
-    if expose:
-        return None
-    address = bind_address_for(task.host)
-    if address is not None:
-        return address
-    if not allow_own_host:
-        raise ClusterSpecError(
-            f"Task {task.name} is on {task.host!r}, which is not a loopback "
-            "address; servers stay on loopback unless you pass expose=True (CLI: --expose), "
-            "which makes them reachable from the network without authentication",
-            task.address,
-        )
-    host = task.host.strip("[]")
-    if _is_wildcard(host):
-        raise ClusterSpecError(
-            f"Task {task.name} is on {task.host!r}, the wildcard address: its server "
-            "would listen on every interface, reachable from the network without "
-            "authentication. Name the host's own address, or pass --bind-all (expose=True) if "
-            "that is what you want",
-            task.address,
-        )
-    try:
-        infos = socket.getaddrinfo(host, task.port, socket.AF_INET, socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise ClusterSpecError(
-            f"Host {host!r} of task {task.name} does not resolve to an IPv4 address "
-            f"({exc.strerror}); use --bind-all to listen on every interface",
-            task.address,
-        ) from None
-    resolved = str(infos[0][4][0])
-    if _is_wildcard(resolved):
-        raise ClusterSpecError(
-            f"Host {host!r} of task {task.name} resolves to the wildcard address "
-            f"{resolved}; name the host's own address, or pass --bind-all",
-            task.address,
-        )
-    return resolved
-
-
-def _is_wildcard(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_unspecified
-    except ValueError:
-        return False
 
 
 def with_preload(library: str, existing: str | None) -> str:

@@ -18,10 +18,10 @@ to check. The promise is checked where it is kept: the server's own process asks
 The other direction too: a session's ``cluster_def`` names the workers a server dials, so a
 client that may use one server could make it dial another fleet of the same user (on loopback,
 where the same-user rule lets the server in) and run ops there. The servers graphdist starts
-itself (LocalFleet, ``serve``) are given ``GRAPHDIST_DIAL`` (:func:`dial_env`: every address of
-every task of their cluster), and the shim refuses any other TCP ``connect()``;
-:func:`check_enforced` checks that too. Run tasks and Ray actors run user code, which may dial
-anything: they get no dial list.
+itself (LocalFleet, ``serve``) are given ``GRAPHDIST_DIAL`` (every address of every task of
+their cluster), and the shim refuses any other TCP ``connect()``; :func:`check_enforced` checks
+that too. Run tasks and Ray actors run user code, which may dial anything: they get no dial
+list. Which process gets which list is decided in :mod:`graphdist._net.policy`.
 """
 
 from __future__ import annotations
@@ -39,29 +39,17 @@ from graphdist._validate import show
 __all__ = [
     "ALLOW_ENV",
     "DIAL_ENV",
-    "KEEP_WILDCARD",
     "check_enforced",
     "dial_addresses",
-    "dial_env",
-    "exposed_allow",
     "member_addresses",
-    "members_env",
     "parse_allow",
     "shim_members",
 ]
 
 ALLOW_ENV = "GRAPHDIST_ALLOW"
 DIAL_ENV = "GRAPHDIST_DIAL"
-KEEP_WILDCARD = "*"
-"""``GRAPHDIST_BIND_ADDR`` for a server that keeps TensorFlow's wildcard bind (``--bind-all``,
-``expose=True`` on loopback hosts) while the shim still enforces the members."""
 
-_MAX_ENTRIES = 1024
-# The list travels in one environment variable, which Linux bounds to 128 KiB (MAX_ARG_STRLEN,
-# 32 pages): a longer one fails execve with "Argument list too long". 1,024 allow entries of
-# the longest kind (an IPv6 /128, 43 characters and a comma) and 1,024 cluster hosts fit.
-_MAX_LIST_CHARS = 128 * 1024 - len(ALLOW_ENV) - 2
-_MAX_DIAL_CHARS = 128 * 1024 - len(DIAL_ENV) - 2
+_MAX_ENTRIES = 1024  # see graphdist._net.policy: the list fits one environment variable
 _ALL_V4 = ipaddress.IPv6Network("::ffff:0:0/96")  # every IPv4 address, as IPv6 sockets see it
 
 
@@ -191,25 +179,6 @@ def _task_ips(task: Task, why: str) -> list[ipaddress.IPv4Address | ipaddress.IP
     return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
 
 
-def members_env(cluster: Cluster, allow: Iterable[str] = ()) -> dict[str, str]:
-    """``{GRAPHDIST_ALLOW: ...}``: the cluster's own hosts and the parsed ``allow`` networks.
-    Raises :class:`ArgumentError` where the list is too long for one environment variable
-    (128 KiB on Linux; fewer, wider networks fit)."""
-    entries = [*member_addresses(cluster)]
-    entries += [n for n in allow if n not in entries]
-    value = ",".join(entries)
-    if len(value) > _MAX_LIST_CHARS:
-        raise ArgumentError(
-            f"The member list (the cluster's {len(entries) - len(tuple(allow))} host address(es) "
-            f"and allow's {len(tuple(allow))} entries) is {len(value):,} characters, more than "
-            f"one environment variable holds ({_MAX_LIST_CHARS:,}); name networks (CIDR) instead "
-            "of single addresses",
-            name="allow",
-            value=f"{len(tuple(allow))} entries",
-        )
-    return {ALLOW_ENV: value}
-
-
 def dial_addresses(cluster: Cluster) -> list[str]:
     """Every address a server of ``cluster`` may dial: each task's host resolved now (loopback
     ones included, every address a name has: ``localhost`` is 127.0.0.1 and ::1) with its port,
@@ -222,21 +191,6 @@ def dial_addresses(cluster: Cluster) -> list[str]:
             if text not in found:
                 found.append(text)
     return found
-
-
-def dial_env(cluster: Cluster) -> dict[str, str]:
-    """``{GRAPHDIST_DIAL: ...}`` for a server of ``cluster`` (see :func:`dial_addresses`): the
-    shim then lets it dial only its own cluster's tasks. Raises :class:`ClusterSpecError` where
-    the list is too long for one environment variable (128 KiB on Linux)."""
-    value = ",".join(dial_addresses(cluster))
-    if len(value) > _MAX_DIAL_CHARS:
-        raise ClusterSpecError(
-            f"The cluster's {len(cluster)} tasks make a dial list of {len(value):,} "
-            f"characters, more than one environment variable holds ({_MAX_DIAL_CHARS:,}); name "
-            "hosts by one address each",
-            f"{len(cluster)} tasks",
-        )
-    return {DIAL_ENV: value}
 
 
 def _entries(value: str) -> int:
@@ -304,17 +258,3 @@ def check_enforced(what: str) -> None:
             "its cluster's hosts connect",
             "graphdist's shim is not loaded in its process",
         )
-
-
-def exposed_allow(allow: Iterable[str] | str | None, expose: bool) -> tuple[str, ...]:
-    """A fleet's ``allow`` argument, parsed; refused without ``expose`` (a server on loopback
-    is reached by no other machine, so it would do nothing)."""
-    networks = parse_allow(allow)
-    if networks and not expose:
-        raise ArgumentError(
-            "allow does nothing without expose=True: the servers stay on loopback, which no "
-            "other machine reaches; drop it, or pass expose=True as well",
-            name="allow",
-            value=allow,
-        )
-    return networks

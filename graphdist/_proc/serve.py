@@ -34,15 +34,9 @@ from graphdist._exceptions import (
 )
 from graphdist._failures import task_name
 from graphdist._net.exposure import check_listening
-from graphdist._net.loopback import BIND_ADDR_ENV, bind_address_for, server_bind_address, shim_env
-from graphdist._net.members import (
-    ALLOW_ENV,
-    KEEP_WILDCARD,
-    dial_env,
-    members_env,
-    parse_allow,
-    shim_members,
-)
+from graphdist._net.loopback import BIND_ADDR_ENV, bind_address_for
+from graphdist._net.members import ALLOW_ENV, parse_allow, shim_members
+from graphdist._net.policy import NetPolicy
 from graphdist._ports import is_port_free, port_holder
 from graphdist._proc.signals import stop_on_signals, wait_for_stop
 from graphdist._tflog import tf_logs_kept_out
@@ -210,22 +204,14 @@ def serve(
             "Python)"
         )
     if os.environ.get(_SHIMMED_ENV) != "1":
-        address = (
-            KEEP_WILDCARD
-            if bind_all
-            else server_bind_address(task, expose=False, allow_own_host=True)
-        )
-        assert address is not None  # not exposed: an address or an error
+        net = NetPolicy(expose=bind_all, allow=networks)
+        address = net.bind(task, own_host=True)
         if not bind_all and bind_address_for(task.host) is None:
             check_own_address(task_name(job, index), task.address, address)
-        shim = shim_env(address, os.environ.get("LD_PRELOAD"))
-        env = {
-            **os.environ,
-            **shim,
-            **members_env(cluster, networks),
-            **dial_env(cluster),  # it dials only its cluster's tasks, whatever a session names
-            _SHIMMED_ENV: "1",
-        }
+        # the members and allow let in; it dials only its cluster's tasks, whatever a session
+        # names
+        shim = net.serve(cluster, cluster).env(address, os.environ.get("LD_PRELOAD"))
+        env = {**os.environ, **shim, _SHIMMED_ENV: "1"}
         os.execve(sys.executable, [sys.executable, "-m", "graphdist", *argv], env)
     if not is_port_free(task.port):
         holder = port_holder(task.port)
@@ -358,14 +344,10 @@ def _serve_tls(
             shutil.rmtree(received, ignore_errors=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    env = {
-        **os.environ,
-        **shim_env(alias_address, os.environ.get("LD_PRELOAD")),
-        ALLOW_ENV: "",  # on loopback: no other machine, only this user
-        **dial_env(wire),  # its peers' aliases: the gateways, never another fleet
-        _SHIMMED_ENV: "1",
-        _GATEWAY_ENV: str(relay.pid),
-    }
+    # on loopback: no other machine, only this user; it dials its peers' aliases: the gateways
+    net = NetPolicy(tls=True).serve(cluster, wire)
+    shim = net.env(alias_address, os.environ.get("LD_PRELOAD"))
+    env = {**os.environ, **shim, _SHIMMED_ENV: "1", _GATEWAY_ENV: str(relay.pid)}
     os.execve(sys.executable, [sys.executable, "-m", "graphdist", *argv], env)
 
 
@@ -383,7 +365,5 @@ def _start_tls_gateway(cluster: Cluster, task: Task, name: str, tls: str) -> Any
             f"{task.host} (OUT/hosts/{task.host.replace(':', '_')})",
             tls,
         )
-    address = server_bind_address(task, expose=False, allow_own_host=True)
-    assert address is not None
-    check_own_address(name, task.address, address)
+    check_own_address(name, task.address, NetPolicy().bind(task, own_host=True))
     return start_gateway(routes(cluster, [task]), tls)

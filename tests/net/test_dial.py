@@ -8,7 +8,7 @@ rule. The servers graphdist starts (LocalFleet, ``graphdist serve``) carry the l
 cluster's task addresses, and the shim refuses any other TCP ``connect()``.
 
 The attack tests go red without the fix: with ``GRAPHDIST_DIAL`` left out of a server's
-environment (``dial_env`` returning ``{}`` in ``_fleet/local.py`` or ``_proc/serve.py``) or the
+environment (no dial list from ``_net/policy.py``) or the
 ``connect`` interposer removed from ``loopback.c``, the same session runs its op on fleet B in
 about 0.1 s (measured by hand: ``42``, and the marker file written by B). The control test below
 keeps that proof in the suite: it runs the very attack against a fleet started without the list
@@ -35,7 +35,8 @@ from graphdist._cluster import Cluster
 from graphdist._exceptions import ClusterSpecError, LoopbackUnavailableError
 from graphdist._net import members
 from graphdist._net.loopback import loopback_library
-from graphdist._net.members import DIAL_ENV, check_enforced, dial_addresses, dial_env
+from graphdist._net.members import DIAL_ENV, check_enforced, dial_addresses
+from graphdist._net.policy import NetPolicy
 from graphdist._ports import pick_free_ports, release_ports
 from tests.conftest import QUIET_TF, REPO, wait_gone
 
@@ -53,7 +54,7 @@ def test_the_dial_list_is_every_address_of_every_task_loopback_included() -> Non
     }
     expected = [f"[{ip}]:2222" if ":" in ip else f"{ip}:2222" for ip in loopback]
     assert sorted(found) == sorted([*expected, "127.0.0.2:2223", "[::1]:2224"])
-    assert dial_env(cluster) == {DIAL_ENV: ",".join(found)}
+    assert NetPolicy().servers(cluster).lists() == {DIAL_ENV: ",".join(found)}
 
 
 def test_a_host_that_does_not_resolve_is_a_one_line_error() -> None:
@@ -267,10 +268,10 @@ def test_control_without_the_dial_list_the_same_attack_runs_on_the_victim(
 ) -> None:
     """The fix taken out (no GRAPHDIST_DIAL for fleet A's server): the attack above succeeds,
     B writes the marker. What makes the refusal above mean something."""
-    from graphdist._fleet import local
     from graphdist._fleet.local import LocalFleet
+    from graphdist._net import policy
 
-    monkeypatch.setattr(local, "dial_env", lambda cluster: {})
+    monkeypatch.setattr(policy, "dial_list", lambda cluster: None)
     marker = tmp_path / "victim-ran"
     with LocalFleet("local=1") as open_fleet:
         pids = list(open_fleet.pids)

@@ -217,12 +217,13 @@ def test_a_shim_that_does_nothing_is_caught_and_the_fleet_stopped(monkeypatch):
     """The loader may skip or load a library that does not interpose bind(): the servers then
     listen on every interface. The start must refuse and leave nothing running."""
     import graphdist._fleet.local as local
+    from graphdist._net import policy
 
     inert = "libm.so.6"  # loads fine, interposes nothing
     monkeypatch.setattr(local, "loopback_library", lambda: inert)
     # without graphdist's shim its servers would also fail their dial check (check_enforced,
     # tests/net/test_dial.py): no dial list, so that the listening check is what catches it
-    monkeypatch.setattr(local, "dial_env", lambda cluster: {})
+    monkeypatch.setattr(policy, "dial_list", lambda cluster: None)
     fleet = graphdist.LocalFleet("local=2")
     with pytest.raises(
         graphdist.ExposedServerError, match=r"listens on \[::\]:|listens on 0\.0\.0\.0:"

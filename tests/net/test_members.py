@@ -15,14 +15,14 @@ import pytest
 import graphdist
 from graphdist._cluster import Cluster
 from graphdist._net.loopback import loopback_library
-from graphdist._net.members import (
-    ALLOW_ENV,
-    check_enforced,
-    exposed_allow,
-    members_env,
-    parse_allow,
-)
+from graphdist._net.members import ALLOW_ENV, check_enforced, parse_allow
+from graphdist._net.policy import NetPolicy, exposed_allow
 from tests.conftest import QUIET_TF, CliResult
+
+
+def members_env(cluster: Cluster, allow: tuple[str, ...] = ()) -> dict[str, str]:
+    """What the policy sets for an exposed process of ``cluster`` allowing ``allow``."""
+    return NetPolicy(expose=True, allow=allow).tasks(cluster).lists()
 
 
 def test_allow_entries_are_normalized_networks() -> None:
