@@ -35,18 +35,36 @@ run-ended          ``outcome`` ("succeeded", "failed", "timed out", "stopped by 
                    ``attempts``, ``logs`` (the run's log folder, or None), ``show`` (whether
                    the console showed the summary)
 output-lost        ``sink`` (the log file's path), ``error``
+stopping           ``signal`` (the stop signal that came: SIGINT, SIGTERM, SIGHUP), ``tasks``
+                   (those told, still running), ``grace_s`` (what each gets to end), ``again``
+                   (whether the same signal once more ends them at once)
+folded             ``lines`` (how many of the task's output lines, read once its attempt was
+                   broken, the console left out), ``after`` (what broke it, in words), ``log``
+                   (the task's log file, which has them whole; None: no log folder)
 =================  ===========================================================================
 
 ``graphdist run --output-format jsonl`` writes every event, task lines included, as one JSON
 object a line on stdout (:meth:`Event.to_json`), in the order they happened; the default
 ``text`` format writes :func:`render`'s lines.
+
+**Fallout** (:class:`Fallout`): once an attempt is broken (a task's failure seen by the launcher,
+or a stop signal), the other tasks' output is mostly their fall (a MultiWorkerMirroredStrategy
+collective failing without its peer: a 60-line traceback per survivor). The console holds every
+line read from then on; when the cause is known, its own held lines are shown, then the
+``restarting`` or ``gave-up`` line, then one ``folded`` line per other task. Which lines are
+held is a rule over when each was read (:func:`is_fallout`), the line's read time and the break
+taken under one lock, so that it never depends on which thread got there first. jsonl keeps
+every ``line`` event as it comes (a machine reads the order of events) and adds the ``folded``
+events, so the two formats tell the same story.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -59,6 +77,8 @@ __all__ = [
     "Cause",
     "ConsoleLines",
     "Event",
+    "Fallout",
+    "Folded",
     "GaveUp",
     "Line",
     "OutputLost",
@@ -68,8 +88,10 @@ __all__ = [
     "Restarting",
     "Resumed",
     "RunEnded",
+    "Stopping",
     "TaskExited",
     "TaskStarted",
+    "is_fallout",
     "render",
     "summary",
 ]
@@ -183,6 +205,29 @@ class RunEnded:
 
 
 @dataclass(frozen=True)
+class Stopping:
+    """A stop signal came: every task still running was told (``tasks``) and gets ``grace_s``
+    to end; ``again``: the same signal once more ends them at once."""
+
+    KIND: ClassVar[str] = "stopping"
+    signal: str
+    tasks: list[str]
+    grace_s: float
+    again: bool = False
+
+
+@dataclass(frozen=True)
+class Folded:
+    """A task's output lines read after its attempt broke, left out of the console: ``lines``
+    of them, ``after`` what (in words), whole in ``log`` (None: the run keeps no log folder)."""
+
+    KIND: ClassVar[str] = "folded"
+    lines: int
+    after: str
+    log: str | None = None
+
+
+@dataclass(frozen=True)
 class OutputLost:
     KIND: ClassVar[str] = "output-lost"
     sink: str | None
@@ -201,6 +246,8 @@ Payload = (
     | GaveUp
     | RunEnded
     | OutputLost
+    | Stopping
+    | Folded
 )
 _TYPES: dict[str, type[Any]] = {
     t.KIND: t
@@ -216,6 +263,8 @@ _TYPES: dict[str, type[Any]] = {
         GaveUp,
         RunEnded,
         OutputLost,
+        Stopping,
+        Folded,
     )
 }
 KINDS = tuple(_TYPES)
@@ -273,6 +322,75 @@ class Event:
         task = data.pop("task", None)
         _payload(kind, data)
         return cls(kind, float(at_s), int(attempt), task, data)
+
+
+#: The most lines of one task :class:`Fallout` holds (the rest are counted): the cause's are
+#: shown when it is known, a survivor's are only counted.
+HELD_LINES = 200
+
+
+def is_fallout(read_at: float, broken_at: float | None) -> bool:
+    """Whether a task's output line read at ``read_at`` is fallout of its attempt's break at
+    ``broken_at`` (None: not broken): read at the break or after it, on one clock."""
+    return broken_at is not None and read_at >= broken_at
+
+
+@dataclass
+class Released:
+    """What :meth:`Fallout.release` gives back: the cause's held lines (to show before the
+    restart's line), every other task's count of lines (one ``folded`` event each), and what
+    broke the attempt when no task's end did (a stop signal)."""
+
+    cause_lines: list[str]
+    counts: dict[str, int]
+    why: str | None
+
+
+class Fallout:
+    """The task lines of a broken attempt (the module docstring): held from the break on, and
+    given back once its cause is known. Thread-safe: the tasks' readers call :meth:`line`, the
+    supervising loop :meth:`broke` and :meth:`release`; a line's read time is taken under the
+    same lock as the break's, so that the rule (:func:`is_fallout`) alone decides."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.broken_at: float | None = None
+        self._why: str | None = None
+        self._held: dict[str, list[str]] = {}
+        self._counts: dict[str, int] = {}
+
+    def broke(self, why: str | None = None) -> None:
+        """The attempt is broken from now on (the first break counts); ``why``: what broke it,
+        in words, when it is no task's end (a stop signal)."""
+        with self._lock:
+            if self.broken_at is None:
+                self.broken_at = self._clock()
+                self._why = why
+
+    def line(self, task: str, text: str, show: Callable[[str, str], None], *, keep: bool) -> None:
+        """``task``'s line ``text``, read now: ``show(task, text)`` now (under the lock: no
+        break comes between the decision and the writing) unless it is fallout, which is held
+        (or, with ``keep``, shown all the same and only counted: jsonl's every line)."""
+        with self._lock:
+            fallout = is_fallout(self._clock(), self.broken_at)
+            if fallout:
+                self._counts[task] = self._counts.get(task, 0) + 1
+                held = self._held.setdefault(task, [])
+                if not keep and len(held) < HELD_LINES:
+                    held.append(text)
+            if keep or not fallout:
+                show(task, text)
+
+    def release(self, cause: str | None) -> Released:
+        """End the break: ``cause``'s held lines, every other task's count, what broke it."""
+        with self._lock:
+            held, counts, why = self._held, self._counts, self._why
+            self.broken_at, self._why, self._held, self._counts = None, None, {}, {}
+        if cause is None:
+            return Released([], counts, why)
+        counts.pop(cause, None)
+        return Released(held.get(cause, []), counts, why)
 
 
 def _cause(data: Mapping[str, Any]) -> str:
@@ -345,6 +463,22 @@ def render(event: Event, events: Sequence[Event] = ()) -> str | None:
         return (
             f"graphdist: attempt {event.attempt} was preempted: every task exited with code "
             f"{data['code']}; restarting the run at once (a preemption spends no restart)"
+        )
+    if event.kind == "stopping":
+        count = len(data["tasks"])
+        if not count:
+            return f"graphdist: {data['signal']}: stopping the run (no task runs)"
+        told = f"stopping {count} task{'' if count == 1 else 's'}"
+        if data.get("again"):
+            name = "Ctrl-C" if data["signal"] == "SIGINT" else data["signal"]
+            return f"graphdist: {name}: {told}; {name} again to kill them now"
+        return f"graphdist: {data['signal']}: {told}; each gets up to {data['grace_s']:g} s to end"
+    if event.kind == "folded":
+        count = data["lines"]
+        kept = f"whole in {data['log']}" if data.get("log") else "pass --log-dir to keep them"
+        return (
+            f"graphdist: {event.task}: {count} line{'' if count == 1 else 's'} after "
+            f"{data['after']} not shown ({kept})"
         )
     if event.kind == "run-ended":
         return summary([*events, event]) if data.get("show", True) else None

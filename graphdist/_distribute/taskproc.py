@@ -308,6 +308,12 @@ class GuardedTask(TaskOutput):
                 ago = time.time() - float(words[2])
                 self.command_exit = (int(words[1]), time.monotonic() - ago - self._run.started)
 
+    @property
+    def report_fd(self) -> int | None:
+        """The guard's report pipe, readable when it has news (the command's pid, its end): the
+        supervising loop wakes on it, so a death is known at once; None once it closed."""
+        return self._report if self._report >= 0 else None
+
     def ended(self) -> int | None:
         """The task's exit code once its command has ended: as its guard reports it (before it
         ends what the command left behind), or as the guard exits (a guard that was killed)."""
