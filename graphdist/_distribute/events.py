@@ -60,6 +60,7 @@ events, so the two formats tell the same story.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import threading
@@ -346,47 +347,128 @@ class Released:
     why: str | None
 
 
-class Fallout:
-    """The task lines of a broken attempt (the module docstring): held from the break on, and
-    given back once its cause is known. Thread-safe: the tasks' readers call :meth:`line`, the
-    supervising loop :meth:`broke` and :meth:`release`; a line's read time is taken under the
-    same lock as the break's, so that the rule (:func:`is_fallout`) alone decides."""
+#: Seconds the console holds a task's line before showing it. A survivor learns of a peer's
+#: death from its closed connection, before the dead task's guard has reaped it and said so: its
+#: first lines of fall are read a few milliseconds before the death is known. Held this long,
+#: they are still found to be fallout once it is (the rule is over when each line was read).
+SHOW_DELAY_S = 0.2
+#: Seconds before a death's recorded end from which a line counts as its fallout: the guard
+#: records the end once it has reaped its command, a little after the peers saw it.
+DEATH_SLACK_S = 0.05
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+
+class Fallout:
+    """The task lines of a broken attempt (the module docstring): each line waits
+    :data:`SHOW_DELAY_S` before ``show(task, text)`` writes it (a thread shows those due when no
+    line comes); from the break on (a death's recorded end, less :data:`DEATH_SLACK_S`; a stop
+    signal's moment) lines are held, and given back once the cause is known (:meth:`release`).
+    ``deaths()``: the earliest recorded end of a failed task of the attempt on ``clock``, or
+    None; asked before lines are shown, so a death its guard has reported is a break even
+    before the supervising loop looks. ``keep`` (jsonl): every line is shown at once and the
+    fallout only counted. Thread-safe: every decision is taken under one lock, by the rule
+    (:func:`is_fallout`) over the times recorded."""
+
+    def __init__(
+        self,
+        show: Callable[[str, str], None],
+        *,
+        keep: bool = False,
+        deaths: Callable[[], float | None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+        delay_s: float = SHOW_DELAY_S,
+    ) -> None:
+        self._show = show
+        self._keep = keep
+        self._deaths = deaths
         self._clock = clock
+        self._delay_s = 0.0 if keep else delay_s
         self._lock = threading.Lock()
         self.broken_at: float | None = None
+        self._since = float("-inf")  # the last release: an end before it broke an attempt gone
         self._why: str | None = None
         self._held: dict[str, list[str]] = {}
         self._counts: dict[str, int] = {}
+        self._pending: collections.deque[tuple[float, str, str]] = collections.deque()
+        self._flusher: threading.Thread | None = None
 
-    def broke(self, why: str | None = None) -> None:
-        """The attempt is broken from now on (the first break counts); ``why``: what broke it,
-        in words, when it is no task's end (a stop signal)."""
+    def broke(self, why: str | None = None, at: float | None = None) -> None:
+        """The attempt is broken from ``at`` (a death's recorded end; default: now), or from an
+        earlier break; ``why``: what broke it, in words, when it is no task's end (a stop)."""
         with self._lock:
-            if self.broken_at is None:
-                self.broken_at = self._clock()
-                self._why = why
+            self._break(self._clock() if at is None else at, why)
 
-    def line(self, task: str, text: str, show: Callable[[str, str], None], *, keep: bool) -> None:
-        """``task``'s line ``text``, read now: ``show(task, text)`` now (under the lock: no
-        break comes between the decision and the writing) unless it is fallout, which is held
-        (or, with ``keep``, shown all the same and only counted: jsonl's every line)."""
+    def _break(self, at: float, why: str | None) -> None:
+        if at < self._since:
+            return
+        if self.broken_at is None:
+            self._why = why
+        self.broken_at = at if self.broken_at is None else min(at, self.broken_at)
+        waiting, self._pending = self._pending, collections.deque()
+        for read_at, task, text in waiting:  # read before the break: shown now, before its words
+            if is_fallout(read_at, self.broken_at):
+                self._hold(task, text)
+            else:
+                self._show(task, text)
+
+    def _hold(self, task: str, text: str) -> None:
+        self._counts[task] = self._counts.get(task, 0) + 1
+        held = self._held.setdefault(task, [])
+        if not self._keep and len(held) < HELD_LINES:
+            held.append(text)
+
+    def line(self, task: str, text: str) -> None:
+        """``task``'s line ``text``, read now: held if it is fallout, else shown once due."""
         with self._lock:
-            fallout = is_fallout(self._clock(), self.broken_at)
-            if fallout:
-                self._counts[task] = self._counts.get(task, 0) + 1
-                held = self._held.setdefault(task, [])
-                if not keep and len(held) < HELD_LINES:
-                    held.append(text)
-            if keep or not fallout:
-                show(task, text)
+            read_at = self._clock()
+            if is_fallout(read_at, self.broken_at):
+                self._hold(task, text)
+                if self._keep:
+                    self._show(task, text)
+                return
+            self._pending.append((read_at, task, text))
+            self._flush(read_at - self._delay_s)
+            if self._pending and self._flusher is None:
+                self._flusher = threading.Thread(
+                    target=self._flush_later, daemon=True, name="graphdist-run-lines"
+                )
+                self._flusher.start()
+
+    def _flush(self, until: float) -> None:
+        """Show the waiting lines read by ``until``, once a reported death has been looked for
+        (under the lock)."""
+        if not self._pending or self._pending[0][0] > until:
+            return
+        death = self._deaths()
+        if death is not None:
+            self._break(death, None)
+        while self._pending and self._pending[0][0] <= until:
+            _, task, text = self._pending.popleft()
+            self._show(task, text)
+
+    def _flush_later(self) -> None:
+        """Show the lines that came due while no other line came (the thread ends once none
+        waits; the next line starts another)."""
+        while True:
+            time.sleep(max(self._delay_s / 4, 0.01))
+            with self._lock:
+                self._flush(self._clock() - self._delay_s)
+                if not self._pending:
+                    self._flusher = None
+                    return
 
     def release(self, cause: str | None) -> Released:
-        """End the break: ``cause``'s held lines, every other task's count, what broke it."""
+        """End the break: the lines read before it are shown now; ``cause``'s held lines, every
+        other task's count and what broke it are given back."""
         with self._lock:
+            death = self._deaths() if self.broken_at is None and self._pending else None
+            if death is not None:
+                self._break(death, None)
+            while self._pending:
+                _, task, text = self._pending.popleft()
+                self._show(task, text)
             held, counts, why = self._held, self._counts, self._why
             self.broken_at, self._why, self._held, self._counts = None, None, {}, {}
+            self._since = self._clock()
         if cause is None:
             return Released([], counts, why)
         counts.pop(cause, None)

@@ -9,8 +9,10 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from graphdist._distribute.events import (
+    DEATH_SLACK_S,
     AttemptStarted,
     Cause,
     ConsoleLines,
@@ -63,7 +65,9 @@ class RunState:
         self.attempt = 1
         self.events: list[Event] = []  # every event but the output lines
         self.console = ConsoleLines()  # TensorFlow's own lines stay in the logs (issue 29)
-        self.fallout = Fallout()  # the lines read once an attempt broke
+        # the lines read once an attempt broke
+        self.fallout = Fallout(self._show, keep=self.jsonl, deaths=self.death_at)
+        self.procs: list[Any] = []  # the attempt's command tasks (run_attempts's list)
         self.ended = False
         self._lock = threading.Lock()
 
@@ -74,7 +78,23 @@ class RunState:
     def line(self, task: str, text: str) -> None:
         """One line of a task's output: shown, never kept (a chatty task's lines add up); held
         once its attempt broke (:class:`graphdist._distribute.events.Fallout`)."""
-        self.fallout.line(task, text, self._show, keep=self.jsonl)
+        self.fallout.line(task, text)
+
+    def death_at(self, procs: Sequence[Any] | None = None) -> float | None:
+        """When the attempt's first failed task ended, as recorded where it ran (on the clock
+        of :attr:`fallout`), less DEATH_SLACK_S; None: no task has failed. ``procs``: the tasks
+        to look at, as the loop sees them; default: those that tell it from any thread
+        (``failed_now``: a task's reader asks, before its lines are shown)."""
+        ok = (None, 0, self.preemption_code)  # a preemption's 42 breaks nothing
+        if procs is None:
+            failed = [p for p in list(self.procs) if getattr(p, "failed_now", None) is not None]
+            failed = [p for p in failed if p.failed_now(ok)]
+        else:
+            failed = [p for p in procs if p.ended() not in ok]
+        if not failed:
+            return None
+        first: float = min(self.started + p.ended_at_s() for p in failed)
+        return min(first - DEATH_SLACK_S, time.monotonic())
 
     def _show(self, task: str, text: str) -> None:
         if self.jsonl:

@@ -140,6 +140,7 @@ def run_attempts(
     """The attempts of a run, until one succeeds or the restart policy gives up; ``procs``
     holds the attempt's command tasks as they start (for the caller's stop on a signal)."""
     policy = run.policy
+    run.procs = procs  # its readers look at them: a death is known at once
     signals.deadline = run.deadline  # what the backends' own waits may take (SignalScope.budget)
     while True:
         procs.clear()
@@ -390,7 +391,7 @@ def _watch(
                 try:  # on without a worker
                     check_servers(fleet, signals, run, heartbeat, killed)
                 except TaskExitError:
-                    run.fallout.broke()
+                    run.fallout.broke()  # a server's death: known now
                     stop_broken(procs)
                     raise
         _kill_frozen(procs, frozen)
@@ -405,7 +406,7 @@ def _watch(
             ):
                 _stop(procs, TASK_STOP_GRACE_S)
                 raise _Preempted(code, [p.finish() for p in procs])
-            run.fallout.broke()  # from now on, what the others print is their fall
+            run.fallout.broke(at=run.death_at(procs))  # what the others print is their fall
             failed = _cause(procs, signals)
             ended_at = failed.ended_at_s()
             stop_broken(procs)  # the failed one's guard may still be ending its tree

@@ -44,36 +44,61 @@ def test_the_rule_is_when_the_line_was_read():
 
 def test_lines_before_the_break_are_shown_after_it_held_then_given_back_by_cause():
     clock, shown = _Clock(), []
-    fallout = Fallout(clock)
-
-    def show(task: str, text: str) -> None:
-        shown.append((task, text))
-
+    fallout = Fallout(lambda task, text: shown.append((task, text)), clock=clock, delay_s=0.2)
     clock.now = 1.0
-    fallout.line("worker-0", "epoch 1/3 done", show, keep=False)
+    fallout.line("worker-0", "epoch 1/3 done")
+    assert shown == []  # it waits its delay
     clock.now = 2.0
-    fallout.broke()
+    fallout.broke()  # what was read before is shown now, before the break's words
+    assert shown == [("worker-0", "epoch 1/3 done")]
     for i, (task, text) in enumerate(
         [("worker-0", "Traceback (most recent call last):"), ("worker-1", "its own error")] * 3
     ):
         clock.now = 2.0 + i / 10
-        fallout.line(task, text, show, keep=False)
-    assert shown == [("worker-0", "epoch 1/3 done")]
+        fallout.line(task, text)
     released = fallout.release("worker-1")
+    assert shown == [("worker-0", "epoch 1/3 done")]
     assert released.cause_lines == ["its own error"] * 3  # the cause's own: shown before
     assert released.counts == {"worker-0": 3}  # the others': one folded line each
     assert released.why is None
     clock.now = 3.0  # the next attempt: not broken
-    fallout.line("worker-0", "epoch 2/3 done", show, keep=False)
+    fallout.line("worker-0", "epoch 2/3 done")
+    fallout.release(None)
     assert shown[-1] == ("worker-0", "epoch 2/3 done")
+
+
+def test_a_survivors_lines_read_just_before_the_death_was_reported_are_its_fallout():
+    """The survivor saw its peer's closed connection before the peer's guard reaped it and
+    said so: its first lines, read within the delay before the death is known, are held by
+    the death's recorded end, not shown."""
+    clock, shown = _Clock(), []
+    deaths: list[float] = []
+    fallout = Fallout(
+        lambda task, text: shown.append(text),
+        deaths=lambda: deaths[0] if deaths else None,
+        clock=clock,
+        delay_s=0.2,
+    )
+    clock.now = 5.00
+    fallout.line("worker-0", "epoch 2/3 done")
+    clock.now = 5.30
+    fallout.line("worker-0", "Traceback (most recent call last):")  # the first: shown then
+    assert shown == ["epoch 2/3 done"]
+    deaths.append(5.29)  # worker-1's guard reports: it ended at 5.29 (less the slack)
+    clock.now = 5.31
+    fallout.line("worker-0", "UnavailableError: Socket closed")
+    clock.now = 5.60  # due: the death is looked for first
+    fallout.line("worker-0", "  File 'x.py', line 3")
+    assert shown == ["epoch 2/3 done"]
+    assert fallout.release("worker-1").counts == {"worker-0": 3}
 
 
 def test_jsonl_keeps_every_line_and_counts_the_fallout():
     clock, shown = _Clock(), []
-    fallout = Fallout(clock)
+    fallout = Fallout(lambda t, x: shown.append(x), keep=True, clock=clock)
     clock.now = 1.0
     fallout.broke("Ctrl-C")
-    fallout.line("worker-0", "KeyboardInterrupt", lambda t, x: shown.append(x), keep=True)
+    fallout.line("worker-0", "KeyboardInterrupt")
     assert shown == ["KeyboardInterrupt"]
     released = fallout.release(None)
     assert released.counts == {"worker-0": 1} and released.why == "Ctrl-C"
@@ -94,14 +119,14 @@ def _race_once() -> tuple[list[float], float | None, list[int], int]:
     """A reader's 20 lines against the loop's break, started together: the read times, the
     break's time, the lines shown and the count held."""
     clock = _Recorded()
-    fallout = Fallout(clock)
     shown: list[int] = []
+    fallout = Fallout(lambda t, x: shown.append(int(x)), clock=clock, delay_s=0.0)
     start = threading.Barrier(2)
 
     def reader() -> None:
         start.wait()
         for i in range(20):
-            fallout.line("worker-0", str(i), lambda t, x: shown.append(int(x)), keep=False)
+            fallout.line("worker-0", str(i))
 
     thread = threading.Thread(target=reader)
     thread.start()
@@ -110,7 +135,7 @@ def _race_once() -> tuple[list[float], float | None, list[int], int]:
     thread.join()
     broken_at = fallout.broken_at
     held = fallout.release("worker-1").counts.get("worker-0", 0)
-    return [t for t in clock.times if t != broken_at], broken_at, shown, held
+    return [t for t in clock.times if t != broken_at][:20], broken_at, shown, held
 
 
 @pytest.mark.timeout(60)
