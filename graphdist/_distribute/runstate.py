@@ -1,7 +1,7 @@
 """What a run keeps across its attempts (:class:`RunState`): its spec, policy and deadline, the
 attempt it is in, and its events, rendered for the console, recorded in the log folder and, with
 ``--output-format jsonl``, printed as they happen; the task lines a broken attempt held
-(:class:`graphdist._distribute.events.Fallout`) are given back by the event that ends its story."""
+(:class:`graphdist._distribute.fallout.Fallout`) are given back by the event that ends its story."""
 
 from __future__ import annotations
 
@@ -12,12 +12,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from graphdist._distribute.events import (
-    DEATH_SLACK_S,
     AttemptStarted,
     Cause,
     ConsoleLines,
     Event,
-    Fallout,
     Folded,
     GaveUp,
     Line,
@@ -28,6 +26,7 @@ from graphdist._distribute.events import (
     render,
     summary,
 )
+from graphdist._distribute.fallout import DEATH_SLACK_S, Fallout
 from graphdist._distribute.runlogs import RunLogs
 from graphdist._distribute.runspec import RunSpec
 from graphdist._distribute.taskproc import Output, how
@@ -77,7 +76,7 @@ class RunState:
 
     def line(self, task: str, text: str) -> None:
         """One line of a task's output: shown, never kept (a chatty task's lines add up); held
-        once its attempt broke (:class:`graphdist._distribute.events.Fallout`)."""
+        once its attempt broke (:class:`graphdist._distribute.fallout.Fallout`)."""
         self.fallout.line(task, text)
 
     def death_at(self, procs: Sequence[Any] | None = None) -> float | None:

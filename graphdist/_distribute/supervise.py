@@ -432,7 +432,7 @@ def _watch(
 def _nap(procs: Sequence[TaskProcess], seconds: float) -> None:
     """Wait up to ``seconds``, waking at once when a task's guard reports (``report_fd``, where
     a backend's task has one): its command ended, so the attempt is broken from that moment
-    (:class:`graphdist._distribute.events.Fallout`), not up to a poll later."""
+    (:class:`graphdist._distribute.fallout.Fallout`), not up to a poll later."""
     fds = [fd for p in procs if (fd := getattr(p, "report_fd", None)) is not None]
     if fds:
         select.select(fds, [], [], seconds)

@@ -1,6 +1,6 @@
 """A restart reads as one (issue 57): once an attempt is broken, the other tasks' lines are its
 fallout, held, and the console shows the cause's own lines, then the restart's line, then one
-folded line per other task (graphdist._distribute.events.Fallout, RunState.emit). The rule is
+folded line per other task (graphdist._distribute.fallout.Fallout, RunState.emit). The rule is
 over when each line was read, injected here; and two threads racing a line against the break
 never give another verdict than the rule. A Ctrl-C is acknowledged with one line and a second one
 cuts the tasks' grace (supervise.stop_interrupted), over in-process fakes of task processes."""
@@ -17,8 +17,9 @@ import pytest
 
 from graphdist._cluster import Task
 from graphdist._distribute import supervise
-from graphdist._distribute.events import Cause, Event, Fallout, Restarting, Stopping, is_fallout
+from graphdist._distribute.events import Cause, Event, Restarting, Stopping
 from graphdist._distribute.events import render as render_event
+from graphdist._distribute.fallout import Fallout, is_fallout
 from graphdist._distribute.runspec import RunSpec
 from graphdist._distribute.runstate import RunState
 from graphdist._distribute.taskproc import TaskResult
