@@ -383,13 +383,13 @@ def render(event: Event, events: Sequence[Event] = ()) -> str | None:
         )
     if event.kind == "stopping":
         count = len(data["tasks"])
+        name = "Ctrl-C" if data["signal"] == "SIGINT" else data["signal"]
         if not count:
-            return f"graphdist: {data['signal']}: stopping the run (no task runs)"
+            return f"graphdist: {name}: stopping the run (no task runs)"
         told = f"stopping {count} task{'' if count == 1 else 's'}"
         if data.get("again"):
-            name = "Ctrl-C" if data["signal"] == "SIGINT" else data["signal"]
             return f"graphdist: {name}: {told}; {name} again to kill them now"
-        return f"graphdist: {data['signal']}: {told}; each gets up to {data['grace_s']:g} s to end"
+        return f"graphdist: {name}: {told}; each gets up to {data['grace_s']:g} s to end"
     if event.kind == "folded":
         count = data["lines"]
         kept = f"whole in {data['log']}" if data.get("log") else "pass --log-dir to keep them"

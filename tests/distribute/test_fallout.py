@@ -204,6 +204,8 @@ def test_the_stopping_line_says_what_happens():
     assert render_event(stopping) == (
         "graphdist: Ctrl-C: stopping 2 tasks; Ctrl-C again to kill them now"
     )
+    idle = Event.of(Stopping("SIGINT", [], 1.0, again=True), 0.5, 2)  # during a back-off
+    assert render_event(idle) == "graphdist: Ctrl-C: stopping the run (no task runs)"
     term = Event.of(Stopping("SIGTERM", ["worker-0"], 5.0), 0.5, 1)
     assert render_event(term) == "graphdist: SIGTERM: stopping 1 task; each gets up to 5 s to end"
 
