@@ -9,9 +9,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -298,9 +301,6 @@ class _Lines:
     """A command's stdout lines as they come, each with when it was read (a thread reads)."""
 
     def __init__(self, stream) -> None:
-        import queue
-        import threading
-
         self.lines: list[tuple[float, str]] = []
         self._queue: queue.Queue[tuple[float, str] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
@@ -313,8 +313,6 @@ class _Lines:
 
     def until(self, predicate, timeout_s: float) -> str:
         """Read until a line satisfies ``predicate``; that line."""
-        import queue
-
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -352,8 +350,6 @@ def _run_until(mark_args: list[str], ready: str, tmp_path) -> tuple:
 
 def _command_pids(lines: _Lines) -> list[int]:
     """The tasks' command pids, as each printed them (``task worker-N pid P``)."""
-    import re
-
     found = [re.search(r"\] task worker-\d pid (\d+)$", text) for _, text in lines.lines]
     return [int(m.group(1)) for m in found if m]
 
