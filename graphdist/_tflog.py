@@ -67,6 +67,15 @@ _TF_LOGGER_RE = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|FATAL):tensorf
 _TF_WARNING_RE = re.compile(r"/\S*/(?:site|dist)-packages/tensorflow/\S+\.py:\d+: \w+: ")
 # the coordination service's task lists, one a line after "...stragglers:"
 _TASK_RE = re.compile(r"/job:[\w-]+/replica:\d+/task:\d+")
+# the rest of a C++ log line's multi-line status (a collective aborted by a peer's death):
+# gRPC's detail ("Additional GRPC error information from remote target ...:" then ":UNKNOWN:..."),
+# TensorFlow's hint and the op it names ("\t [[{{node ...}}]]")
+_STATUS_RE = re.compile(
+    r"Additional GRPC error information from remote target \S+ while calling \S+:"
+    r"|:UNKNOWN:.*"
+    r"|The error could be from a previous operation\. Restart your program to reset\."
+    r"|\t \[\[\{\{node .*\}\}\]\].*"
+)
 
 
 def tf_logs_live(environ: Mapping[str, str] | None = None, *, check: bool = True) -> bool:
@@ -87,9 +96,11 @@ def classify(line: str, state: str | None = None) -> tuple[bool, str | None]:
     """(whether ``line`` is TensorFlow's, the state to read the same process's next line in):
     :func:`is_tf_log` one line at a time, for a reader that keeps the state (``None`` at first)."""
     if _ABSL_RE.match(line) or _TF_CC_RE.match(line):
-        return True, "task-list" if line.endswith(":") else None
+        return True, "task-list" if line.endswith(":") else "status"
     if state == "task-list" and _TASK_RE.fullmatch(line):
         return True, "task-list"
+    if state in ("status", "task-list") and _STATUS_RE.fullmatch(line):
+        return True, "status"
     if line == _PRE_INIT or _CPU_NOTICE_RE.match(line):
         return True, None
     if _TF_LOGGER_RE.match(line):
@@ -109,7 +120,8 @@ def is_tf_log(line: str, before: Sequence[str] = ()) -> bool:
     """Whether ``line`` (no newline) is one of TensorFlow's own log lines; ``before``: the lines
     the same process wrote just before it, oldest first, for the few continuation lines
     (``Instructions for updating:`` and the line after it, a warning's source line, the task
-    list after the coordination service's "stragglers:")."""
+    list after the coordination service's "stragglers:", the rest of a C++ line's multi-line
+    status: gRPC's detail of a peer's failure, the op it names)."""
     state: str | None = None
     for previous in list(before)[-LOOKBACK:]:  # a deque too
         state = classify(previous, state)[1]

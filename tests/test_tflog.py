@@ -169,3 +169,26 @@ def test_import_tensorflow_quietly_keeps_only_the_programs_lines(live):
         assert tf_lines  # the switch shows them live
     else:
         assert tf_lines == [], lines
+
+
+def test_a_multi_line_status_after_a_cpp_line_is_tensorflows():
+    """A collective aborted by a peer's death: TensorFlow's C++ line, then its status's lines
+    (gRPC's detail, the hint, the op), which are no line of the program's."""
+    aborted = (
+        "E0000 00:00:1796575870.707048   22274 ring_alg.cc:291] Aborting RingReduce with "
+        "UNAVAILABLE: recvmsg:Connection reset by peer"
+    )
+    detail = (
+        "Additional GRPC error information from remote target /job:worker/replica:0/task:1 "
+        "while calling /tensorflow.WorkerService/RecvBuf:"
+    )
+    peer = ':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"reset"}'
+    hint = "The error could be from a previous operation. Restart your program to reset."
+    node = "\t [[{{node div_no_nan/CollectiveReduceV2}}]] [type.googleapis.com/tensorflow.X='']"
+    assert is_tf_log(detail, [aborted])
+    assert is_tf_log(peer, [aborted, detail])
+    assert is_tf_log(hint, [aborted, detail, peer])
+    assert is_tf_log(node, [aborted, detail, peer, hint])
+    # the same text in the program's own traceback (its exception's message) is the program's
+    assert not is_tf_log(detail, ["Traceback (most recent call last):"])
+    assert not is_tf_log(hint, ['  File "train.py", line 3, in <module>'])

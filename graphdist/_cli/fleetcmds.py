@@ -25,7 +25,8 @@ from graphdist._exceptions import (
 )
 from graphdist._fleet.backends import backend, check_options
 from graphdist._net.members import parse_allow
-from graphdist._proc.signals import STOP_SIGNALS, wait_for_stop
+from graphdist._proc.process import STOP_GRACE_S
+from graphdist._proc.signals import STOP_SIGNALS, on_stop_signals, wait_for_stop
 
 __all__ = [
     "Interrupted",
@@ -136,10 +137,34 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("graphdist: fleet running; press Ctrl-C to stop it", file=sys.stderr, flush=True)
         fleet.watch(_report_death)
         wait_for_stop(stop)
-        print("graphdist: stopping the fleet", file=sys.stderr, flush=True)
+        with on_stop_signals(lambda signum: _kill_now(fleet)):
+            _say_stopping(fleet, received[0])
+            fleet.close()
     # Ctrl-C ends it as a shell expects of an interrupted command (a loop of them stops);
     # SIGTERM and SIGHUP, a service manager's stop, are a normal end
     return 128 + signal.SIGINT if received[0] == signal.SIGINT else 0
+
+
+def _say_stopping(fleet: Any, signum: int) -> None:
+    """The one line a stop signal gets at once, in the words of a run's (``stopping``)."""
+    from graphdist._distribute.events import Event, Stopping, render
+
+    names = [f"{t.job}-{t.index}" for t in fleet.tasks]
+    name = signal.Signals(signum).name
+    told = Event.of(Stopping(name, names, STOP_GRACE_S, again=True), 0.0, 1)
+    print(render(told), file=sys.stderr, flush=True)
+
+
+def _kill_now(fleet: Any) -> None:
+    """A second stop signal while the fleet stops: its servers on this machine are SIGKILLed
+    now (the stop under way finds them gone); a fleet whose processes are elsewhere (Ray's)
+    goes on stopping as it was."""
+    if not getattr(fleet, "pids_here", False):
+        return
+    for task in fleet.tasks:
+        if task.pid is not None and task.alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(task.pid, signal.SIGKILL)
 
 
 def _start_noting_signals(fleet: Any, *, keep: bool) -> tuple[threading.Event, list[int]]:

@@ -35,6 +35,12 @@ run-ended          ``outcome`` ("succeeded", "failed", "timed out", "stopped by 
                    ``attempts``, ``logs`` (the run's log folder, or None), ``show`` (whether
                    the console showed the summary)
 output-lost        ``sink`` (the log file's path), ``error``
+stopping           ``signal`` (the stop signal that came: SIGINT, SIGTERM, SIGHUP), ``tasks``
+                   (those told, still running), ``grace_s`` (what each gets to end), ``again``
+                   (whether the same signal once more ends them at once)
+folded             ``lines`` (how many of the task's output lines, read once its attempt was
+                   broken, the console left out), ``after`` (what broke it, in words), ``log``
+                   (the task's log file, which has them whole; None: no log folder)
 =================  ===========================================================================
 
 ``graphdist run --output-format jsonl`` writes every event, task lines included, as one JSON
@@ -59,6 +65,7 @@ __all__ = [
     "Cause",
     "ConsoleLines",
     "Event",
+    "Folded",
     "GaveUp",
     "Line",
     "OutputLost",
@@ -68,6 +75,7 @@ __all__ = [
     "Restarting",
     "Resumed",
     "RunEnded",
+    "Stopping",
     "TaskExited",
     "TaskStarted",
     "render",
@@ -183,6 +191,29 @@ class RunEnded:
 
 
 @dataclass(frozen=True)
+class Stopping:
+    """A stop signal came: every task still running was told (``tasks``) and gets ``grace_s``
+    to end; ``again``: the same signal once more ends them at once."""
+
+    KIND: ClassVar[str] = "stopping"
+    signal: str
+    tasks: list[str]
+    grace_s: float
+    again: bool = False
+
+
+@dataclass(frozen=True)
+class Folded:
+    """A task's output lines read after its attempt broke, left out of the console: ``lines``
+    of them, ``after`` what (in words), whole in ``log`` (None: the run keeps no log folder)."""
+
+    KIND: ClassVar[str] = "folded"
+    lines: int
+    after: str
+    log: str | None = None
+
+
+@dataclass(frozen=True)
 class OutputLost:
     KIND: ClassVar[str] = "output-lost"
     sink: str | None
@@ -201,6 +232,8 @@ Payload = (
     | GaveUp
     | RunEnded
     | OutputLost
+    | Stopping
+    | Folded
 )
 _TYPES: dict[str, type[Any]] = {
     t.KIND: t
@@ -216,6 +249,8 @@ _TYPES: dict[str, type[Any]] = {
         GaveUp,
         RunEnded,
         OutputLost,
+        Stopping,
+        Folded,
     )
 }
 KINDS = tuple(_TYPES)
@@ -345,6 +380,22 @@ def render(event: Event, events: Sequence[Event] = ()) -> str | None:
         return (
             f"graphdist: attempt {event.attempt} was preempted: every task exited with code "
             f"{data['code']}; restarting the run at once (a preemption spends no restart)"
+        )
+    if event.kind == "stopping":
+        count = len(data["tasks"])
+        name = "Ctrl-C" if data["signal"] == "SIGINT" else data["signal"]
+        if not count:
+            return f"graphdist: {name}: stopping the run (no task runs)"
+        told = f"stopping {count} task{'' if count == 1 else 's'}"
+        if data.get("again"):
+            return f"graphdist: {name}: {told}; {name} again to kill them now"
+        return f"graphdist: {name}: {told}; each gets up to {data['grace_s']:g} s to end"
+    if event.kind == "folded":
+        count = data["lines"]
+        kept = f"whole in {data['log']}" if data.get("log") else "pass --log-dir to keep them"
+        return (
+            f"graphdist: {event.task}: {count} line{'' if count == 1 else 's'} after "
+            f"{data['after']} not shown ({kept})"
         )
     if event.kind == "run-ended":
         return summary([*events, event]) if data.get("show", True) else None

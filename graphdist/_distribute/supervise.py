@@ -20,50 +20,38 @@ one exits 0. Nothing here knows a backend: the placement starts what runs where.
 from __future__ import annotations
 
 import os
+import select
 import signal
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from graphdist._distribute.events import (
     AttemptStarted,
-    Cause,
-    ConsoleLines,
-    Event,
     GaveUp,
-    Line,
-    Payload,
     Preempted,
     PreemptionNotice,
     Restarting,
-    RunEnded,
+    Stopping,
     TaskExited,
-    render,
-    summary,
 )
 from graphdist._distribute.heartbeat import Heartbeat
-from graphdist._distribute.runlogs import RunLogs
-from graphdist._distribute.runspec import RunSpec
+from graphdist._distribute.runstate import RunState
 from graphdist._distribute.taskproc import (
-    Output,
     TaskProcess,
     TaskResult,
     describe,
-    how,
     unfixable_error,
 )
 from graphdist._exceptions import (
     GraphdistError,
     LaunchError,
-    LaunchTimeoutError,
     TaskExitError,
-    TaskOutcome,
 )
 from graphdist._failures import how_ended
 from graphdist._proc.process import NOW_SIGNAL, TASK_STOP_GRACE_S, stop_all
-from graphdist._proc.restarts import Decision, RestartPolicy
-from graphdist._proc.signals import SignalScope
+from graphdist._proc.restarts import Decision
+from graphdist._proc.signals import Interrupted, SignalScope
 from graphdist._verdicts import TaskEnd, restart_cause
 
 if TYPE_CHECKING:
@@ -99,6 +87,44 @@ def stop_broken(procs: Sequence[TaskProcess]) -> None:
     _stop(procs, TASK_STOP_GRACE_S)
 
 
+#: Seconds a task gets to end after a Ctrl-C (SIGINT, passed on to its tree as a terminal would
+#: pass it) before its guard kills it: a user's Ctrl-C ends a run within about 2 s, where a
+#: MultiWorkerMirroredStrategy task, which ignores SIGTERM, sat out the whole grace before. A
+#: SIGTERM or SIGHUP (a preemption, a service manager) keeps the grace: a checkpoint to save.
+INTERRUPT_GRACE_S = 1.0
+
+
+def _stop_grace_s(procs: Sequence[TaskProcess]) -> float:
+    """The grace a stop gives the tasks: the longest a task asks for (``stop_grace_s``: a Slurm
+    step gets Slurm's KillWait to save a checkpoint), at least TASK_STOP_GRACE_S."""
+    return max([TASK_STOP_GRACE_S, *(getattr(p, "stop_grace_s", 0.0) for p in procs)])
+
+
+def stop_interrupted(
+    procs: Sequence[TaskProcess], signals: SignalScope, run: RunState, signum: int
+) -> None:
+    """A stop signal came: said at once (``stopping``) and every task still running told. A
+    SIGINT (a user's Ctrl-C) goes on to each task's tree; those not ended after
+    :data:`INTERRUPT_GRACE_S`, or at once at a second signal, are killed (NOW_SIGNAL). SIGTERM
+    and SIGHUP keep the grace (:func:`end_tasks` stops the tasks with it)."""
+    live = [p for p in procs if p.running()]
+    interrupt = signum == signal.SIGINT
+    name = signal.Signals(signum).name
+    run.fallout.broke("Ctrl-C" if interrupt else name)  # what the tasks print now is its fall
+    grace = INTERRUPT_GRACE_S if interrupt else _stop_grace_s(procs)
+    run.emit(Stopping(name, [p.result.name for p in live], grace, again=interrupt))
+    if not interrupt:
+        return
+    for proc in live:
+        proc.signal(signal.SIGINT)
+    deadline = time.monotonic() + INTERRUPT_GRACE_S
+    while live and time.monotonic() < deadline and len(signals.received) < 2:
+        time.sleep(0.02)  # a second signal's handler runs here (or ran already): no more wait
+        live = [p for p in live if p.running()]
+    for proc in live:
+        proc.signal(NOW_SIGNAL)
+
+
 class _Preempted(Exception):
     """Every command task of an attempt exited with the preemption code."""
 
@@ -108,98 +134,13 @@ class _Preempted(Exception):
         self.results = list(results)
 
 
-class RunState:
-    """What a run keeps across its attempts: its spec, where its output goes and in which
-    format, its log folder, its restart policy and deadline, which attempt it is in (from 1),
-    and its events, which it renders and records as they happen (:mod:`graphdist._distribute.
-    events`)."""
-
-    def __init__(self, spec: RunSpec, logs: RunLogs | None) -> None:
-        self.spec = spec
-        self.out = Output(spec.output, None if logs is None else logs.path)
-        self.jsonl = spec.jsonl
-        self.logs = logs
-        self.policy = RestartPolicy(
-            spec.max_restarts,
-            spec.restart_window_s,
-            what="the run",
-            min_uptime_s=spec.min_uptime_s,
-        )
-        self.timeout_s = spec.timeout_s
-        self.preemption_code = spec.preemption_code
-        self.heartbeat_s = spec.heartbeat_s
-        self.started = time.monotonic()
-        self.attempt = 1
-        self.events: list[Event] = []  # every event but the output lines
-        self.console = ConsoleLines()  # TensorFlow's own lines stay in the logs (issue 29)
-        self.ended = False
-        self._lock = threading.Lock()
-
-    @property
-    def deadline(self) -> float | None:
-        return None if self.timeout_s is None else self.started + self.timeout_s
-
-    def line(self, task: str, text: str) -> None:
-        """One line of a task's output: shown, never kept (a chatty task's lines add up)."""
-        if self.jsonl:
-            event = Event.of(Line(text), time.monotonic() - self.started, self.attempt, task)
-            self.out.write(event.to_json())
-        elif (shown := self.console.render(task, text)) is not None:
-            self.out.write(shown)
-
-    def emit(self, payload: Payload, task: str | None = None) -> Event:
-        with self._lock:
-            event = Event.of(payload, time.monotonic() - self.started, self.attempt, task)
-            self.events.append(event)
-            events = list(self.events)
-        if self.logs is not None:
-            self.logs.record_event(event)
-        if self.jsonl:
-            self.out.note(event.to_json())
-        else:
-            text = render(event, events[:-1])
-            if text is not None:
-                self.out.note(text)
-        return event
-
-    def end(self, outcome: str, *, show: bool) -> None:
-        """The run's last event, with its summary: to the log folder always, to the output
-        where ``show``. Once only: the first ending is the run's."""
-        if self.ended:
-            return
-        self.ended = True
-        logs = None if self.logs is None else self.logs.path
-        event = self.emit(RunEnded(outcome, self.attempt, logs, show))
-        if self.logs is not None:
-            self.logs.write_summary(summary(self.events[: self.events.index(event) + 1]))
-
-    def timed_out(self, results: Sequence[TaskOutcome], doing: str) -> LaunchTimeoutError:
-        return LaunchTimeoutError(
-            f"The run did not finish within {self.timeout_s:g} s ({doing}); every task was "
-            "stopped; raise timeout_s if it needs longer",
-            results,
-        )
-
-    def backoff(self, wait: float, signals: SignalScope, what: str) -> None:
-        """Wait ``wait`` seconds before restarting ``what``; the deadline holds meanwhile."""
-        deadline = self.deadline
-        left = None if deadline is None else deadline - time.monotonic()
-        with signals.interruptible():
-            time.sleep(wait if left is None else max(0.0, min(wait, left)))
-        if left is not None and left < wait:
-            raise self.timed_out([], f"it was waiting {wait:g} s to restart {what}")
-
-    def cause(self, result: TaskOutcome, ended_at_s: float) -> Cause:
-        """A failed task, as the restarting and gave-up events carry it."""
-        return Cause(result.name, result.pid, result.exitcode, how(result), round(ended_at_s, 3))
-
-
 def run_attempts(
     backend: RunBackend, procs: list[TaskProcess], signals: SignalScope, run: RunState
 ) -> list[TaskResult]:
     """The attempts of a run, until one succeeds or the restart policy gives up; ``procs``
     holds the attempt's command tasks as they start (for the caller's stop on a signal)."""
     policy = run.policy
+    run.procs = procs  # its readers look at them: a death is known at once
     signals.deadline = run.deadline  # what the backends' own waits may take (SignalScope.budget)
     while True:
         procs.clear()
@@ -240,7 +181,11 @@ def run_attempts(
                     exc.failed,
                 ) from None
             run.emit(Restarting(cause, decision.wait_s, "run", decision.words()))
-            run.backoff(decision.wait_s, signals, f"the run after attempt {run.attempt} failed")
+            try:
+                run.backoff(decision.wait_s, signals, f"the run after attempt {run.attempt} failed")
+            except Interrupted as stop:  # no task runs: said all the same
+                stop_interrupted([], signals, run, stop.signum)
+                raise
             policy.restarted(decision)
             run.attempt += 1
             continue
@@ -309,6 +254,9 @@ def attempt(
     except (TaskExitError, _Preempted):  # a restart may follow: what it needs, made now
         _prepare_next(placement, procs, run)
         raise
+    except Interrupted as exc:
+        stop_interrupted(procs, signals, run, exc.signum)
+        raise
     finally:  # no signal interrupts this: it is deferred to the end of the scope
         results = end_tasks(procs, run)
         if servers is not None:
@@ -345,8 +293,7 @@ def end_tasks(procs: Sequence[TaskProcess], run: RunState) -> list[TaskResult]:
     """The end of an attempt's command tasks, whatever ended it: those still running stopped
     (with the grace a task asks for, ``stop_grace_s``: a Slurm step gets Slurm's KillWait to
     save a checkpoint), every one finished, and its exit told (``task-exited``)."""
-    grace = max([TASK_STOP_GRACE_S, *(getattr(p, "stop_grace_s", 0.0) for p in procs)])
-    _stop([p for p in procs if p.running()], grace)
+    _stop([p for p in procs if p.running()], _stop_grace_s(procs))
     results = [proc.finish() for proc in procs]
     for proc in procs:
         result = proc.result
@@ -444,6 +391,7 @@ def _watch(
                 try:  # on without a worker
                     check_servers(fleet, signals, run, heartbeat, killed)
                 except TaskExitError:
+                    run.fallout.broke()  # a server's death: known now
                     stop_broken(procs)
                     raise
         _kill_frozen(procs, frozen)
@@ -458,6 +406,7 @@ def _watch(
             ):
                 _stop(procs, TASK_STOP_GRACE_S)
                 raise _Preempted(code, [p.finish() for p in procs])
+            run.fallout.broke(at=run.death_at(procs))  # what the others print is their fall
             failed = _cause(procs, signals)
             ended_at = failed.ended_at_s()
             stop_broken(procs)  # the failed one's guard may still be ending its tree
@@ -477,7 +426,18 @@ def _watch(
             _stop(procs, TASK_STOP_GRACE_S)
             raise run.timed_out([p.finish() for p in procs], f"still running: {', '.join(running)}")
         with signals.interruptible():
-            time.sleep(0.05)
+            _nap(procs, 0.05)
+
+
+def _nap(procs: Sequence[TaskProcess], seconds: float) -> None:
+    """Wait up to ``seconds``, waking at once when a task's guard reports (``report_fd``, where
+    a backend's task has one): its command ended, so the attempt is broken from that moment
+    (:class:`graphdist._distribute.fallout.Fallout`), not up to a poll later."""
+    fds = [fd for p in procs if (fd := getattr(p, "report_fd", None)) is not None]
+    if fds:
+        select.select(fds, [], [], seconds)
+    else:
+        time.sleep(seconds)
 
 
 def _end(proc: TaskProcess) -> TaskEnd:

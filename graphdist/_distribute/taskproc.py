@@ -246,6 +246,7 @@ class GuardedTask(TaskOutput):
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
         os.set_blocking(report_r, False)
+        self._report_lock = threading.Lock()
         self._report = report_r
         self._report_buf = b""
         self.result.pid = self.proc.pid
@@ -283,6 +284,10 @@ class GuardedTask(TaskOutput):
     # -- the guard's reports ---------------------------------------------------------------
 
     def _read_report(self) -> None:
+        with self._report_lock:  # the loop and the run's readers (failed_now) both read it
+            self._read_report_locked()
+
+    def _read_report_locked(self) -> None:
         if self._report < 0:
             return
         while True:
@@ -307,6 +312,19 @@ class GuardedTask(TaskOutput):
                 # its own): how long ago it ended, from now on this run's clock
                 ago = time.time() - float(words[2])
                 self.command_exit = (int(words[1]), time.monotonic() - ago - self._run.started)
+
+    @property
+    def report_fd(self) -> int | None:
+        """The guard's report pipe, readable when it has news (the command's pid, its end): the
+        supervising loop wakes on it, so a death is known at once; None once it closed."""
+        return self._report if self._report >= 0 else None
+
+    def failed_now(self, ok: Sequence[int | None]) -> bool:
+        """Whether the guard has reported the command's end with a code not in ``ok``; from any
+        thread (a task's reader: the attempt is broken from the moment a death is known, and
+        a survivor's first line of its fall may come before the loop looks)."""
+        self._read_report()
+        return self.command_exit is not None and self.command_exit[0] not in ok
 
     def ended(self) -> int | None:
         """The task's exit code once its command has ended: as its guard reports it (before it
@@ -387,9 +405,10 @@ class GuardedTask(TaskOutput):
         code = self.ended()
         self.result.exitcode = self.proc.poll() if code is None else code
         self.result.tail = list(self._tail)
-        if self._report >= 0:
-            os.close(self._report)
-            self._report = -1
+        with self._report_lock:
+            if self._report >= 0:
+                os.close(self._report)
+                self._report = -1
         with contextlib.suppress(OSError):  # the pipe's end, if the reader still holds it
             if not self._reader.is_alive() and self.proc.stdout is not None:
                 self.proc.stdout.close()

@@ -56,7 +56,14 @@ def zygote_main(preload: Sequence[str]) -> int:
             sock.send(json.dumps({"ready": f"cannot import {name!r} ({why.strip()})"}).encode())
             return 2
     sys.path[:0] = path0
-    return serve(sock)
+    code = serve(sock)
+    # every guard is gone and nothing here needs the interpreter's teardown, which takes ~1 s
+    # with TensorFlow imported (2 s on a loaded machine) while the launcher waits for our end
+    # (a Ctrl-C's too): flush, then end at once
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def serve(sock: socket.socket, ignored: frozenset[int] | None = None) -> int:

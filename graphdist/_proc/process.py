@@ -28,12 +28,12 @@ one looks for them. So the guard
 - has ``PR_SET_PDEATHSIG`` = SIGTERM on its owner (the launcher's thread), checked against a race
   with the owner's pid, so even a SIGKILLed launcher sets it off; SIGTERM, SIGINT and SIGHUP from
   anyone do the same;
-- then, and also when the command exits (its leftovers go with it), ends every descendant: SIGTERM,
-  ``grace_s`` (:data:`STOP_GRACE_S`) for them to exit, SIGKILL for the rest (a TensorFlow program
-  may catch or ignore SIGTERM), reaping as it goes; :data:`NOW_SIGNAL` (SIGUSR1), at any time,
-  cuts the grace: SIGKILL at once; it exits only once none is left, with the
-  command's exit code, or dying of the signal that killed the command, so the owner sees the
-  command's status as if it had started the command itself.
+- then, and also when the command exits (its leftovers go with it), ends every descendant: SIGTERM
+  (SIGINT when SIGINT stopped it: a Ctrl-C passed on), ``grace_s`` (:data:`STOP_GRACE_S`) for
+  them to exit, SIGKILL for the rest (a TensorFlow program may catch or ignore SIGTERM), reaping
+  as it goes; :data:`NOW_SIGNAL` (SIGUSR1), at any time, cuts the grace: SIGKILL at once; it
+  exits only once none is left, with the command's exit code, or dying of the signal that
+  killed the command, so the owner sees the command's status as if it had started it itself.
 """
 
 from __future__ import annotations
@@ -377,6 +377,10 @@ class _Guard:
         self.child = 0
         self.status: int | None = None  # the command's wait status, once reaped
         self.now = False  # NOW_SIGNAL came: no grace period
+        # the stop the tree is sent: SIGTERM, or SIGINT for a stop by SIGINT (a user's Ctrl-C,
+        # passed on as a terminal would have: a TensorFlow program that ignores SIGTERM, as
+        # MultiWorkerMirroredStrategy's does, ends on it at its next step)
+        self.stop_with = signal.SIGTERM
         # the stop signal reached every process of the task at once (Slurm signals a step's
         # every process): sending it again would be a second SIGTERM, which TensorFlow's
         # preemption handler, busy saving after the first, does not survive
@@ -436,7 +440,7 @@ class _Guard:
         """SIGTERM every descendant, give them grace_s, then SIGKILL until none is left."""
         if not self.now:
             if not self.signalled_together:
-                self._send(signal.SIGTERM)
+                self._send(self.stop_with)
             self._wait(self.grace_s)
         deadline = time.monotonic() + KILL_WAIT_S
         while (self._send(signal.SIGKILL) or self._unreaped()) and time.monotonic() < deadline:
@@ -557,6 +561,7 @@ def guard(
                 os.kill(guard.child, signal.SIGTERM)
         elif info is not None and info.si_signo in _STOP_SIGNALS:
             stop = info.si_signo
+            guard.stop_with = signal.SIGINT if stop == signal.SIGINT else signal.SIGTERM
             # a guard Slurm started is signalled with its whole step (scancel, a requeue)
             guard.signalled_together = guard.in_step and stop == signal.SIGTERM
         elif os.getppid() != owner:

@@ -25,7 +25,14 @@ from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "Interrupted", "SignalScope", "stop_on_signals", "wait_for_stop"]
+__all__ = [
+    "STOP_SIGNALS",
+    "Interrupted",
+    "SignalScope",
+    "on_stop_signals",
+    "stop_on_signals",
+    "wait_for_stop",
+]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -40,6 +47,26 @@ def stop_on_signals() -> threading.Event:
     for sig in STOP_SIGNALS:
         signal.signal(sig, handler)
     return event
+
+
+@contextlib.contextmanager
+def on_stop_signals(handler: Callable[[int], object]) -> Iterator[None]:
+    """Within: each stop signal calls ``handler(signum)`` (a second Ctrl-C while a foreground
+    command stops: kill now); the previous handlers are back after. Main thread only: elsewhere
+    nothing changes. A signal that is ignored (``nohup``'s SIGHUP) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) in (signal.SIG_IGN, None):
+            continue
+        previous[sig] = signal.signal(sig, lambda signum, frame: handler(signum))
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 #: Seconds between two looks at the stop event by :func:`wait_for_stop`.

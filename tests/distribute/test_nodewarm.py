@@ -64,9 +64,7 @@ def test_a_client_runs_its_task_warm_with_its_env_folder_and_exit_status(agent, 
         "import numpy, os, sys; print(os.environ['FOO'], os.getcwd(), __name__, flush=True); "
         "sys.exit(3)"
     )
-    client = _client(
-        path, [sys.executable, "-c", code], env={"FOO": "bar"}, cwd=str(tmp_path)
-    )
+    client = _client(path, [sys.executable, "-c", code], env={"FOO": "bar"}, cwd=str(tmp_path))
     out, _ = client.communicate(timeout=60)
     assert client.returncode == 3 and out.split() == ["bar", str(tmp_path), "__main__"], out
 
