@@ -107,7 +107,8 @@ class TaskEnd:
     - ``name``: the task (``worker-1``);
     - ``ended_at_s``: when it ended, on one clock for every task of the run (seconds);
     - ``exitcode``: Popen's convention (``-N``: killed by signal N); None if unknown;
-    - ``frozen``: graphdist killed it because it was frozen; ``lost``: its node was lost.
+    - ``frozen``: graphdist killed it because it was frozen; ``lost``: its node was lost;
+      ``oom``: it was killed for memory (whatever its exit status: srun's is 1).
     """
 
     name: str
@@ -115,14 +116,16 @@ class TaskEnd:
     exitcode: int | None
     frozen: bool = False
     lost: bool = False
+    oom: bool = False
 
 
 def end_rank(end: TaskEnd) -> int:
     """0: a death (killed by a signal other than SIGABRT, TensorFlow's own fatal error, which is
-    often about a peer; killed as frozen; lost with its node); 1: an exit with an error code
-    (or an unknown one); 2: an exit 0."""
+    often about a peer; killed as frozen; lost with its node; killed for memory); 1: an exit
+    with an error code (or an unknown one); 2: an exit 0."""
     code = end.exitcode
-    if end.frozen or end.lost or (code is not None and code < 0 and code != -signal.SIGABRT):
+    killed = code is not None and code < 0 and code != -signal.SIGABRT
+    if end.frozen or end.lost or end.oom or killed:
         return 0
     return 2 if code == 0 else 1
 

@@ -160,7 +160,9 @@ def run_attempts(
                 run.emit(GaveUp(cause, "gone", gone))
                 run.end(f"failed: {gone}", show=True)
                 raise LaunchError(f"{gone}; the run ends here", exc.results) from None
-            decision = policy.failed(error=unfixable_error(exc.failed.tail))
+            decision = policy.failed(
+                error=unfixable_error(exc.failed.tail), oom=getattr(exc.failed, "oom", None)
+            )
             if not decision.restart:
                 reason = decision.reason if policy.max_restarts else "failed"
                 run.emit(GaveUp(cause, reason, decision.words()))
@@ -171,7 +173,7 @@ def run_attempts(
                 gave_up = f" in attempt {run.attempt}; {decision.words()}"
                 if decision.reason == "budget":
                     hint = "; raise max_restarts or restart_window_s to allow more"
-                elif decision.error is not None:  # its last lines say what to fix
+                elif decision.error is not None or decision.oom is not None:  # it says what
                     hint = ""
                 else:
                     hint = "; read its last lines, or raise min_uptime_s if its start takes longer"
@@ -450,6 +452,7 @@ def _end(proc: TaskProcess) -> TaskEnd:
         proc.ended(),
         frozen=getattr(result, "frozen", None) is not None,
         lost=getattr(result, "lost", None) is not None,
+        oom=getattr(result, "oom", None) is not None,
     )
 
 

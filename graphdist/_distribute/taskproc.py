@@ -32,6 +32,7 @@ from graphdist._distribute.runlogs import RunLogs
 from graphdist._distribute.warm import WarmProc, Zygote, warm_target
 from graphdist._exceptions import TaskOutcome
 from graphdist._failures import how_ended
+from graphdist._proc import oom
 from graphdist._proc.process import (
     MARK_ENV,
     STOP_GRACE_S,
@@ -78,6 +79,7 @@ class TaskResult:
     value: Any = None
     frozen: str | None = None  # why the run's heartbeat found it frozen (it was then killed)
     lost: str | None = None  # its node was lost with it (a backend's words: Slurm's node failure)
+    oom: str | None = None  # it was killed for memory: ``out of memory (...)``, from the record
 
     @property
     def name(self) -> str:
@@ -203,6 +205,9 @@ class GuardedTask(TaskOutput):
         self.mark = secrets.token_hex(12)  # every process of the task carries it (MARK_ENV)
         self.command_pid: int | None = None
         self.command_exit: tuple[int, float] | None = None  # (code, when: run seconds)
+        self._oom_asked = False
+        oom.shared()  # the kernel's log is read from before the task starts
+        self._started_s = time.monotonic()
         env = {**env, MARK_ENV: self.mark}
         report_r, report_w = os.pipe2(os.O_CLOEXEC)
         try:
@@ -330,9 +335,13 @@ class GuardedTask(TaskOutput):
         """The task's exit code once its command has ended: as its guard reports it (before it
         ends what the command left behind), or as the guard exits (a guard that was killed)."""
         self._read_report()
-        if self.command_exit is not None:
-            return self.command_exit[0]
-        return self.proc.poll()
+        code = self.command_exit[0] if self.command_exit is not None else self.proc.poll()
+        if code == -signal.SIGKILL and not self._oom_asked:  # killed: for memory, says the kernel?
+            self._oom_asked = True
+            killed = oom.shared().killed(self.command_pid, self._started_s)
+            if killed is not None:
+                self.result.oom = killed.words()
+        return code
 
     def ended_at_s(self) -> float:
         """When the task's command ended (seconds into the run): as the guard saw it, else now."""
@@ -468,6 +477,9 @@ class Output:
 def how(result: TaskOutcome) -> str:
     """How a task ended, in words: as its exit code says, frozen and killed, or lost with its
     node."""
+    ran_out = getattr(result, "oom", None)
+    if ran_out is not None:
+        return f"ran {ran_out}"
     frozen = getattr(result, "frozen", None)
     if frozen is not None:
         return f"was frozen ({frozen}) and was killed"

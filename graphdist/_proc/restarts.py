@@ -135,8 +135,8 @@ class Decision:
         if self.reason == "startup" and self.oom is not None:
             return (
                 f"gave up on {self.what}: it ran out of memory at each of its last "
-                f"{OOM_STARTUPS} starts, within {self.min_uptime_s:g} s of starting ({self.oom}); "
-                "restarts will not fix it: give it more memory, or make it use less"
+                f"{OOM_STARTUPS} starts, within {self.min_uptime_s:g} s of starting; restarts "
+                "will not fix that: give it more memory, or make it use less"
             )
         if self.reason == "startup" and self.error is not None:
             return (

@@ -158,8 +158,8 @@ def test_out_of_memory_at_each_of_the_last_starts_gives_up_and_says_so():
     assert (final.restart, final.reason, final.oom) == (False, "startup", oom)
     assert final.words() == (
         f"gave up on the run: it ran out of memory at each of its last {OOM_STARTUPS} starts, "
-        f"within 10 s of starting ({oom}); restarts will not fix it: give it more memory, or "
-        "make it use less"
+        "within 10 s of starting; restarts will not fix that: give it more memory, or make it "
+        "use less"
     )
     policy, clock = _policy(100, 60.0, min_uptime_s=10.0)
     for uptime, kind in ((2, oom), (2, None), (30, oom), (2, oom)):
