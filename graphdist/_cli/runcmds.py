@@ -5,33 +5,17 @@ cluster), ``tf-config`` and ``certs``. Each calls the library and prints."""
 from __future__ import annotations
 
 import argparse
-import errno
 import os
-import sys
 import time
 from collections.abc import Sequence
 
 from graphdist._cli.parser import allow_text, given_backend_options, refuse_unused
-from graphdist._cli.streams import is_output_error
 from graphdist._cluster import Cluster
 from graphdist._distribute.warmagent import IDLE_TIMEOUT_S
 from graphdist._exceptions import ArgumentError, CredentialsError, UsageError
 from graphdist._validate import MAX_TIMEOUT_S, timeout_s
 
 __all__ = ["cmd_certs", "cmd_run", "cmd_serve", "cmd_tf_config", "cmd_warm"]
-
-
-def _say(line: str) -> None:
-    """The run's last line on stdout. Lost output never changes a run's status (its tasks' lines
-    are dropped the same way, :class:`graphdist._distribute.taskproc.Output`): a reader gone away
-    (``| head``) got what it wanted; on another failure (a full disk) the line goes to stderr."""
-    try:
-        print(line, flush=True)
-    except OSError as exc:
-        if not is_output_error(exc):
-            raise
-        if exc.errno != errno.EPIPE:
-            print(f"{line} [stdout: {exc.strerror}]", file=sys.stderr)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -51,7 +35,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         given["preemption_exit_code"] = args.preemption_exit_code
     if "heartbeat_timeout_s" in vars(args):  # "off" is given too: None turns it off
         given["heartbeat_timeout_s"] = args.heartbeat_timeout_s
-    results = run_command(
+    run_command(  # it says the run's success itself, as it does to the library's callers
         command,
         workers=args.workers,
         ps=args.ps,
@@ -65,14 +49,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         **given,
         **given_backend_options(args),
     )
-    if args.output_format == "text":
-        ran = ", ".join(r.name for r in results)
-        servers = [f"worker-{i}" for i in range(args.workers)] if args.ps else []
-        servers += [f"ps-{i}" for i in range(args.ps)]
-        served = (
-            f"; {len(servers)} server task(s) served it ({', '.join(servers)})" if servers else ""
-        )
-        _say(f"graphdist: the run succeeded: {len(results)} task(s) exited 0 ({ran}){served}")
     return 0
 
 

@@ -33,7 +33,8 @@ gave-up            ``cause`` as above, ``reason`` ("budget", "startup", "failed"
                    allowed), ``decision``
 run-ended          ``outcome`` ("succeeded", "failed", "timed out", "stopped by SIGTERM" ...),
                    ``attempts``, ``logs`` (the run's log folder, or None), ``show`` (whether
-                   the console showed the summary)
+                   the console showed the summary), ``ran`` (a success's command tasks, each
+                   exited 0; empty otherwise), ``served`` (the server tasks that served them)
 output-lost        ``sink`` (the log file's path), ``error``
 stopping           ``signal`` (the stop signal that came: SIGINT, SIGTERM, SIGHUP), ``tasks``
                    (those told, still running), ``grace_s`` (what each gets to end), ``again``
@@ -188,6 +189,8 @@ class RunEnded:
     attempts: int
     logs: str | None = None
     show: bool = True
+    ran: list[str] = field(default_factory=list)
+    served: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -398,13 +401,24 @@ def render(event: Event, events: Sequence[Event] = ()) -> str | None:
             f"{data['after']} not shown ({kept})"
         )
     if event.kind == "run-ended":
-        return summary([*events, event]) if data.get("show", True) else None
+        shown = [summary([*events, event])] if data.get("show", True) else []
+        if data.get("ran"):  # a success says so, however soon it came (issue 57)
+            shown.append(succeeded(data["ran"], data.get("served", [])))
+        return "\n".join(shown) or None
     if event.kind == "output-lost" and data.get("sink") != "output":
         return (
             f"graphdist: cannot write {event.task}'s log {data['sink']}: {data['error']}; its "
             "output is no longer logged there"
         )
     return None
+
+
+def succeeded(ran: Sequence[str], served: Sequence[str]) -> str:
+    """A successful run's last line: its command tasks, each exited 0, and its server tasks."""
+    line = f"graphdist: the run succeeded: {len(ran)} task(s) exited 0 ({', '.join(ran)})"
+    if served:
+        line += f"; {len(served)} server task(s) served it ({', '.join(served)})"
+    return line
 
 
 def summary(events: Sequence[Event]) -> str:

@@ -139,14 +139,17 @@ class RunState:
                 self.out.note(text)
         return event
 
-    def end(self, outcome: str, *, show: bool) -> None:
+    def end(self, outcome: str, *, show: bool, ran: Sequence[str] = ()) -> None:
         """The run's last event, with its summary: to the log folder always, to the output
-        where ``show``. Once only: the first ending is the run's."""
+        where ``show``; ``ran``: a success's command tasks (the output says the success in
+        one line, whatever ``show``). Once only: the first ending is the run's."""
         if self.ended:
             return
         self.ended = True
         logs = None if self.logs is None else self.logs.path
-        event = self.emit(RunEnded(outcome, self.attempt, logs, show))
+        served = [f"{job}-{i}" for job in self.spec.served for i in range(self.spec.jobs[job])]
+        ended = RunEnded(outcome, self.attempt, logs, show, list(ran), served if ran else [])
+        event = self.emit(ended)
         if self.logs is not None:
             self.logs.write_summary(summary(self.events[: self.events.index(event) + 1]))
 

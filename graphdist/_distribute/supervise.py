@@ -191,7 +191,8 @@ def run_attempts(
             policy.restarted(decision)
             run.attempt += 1
             continue
-        run.end("every task exited 0", show=run.attempt > 1 or run.logs is not None)
+        ran = [r.name for r in results]
+        run.end("every task exited 0", show=run.attempt > 1 or run.logs is not None, ran=ran)
         return results
 
 

@@ -6,6 +6,8 @@ import contextlib
 import io
 import json
 import os
+import re
+import shlex
 import sys
 import threading
 import time
@@ -32,12 +34,30 @@ def test_every_task_gets_its_tf_config_and_a_prefix():
     results = graphdist.run_command([PY, "-c", code], workers=2, chief=True, output=out)
     assert sorted(r.name for r in results) == ["chief-0", "worker-0", "worker-1"]
     assert all(r.exitcode == 0 for r in results)
-    lines = sorted(out.getvalue().splitlines())
-    assert lines == [
+    *lines, last = out.getvalue().splitlines()
+    assert sorted(lines) == [
         "[chief-0] chief 0 ['chief', 'worker'] 1",
         "[worker-0] worker 0 ['chief', 'worker'] 1",
         "[worker-1] worker 1 ['chief', 'worker'] 1",
     ]
+    assert last == "graphdist: the run succeeded: 3 task(s) exited 0 (chief-0, worker-0, worker-1)"
+
+
+def test_a_run_whose_tasks_do_nothing_says_it_succeeded_in_one_line():
+    """Issue 57: tasks that all exit 0 at once, no log folder, the library called: its one line
+    says so (the CLI prints no other), and a jsonl run's run-ended event names the tasks."""
+    out = io.StringIO()
+    graphdist.run_command([PY, "-c", "pass"], workers=2, output=out)
+    assert out.getvalue().splitlines() == [
+        "graphdist: the run succeeded: 2 task(s) exited 0 (worker-0, worker-1)"
+    ]
+    ok = run_python(["-m", "graphdist", "run", "--workers", "1", "--", PY, "-c", "pass"])
+    assert ok.returncode == 0 and ok.stderr == ""
+    assert ok.stdout == "graphdist: the run succeeded: 1 task(s) exited 0 (worker-0)\n"
+    jsonl = io.StringIO()
+    graphdist.run_command([PY, "-c", "pass"], workers=1, output=jsonl, output_format="jsonl")
+    ended = [json.loads(line) for line in jsonl.getvalue().splitlines()][-1]
+    assert ended["event"] == "run-ended" and ended["ran"] == ["worker-0"], ended
 
 
 def test_a_failing_task_stops_the_others_and_shows_its_last_lines():
@@ -192,7 +212,7 @@ def test_ps_tasks_are_servers_that_stop_when_the_run_ends():
         [PY, "-c", SERVER_PIDS], workers=2, ps=1, chief=True, output=out
     )
     assert [r.name for r in results] == ["chief-0"]
-    seen = json.loads(out.getvalue().split("] ", 1)[1])
+    seen = json.loads(out.getvalue().splitlines()[0].split("] ", 1)[1])
     assert sorted(seen["cluster"]) == ["chief", "ps", "worker"]
     pids = seen["pids"]
     assert len(set(pids)) == 3 and os.getpid() not in pids  # one server process per task
@@ -211,7 +231,11 @@ def test_ps_servers_answer_while_the_run_lasts():
     )
     out = io.StringIO()
     graphdist.run_command([PY, "-c", code], workers=2, ps=1, chief=True, output=out)
-    assert out.getvalue().strip() == "[chief-0] True"
+    assert out.getvalue().splitlines() == [
+        "[chief-0] True",
+        "graphdist: the run succeeded: 1 task(s) exited 0 (chief-0); 3 server task(s) served it "
+        "(worker-0, worker-1, ps-0)",
+    ]
 
 
 def _task_identity(scale):
@@ -272,7 +296,14 @@ def test_cli_exit_status_follows_the_tasks():
     bare = os.path.join(sys.base_prefix, "bin", "python3")
     lost = run_python(["-m", "graphdist", "run", "--workers", "1", "--", bare, "-c", IMPORT_TF])
     assert lost.returncode == 1 and "No module named 'tensorflow'" in lost.stderr, lost.stderr
-    assert f"graphdist run -- {sys.executable}" in lost.stderr, lost.stderr
+    # the hint is a whole command, the user's options kept: followed, it succeeds (issue 57)
+    hint = re.search(r"Run `(graphdist run [^`]*)`", lost.stderr)
+    assert hint is not None, lost.stderr
+    followed = shlex.split(hint.group(1))
+    assert followed[:6] == ["graphdist", "run", "--workers", "1", "--", sys.executable]
+    again = run_python(["-m", *followed])
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1].startswith("graphdist: the run succeeded: 1 task(s)")
     three = run_python(["-m", "graphdist", "run", "--workers", "2", "--", PY, "-c", "exit(3)"])
     assert three.returncode == 3, three.stderr  # the task's own code, as torchrun gives it
     assert "Traceback" not in bad.stderr
@@ -450,7 +481,8 @@ def test_an_exposed_local_run_still_loads_the_shim_with_the_members(expose):
     )
     results = graphdist.run_command([PY, "-c", code], workers=1, expose=expose, output=out)
     assert [r.exitcode for r in results] == [0], out.getvalue()
-    (line,) = out.getvalue().splitlines()
+    line, succeeded = out.getvalue().splitlines()
+    assert succeeded.startswith("graphdist: the run succeeded"), succeeded
     if expose:  # loopback hosts: no member but this host's own processes
         assert line == "[worker-0] 0 * ''", line
     else:
