@@ -26,10 +26,9 @@ from graphdist._exceptions import (
 from graphdist._fleet.backends import backend, check_options
 from graphdist._net.members import parse_allow
 from graphdist._proc.process import STOP_GRACE_S
-from graphdist._proc.signals import STOP_SIGNALS, on_stop_signals, wait_for_stop
+from graphdist._proc.signals import STOP_SIGNALS, Interrupted, on_stop_signals, wait_for_stop
 
 __all__ = [
-    "Interrupted",
     "cmd_demo",
     "cmd_down",
     "cmd_logs",
@@ -207,15 +206,6 @@ def _start_noting_signals(fleet: Any, *, keep: bool) -> tuple[threading.Event, l
             give_back()
         raise Interrupted(received[0])
     return stop, received
-
-
-class Interrupted(Exception):
-    """A stop signal ended a command before it was done (:func:`graphdist._cli.main.main`: one
-    line, 128 + N)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def _say_tls_client(folder: str, cluster: Any) -> None:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import errno
+import re
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import IO, cast
 
 from graphdist._cli.fleetcmds import (
-    Interrupted,
     cmd_demo,
     cmd_down,
     cmd_logs,
@@ -45,6 +46,7 @@ from graphdist._exceptions import (
     StateError,
     TaskExitError,
 )
+from graphdist._proc.signals import Interrupted
 from graphdist._tflog import tf_logs_live
 
 __all__ = [
@@ -166,15 +168,30 @@ def _main(argv: Sequence[str] | None) -> int:
         text = str(exc)
         if command is not None:
             text = cli_words(text, flags_of(parser.commands[command]), getattr(exc, "name", None))
+        if command == "run" and argv is not None:  # parsed: argv is the list args came from
+            text = _run_again(text, argv[: len(argv) - len(args.argv)])
         print(f"Error: {text}", file=sys.stderr)
         return exit_status(exc)
     except KeyboardInterrupt:
         print("Error: interrupted", file=sys.stderr)
         return 130
     except Interrupted as exc:
-        by = "" if exc.signum == signal.SIGINT else f" by {exc}"
+        by = "" if exc.signum == signal.SIGINT else f" by {exc.name}"
         print(f"Error: interrupted{by}", file=sys.stderr)
         return 128 + exc.signum
+
+
+def _run_again(text: str, options: Sequence[str]) -> str:
+    """A wrong-Python hint's task command (:data:`GRAPHDIST_PYTHON`) as the whole ``graphdist
+    run`` to copy: the user's own options, then ``--`` and the command."""
+    from graphdist._distribute.taskproc import GRAPHDIST_PYTHON
+
+    head = shlex.join(["graphdist", *[o for o in options if o != "--"], "--"])
+    return re.sub(
+        rf"{re.escape(GRAPHDIST_PYTHON)}`([^`]*)`",
+        lambda m: f"Run `{head} {m.group(1)}`",
+        text,
+    )
 
 
 if __name__ == "__main__":

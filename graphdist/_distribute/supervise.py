@@ -177,8 +177,9 @@ def run_attempts(
                     hint = ""
                 else:
                     hint = "; read its last lines, or raise min_uptime_s if its start takes longer"
+                said = describe(exc.failed, gave_up + hint, run.spec.command)
                 raise TaskExitError(
-                    f"Task {describe(exc.failed, gave_up + hint)}\n  the other tasks were stopped",
+                    f"Task {said}\n  the other tasks were stopped",
                     exc.results,
                     exc.failed,
                 ) from None
@@ -414,8 +415,9 @@ def _watch(
             ended_at = failed.ended_at_s()
             stop_broken(procs)  # the failed one's guard may still be ending its tree
             results = [p.finish() for p in procs]
+            said = describe(failed.result, command=run.spec.command)
             error = TaskExitError(
-                f"Task {describe(failed.result)}\n  the other tasks were stopped",
+                f"Task {said}\n  the other tasks were stopped",
                 results,
                 failed.result,
             )

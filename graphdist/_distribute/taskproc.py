@@ -16,6 +16,7 @@ import contextlib
 import os
 import re
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ from graphdist._proc.process import (
 )
 
 __all__ = [
+    "GRAPHDIST_PYTHON",
     "LINE_LIMIT",
     "GuardedTask",
     "Output",
@@ -489,14 +491,15 @@ def how(result: TaskOutcome) -> str:
     return how_ended(result.exitcode)
 
 
-def describe(result: TaskOutcome, then: str = "") -> str:
-    """``NAME exited with code N`` (``then`` after it), its last lines and a hint."""
+def describe(result: TaskOutcome, then: str = "", command: Sequence[str] = ()) -> str:
+    """``NAME exited with code N`` (``then`` after it), its last lines and a hint; ``command``:
+    the task's command, which the hint puts right when its Python is the wrong one."""
     tail = "\n".join(f"    [{result.name}] {cut(line)}" for line in result.tail[-10:])
     return (
         f"{result.name} {how(result)}"
         + then
         + (f"; its last lines:\n{tail}" if tail else "")
-        + interpreter_hint(result.tail)
+        + interpreter_hint(result.tail, command)
     )
 
 
@@ -526,9 +529,14 @@ def unfixable_error(tail: Sequence[str]) -> str | None:
     return None
 
 
-def interpreter_hint(tail: Sequence[str]) -> str:
+#: The words before the command a wrong-Python hint gives; the CLI puts its own options there.
+GRAPHDIST_PYTHON = "Give it graphdist's Python: "
+
+
+def interpreter_hint(tail: Sequence[str], command: Sequence[str] = ()) -> str:
     """What to do when a task's Python lacks TensorFlow or graphdist: most often the command's
-    ``python`` is another interpreter than the one graphdist runs in; or tf-keras, which the
+    ``python`` is another interpreter than the one graphdist runs in (``command``, the task's,
+    with graphdist's interpreter in its place: a command to copy); or tf-keras, which the
     run's ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras``: the ``distribute`` extra has it."""
     text = "".join(tail)
     missing = [m for m in ("tensorflow", "numpy", "graphdist") if f"No module named '{m}'" in text]
@@ -542,8 +550,11 @@ def interpreter_hint(tail: Sequence[str]) -> str:
         )
     if not missing:
         return ""
+    instead = f"Start it with {sys.executable}"
+    if command and re.fullmatch(r"python[\d.]*", os.path.basename(command[0])):
+        instead = f"{GRAPHDIST_PYTHON}`{shlex.join([sys.executable, *command[1:]])}`"
     return (
         f"\n  the task's Python has no {missing[0]}: is the command's `python` another "
-        f"interpreter than graphdist's ({sys.executable})? Run `graphdist run -- "
-        f"{sys.executable} ...` or activate the environment graphdist is installed in"
+        f"interpreter than graphdist's ({sys.executable})? {instead}, "
+        "or activate the environment graphdist is installed in"
     )

@@ -6,19 +6,23 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import types
 
 import pytest
 
 import graphdist
+from graphdist._cli import main as cli_main
 from graphdist._cli.helptext import EXAMPLES
 from graphdist._cli.parser import build_parser
-from graphdist._distribute.taskproc import interpreter_hint
-from graphdist._exceptions import FleetClosedError
+from graphdist._distribute.taskproc import GRAPHDIST_PYTHON, interpreter_hint
+from graphdist._exceptions import FleetClosedError, TaskExitError
 from graphdist._fleet.health import HealthReport, TaskHealth
 from graphdist._fleet.local import LocalFleet
 from graphdist._graph.trace import Placement
+from graphdist._proc.signals import Interrupted
 from graphdist._tflog import TF_LOGS_ENV, is_tf_log
 from tests.cli.test_cli import assert_user_error
 from tests.conftest import EVENTUALLY_S, REPO, wait_gone
@@ -114,6 +118,28 @@ def test_a_missing_tf_keras_gets_the_extra_to_install():
     numpy = interpreter_hint(["ModuleNotFoundError: No module named 'numpy'"])
     assert "the task's Python has no numpy: is the command's `python` another" in numpy
     assert interpreter_hint(["epoch 1 done"]) == ""
+
+
+def test_the_wrong_python_hint_gives_the_task_command_to_copy(monkeypatch, capsys):
+    """The hint is the task's own command with graphdist's Python in its place (no ``...``);
+    the CLI makes it the whole ``graphdist run``, with the options the user gave."""
+    tail = ["ModuleNotFoundError: No module named 'tensorflow'"]
+    hint = interpreter_hint(tail, ["python3", "train.py", "--epochs", "3", "--name", "a b"])
+    assert f"`{sys.executable} train.py --epochs 3 --name 'a b'`" in hint
+    assert "..." not in hint
+    assert GRAPHDIST_PYTHON not in interpreter_hint(tail, ["bash", "train.sh"])  # none to copy
+    argv = ["run", "--workers", "2", "--log-dir", "/tmp/x y", "--", "python3", "train.py"]
+    said = "Task worker-0 exited with code 1" + interpreter_hint(tail, argv[6:])
+    error = TaskExitError(said, [], types.SimpleNamespace(exitcode=1))  # type: ignore[arg-type]
+
+    def failed(args):
+        raise error
+
+    monkeypatch.setitem(cli_main._COMMANDS, "run", failed)
+    assert cli_main.main(argv) == 1
+    text = capsys.readouterr().err
+    want = f"Run `graphdist run --workers 2 --log-dir '/tmp/x y' -- {sys.executable} train.py`"
+    assert want in text, text
 
 
 # -- a fleet before it started, HTML tables -------------------------------------------------------
@@ -251,3 +277,18 @@ def test_run_console_leaves_out_tensorflows_lines_and_the_logs_keep_them(tmp_pat
     assert [line for line in shown if is_tf_log(line)] == [], console
     log = (tmp_path / "run-1" / "attempt-1" / "worker-0.log").read_text()
     assert any(is_tf_log(line) for line in log.splitlines()), log
+
+
+@pytest.mark.parametrize(("signum", "said"), [(signal.SIGINT, ""), (signal.SIGTERM, " by SIGTERM")])
+def test_a_stop_signal_from_the_library_ends_the_command_in_one_line(
+    signum, said, monkeypatch, capsys
+):
+    """One Interrupted for the library's signal scopes and the CLI's own starts (issue 57):
+    whichever raised it, the command ends with one line and 128 + N, no traceback."""
+
+    def stopped(args):
+        raise Interrupted(signum)
+
+    monkeypatch.setitem(cli_main._COMMANDS, "status", stopped)
+    assert cli_main.main(["status"]) == 128 + signum
+    assert capsys.readouterr().err == f"Error: interrupted{said}\n"
