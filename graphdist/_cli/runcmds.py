@@ -106,7 +106,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 def cmd_warm(args: argparse.Namespace) -> int:
     from graphdist._distribute.localrun import zygote_env
     from graphdist._distribute.warm import check_preload
-    from graphdist._distribute.warmagent import live_agent, start_agent, stop_agent
+    from graphdist._distribute.warmagent import env_mismatch, live_agent, start_agent, stop_agent
 
     preload = check_preload(args.preload)
     if not preload:
@@ -127,7 +127,10 @@ def cmd_warm(args: argparse.Namespace) -> int:
         env = zygote_env({**os.environ, "TF_USE_LEGACY_KERAS": "1"})
         record, started = start_agent(preload, env, idle)
         said = "started" if started else "already running"
-        print(f"graphdist: warm agent {said}: pid {record.pid}, preloads {what}")
+        other = "" if started else env_mismatch(preload, env, record)
+        if other:  # a run from this shell would pass it over: say so now, not at each run
+            other = f"; runs from this shell pass it over: {other}"
+        print(f"graphdist: warm agent {said}: pid {record.pid}, preloads {what}{other}")
         return 0
     if args.action == "stop":
         stopped = stop_agent(preload)

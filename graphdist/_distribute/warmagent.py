@@ -68,6 +68,7 @@ __all__ = [
     "NotAttached",
     "agent_command",
     "attach",
+    "env_mismatch",
     "live_agent",
     "start_agent",
     "stop_agent",
@@ -281,6 +282,22 @@ def agent_command(preload: Sequence[str], env: Mapping[str, str], differ: Sequen
     return f"graphdist warm stop{option} && {start}"
 
 
+def env_mismatch(preload: Sequence[str], env: Mapping[str, str], record: AgentRecord) -> str:
+    """Why the agent ``record`` names serves no run whose environment is ``env`` (each variable
+    that differs, here and in the agent), and the command that starts one that would ("" where
+    none differs)."""
+    differ = env_differences(env, record.env)
+    if not differ:
+        return ""
+    shown = "; ".join(
+        f"{k} is {_value(env, k)} here, {_value(record.env, k)} in the agent" for k in differ
+    )
+    return (
+        f"{shown}, read once, as the preloads import; the run imports them itself. An agent "
+        f"for runs like this one: `{agent_command(preload, env, differ)}`"
+    )
+
+
 def attach(preload: Sequence[str], env: Mapping[str, str]) -> Zygote | NotAttached:
     """A session of the running agent of these preloads, as the run's zygote (its tasks forked
     from it), or why the run starts its own: no agent, another environment at import, an agent
@@ -296,13 +313,9 @@ def attach(preload: Sequence[str], env: Mapping[str, str]) -> Zygote | NotAttach
     passed = f"graphdist: the warm agent (pid {record.pid}) is not used by this run"
     differ = env_differences(env, record.env)
     if differ:
-        shown = "; ".join(
-            f"{k} is {_value(env, k)} here, {_value(record.env, k)} in the agent" for k in differ
-        )
         return NotAttached(
             f"the run's {differ[0]} differs from the warm agent's",
-            f"{passed}: {shown}, read once, as the preloads import; the run imports them "
-            f"itself. An agent for runs like this one: `{agent_command(preload, env, differ)}`",
+            f"{passed}: {env_mismatch(preload, env, record)}",
         )
     why = _session_of(record)
     if isinstance(why, str):

@@ -86,6 +86,17 @@ def _start(agents: Agents, *args: str) -> int:
     return int(record["pid"])
 
 
+def _follow(command: str, env: dict[str, str]) -> None:
+    """Run a printed shell ``command`` as the user would, in a shell with ``env`` set (and the
+    ``graphdist`` console script of this Python on its PATH); it must succeed."""
+    shell_env = {**os.environ, **env}
+    shell_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + shell_env["PATH"]
+    followed = subprocess.run(
+        command, shell=True, env=shell_env, capture_output=True, text=True, timeout=120
+    )
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+
+
 def _tree(tmp_path: Any, env: dict[str, str] | None = None) -> tuple[int, int, int]:
     """(guard, its parent, that one's parent) of a one-task warm run's task."""
     (tmp_path / "tree.py").write_text(TREE)
@@ -244,12 +255,7 @@ def test_an_agent_passed_over_is_said_once_with_a_command_that_starts_one_that_s
         "graphdist warm stop --preload numpy && "
         "TF_CPP_MIN_LOG_LEVEL=3 graphdist warm start --preload numpy"
     )
-    shell_env = {**os.environ, **QUIET_TF}  # where the agent was started: level 2
-    shell_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + shell_env["PATH"]
-    followed = subprocess.run(
-        command, shell=True, env=shell_env, capture_output=True, text=True, timeout=120
-    )
-    assert followed.returncode == 0, followed.stdout + followed.stderr
+    _follow(command, QUIET_TF)  # in the shell the agent was started from: level 2
     warm_dir.note()
     assert wait_gone([agent], EVENTUALLY_S) == []
     [record] = warm_dir.records()
@@ -259,6 +265,30 @@ def test_an_agent_passed_over_is_said_once_with_a_command_that_starts_one_that_s
     assert "warm agent" not in again.stderr, again.stderr
     [line] = [ln for ln in _lines(_events(again)) if ln.startswith("TREE ")][:1]
     assert int(line.split()[3]) == record["pid"]  # forked by a session of the new agent
+
+
+def test_warm_start_from_another_environment_says_what_differs_and_the_command(
+    warm_dir: Agents,
+) -> None:
+    """Issue 57: ``warm start`` from a shell whose environment at import differs from the
+    running agent's says so in its one line, with the command that starts an agent for runs
+    from that shell; followed there, the next ``warm start`` finds a matching agent."""
+    agent = _start(warm_dir)  # TF_CPP_MIN_LOG_LEVEL=2 (QUIET_TF)
+    other = _warm("start", *PRELOAD, env={"TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert other.returncode == 0 and other.stderr == "", other.stdout + other.stderr
+    [line] = other.stdout.splitlines()
+    assert line.startswith(f"graphdist: warm agent already running: pid {agent}, "), line
+    assert "runs from this shell pass it over: TF_CPP_MIN_LOG_LEVEL is 3 here, 2 in the" in line
+    command = line.split("`")[1]
+    _follow(command, {**QUIET_TF, "TF_CPP_MIN_LOG_LEVEL": "3"})  # in the other shell
+    warm_dir.note()
+    assert wait_gone([agent], EVENTUALLY_S) == []
+    same = _warm("start", *PRELOAD, env={"TF_CPP_MIN_LOG_LEVEL": "3"})
+    warm_dir.note()
+    [record] = warm_dir.records()
+    assert same.stdout == (
+        f"graphdist: warm agent already running: pid {record['pid']}, preloads numpy\n"
+    ), same.stdout
 
 
 def test_warm_stop_leaves_neither_the_agents_lock_nor_its_log(warm_dir: Agents) -> None:
