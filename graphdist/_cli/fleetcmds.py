@@ -25,6 +25,7 @@ from graphdist._exceptions import (
 )
 from graphdist._fleet.backends import backend, check_options
 from graphdist._net.members import parse_allow
+from graphdist._ports import release_ports
 from graphdist._proc.process import STOP_GRACE_S
 from graphdist._proc.signals import STOP_SIGNALS, Interrupted, on_stop_signals, wait_for_stop
 
@@ -279,6 +280,10 @@ def _up_detached(args: argparse.Namespace, cluster: Any, options: dict[str, Any]
         if not ready:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        # the ports this command picked (job=N) are the supervisor's once its servers listen,
+        # or free once it failed: their lock files go now (issue 57: each detached start left
+        # one per task in the ports folder, removed only by a releasing holder)
+        release_ports(task.port for task in getattr(cluster, "tasks", ()))
     _print_rows(status_rows(record), args.json)
     if spec.tls_client is not None:  # the real cluster: a Ray or Slurm fleet's nodes' addresses
         from graphdist._cluster import Cluster

@@ -10,6 +10,7 @@ import time
 import pytest
 
 import graphdist
+from graphdist import _ports as ports
 from graphdist._detached import control
 from graphdist._detached.state import CONTROL_SOCKET
 from graphdist._detached.supervisor import SupervisorSpec
@@ -90,6 +91,9 @@ def test_attached_fleet_runs_kills_restarts_detaches_and_closes(state_dir):
     state_file = os.path.join(state_dir, "fleet.json")
     record = read_json(state_file)
     supervisor = record["supervisor"]["pid"]
+    # the ports `up` picked are the supervisor's now: no lock file of theirs stays (issue 57)
+    picked = [int(t["address"].rsplit(":", 1)[1]) for t in record["tasks"]]
+    assert [p for p in picked if os.path.lexists(ports._lock_path(p))] == []
     try:
         assert oct(os.stat(os.path.join(state_dir, CONTROL_SOCKET)).st_mode & 0o777) == "0o600"
         with graphdist.attach(state_dir, operation_timeout_ms=TIMEOUT_MS) as fleet:
