@@ -546,3 +546,30 @@ def test_a_claim_that_fails_midway_keeps_nothing_and_raises(monkeypatch):
     assert checked == [first, second]  # in increasing order
     assert first not in ports._claims and second not in ports._claims
     assert _lockable(first) and _lockable(second)
+
+
+def test_a_processs_first_pick_removes_lock_files_nobody_holds_and_keeps_held_ones(
+    tmp_path, monkeypatch
+):
+    """Issue 57: a holder killed (or gone without releasing) leaves its lock file; they piled
+    up in the ports folder by the thousand. The first pick of a process removes those nobody
+    holds; a held one (another open file's lock: another process's, as far as flock goes)
+    stays, and so does what is not a port's lock file."""
+    monkeypatch.setattr(ports, "_lock_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(ports, "_swept", False)
+    stale = [tmp_path / f"{port}.lock" for port in (20001, 20003)]
+    for path in stale:
+        path.write_text("999999 picked\n")  # its holder is gone: no lock on it
+    held = _foreign_lock(20002, f"{os.getpid()} starting\n")
+    (tmp_path / "notes.txt").write_text("not a lock")
+    monkeypatch.setattr(ports, "SWEEP_ABOVE", 2)  # the folder is "full" at 3 files here
+    try:
+        picked = pick_free_ports(1)
+        release_ports(picked)
+        assert not any(path.exists() for path in stale)
+        assert (tmp_path / "20002.lock").exists() and (tmp_path / "notes.txt").exists()
+        (tmp_path / "20005.lock").write_text("")  # once per process: a later pick sweeps not
+        release_ports(pick_free_ports(1))
+        assert (tmp_path / "20005.lock").exists()
+    finally:
+        os.close(held)
