@@ -433,6 +433,23 @@ def test_a_task_that_cannot_start_spends_no_restart(command, error):
     assert "restarting the run" not in out.getvalue()
 
 
+def _needs_a_missing_package():
+    import graphdist_no_such_package  # noqa: F401  (a dependency this Python lacks)
+
+
+def test_a_function_that_cannot_start_spends_no_restart_as_a_script_does():
+    """Must-show 3 of issue 57: run_function's start-up failure that no restart fixes (the
+    function's dependency is missing) is found as a script's is: the first attempt ends it."""
+    out = io.StringIO()
+    with pytest.raises(graphdist.TaskExitError) as info:
+        graphdist.run_function(_needs_a_missing_package, workers=2, max_restarts=5, output=out)
+    first = str(info.value).splitlines()[0]
+    assert " in attempt 1; gave up on the run: it failed within 10 s of starting with " in first
+    assert "No module named 'graphdist_no_such_package'" in first, first
+    assert "restarting the run" not in out.getvalue()
+    assert wait_gone([r.pid for r in info.value.results if r.pid], EVENTUALLY_S) == []
+
+
 @pytest.mark.parametrize("preload", ["none", "auto"])
 def test_ps_shows_each_guard_with_its_task(preload: str, tmp_path: Any) -> None:
     """Each task's guard carries its task's name on its command line: `ps` tells them apart,
