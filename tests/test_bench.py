@@ -586,9 +586,9 @@ def test_suite_smoke_run(tmp_path):
     (warm,) = side["warm"]
     for key in ("start", "close", "tf_in_process"):
         assert_timing(warm[key], 1)
-    # the warm target, the restart() target, then master_choice's three, each a text and
-    # whether it was met
-    assert len(r["targets"]) == 5 and all(isinstance(met, bool) for _, met in r["targets"])
+    # the warm target, the restart() target, then master_choice's four (the device check's
+    # own cost among them), each a text and whether it was met
+    assert len(r["targets"]) == 6 and all(isinstance(met, bool) for _, met in r["targets"])
     assert r["targets"][0][0].startswith("warm LocalFleet start(), 1 servers: ")
     assert set(r["step_latency"]) == {
         "raw TF, master 0",
