@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from graphdist._cluster import Cluster
+from graphdist._detached.marked import marked_processes, stop_processes
 from graphdist._detached.state import (
     LOGS_DIR,
     MARK_ENV,
@@ -45,11 +46,9 @@ from graphdist._detached.state import (
     foreign_entries,
     leftovers,
     lock_state,
-    marked_processes,
     read_error,
     read_state,
     remove_leftovers,
-    stop_processes,
 )
 from graphdist._detached.supervisor import SupervisorSpec
 from graphdist._exceptions import ArgumentError, FleetError, FleetStartError, StateError
