@@ -60,6 +60,11 @@ MODULES = {
             ("tests/test_cluster.py", "-k", "not matches_tensorflow"),
         ),
         Module(
+            "spectext",
+            "graphdist/_spectext.py",
+            ("tests/test_cluster.py", "-k", "not matches_tensorflow"),
+        ),
+        Module(
             "placement",
             "graphdist/_graph/placement.py",
             ("tests/graph/test_placement.py", "-k", "not agrees_with_tensorflow"),
@@ -101,10 +106,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "_colon_counts",
         'parts = [part.strip().rpartition(":") for part in text.split(",")]',
     ): _TWO_COLONS,
-    ("cluster", "_json_depth", 'if token in "XX[{XX":'): (
+    ("spectext", "_json_depth", 'if token in "XX[{XX":'): (
         "a token is one bracket or a quoted string, and no quoted string is in 'XX[{XX'"
     ),
-    ("cluster", "_json_depth", 'elif token in "XX]}XX":'): (
+    ("spectext", "_json_depth", 'elif token in "XX]}XX":'): (
         "a token is one bracket or a quoted string, and no quoted string is in 'XX]}XX'"
     ),
     (
@@ -113,41 +118,41 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         'job, _, count_text = (s.strip() for s in part.rpartition("="))',
     ): ("only text whose every part has one '=' gets here (_looks_like_counts)"),
     (
-        "cluster",
+        "spectext",
         "check_size",
         "if MAX_SPEC_BYTES / 4 < size <= MAX_SPEC_BYTES:  # a character takes 1 to 4 bytes",
     ): _BYTES_LATER,
     (
-        "cluster",
+        "spectext",
         "check_size",
         "if MAX_SPEC_BYTES // 5 < size <= MAX_SPEC_BYTES:  # a character takes 1 to 4 bytes",
     ): _BYTES_LATER,
     (
-        "cluster",
+        "spectext",
         "check_size",
         "if MAX_SPEC_BYTES // 4 <= size <= MAX_SPEC_BYTES:  # a character takes 1 to 4 bytes",
     ): _BYTES_LATER,
     (
-        "cluster",
+        "spectext",
         "read_text_file",
         'fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", None))',
     ): _HAS_CLOEXEC,
     (
-        "cluster",
+        "spectext",
         "read_text_file",
         'fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", ))',
     ): _HAS_CLOEXEC,
     (
-        "cluster",
+        "spectext",
         "read_text_file",
         'fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 1))',
     ): _HAS_CLOEXEC,
     (
-        "cluster",
+        "spectext",
         "read_text_file",
         "while left >= 0:  # a file that grows while it is read is still read within the bound",
     ): ("the read at left == 0 asks for 0 bytes and gets none: the loop ends there as well"),
-    ("cluster", "read_text_file", 'return data.decode("UTF-8-SIG")'): "codec names ignore case",
+    ("spectext", "read_text_file", 'return data.decode("UTF-8-SIG")'): "codec names ignore case",
     ("cluster", "Cluster.__hash__", "return hash(self.to_json(sort_keys=None))"): (
         "as_dict() is in sorted order already: the JSON is the same"
     ),

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 import graphdist
 from graphdist._cli.main import EXIT_USAGE
-from graphdist._cluster import MAX_JSON_DEPTH, MAX_SPEC_BYTES, MAX_TASKS
+from graphdist._cluster import MAX_TASKS
+from graphdist._spectext import MAX_JSON_DEPTH, MAX_SPEC_BYTES
 from graphdist._validate import show
 from tests.conftest import QUIET_TF, REPO, processes_marked, run_python
 from tests.nobody import AS_NOBODY, AS_PLAIN_NOBODY, nobody_code
@@ -1149,7 +1150,7 @@ def test_nesting_deeper_than_the_bound_is_refused_before_parsing(depth, kinds):
 @settings(max_examples=100, deadline=None)
 @given(st.integers(1, MAX_JSON_DEPTH), nesting_kinds)
 def test_nesting_within_the_bound_parses(depth, kinds):
-    from graphdist._cluster import load_json
+    from graphdist._spectext import load_json
 
     text = _nested(depth, kinds, "1")
     assert load_json(text, "text") == json.loads(text)

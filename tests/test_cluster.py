@@ -389,7 +389,7 @@ def test_addresses_only_where_every_process_must_read_the_same_cluster():
 
 
 def test_nesting_is_counted_exactly_and_brackets_in_strings_do_not_count():
-    from graphdist._cluster import MAX_JSON_DEPTH, load_json
+    from graphdist._spectext import MAX_JSON_DEPTH, load_json
 
     assert MAX_JSON_DEPTH == 32
     deepest = "[" * 32 + "]" * 32
@@ -406,8 +406,8 @@ def test_nesting_is_counted_exactly_and_brackets_in_strings_do_not_count():
 
 
 def test_load_json_raises_the_callers_error_naming_what():
-    from graphdist._cluster import MAX_SPEC_BYTES, load_json
     from graphdist._exceptions import TFConfigError
+    from graphdist._spectext import MAX_SPEC_BYTES, load_json
 
     with pytest.raises(TFConfigError) as info:
         load_json(" " * (MAX_SPEC_BYTES + 1), "TF_CONFIG", TFConfigError)
@@ -424,7 +424,7 @@ def test_load_json_raises_the_callers_error_naming_what():
 
 
 def test_the_size_bound_counts_utf8_bytes_at_its_edges():
-    from graphdist._cluster import MAX_SPEC_BYTES, check_size
+    from graphdist._spectext import MAX_SPEC_BYTES, check_size
 
     check_size("x" * MAX_SPEC_BYTES, "spec")  # exactly the bound, in characters and bytes
     check_size("é" * (MAX_SPEC_BYTES // 2), "spec")  # 2 bytes each: exactly the bound
@@ -449,7 +449,7 @@ def _refusal(path):
 
 
 def test_cluster_files_are_regular_utf8_files_within_the_bound(tmp_path):
-    from graphdist._cluster import MAX_SPEC_BYTES
+    from graphdist._spectext import MAX_SPEC_BYTES
 
     exact = tmp_path / "exact.json"
     text = json.dumps(SEED)
@@ -521,7 +521,7 @@ def test_different_clusters_hash_differently():
 
 
 def test_spec_text_over_the_bound_is_named_as_spec_text():
-    from graphdist._cluster import MAX_SPEC_BYTES
+    from graphdist._spectext import MAX_SPEC_BYTES
 
     with pytest.raises(ClusterSpecError) as info:
         Cluster.parse(" " * (MAX_SPEC_BYTES + 1))
@@ -564,7 +564,7 @@ def test_a_cluster_file_is_read_within_the_bound_whatever_its_size_says(tmp_path
     """A file whose size is not known up front (one in /proc, one that grows while it is read):
     at most MAX_SPEC_BYTES + 1 bytes are read, in as many chunks as the system gives, and it is
     refused; a read that fails is named."""
-    from graphdist._cluster import MAX_SPEC_BYTES
+    from graphdist._spectext import MAX_SPEC_BYTES
 
     path = tmp_path / "growing.json"
     path.write_text(" " * (2 * MAX_SPEC_BYTES) + "{}")

@@ -2,7 +2,7 @@
 modules at any level (at import, for type checking, or inside a function, where a lazy import
 would only hide a circle), no private name (``_name``) of a module used by another one (a name
 two modules use is public in its home), no folder holding more than 40 % of its lines, and no
-module of the run machinery (``_distribute/``) or of the command (``_cli/``) over 600 lines."""
+module over 600 lines (issue 53), but the one listed in :data:`MODULES_OVER_600_LEFT`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ import graphdist
 PACKAGE = pathlib.Path(graphdist.__file__).parent
 MAX_FOLDER_SHARE = 0.40
 MAX_MODULE_LINES = 600
-SPLIT_FOLDERS = ("_distribute", "_cli")  # the folders whose modules are split to that size
+
+#: Modules still over MAX_MODULE_LINES, each with why it is left (issue 53).
+MODULES_OVER_600_LEFT = {
+    # the Ray engine: another change is reworking it onto the one engine contract (issue 53,
+    # item 1), which splits it; splitting it beside that work would only make two edits collide
+    "_fleet/ray.py": "being reworked onto the engine contract, which splits it",
+}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -248,14 +254,23 @@ def test_private_uses_finds_imports_and_attributes():
     ]
 
 
-def test_no_module_of_the_run_machinery_or_the_command_is_over_600_lines():
-    sizes = {
-        f"{folder}/{p.name}": len(p.read_text().splitlines())
-        for folder in SPLIT_FOLDERS
-        for p in (PACKAGE / folder).glob("*.py")
+def module_sizes() -> dict[str, int]:
+    """Each module of the package (its path under graphdist/) -> its number of lines."""
+    return {
+        p.relative_to(PACKAGE).as_posix(): len(p.read_text().splitlines())
+        for p in PACKAGE.rglob("*.py")
     }
-    assert len(sizes) > 20 and "_cli/main.py" in sizes  # the globs found the modules
-    assert {n: s for n, s in sizes.items() if s > MAX_MODULE_LINES} == {}
+
+
+def test_no_module_is_over_600_lines():
+    """Every module of graphdist/, in every folder and at the top, the CLI's parser included (it
+    holds no command: those are in _cli/*cmds.py), but the ones listed as left."""
+    sizes = module_sizes()
+    assert {"_cli/main.py", "_cluster.py", "_net/gateway.py"} <= sizes.keys()  # found them all
+    for name in MODULES_OVER_600_LEFT:
+        assert sizes[name] > MAX_MODULE_LINES, f"{name} is split now: drop its entry"
+    over = {n: s for n, s in sizes.items() if s > MAX_MODULE_LINES}
+    assert {n: s for n, s in over.items() if n not in MODULES_OVER_600_LEFT} == {}
 
 
 def test_no_folder_holds_more_than_40_percent_of_the_lines():

@@ -19,7 +19,8 @@ Two things keep the folder from racing or rotting:
 - **The marker.** Every process of a detached fleet (the supervisor, its fork server and the
   servers forked from it) carries ``GRAPHDIST_FLEET_MARK=<the folder's real path>`` in its
   environment from the moment it is executed (:data:`MARK_ENV`, :func:`fleet_mark`), so
-  :func:`marked_processes` finds them even when ``fleet.json`` is missing, truncated or garbage.
+  :func:`~graphdist._detached.marked.marked_processes` finds them even when ``fleet.json`` is
+  missing, truncated or garbage.
 
 A ``fleet.json`` that cannot be read as a fleet record (bad JSON, bad UTF-8, a field of the wrong
 type) raises :class:`CorruptStateError`, a :class:`StateError`.
@@ -37,7 +38,7 @@ import shlex
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,15 +53,12 @@ from graphdist._exceptions import (
 )
 from graphdist._failures import task_name
 from graphdist._private import private_dir
-from graphdist._proc.process import STOP_GRACE_S, stop_all
-from graphdist._proc.server import PROCESS_TITLE_PREFIX
 
 __all__ = [
     "MARK_ENV",
     "STATE_DIR_ENV",
     "CorruptStateError",
     "FleetRecord",
-    "MarkedProcess",
     "ProcessRef",
     "TaskRecord",
     "clear_state",
@@ -71,11 +69,9 @@ __all__ = [
     "fleet_mark",
     "leftovers",
     "lock_state",
-    "marked_processes",
     "read_error",
     "read_state",
     "remove_leftovers",
-    "stop_processes",
     "write_state",
 ]
 
@@ -545,71 +541,3 @@ def lock_state(
         finally:
             if fd >= 0:
                 os.close(fd)
-
-
-# -- processes ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MarkedProcess:
-    """A process found by the marker: its reference and whether it is the supervisor."""
-
-    ref: ProcessRef
-    supervisor: bool
-
-
-def _ancestors() -> set[int]:
-    pids = {os.getpid()}
-    with contextlib.suppress(psutil.Error):
-        pids.update(p.pid for p in psutil.Process().parents())
-    return pids
-
-
-def _is_supervisor_of(cmdline: list[str], mark: str) -> bool:
-    """``cmdline`` runs ``python -m graphdist._detached.supervisor SPEC`` for the folder
-    ``mark``."""
-    if SUPERVISOR_MODULE not in cmdline[:-1]:
-        return False
-    try:
-        spec = json.loads(cmdline[-1])
-        return isinstance(spec, dict) and fleet_mark(str(spec.get("state_dir"))) == mark
-    except (ValueError, TypeError):
-        return False
-
-
-def marked_processes(state_dir: str) -> list[MarkedProcess]:
-    """The live processes of the fleet in ``state_dir``, whatever its ``fleet.json`` says: this
-    user's processes that carry the folder's marker (:data:`MARK_ENV`, inherited by every
-    process the supervisor starts) and run either the supervisor (a
-    ``graphdist._detached.supervisor`` command line, whose spec may name the folder instead) or the
-    ``multiprocess`` fork server that the servers are forked from, or a server (named
-    ``graphdist JOB:INDEX ...``, :data:`~graphdist._proc.server.PROCESS_TITLE_PREFIX`). This
-    process and its ancestors are never listed."""
-    mark = fleet_mark(state_dir)
-    uid = os.getuid()
-    skip = _ancestors()
-    found = []
-    for proc in psutil.process_iter(["pid", "uids", "cmdline", "create_time"]):
-        try:
-            info = proc.info
-            if info["pid"] in skip or info["uids"] is None or info["uids"].real != uid:
-                continue
-            cmdline = info["cmdline"] or []
-            supervisor = _is_supervisor_of(cmdline, mark)
-            if not supervisor:
-                if not any(
-                    "multiprocess" in arg or arg.startswith(PROCESS_TITLE_PREFIX) for arg in cmdline
-                ):
-                    continue
-                if proc.environ().get(MARK_ENV) != mark:
-                    continue
-            found.append(MarkedProcess(ProcessRef(info["pid"], info["create_time"]), supervisor))
-        except (psutil.Error, OSError):
-            continue
-    return [p for p in found if p.ref.alive()]
-
-
-def stop_processes(refs: Iterable[ProcessRef], grace_s: float = STOP_GRACE_S) -> list[ProcessRef]:
-    """SIGTERM each live process, wait up to ``grace_s``, SIGKILL the rest; return survivors
-    (see :func:`graphdist._proc.process.stop_all`)."""
-    return stop_all(refs, grace_s)

@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from graphdist._cluster import Cluster, ClusterLike, load_json
+from graphdist._cluster import Cluster, ClusterLike
 from graphdist._exceptions import ClusterSpecError, TFConfigError
+from graphdist._spectext import load_json
 from graphdist._validate import is_ascii_digits, show
 
 __all__ = ["TFConfig", "cluster_resolver", "parse_tf_config", "tf_config"]

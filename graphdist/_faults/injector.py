@@ -6,25 +6,43 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from graphdist._cluster import MAX_TASKS, MAX_TASKS_PER_JOB
 from graphdist._distribute.events import Event, render
 from graphdist._exceptions import ArgumentError
 from graphdist._faults.freezer import Freezer
-from graphdist._proc.process import marked, stop_processes
-from graphdist._validate import check_argv, check_env, count, flag, show
+from graphdist._faults.runargs import (
+    check_command,
+    check_cwd,
+    check_faults,
+    check_launcher_args,
+    check_log_dir,
+    launcher_argv,
+)
+from graphdist._faults.runstate import (
+    Frozen,
+    Pending,
+    Run,
+    alive,
+    environ_of,
+    marked_procs,
+    pump,
+    remove_freezers,
+    signal_all,
+    start_time,
+    wait_gone,
+)
+from graphdist._proc.process import stop_processes
+from graphdist._validate import check_env, count, flag
 from graphdist._validate import timeout_s as check_timeout_s
 
 if TYPE_CHECKING:
@@ -55,250 +73,6 @@ __all__ = ["FaultInjector"]
 _marks = itertools.count()  # each run's mark: this process's pid, this count, a random part
 
 
-# --- the runner -----------------------------------------------------------------------------------
-
-
-def _launcher_argv(
-    command: Sequence[str],
-    workers: int,
-    ps: int,
-    chief: bool,
-    max_restarts: int | None,
-    restart_window_s: float | None,
-    timeout_s: float | None,
-    log_dir: str | os.PathLike[str] | None,
-    expose: bool,
-    launcher_args: Sequence[str],
-) -> list[str]:
-    argv = [sys.executable, "-m", "graphdist", "run", "--workers", str(workers)]
-    if ps:
-        argv += ["--ps", str(ps)]
-    if chief:
-        argv.append("--chief")
-    if max_restarts is not None:
-        argv += ["--max-restarts", str(max_restarts)]
-    if restart_window_s is not None:
-        argv += ["--restart-window", repr(restart_window_s)]
-    if timeout_s is not None:
-        argv += ["--timeout", repr(timeout_s)]
-    if log_dir is not None:
-        argv += ["--log-dir", os.fspath(log_dir)]
-    if expose:
-        argv.append("--expose")
-    # events, not words: the launcher's structured output (graphdist._distribute.events)
-    argv += ["--output-format", "jsonl"]
-    return [*argv, *launcher_args, "--", *command]
-
-
-def _text(value: object, name: str, what: str) -> str:
-    """``value`` (a str or an ``os.PathLike`` of one) as a str that a process can be given: no
-    NUL character (``subprocess`` would refuse it with a bare ValueError after the checks)."""
-    text = os.fspath(value) if isinstance(value, os.PathLike) else value
-    if not isinstance(text, str):
-        raise ArgumentError(f"{name} must be {what}, not {show(value)}", name=name, value=value)
-    if "\0" in text:
-        raise ArgumentError(
-            f"{name} must not contain a NUL character: {show(text)}", name=name, value=value
-        )
-    return text
-
-
-def _check_command(command: object) -> list[str]:
-    argv = check_argv(command, "command")
-    if not argv:
-        raise ArgumentError(
-            "command must be a non-empty list of str, e.g. [sys.executable, 'train.py'], not []",
-            name="command",
-            value=command,
-        )
-    return argv
-
-
-def _check_launcher_args(launcher_args: object) -> list[str]:
-    return check_argv(launcher_args, "launcher_args")
-
-
-def _check_cwd(cwd: object) -> str | None:
-    if cwd is None:
-        return None
-    path = _text(cwd, "cwd", "a folder (str or os.PathLike)")
-    if not os.path.isdir(path):
-        raise ArgumentError(
-            f"cwd must be an existing folder, not {show(path)}", name="cwd", value=cwd
-        )
-    return path
-
-
-def _check_log_dir(log_dir: object) -> str | None:
-    if log_dir is None:
-        return None
-    path = _text(log_dir, "log_dir", "a folder (str or os.PathLike)")
-    if not path:
-        raise ArgumentError("log_dir must be a folder, not ''", name="log_dir", value=log_dir)
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise ArgumentError(
-            f"log_dir must be a folder (made if missing), not {show(path)}: it is a file",
-            name="log_dir",
-            value=log_dir,
-        )
-    return path
-
-
-def _check_faults(
-    faults: object, workers: int, ps: int, chief: bool, max_restarts: int | None
-) -> list[Fault]:
-    if isinstance(faults, Fault):
-        faults = [faults]
-    if isinstance(faults, str | bytes | Mapping) or not isinstance(faults, Iterable):
-        raise ArgumentError(
-            f"faults must be a list of faults made by kill(...) or freeze(...), not {show(faults)}",
-            name="faults",
-            value=faults,
-        )
-    checked = list(faults)
-    tasks = {f"worker-{i}" for i in range(workers)} | {f"ps-{i}" for i in range(ps)}
-    tasks |= {"chief-0"} if chief else set()
-    runners = {"chief-0"} if ps else {t for t in tasks if not t.startswith("ps-")}
-    cluster = f"--workers {workers}" + (f" --ps {ps}" if ps else "") + (" --chief" if chief else "")
-    for fault in checked:
-        if not isinstance(fault, Fault):
-            raise ArgumentError(
-                f"faults must be made by kill(...) or freeze(...), not {show(fault)}",
-                name="faults",
-                value=fault,
-            )
-        for name, task in (("task", fault.task), ("of", fault.of)):
-            if task is not None and task not in tasks:
-                raise ArgumentError(
-                    f"{fault!r}: no task {task!r} in a run of {cluster} (its tasks: "
-                    f"{', '.join(sorted(tasks))})",
-                    name=name,
-                    value=task,
-                )
-        if fault.after is not None and fault.watched not in runners:
-            raise ArgumentError(
-                f"{fault!r}: {fault.watched} runs no command in a run of {cluster}, so it prints "
-                f"no lines to wait for; watch a task that does with of= "
-                f"({', '.join(sorted(runners))}), or use after_s=",
-                name="of",
-                value=fault.watched,
-            )
-        most = max_restarts or 0
-        if fault.attempt > most:
-            raise ArgumentError(
-                f"{fault!r}: attempt {fault.attempt} cannot happen with max_restarts="
-                f"{max_restarts} (attempts are 0 to {most}); raise max_restarts",
-                name="attempt",
-                value=fault.attempt,
-            )
-    return checked
-
-
-def _environ(proc: psutil.Process) -> dict[str, str] | None:
-    import psutil
-
-    try:
-        return proc.environ()
-    except psutil.Error:
-        return None
-
-
-def _alive(proc: psutil.Process) -> bool:
-    import psutil
-
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _signal(procs: Iterable[psutil.Process], sig: int) -> list[int]:
-    """Send ``sig`` to each process still running (a reused pid is refused by psutil)."""
-    import psutil
-
-    sent = []
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            proc.send_signal(sig)
-            sent.append(proc.pid)
-    return sent
-
-
-def _wait_gone(procs: Iterable[psutil.Process], timeout_s: float) -> list[psutil.Process]:
-    pending = list(procs)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pending = [p for p in pending if _alive(p)]
-        if not pending or time.monotonic() >= deadline:
-            return pending
-        time.sleep(0.05)
-
-
-def _marked(mark: str) -> list[psutil.Process]:
-    """Every live process with ``MARK_ENV=mark`` in its environment, wherever it is."""
-    import psutil
-
-    found = []
-    for pid in marked(mark, env=MARK_ENV):
-        with contextlib.suppress(psutil.Error):
-            found.append(psutil.Process(pid))
-    return found
-
-
-@dataclass
-class _Pending:
-    fault: Fault
-    due_since: float | None = None  # monotonic, once its condition held
-    line: str | None = None
-
-
-@dataclass
-class _Frozen:
-    record: Injected
-    procs: list[psutil.Process]
-    thaw_at: float | None  # monotonic
-    freezer: Freezer | None = None  # a hang's cgroup; None: a freeze (SIGSTOP)
-
-    def thaw(self) -> bool:
-        """SIGCONT (a freeze) or thaw the cgroup (a hang); whether anything was left."""
-        live = [p for p in self.procs if _alive(p)]
-        if self.freezer is not None:
-            self.freezer.thaw()
-            return bool(live)
-        return bool(_signal(live, signal.SIGCONT))
-
-
-@dataclass
-class _Run:
-    """One launcher run in progress."""
-
-    argv: list[str]
-    mark: str
-    launcher: subprocess.Popen[bytes]
-    ps: int
-    started: float = field(default_factory=time.monotonic)
-    lines: queue.Queue[tuple[str, str | None, float]] = field(default_factory=queue.Queue)
-    output: list[OutputLine] = field(default_factory=list)
-    seen: dict[int, psutil.Process] = field(default_factory=dict)
-    restart_values: set[int] = field(default_factory=set)
-    # (task, attempt from 0) -> its guard's pid, as the launcher's task-started event says:
-    # a warm task's guard is no child of the launcher, and its environment (GRAPHDIST_TASK)
-    # is not in its /proc/PID/environ (set after the fork, in memory)
-    guards: dict[tuple[str, int], int] = field(default_factory=dict)
-    # each guard as it was when the run said it started: a reused pid is not it (is_running)
-    guard_procs: dict[int, psutil.Process] = field(default_factory=dict)
-    attempt: int = 0  # the launcher's current attempt (GRAPHDIST_RESTART), from its events
-    summary_attempts: int = 0
-    events: list[Event] = field(default_factory=list)
-    injected: list[Injected] = field(default_factory=list)
-    missed: list[Missed] = field(default_factory=list)
-    frozen: list[_Frozen] = field(default_factory=list)
-    readers: list[threading.Thread] = field(default_factory=list)
-
-    def now(self) -> float:
-        return time.monotonic() - self.started
-
-
 class FaultInjector:
     """Runs commands under ``graphdist run`` and injects faults (see the module docstring).
     What is left of every run is stopped by :meth:`close` (the ``graphdist_faults`` fixture
@@ -320,7 +94,7 @@ class FaultInjector:
     hang = staticmethod(hang)
 
     def __init__(self) -> None:
-        self._runs: list[_Run] = []
+        self._runs: list[Run] = []
         self._closed = False
 
     def __repr__(self) -> str:
@@ -359,7 +133,7 @@ class FaultInjector:
         """
         if self._closed:
             raise ArgumentError("This FaultInjector is closed; use a new one", name="self")
-        argv_command = _check_command(command)
+        argv_command = check_command(command)
         expose = flag(expose, "expose")
         chief = flag(chief, "chief")
         count(workers, "workers", maximum=MAX_TASKS_PER_JOB)
@@ -386,12 +160,12 @@ class FaultInjector:
                 name="chief",
                 value=chief,
             )
-        args = _check_launcher_args(launcher_args)
+        args = check_launcher_args(launcher_args)
         extra_env = check_env(env)
-        folder = _check_cwd(cwd)
-        logs = _check_log_dir(log_dir)
-        checked = _check_faults(faults, workers, ps, chief, max_restarts)
-        argv = _launcher_argv(
+        folder = check_cwd(cwd)
+        logs = check_log_dir(log_dir)
+        checked = check_faults(faults, workers, ps, chief, max_restarts)
+        argv = launcher_argv(
             argv_command,
             workers,
             ps,
@@ -405,7 +179,7 @@ class FaultInjector:
         )
         mark = f"{os.getpid()}-{next(_marks)}-{uuid.uuid4().hex[:8]}"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra_env, MARK_ENV: mark}
-        run = _Run(argv, mark, self._start(argv, full_env, folder), ps)
+        run = Run(argv, mark, self._start(argv, full_env, folder), ps)
         self._runs.append(run)
         try:
             timed_out = self._watch(run, checked, wait_s)
@@ -450,16 +224,16 @@ class FaultInjector:
 
     # -- watching the run --
 
-    def _watch(self, run: _Run, faults: list[Fault], wait_s: float) -> bool:
+    def _watch(self, run: Run, faults: list[Fault], wait_s: float) -> bool:
         """Read the output and inject the faults until the launcher has exited and its output
         is read; True if it had to be stopped after ``wait_s``."""
         for pipe, name in ((run.launcher.stdout, "stdout"), (run.launcher.stderr, "stderr")):
             reader = threading.Thread(
-                target=_pump, args=(pipe, name, run.lines), daemon=True, name=f"faults-{name}"
+                target=pump, args=(pipe, name, run.lines), daemon=True, name=f"faults-{name}"
             )
             reader.start()
             run.readers.append(reader)
-        pending = [_Pending(f) for f in faults]
+        pending = [Pending(f) for f in faults]
         deadline = run.started + wait_s
         next_scan = 0.0
         open_streams = 2
@@ -492,7 +266,7 @@ class FaultInjector:
         self._miss_rest(run, pending, None)
         return False
 
-    def _drain(self, run: _Run) -> None:
+    def _drain(self, run: Run) -> None:
         for reader in run.readers:
             reader.join(5.0)
         while True:
@@ -503,7 +277,7 @@ class FaultInjector:
             if text is not None:
                 self._line(run, [], stream, text, at)
 
-    def _line(self, run: _Run, pending: list[_Pending], stream: str, text: str, at: float) -> None:
+    def _line(self, run: Run, pending: list[Pending], stream: str, text: str, at: float) -> None:
         """One line of the launcher's: on stdout an event (a task's line, or the run's own,
         kept in the words the console would show), on stderr text."""
         event = None
@@ -546,14 +320,14 @@ class FaultInjector:
             ):
                 p.due_since, p.line = time.monotonic(), text
 
-    def _timers(self, run: _Run, pending: list[_Pending]) -> None:
+    def _timers(self, run: Run, pending: list[Pending]) -> None:
         """Make ``after_s`` faults due; thaw the freezes whose time has come."""
         for p in pending:
             fault = p.fault
             if p.due_since is not None or fault.after_s is None or fault.attempt != run.attempt:
                 continue
             found = self._find(run, fault.task, fault.attempt)
-            if found is not None and time.time() >= _started(found[0]) + fault.after_s:
+            if found is not None and time.time() >= start_time(found[0]) + fault.after_s:
                 p.due_since = time.monotonic()
         now = time.monotonic()
         for frozen in run.frozen:
@@ -562,7 +336,7 @@ class FaultInjector:
                 if frozen.thaw():
                     frozen.record.thawed_at_s = run.now()
 
-    def _fire_due(self, run: _Run, pending: list[_Pending]) -> None:
+    def _fire_due(self, run: Run, pending: list[Pending]) -> None:
         for p in [p for p in pending if p.due_since is not None]:
             fault = p.fault
             found = self._find(run, fault.task, fault.attempt)
@@ -586,13 +360,13 @@ class FaultInjector:
             self._inject(run, fault, found, p.line)
 
     def _inject(
-        self, run: _Run, fault: Fault, found: list[psutil.Process], line: str | None
+        self, run: Run, fault: Fault, found: list[psutil.Process], line: str | None
     ) -> None:
         head = found[0]
         freezer = None
         if fault.action == "kill":
-            pids = _signal(found, signal.SIGKILL)
-            confirmed = not _wait_gone(found, GONE_WAIT_S)
+            pids = signal_all(found, signal.SIGKILL)
+            confirmed = not wait_gone(found, GONE_WAIT_S)
         elif fault.action == "hang":
             freezer = Freezer()
             pids = freezer.add(p.pid for p in found)
@@ -601,10 +375,10 @@ class FaultInjector:
             found = [*found, *more]
             confirmed = freezer.freeze()
         else:
-            pids = _signal(found, signal.SIGSTOP)
+            pids = signal_all(found, signal.SIGSTOP)
             # a child forked while its parent was being stopped: stop it too
             more = [c for c in self._tree(run, found) if c.pid not in {p.pid for p in found}]
-            pids += _signal(more, signal.SIGSTOP)
+            pids += signal_all(more, signal.SIGSTOP)
             found = [*found, *more]
             confirmed = self._seen_stopped(head)
         record = Injected(
@@ -620,7 +394,7 @@ class FaultInjector:
         run.injected.append(record)
         if fault.action in ("freeze", "hang"):
             thaw_at = None if fault.for_s is None else time.monotonic() + fault.for_s
-            run.frozen.append(_Frozen(record, found, thaw_at, freezer))
+            run.frozen.append(Frozen(record, found, thaw_at, freezer))
 
     @staticmethod
     def _seen_stopped(proc: psutil.Process) -> bool:
@@ -636,7 +410,7 @@ class FaultInjector:
             time.sleep(0.01)
         return False
 
-    def _miss_rest(self, run: _Run, pending: list[_Pending], why: str | None) -> None:
+    def _miss_rest(self, run: Run, pending: list[Pending], why: str | None) -> None:
         for p in pending:
             fault = p.fault
             if why is not None:
@@ -659,7 +433,7 @@ class FaultInjector:
 
     # -- finding a task's processes --
 
-    def _scan(self, run: _Run) -> list[psutil.Process]:
+    def _scan(self, run: Run) -> list[psutil.Process]:
         """The launcher's live descendants, each remembered for the final sweep, and the
         ``GRAPHDIST_RESTART`` values among them."""
         import psutil
@@ -669,7 +443,7 @@ class FaultInjector:
         if run.launcher.returncode is not None:
             # reaped: its pid is free, maybe another process's already, whose tree is not the
             # run's (the final sweep would SIGCONT and SIGKILL it): what was seen is all
-            return [p for p in run.seen.values() if _alive(p)]
+            return [p for p in run.seen.values() if alive(p)]
         found = []
         # a warm agent's session forks the tasks' guards (graphdist warm): not the launcher's
         # descendants, they are found from the guards the run said it started
@@ -686,14 +460,14 @@ class FaultInjector:
                 except psutil.Error:
                     continue
                 run.seen[pid] = proc
-                env = _environ(proc)
+                env = environ_of(proc)
                 value = (env or {}).get("GRAPHDIST_RESTART", "")
                 if env is not None and "GRAPHDIST_TASK" in env and value.isdigit():
                     run.restart_values.add(int(value))
             found.append(proc)
         return found
 
-    def _tree(self, run: _Run, top: Iterable[psutil.Process]) -> list[psutil.Process]:
+    def _tree(self, run: Run, top: Iterable[psutil.Process]) -> list[psutil.Process]:
         import psutil
 
         out: list[psutil.Process] = []
@@ -704,7 +478,7 @@ class FaultInjector:
                     out.append(child)
         return out
 
-    def _find(self, run: _Run, task: str, attempt: int) -> list[psutil.Process] | None:
+    def _find(self, run: Run, task: str, attempt: int) -> list[psutil.Process] | None:
         """``task``'s processes in ``attempt``, its command (or server) first; None if none
         is alive."""
         import psutil
@@ -717,7 +491,7 @@ class FaultInjector:
             title = f"graphdist {job}:{task.split('-')[1]} (fleet of pid {run.launcher.pid})"
             for proc in procs:
                 with contextlib.suppress(psutil.Error):
-                    if " ".join(proc.cmdline()).startswith(title) and _alive(proc):
+                    if " ".join(proc.cmdline()).startswith(title) and alive(proc):
                         return [proc, *self._tree(run, [proc])]
             return None
         pid = run.guards.get((task, attempt))
@@ -727,18 +501,18 @@ class FaultInjector:
         children = []
         for proc in procs:
             with contextlib.suppress(psutil.Error):
-                if proc.ppid() == guard.pid and _alive(proc):
+                if proc.ppid() == guard.pid and alive(proc):
                     children.append(proc)
-        children.sort(key=_started)
+        children.sort(key=start_time)
         if not children:
             return None
-        rest = [p for p in self._tree(run, children) if _alive(p)]
+        rest = [p for p in self._tree(run, children) if alive(p)]
         unique = {p.pid: p for p in [*children, *rest]}
         return list(unique.values())
 
     # -- ending --
 
-    def _stop_launcher(self, run: _Run) -> None:
+    def _stop_launcher(self, run: Run) -> None:
         """SIGTERM the launcher (it stops its tasks), SIGKILL all of the run after
         :data:`STOP_WAIT_S`."""
         self._thaw(run)
@@ -753,7 +527,7 @@ class FaultInjector:
         if late:
             self._kill_all(run)
 
-    def _thaw(self, run: _Run) -> None:
+    def _thaw(self, run: Run) -> None:
         """SIGCONT whatever this run froze and did not thaw (a stopped process takes no
         SIGTERM: it would be left stopped)."""
         for frozen in run.frozen:
@@ -761,7 +535,7 @@ class FaultInjector:
                 frozen.record.thawed_at_s = run.now()
             frozen.thaw_at = None
 
-    def _end(self, run: _Run) -> None:
+    def _end(self, run: Run) -> None:
         """However the watch ended (an exception included): the launcher gone, its output
         read, nothing of the run left stopped."""
         if run.launcher.poll() is None:
@@ -773,27 +547,27 @@ class FaultInjector:
                 with contextlib.suppress(OSError):
                     stream.close()
 
-    def _kill_all(self, run: _Run) -> list[int]:
+    def _kill_all(self, run: Run) -> list[int]:
         """SIGKILL every process of the run still there (seen or marked); the pids of those
         that are not gone after :data:`GONE_WAIT_S`."""
-        procs = {p.pid: p for p in run.seen.values() if _alive(p)}
-        procs.update({p.pid: p for p in _marked(run.mark)})
-        live = [p for p in procs.values() if _alive(p)]
-        _signal(live, signal.SIGCONT)
-        _signal(live, signal.SIGKILL)
-        left = sorted(p.pid for p in _wait_gone(live, GONE_WAIT_S))
-        _remove_freezers(run)
+        procs = {p.pid: p for p in run.seen.values() if alive(p)}
+        procs.update({p.pid: p for p in marked_procs(run.mark)})
+        live = [p for p in procs.values() if alive(p)]
+        signal_all(live, signal.SIGCONT)
+        signal_all(live, signal.SIGKILL)
+        left = sorted(p.pid for p in wait_gone(live, GONE_WAIT_S))
+        remove_freezers(run)
         return left
 
-    def _sweep(self, run: _Run) -> list[int]:
+    def _sweep(self, run: Run) -> list[int]:
         """After the launcher has exited: the pids of the run's processes still there after
         :data:`GONE_WAIT_S` (they are then SIGKILLed)."""
         procs = {p.pid: p for p in run.seen.values()}
-        procs.update({p.pid: p for p in _marked(run.mark)})
-        left = _wait_gone(procs.values(), GONE_WAIT_S)
+        procs.update({p.pid: p for p in marked_procs(run.mark)})
+        left = wait_gone(procs.values(), GONE_WAIT_S)
         if left:
             self._kill_all(run)
-        _remove_freezers(run)
+        remove_freezers(run)
         return sorted(p.pid for p in left)
 
     def close(self) -> list[int]:
@@ -810,33 +584,3 @@ class FaultInjector:
             survivors += self._kill_all(run)
         self._closed = True
         return survivors
-
-
-def _remove_freezers(run: _Run) -> None:
-    """A hang's cgroup goes once its processes have (or they go back to the root cgroup)."""
-    for frozen in run.frozen:
-        if frozen.freezer is not None:
-            frozen.freezer.remove()
-
-
-def _started(proc: psutil.Process) -> float:
-    import psutil
-
-    try:
-        return proc.create_time()
-    except psutil.Error:
-        return math.inf
-
-
-def _pump(
-    stream: IO[bytes] | None, name: str, lines: queue.Queue[tuple[str, str | None, float]]
-) -> None:
-    """Put each line of ``stream`` on ``lines`` with when it was read; ``None`` at its end."""
-    try:
-        if stream is not None:
-            for raw in stream:
-                lines.put((name, raw.decode("utf-8", "replace").rstrip("\r\n"), time.monotonic()))
-    except (OSError, ValueError):
-        pass
-    finally:
-        lines.put((name, None, time.monotonic()))

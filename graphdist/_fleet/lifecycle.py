@@ -39,7 +39,7 @@ from graphdist._exceptions import (
     StartTimeoutError,
 )
 from graphdist._fleet.client import Fleet, FleetState, TaskT
-from graphdist._fleet.guard import release_signals
+from graphdist._fleet.watchdog import release_signals
 from graphdist._net.exposure import ListeningTable, check_listening
 from graphdist._net.probe import wait_answering
 from graphdist._proc.process import STOP_GRACE_S

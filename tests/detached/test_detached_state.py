@@ -25,6 +25,7 @@ import pytest
 from graphdist import Cluster, StateError
 from graphdist._detached import supervisor as supervisor_module
 from graphdist._detached.fleet import fleet_problem
+from graphdist._detached.marked import marked_processes
 from graphdist._detached.state import (
     LOCK_FILE,
     CorruptStateError,
@@ -32,7 +33,6 @@ from graphdist._detached.state import (
     ProcessRef,
     TaskRecord,
     lock_state,
-    marked_processes,
     read_state,
     write_state,
 )

@@ -20,6 +20,7 @@ from graphdist._exceptions import ArgumentError
 from graphdist._faults import injector as injector_module
 from graphdist._faults.faults import DEFAULT_RUN_TIMEOUT_S, MAX_RESTARTS, freeze, kill
 from graphdist._faults.injector import FaultInjector
+from graphdist._faults.runstate import Run
 from graphdist._validate import count, show
 from tests.conftest import EVENTUALLY_S, wait_gone
 
@@ -263,7 +264,7 @@ def _fake_launcher(monkeypatch, code):
     """Runs ``python -c code`` in place of the launcher (a stand-in that never ends), so that the
     wait's bound is tested without TensorFlow."""
     monkeypatch.setattr(
-        injector_module, "_launcher_argv", lambda *args: [sys.executable, "-c", code]
+        injector_module, "launcher_argv", lambda *args: [sys.executable, "-c", code]
     )
 
 
@@ -322,7 +323,7 @@ def test_a_reaped_launchers_pid_is_never_scanned_again():
             time.sleep(0.02)
         tree += [c.pid for c in psutil.Process(stranger.pid).children()]
         launcher.pid = stranger.pid  # as if the kernel had given the pid to it
-        run = injector_module._Run(["python"], "mark", launcher, 0)
+        run = Run(["python"], "mark", launcher, 0)
         assert FaultInjector()._scan(run) == [] and run.seen == {}
     finally:
         for pid in reversed(tree):

@@ -186,22 +186,21 @@ def watched(monkeypatch):
     """A guard over a FakeFleet, the watchdog's probe decision, the probes injected and every
     cancellation recorded instead of closing a session."""
     from graphdist._fleet import guard as guard_module
+    from graphdist._fleet import watchdog as watchdog_module
 
     fleet = FakeFleet()
     answers: dict[str, tuple[bool, str | None]] = {}
     monkeypatch.setattr(
-        guard_module,
+        watchdog_module,
         "probe_all",
         lambda addresses, timeout_s, *, alive: [answers.get(a, (True, None)) for a in addresses],
     )
     monkeypatch.setattr(client, "EXIT_NEWS_S", 0.3)
     guard = guard_module.SessionGuard(fleet, fleet.task("local", 0))
-    dog = guard_module._Watchdog()
+    dog = watchdog_module._Watchdog()
     cancelled: list[Any] = []
-    monkeypatch.setattr(
-        dog, "_cancel", lambda g, ident, started, problem: cancelled.append(problem)
-    )
-    run = guard_module._Run(0.0, fleet._epoch)
+    monkeypatch.setattr(dog, "cancel", lambda g, ident, started, problem: cancelled.append(problem))
+    run = watchdog_module._Run(0.0, fleet._epoch)
 
     def probe() -> list[Any]:
         dog._probe(guard, 1, 0.0, run, list(fleet.tasks))
