@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -34,6 +35,7 @@ __all__ = [
     "free_ports",
     "host_addresses",
     "node_addresses",
+    "out_of_memory",
     "srun_argv",
     "step_ids",
 ]
@@ -284,6 +286,22 @@ def srun_argv(
         f"--wait={max(1, int(grace_s))}",
         *command,
     ]
+
+
+#: What srun says of a task its step's cgroup killed for memory (Slurm 22.05 and later).
+_OOM_LINE = re.compile(rb"^srun: error: (\S+): tasks? [\d,-]+: Out Of Memory")
+
+
+def out_of_memory(line: bytes) -> str | None:
+    """srun's word that the kernel killed a task of its step for memory (``srun: error: NODE:
+    task 0: Out Of Memory``: its cgroup was over the job's limit, under ``task/cgroup``; srun
+    then exits 1), as ``out of memory (over its Slurm job's memory limit on node NODE)``; None
+    for any other line."""
+    found = _OOM_LINE.match(line)
+    if found is None:
+        return None
+    node = found[1].decode("utf-8", "replace")
+    return f"out of memory (over its Slurm job's memory limit on node {node})"
 
 
 def step_ids(
