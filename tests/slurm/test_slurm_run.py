@@ -6,13 +6,14 @@ The launcher runs on the bed's login host (the controller, outside every partiti
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
@@ -116,15 +117,14 @@ def test_each_task_runs_on_its_own_node_with_the_allocations_addresses(slurm, al
 WAITING_TASK = "import numpy, time; print('up', flush=True); time.sleep(300)"
 
 
-@pytest.mark.timeout(150)
-def test_a_run_whose_launcher_gets_sighup_leaves_no_step_in_the_allocation(slurm, alloc):
-    """The login-node flow with the ssh session dropped: SIGHUP to ``graphdist run --jobid``
-    ends it by that signal, and first cancels what it started in the allocation: its tasks'
-    steps and its nodes' warm agent steps (before, the agents' steps, sruns of their own
-    session, ran on until scancel). SIGTERM takes the same path."""
+@contextlib.contextmanager
+def _waiting_run(slurm: Any, jobid: int) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """``graphdist run`` of :data:`WAITING_TASK` on two workers of job ``jobid``, from the login
+    host, once both tasks said they are up: its process and its lines so far; killed at the end
+    if it still runs."""
     driver = slurm.popen(
         None,
-        [sys.executable, "-m", "graphdist", "run", "--backend", "slurm", "--jobid", str(alloc),
+        [sys.executable, "-m", "graphdist", "run", "--backend", "slurm", "--jobid", str(jobid),
          "--workers", "2", "--output-format", "jsonl", "--", sys.executable, "-c", WAITING_TASK],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=QUIET_TF,
     )  # fmt: skip
@@ -135,18 +135,53 @@ def test_a_run_whose_launcher_gets_sighup_leaves_no_step_in_the_allocation(slurm
             line = driver.stdout.readline()
             assert line, "".join(lines[-60:])
             lines.append(line)
-        assert _steps(slurm, alloc), "no step runs: nothing to leave"
-        driver.send_signal(signal.SIGHUP)
-        code = driver.wait(60)
+        yield driver, lines
     finally:
         if driver.poll() is None:
             driver.kill()
             driver.wait(30)
+
+
+@pytest.mark.timeout(150)
+def test_a_run_whose_launcher_gets_sighup_leaves_no_step_in_the_allocation(slurm, alloc):
+    """The login-node flow with the ssh session dropped: SIGHUP to ``graphdist run --jobid``
+    ends it by that signal, and first cancels what it started in the allocation: its tasks'
+    steps and its nodes' warm agent steps (before, the agents' steps, sruns of their own
+    session, ran on until scancel). SIGTERM takes the same path."""
+    with _waiting_run(slurm, alloc) as (driver, lines):
+        assert _steps(slurm, alloc), "no step runs: nothing to leave"
+        driver.send_signal(signal.SIGHUP)
+        code = driver.wait(60)
     assert code == -signal.SIGHUP, (code, "".join(lines[-40:]))
     deadline = time.monotonic() + 20
     while _steps(slurm, alloc) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _steps(slurm, alloc) == [], _steps(slurm, alloc, nodes=True)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
+def test_scancel_of_a_runs_job_leaves_no_process_on_any_node_warm_forked_tasks_included(slurm):
+    """On a cgroup-tracked Slurm (the site shape), a run's tasks forked by their nodes' warm
+    agents are in the job's cgroups (so ``scancel`` reaches them, not only their agents'
+    steps); ``scancel`` of the job ends every process of it on every node and the run ends."""
+    jobid = slurm.salloc(2)
+    try:
+        with _waiting_run(slurm, jobid) as (driver, lines):
+            started = [json.loads(ln) for ln in lines if '"event": "task-started"' in ln]
+            assert len(started) == 2 and all(e["warm"] for e in started), started
+            command = f"{sys.executable} -c {WAITING_TASK}"
+            tasks = [p for n in slurm.nodes for p in n.pids() if " ".join(_cmdline(p)) == command]
+            assert len(tasks) == 2, lines[-20:]
+            in_cgroups = slurm.cgroup_pids(jobid)
+            assert set(tasks) <= set(in_cgroups), (tasks, in_cgroups)
+            pids = slurm.job_pids(jobid)
+            slurm.scancel(jobid)
+            assert wait_gone(pids, 20) == []
+            assert slurm.cgroup_pids(jobid) == []
+            assert driver.wait(60) != 0, "".join(lines[-40:])
+    finally:
+        slurm.scancel(jobid)
 
 
 def _is_command(pid: int, script: str) -> bool:
@@ -256,6 +291,7 @@ def test_a_worker_killed_on_its_node_restarts_in_the_allocation_with_the_same_we
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("slurm", SHAPES, indirect=True)
 def test_a_tls_run_trains_behind_the_nodes_gateways_and_restarts_with_fresh_credentials(
     slurm, alloc, tmp_path
 ):
