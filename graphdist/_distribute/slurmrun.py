@@ -132,8 +132,10 @@ class _SlurmTask(GuardedTask):
     def ended(self) -> int | None:
         """srun's exit, as a local task's code; a step whose node failed ended killed."""
         code = _exit_code(super().ended())
-        if code == 0 and self.result.lost is None:
-            self._reader.join(2.0)  # srun's last words come before its exit: read them first
+        if code in (0, -signal.SIGKILL) and self.result.lost is None and self.result.oom is None:
+            # srun's last words (a node failure; a warm task's client's word that its kernel
+            # killed it for memory) come before its exit: read them first
+            self._reader.join(2.0)
         if code == 0 and self.result.lost is not None:
             return -signal.SIGKILL
         return code

@@ -593,32 +593,42 @@ def test_the_example_batch_script_trains_on_the_allocation(slurm):
     assert os.path.exists(os.path.join(out, "logs", "run-1", "summary.txt"))
 
 
-# Up, then over its memory limit at once: a task that runs out of memory at every start.
+# Up, then over its memory limit at once: a task that runs out of memory at every start (cold:
+# 1 GB; warm, numpy a preload: 2 GB, its node's warm step holding TensorFlow too).
 HOG = (
-    "import time; print('up', flush=True); time.sleep(0.3); "
-    "b = [bytearray(10 << 20) for _ in range(100)]"
+    "import {} time; print('up', flush=True); time.sleep(0.3); "
+    "b = [bytearray(10 << 20) for _ in range({})]"
 )
+#: Cold, its own step: srun's word. Warm, in the node's warm step: the node kernel's record.
+OOM_CASES = {
+    "cold": ("--mem=400M", HOG.format("", 100), ["--preload", "none"], "over its Slurm job's"),
+    "warm": ("--mem=1500M", HOG.format("numpy,", 200), [], "the kernel's OOM killer; limit"),
+}
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("slurm", ["site"], indirect=True)
+@pytest.mark.parametrize("case", sorted(OOM_CASES))
 def test_a_task_over_its_steps_memory_limit_is_named_out_of_memory_and_not_restarted_blindly(
-    slurm,
+    slurm, case
 ):
     """On a cgroup-tracked Slurm (the site shape), a task over its job's --mem is killed by the
-    kernel; srun then exits 1. graphdist reports it as out of memory (not `exited with code
-    1`), ranks it as a death, and, out of memory at its start twice, gives up on the run in one
-    line instead of spending every restart; no step is left."""
-    jobid = slurm.salloc(1, "--mem=400M")
+    kernel: a cold one's srun then exits 1 and says so; a warm one (forked in its node's warm
+    step) dies by SIGKILL, which its node's kernel log explains. graphdist reports either as
+    out of memory (not `exited with code 1` or `killed by SIGKILL`), ranks it as a death, and,
+    out of memory at its start twice, gives up on the run in one line instead of spending
+    every restart; no step is left."""
+    mem, hog, preload, words = OOM_CASES[case]
+    jobid = slurm.salloc(1, mem)
     try:
         result = _graphdist(
             slurm, "run", "--backend", "slurm", "--jobid", str(jobid), "--workers", "1",
-            "--max-restarts", "5", "--preload", "none", "--", sys.executable, "-c", HOG,
+            "--max-restarts", "5", *preload, "--", sys.executable, "-c", hog,
         )  # fmt: skip
         out = result.stdout + result.stderr
         assert result.returncode != 0, out
-        assert "worker-0 ran out of memory" in out, out
-        assert "exited with code 1" not in out, out
+        assert f"worker-0 ran out of memory ({words}" in out, out
+        assert "exited with code 1" not in out and "was killed by SIGKILL" not in out, out
         assert out.count("restarting the run") == 1, out  # the second start's OOM: it gives up
         assert "ran out of memory at each of its last 2 starts" in out, out
         assert _steps(slurm, jobid) == []
