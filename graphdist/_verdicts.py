@@ -68,8 +68,9 @@ class ProcessFacts:
 def ended_detail(facts: ProcessFacts) -> str:
     """How a task's process ended, as its ``dead`` status's detail: its exit status or signal,
     saying so when graphdist killed it; what is known when its exit status has not arrived."""
-    if facts.oom is not None and facts.killed_with is None:
-        return f"ran {facts.oom} and {how_ended(facts.exitcode)}"
+    if facts.oom is not None and facts.killed_with is None:  # (Ray does not say how it ended)
+        how = "" if facts.exitcode is None else f" and {how_ended(facts.exitcode)}"
+        return f"ran {facts.oom}{how}"
     if facts.exitcode is not None:
         words = how_ended(facts.exitcode)
         if facts.killed_with is not None and facts.exitcode == -facts.killed_with:

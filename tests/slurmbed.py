@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import os
 import re
 import secrets
@@ -779,8 +780,9 @@ class SlurmBed:
     def job_pids(self, jobid: int) -> list[int]:
         """The live processes of a job on the compute nodes: its slurmstepd daemons and every
         process whose environment has SLURM_JOB_ID=JOBID (the batch script, the tasks and what
-        they started)."""
-        found = []
+        they started); in the site shape, every process of the job's cgroups too
+        (:meth:`cgroup_pids`)."""
+        found = self.cgroup_pids(jobid) if self.cgroup else []
         for node in self.nodes:
             for pid in node.pids():
                 try:
@@ -794,6 +796,21 @@ class SlurmBed:
                         found.append(pid)
                 except psutil.Error:
                     continue
+        return sorted(set(found))
+
+    def cgroup_pids(self, jobid: int) -> list[int]:
+        """The site shape: every process in a cgroup of job ``jobid`` on any node, as the
+        kernel lists them (``cgroup.procs`` under ``freezer/slurm_NODE/uid_U/job_JOBID``, where
+        proctrack/cgroup puts each step, and the memory hierarchy's, where task/cgroup does);
+        what ``scancel`` of the job must end, whoever forked it. Empty in the first shape."""
+        found: set[int] = set()
+        for node in self.nodes:
+            for controller in ("freezer", "memory"):
+                job = f"slurm_{node.name}/uid_*/job_{jobid}/**/cgroup.procs"
+                pattern = os.path.join(CGROUP_ROOT, controller, job)
+                for path in glob.glob(pattern, recursive=True):
+                    with contextlib.suppress(OSError, ValueError), open(path) as f:
+                        found.update(int(line) for line in f.read().split())
         return sorted(found)
 
     # -- nodes ---------------------------------------------------------------------------------

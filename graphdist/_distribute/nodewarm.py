@@ -51,6 +51,8 @@ from graphdist._distribute.warm import (
     warm_target,
 )
 from graphdist._net.policy import NetPolicy
+from graphdist._proc import oom
+from graphdist._proc.slurm import NODE_OOM_PREFIX
 
 __all__ = [
     "AGENT_CODE",
@@ -101,7 +103,10 @@ while True:
         continue
     if not said:
         sys.exit(70)
-    code = int(json.loads(said)["exit"])
+    answer = json.loads(said)
+    if answer.get("oom"):  # its node's kernel killed the task for memory: say so first
+        os.write(2, (NODE_OOM_PREFIX + answer["oom"] + "\n").encode())
+    code = int(answer["exit"])
     if code < 0:  # die of the guard's signal, as the guard died of its command's (no core)
         import resource
         sock.close()
@@ -114,7 +119,7 @@ while True:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {-code})
         os.kill(os.getpid(), -code)
     sys.exit(code if code >= 0 else 128 - code)
-"""
+""".replace("NODE_OOM_PREFIX", repr(NODE_OOM_PREFIX))
 
 
 def run_cold_because(
@@ -204,13 +209,61 @@ def _serve(
 
 
 def _tell_exits(clients: dict[socket.socket, WarmProc | None]) -> None:
-    """Tell each client whose guard ended its exit status, and let it go."""
+    """Tell each client whose guard ended its exit status (and, when the node's kernel says
+    it killed the task for memory, that), and let it go."""
     for client, proc in list(clients.items()):
         if proc is not None and proc.returncode is not None:
+            said: dict[str, Any] = {"exit": proc.returncode}
+            ran_out = _reports.ran_out(proc)
+            if ran_out is not None:
+                said["oom"] = ran_out
             with contextlib.suppress(OSError):
-                client.send(json.dumps({"exit": proc.returncode}).encode())
+                client.send(json.dumps(said).encode())
             client.close()
             del clients[client]
+
+
+class _Reports:
+    """Each warm guard's report pipe (its command's pid, its end: :func:`graphdist._proc.
+    process.guard`), read once the guard ended, to ask the node's kernel whether it killed the
+    command for memory (:mod:`graphdist._proc.oom`: its record by pid, or nothing where the
+    kernel's log cannot be read)."""
+
+    def __init__(self) -> None:
+        self._pipes: dict[int, tuple[int, float]] = {}  # guard pid: (read end, started)
+
+    def pipe(self) -> tuple[int, int]:
+        oom.shared()  # the kernel's log is read from before the task starts
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        return read, write
+
+    def keep(self, guard: int, read: int, started_s: float) -> None:
+        self._pipes[guard] = (read, started_s)
+
+    def ran_out(self, proc: WarmProc) -> str | None:
+        """``out of memory (...)`` when the ended guard's command died by SIGKILL and the
+        kernel's record says it killed it for memory; else None."""
+        read, started_s = self._pipes.pop(proc.pid, (-1, 0.0))
+        if read < 0:
+            return None
+        text = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(read, 4096):
+                text += chunk
+        os.close(read)
+        if proc.returncode != -signal.SIGKILL:
+            return None
+        pids = [
+            w[1]
+            for w in (ln.split() for ln in text.decode("ascii", "replace").splitlines())
+            if len(w) == 2 and w[0] == "pid" and w[1].isdigit()
+        ]
+        killed = oom.shared().killed(int(pids[-1]), started_s) if pids else None
+        return None if killed is None else killed.words()
+
+
+_reports = _Reports()
 
 
 def _accept(listener: socket.socket, clients: dict[socket.socket, WarmProc | None]) -> None:
@@ -263,23 +316,27 @@ def _spawn(zygote: Zygote, request: dict[str, Any], fds: list[int]) -> WarmProc 
     target = warm_target(request["command"], request["env"], zygote.env, zygote.preload)
     if isinstance(target, str):
         return target
-    devnull = os.open(os.devnull, os.O_WRONLY)  # the guard's exec report: only a cold one has
+    read, write = _reports.pipe()  # the guard's report: its command's pid, for an OOM kill
+    started_s = time.monotonic()
     try:
-        return zygote.spawn(
+        proc = zygote.spawn(
             request["command"],
             target,
             request["env"],
             name=str(request["name"]),
             grace_s=float(request["grace_s"]),
-            report_fd=devnull,
+            report_fd=write,
             stdin=fds[0],
             out=fds[1],
             cwd=str(request["cwd"]),
         )
     except OSError as exc:
+        os.close(read)
         return f"the warm interpreter could not fork it ({exc})"
     finally:
-        os.close(devnull)
+        os.close(write)
+    _reports.keep(proc.pid, read, started_s)
+    return proc
 
 
 # -- Ray ------------------------------------------------------------------------------------------

@@ -251,10 +251,14 @@ class _RayTaskProcess(TaskOutput):
         while True:
             try:
                 chunks, code, ended_at, error = ray.get(self.actor.take.remote(POLL_WAIT_S))
-            except Exception as exc:  # the actor died: its node was lost, or Ray went away
+            except Exception as exc:  # the actor died: its node was lost, Ray's memory
+                # monitor killed it (Ray's error says so), or Ray went away
+                from graphdist._fleet.ray import ray_out_of_memory
+
                 self.command_exit = (-9, time.monotonic() - self._run.started)
-                if not self.head.is_lost():  # the head's loss is told once (gone), not per task
-                    self._run.out.note(
+                self.result.oom = ray_out_of_memory(exc)
+                if self.result.oom is None and not self.head.is_lost():  # the head's loss is
+                    self._run.out.note(  # told once (gone), not per task
                         f"graphdist: {self.result.name} on Ray node {self.node[:8]} is gone "
                         f"({type(exc).__name__}); counted as killed"
                     )

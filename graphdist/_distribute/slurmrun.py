@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import re
 import secrets
 import signal
 import subprocess
@@ -66,6 +65,7 @@ from graphdist._proc.slurm import (
     dead_nodes,
     free_ports,
     host_addresses,
+    out_of_memory,
     srun_argv,
 )
 from graphdist._proc.tlsexec import tls_exec_argv
@@ -77,8 +77,6 @@ if TYPE_CHECKING:
 
 __all__ = ["SlurmRun"]
 
-#: What srun says of a task its step's cgroup killed for memory (Slurm 22.05 and later).
-_OOM_LINE = re.compile(rb"^srun: error: (\S+): tasks? [\d,-]+: Out Of Memory")
 #: Seconds a cancelled step's srun gets to end by itself before its local guard is told to end it.
 SRUN_END_WAIT_S = 1.0
 
@@ -126,17 +124,18 @@ class _SlurmTask(GuardedTask):
     def _line(self, raw: bytes, more: int) -> None:
         if raw.startswith(b"srun: error: Node failure on "):  # srun then exits 0 (Slurm 22.05)
             self.result.lost = raw.decode("utf-8", "replace").strip().removeprefix("srun: error: ")
-        found = _OOM_LINE.match(raw)
-        if found:  # the step's cgroup was over its memory limit (task/cgroup): srun exits 1
-            node = found[1].decode("utf-8", "replace")
-            self.result.oom = f"out of memory (over its Slurm job's memory limit on node {node})"
+        ran_out = out_of_memory(raw)
+        if ran_out is not None:  # the step's cgroup was over its memory limit: srun exits 1
+            self.result.oom = ran_out
         super()._line(raw, more)
 
     def ended(self) -> int | None:
         """srun's exit, as a local task's code; a step whose node failed ended killed."""
         code = _exit_code(super().ended())
-        if code == 0 and self.result.lost is None:
-            self._reader.join(2.0)  # srun's last words come before its exit: read them first
+        if code in (0, -signal.SIGKILL) and self.result.lost is None and self.result.oom is None:
+            # srun's last words (a node failure; a warm task's client's word that its kernel
+            # killed it for memory) come before its exit: read them first
+            self._reader.join(2.0)
         if code == 0 and self.result.lost is not None:
             return -signal.SIGKILL
         return code

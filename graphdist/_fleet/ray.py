@@ -41,8 +41,10 @@ it got and refuses to go on otherwise. ``import graphdist`` never imports Ray; i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -67,6 +69,7 @@ from graphdist._net.exposure import ListeningTable, check_listening, is_loopback
 from graphdist._net.policy import NetPolicy, bound_to
 from graphdist._net.probe import GCS_CONNECT_S, RAYLET_PROBE_S, tcp_connect_error
 from graphdist._validate import positive, show, timeout_ms, timeout_s
+from graphdist._verdicts import ProcessFacts
 
 __all__ = [
     "RayFleet",
@@ -79,11 +82,37 @@ __all__ = [
     "place_bundles",
     "plan_hosts",
     "ray_members",
+    "ray_out_of_memory",
 ]
 
 log = logging.getLogger("graphdist.ray")
 STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
 LOOPBACK = "127.0.0.1"
+
+# Ray's memory monitor's record (``ray.exceptions.OutOfMemoryError``, Ray 2.60): its node's use
+# and limit, then the threshold it went over.
+_RAY_NODE_USE = re.compile(r"Memory on the node \(IP: ([^,]+), ID: [^)]*\) was (\S+) used / (\S+)")
+_RAY_THRESHOLD = re.compile(r"exceeded threshold of \d+B \(([\d.]+%)")
+
+
+def ray_out_of_memory(exc: BaseException) -> str | None:
+    """Ray's own word that its memory monitor killed an actor's or task's worker (the error
+    every call on it then raises: ``ray.exceptions.OutOfMemoryError``), as ``out of memory
+    (Ray's memory monitor killed its worker: node IP at USED used / LIMIT, over its threshold
+    of P%)``, with what the record gives; None for any other error. Never guessed from a death
+    alone: a worker Ray's monitor did not kill has no such error."""
+    import ray.exceptions
+
+    if not isinstance(exc, ray.exceptions.OutOfMemoryError):
+        return None
+    text = str(exc)
+    use, threshold = _RAY_NODE_USE.search(text), _RAY_THRESHOLD.search(text)
+    details = f"node {use[1]} at {use[2]} used / {use[3]}" if use else ""
+    if threshold:
+        details += f"{', ' if details else ''}over its threshold of {threshold[1]}"
+    return (
+        f"out of memory (Ray's memory monitor killed its worker{': ' if details else ''}{details})"
+    )
 
 
 class ServerActor:
@@ -610,6 +639,9 @@ class RayTask(TaskView):
         self._failures = 0  # pings that failed: deaths Ray reported
         self._killed: int | None = None  # the pid this fleet killed: its late answers do not count
         self._failures_at_kill = 0
+        #: Ray's word that its memory monitor killed the actor's last process (``out of memory
+        #: (...)``: :func:`ray_out_of_memory`), until a new one answers
+        self.oom: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -654,6 +686,7 @@ class RayTask(TaskView):
             self._ping, self._next_ping = None, time.monotonic() + self.ping_interval_s
             self._alive = False
             self._failures += 1
+            self.oom = ray_out_of_memory(exc)  # Ray's memory monitor killed it, says Ray
             return
         self._ping, self._next_ping = None, time.monotonic() + self.ping_interval_s
         self._take(pid)
@@ -662,7 +695,7 @@ class RayTask(TaskView):
         """An answer from the actor's process ``pid`` (lock held)."""
         if pid == self._killed:
             return  # the process this fleet killed answered before the kill reached it
-        self._pid, self._alive, self._killed = pid, True, None
+        self._pid, self._alive, self._killed, self.oom = pid, True, None, None
 
     def _answered(self, pid: int) -> None:
         """The actor answered with ``pid`` outside the ping (:meth:`RayFleet._wait_ready`)."""
@@ -1008,6 +1041,12 @@ class RayFleet(OwnedFleet[RayTask]):
         if self._owns_ray:
             shutdown_ray()
             self._owns_ray = False
+
+    def _facts(self, task: RayTask, wait_s: float = 0.0) -> ProcessFacts:
+        """As Ray says: its actor's process ended, and whether Ray's memory monitor killed it
+        (Ray's error on its ping); Ray does not say how it ended otherwise."""
+        facts = super()._facts(task, wait_s)
+        return dataclasses.replace(facts, oom=task.oom) if facts.ended else facts
 
     def _explain(self, task: RayTask, status: str, detail: str) -> tuple[str, str]:
         """A failed task, told with its node: a node Ray lists as dead, or whose raylet does

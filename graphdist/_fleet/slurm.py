@@ -22,6 +22,7 @@ ends every step: the tasks are then dead, never waited for.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -52,9 +53,11 @@ from graphdist._proc.slurm import (
     dead_nodes,
     free_ports,
     host_addresses,
+    out_of_memory,
     srun_argv,
 )
 from graphdist._validate import flag, timeout_ms, timeout_s
+from graphdist._verdicts import ProcessFacts
 
 if TYPE_CHECKING:
     from graphdist._net.tlsmode import TlsMode
@@ -109,6 +112,20 @@ class SlurmTask(TaskView):
 
     def log_tail(self, lines: int = 12) -> list[str]:
         return read_log_tail(self.log_path, lines)
+
+    def out_of_memory(self) -> str | None:
+        """srun's word, in this start's lines of the log, that the kernel killed the server for
+        memory (its step over the job's limit: ``out of memory (...)``); None without it. srun
+        writes it before it exits, so it is there once :attr:`alive` is False."""
+        if self.log_path is None:
+            return None
+        with contextlib.suppress(OSError), open(self.log_path, "rb") as f:
+            f.seek(self._log_start)
+            for line in f:
+                ran_out = out_of_memory(line)
+                if ran_out is not None:
+                    return ran_out
+        return None
 
     def _start(
         self, argv: Sequence[str], env: Mapping[str, str], stdin: bytes | None = None
@@ -434,6 +451,16 @@ class SlurmFleet(OwnedFleet[SlurmTask]):
         self._tls = None
         if self._own_log_dir and self.log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def _facts(self, task: SlurmTask, wait_s: float = 0.0) -> ProcessFacts:
+        """Its step's end as ``srun`` says it; when srun says the kernel killed the server for
+        memory, that, and the end the kernel's OOM killer gives: SIGKILL (srun's own exit
+        status is then 1, which is no exit of the server's)."""
+        facts = super()._facts(task, wait_s)
+        ran_out = task.out_of_memory() if facts.ended else None
+        if ran_out is None:
+            return facts
+        return dataclasses.replace(facts, exitcode=-signal.SIGKILL, oom=ran_out)
 
     def _explain(self, task: SlurmTask, status: str, detail: str) -> tuple[str, str]:
         """A failed task, told with its Slurm node (and the node's state, when Slurm says it is

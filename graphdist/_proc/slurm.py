@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from graphdist._net.probe import SLURMD_PROBE_S, tcp_connect_error
 
 __all__ = [
     "JOBID_HELP",
+    "NODE_OOM_PREFIX",
     "Allocation",
     "allocation",
     "cancel_steps",
@@ -34,6 +36,7 @@ __all__ = [
     "free_ports",
     "host_addresses",
     "node_addresses",
+    "out_of_memory",
     "srun_argv",
     "step_ids",
 ]
@@ -284,6 +287,30 @@ def srun_argv(
         f"--wait={max(1, int(grace_s))}",
         *command,
     ]
+
+
+#: What srun says of a task its step's cgroup killed for memory (Slurm 22.05 and later).
+_OOM_LINE = re.compile(rb"^srun: error: (\S+): tasks? [\d,-]+: Out Of Memory")
+#: What a warm task's step writes before it dies of its task's SIGKILL when its node's kernel
+#: says it killed the task for memory (the task ran in the node's warm step, whose srun says
+#: nothing then): this, then ``out of memory (...)`` (:meth:`graphdist._proc.oom.OomKill.words`).
+NODE_OOM_PREFIX = "graphdist-node: "
+
+
+def out_of_memory(line: bytes) -> str | None:
+    """A step's word that the kernel killed its task for memory, in words (``out of memory
+    (...)``), or None for any other line: srun's ``srun: error: NODE: task 0: Out Of Memory``
+    (its cgroup was over the job's limit, under ``task/cgroup``; srun then exits 1), as ``out of
+    memory (over its Slurm job's memory limit on node NODE)``; or a warm task's client's line
+    (:data:`NODE_OOM_PREFIX`), as its node's kernel said it."""
+    said = line.rstrip().decode("utf-8", "replace")
+    if said.startswith(NODE_OOM_PREFIX + "out of memory ("):
+        return said.removeprefix(NODE_OOM_PREFIX)
+    found = _OOM_LINE.match(line)
+    if found is None:
+        return None
+    node = found[1].decode("utf-8", "replace")
+    return f"out of memory (over its Slurm job's memory limit on node {node})"
 
 
 def step_ids(

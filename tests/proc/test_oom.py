@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from graphdist._proc.oom import KMSG, OomKill, OomWatch, parse_records
+from graphdist._proc.slurm import out_of_memory
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -43,6 +44,25 @@ def test_the_kernels_records_give_each_kill_its_pid_and_cgroup() -> None:
         "out of memory (the kernel's OOM killer; limit 60 MiB of memory cgroup /jobs/gd-x)"
     )
     assert "the machine's memory ran out" in OomKill(1, "x").words()
+
+
+def test_sruns_out_of_memory_line_names_the_node_and_no_other_line_does() -> None:
+    """srun's own line (Slurm 22.05 under task/cgroup, as the site bed's srun wrote it) is read
+    for the node it names, for one task or several, and a warm task's client's line for its
+    words; a task's own words, srun's other errors and a line that only mentions it are not."""
+    words = "out of memory (over its Slurm job's memory limit on node {})"
+    assert out_of_memory(b"srun: error: sn-1: task 0: Out Of Memory\n") == words.format("sn-1")
+    assert out_of_memory(b"srun: error: gdn3: tasks 0-1: Out Of Memory") == words.format("gdn3")
+    node = "out of memory (the kernel's OOM killer; limit 1500 MiB of memory cgroup /slurm_sn-1)"
+    assert out_of_memory(f"graphdist-node: {node}\n".encode()) == node  # a warm task's client
+    for line in (
+        b"graphdist-node: ready",
+        b"srun: error: sn-1: task 0: Exited with exit code 1",
+        b"srun: error: Node failure on sn-1",
+        b"MemoryError: Out Of Memory",
+        b"  srun: error: sn-1: task 0: Out Of Memory",
+    ):
+        assert out_of_memory(line) is None, line
 
 
 def test_a_watch_without_the_kernels_log_knows_nothing(tmp_path) -> None:

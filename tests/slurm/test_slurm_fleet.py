@@ -9,9 +9,11 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
+from graphdist._proc import oom
 from tests.conftest import EVENTUALLY_S, on_loopback, read_json, received_of, wait_gone
 from tests.net.test_hosts import SPLIT_GRAPH
 from tests.net.test_ray_hosts import ATTACHED, _step
@@ -106,15 +108,24 @@ def test_a_slurm_fleet_serves_runs_fails_fast_restarts_and_leaves_no_step(slurm,
         assert cancelled["error"] == "TaskFailedError" and cancelled["seconds"] < 15, cancelled
         closed = _step(driver, "closed")
         assert closed["state"] == "closed" and closed["seconds"] < 15, closed
-        assert driver.wait(30) == 0
-        assert wait_gone([back["pid"], up["pids"]["local-0"]], 20) == []
-        left = slurm.run(None, ["squeue", "-h", "-s", "-o", "%i %j"]).stdout
-        assert "graphdist-" not in left, left
+        _ended_leaving_nothing(slurm, driver, [back["pid"], up["pids"]["local-0"]])
     finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait(30)
+        _stop(driver)
         slurm.scancel(jobid)
+
+
+def _ended_leaving_nothing(slurm: Any, driver: subprocess.Popen[str], pids: list[int]) -> None:
+    """The driver exited 0, the servers ``pids`` are gone and no graphdist step is left."""
+    assert driver.wait(30) == 0
+    assert wait_gone(pids, 20) == []
+    left = slurm.run(None, ["squeue", "-h", "-s", "-o", "%i %j"]).stdout
+    assert "graphdist-" not in left, left
+
+
+def _stop(driver: subprocess.Popen[str]) -> None:
+    if driver.poll() is None:
+        driver.kill()
+        driver.wait(30)
 
 
 @pytest.mark.timeout(300)
@@ -305,3 +316,76 @@ try:
 except graphdist.GraphdistError as exc:
     say(refused=True, error=type(exc).__name__)
 """
+
+
+# A server of a fleet in a small allocation, then a 1.6 GB tensor on it (random: nothing to
+# fold away); argv: the job's id.
+OOM_DRIVER = r"""
+import json, sys, time
+from graphdist._proc import lean
+lean.install()
+import graphdist
+import tensorflow as tf
+
+def say(**kv):
+    print(json.dumps(kv), flush=True)
+
+tf.compat.v1.disable_eager_execution()
+graph = tf.Graph()
+with graph.as_default(), tf.device("/job:local/task:0"):
+    total = tf.reduce_sum(tf.random.uniform([400_000_000]))
+fleet = graphdist.SlurmFleet("local=1", jobid=sys.argv[1])
+fleet.start()
+say(step="up", node=fleet.task("local", 0).node, pid=fleet.task("local", 0).pid)
+t = time.monotonic()
+try:
+    with fleet.session("local", 0, graph) as sess:
+        say(step="ran", error=None, result=float(sess.run(total)))
+except graphdist.GraphdistError as exc:
+    say(step="ran", error=type(exc).__name__, text=str(exc), seconds=time.monotonic() - t)
+health = fleet.health()
+say(step="health", ok=[h.ok for h in health], details=[h.detail for h in health])
+fleet.close()
+say(step="closed", state=fleet.state.value)
+"""
+
+#: The allocation's memory: room for a server (530-560 MiB RSS idle, TF_FACTS), none for a
+#: 1.6 GB tensor.
+OOM_MEM = "--mem=700M"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
+def test_a_slurm_fleets_server_over_its_jobs_memory_limit_is_named_out_of_memory(slurm):
+    """On a cgroup-tracked Slurm (the site shape), a server whose step goes over its job's
+    --mem is killed by the kernel and srun exits 1: the session's TaskFailedError and the
+    fleet's health say it ran out of memory over the job's limit on its node and was killed by
+    SIGKILL (the kernel's record agrees; not `exited with code 1`, srun's own status), the task
+    is dead, and close leaves no step and no process."""
+    kernel = oom.OomWatch()  # the kernel's record, to check the words against
+    jobid = slurm.salloc(1, OOM_MEM)
+    driver = slurm.popen(
+        None,
+        [sys.executable, "-c", OOM_DRIVER, str(jobid)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+    )  # fmt: skip
+    try:
+        up = _step(driver, "up")
+        ran = _step(driver, "ran")
+        words = f"ran out of memory (over its Slurm job's memory limit on node {up['node']})"
+        assert ran["error"] == "TaskFailedError", ran
+        assert words in ran["text"] and "local-0" in ran["text"], ran
+        assert "killed by SIGKILL" in ran["text"] and "code 1" not in ran["text"], ran
+        if kernel.readable:  # the kernel's OOM killer did end the server
+            assert kernel.killed(up["pid"]) is not None, ran
+        health = _step(driver, "health")
+        assert health["ok"] == [False] and words in health["details"][0], health
+        assert _step(driver, "closed")["state"] == "closed"
+        _ended_leaving_nothing(slurm, driver, [up["pid"]])
+    finally:
+        _stop(driver)
+        kernel.close()
+        pids = slurm.job_pids(jobid)
+        slurm.scancel(jobid)
+        assert wait_gone(pids, 20) == []

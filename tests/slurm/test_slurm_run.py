@@ -6,13 +6,14 @@ The launcher runs on the bed's login host (the controller, outside every partiti
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
@@ -116,15 +117,14 @@ def test_each_task_runs_on_its_own_node_with_the_allocations_addresses(slurm, al
 WAITING_TASK = "import numpy, time; print('up', flush=True); time.sleep(300)"
 
 
-@pytest.mark.timeout(150)
-def test_a_run_whose_launcher_gets_sighup_leaves_no_step_in_the_allocation(slurm, alloc):
-    """The login-node flow with the ssh session dropped: SIGHUP to ``graphdist run --jobid``
-    ends it by that signal, and first cancels what it started in the allocation: its tasks'
-    steps and its nodes' warm agent steps (before, the agents' steps, sruns of their own
-    session, ran on until scancel). SIGTERM takes the same path."""
+@contextlib.contextmanager
+def _waiting_run(slurm: Any, jobid: int) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """``graphdist run`` of :data:`WAITING_TASK` on two workers of job ``jobid``, from the login
+    host, once both tasks said they are up: its process and its lines so far; killed at the end
+    if it still runs."""
     driver = slurm.popen(
         None,
-        [sys.executable, "-m", "graphdist", "run", "--backend", "slurm", "--jobid", str(alloc),
+        [sys.executable, "-m", "graphdist", "run", "--backend", "slurm", "--jobid", str(jobid),
          "--workers", "2", "--output-format", "jsonl", "--", sys.executable, "-c", WAITING_TASK],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=QUIET_TF,
     )  # fmt: skip
@@ -135,18 +135,53 @@ def test_a_run_whose_launcher_gets_sighup_leaves_no_step_in_the_allocation(slurm
             line = driver.stdout.readline()
             assert line, "".join(lines[-60:])
             lines.append(line)
-        assert _steps(slurm, alloc), "no step runs: nothing to leave"
-        driver.send_signal(signal.SIGHUP)
-        code = driver.wait(60)
+        yield driver, lines
     finally:
         if driver.poll() is None:
             driver.kill()
             driver.wait(30)
+
+
+@pytest.mark.timeout(150)
+def test_a_run_whose_launcher_gets_sighup_leaves_no_step_in_the_allocation(slurm, alloc):
+    """The login-node flow with the ssh session dropped: SIGHUP to ``graphdist run --jobid``
+    ends it by that signal, and first cancels what it started in the allocation: its tasks'
+    steps and its nodes' warm agent steps (before, the agents' steps, sruns of their own
+    session, ran on until scancel). SIGTERM takes the same path."""
+    with _waiting_run(slurm, alloc) as (driver, lines):
+        assert _steps(slurm, alloc), "no step runs: nothing to leave"
+        driver.send_signal(signal.SIGHUP)
+        code = driver.wait(60)
     assert code == -signal.SIGHUP, (code, "".join(lines[-40:]))
     deadline = time.monotonic() + 20
     while _steps(slurm, alloc) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _steps(slurm, alloc) == [], _steps(slurm, alloc, nodes=True)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
+def test_scancel_of_a_runs_job_leaves_no_process_on_any_node_warm_forked_tasks_included(slurm):
+    """On a cgroup-tracked Slurm (the site shape), a run's tasks forked by their nodes' warm
+    agents are in the job's cgroups (so ``scancel`` reaches them, not only their agents'
+    steps); ``scancel`` of the job ends every process of it on every node and the run ends."""
+    jobid = slurm.salloc(2)
+    try:
+        with _waiting_run(slurm, jobid) as (driver, lines):
+            started = [json.loads(ln) for ln in lines if '"event": "task-started"' in ln]
+            assert len(started) == 2 and all(e["warm"] for e in started), started
+            command = f"{sys.executable} -c {WAITING_TASK}"
+            tasks = [p for n in slurm.nodes for p in n.pids() if " ".join(_cmdline(p)) == command]
+            assert len(tasks) == 2, lines[-20:]
+            in_cgroups = slurm.cgroup_pids(jobid)
+            assert set(tasks) <= set(in_cgroups), (tasks, in_cgroups)
+            pids = slurm.job_pids(jobid)
+            slurm.scancel(jobid)
+            assert wait_gone(pids, 20) == []
+            assert slurm.cgroup_pids(jobid) == []
+            assert driver.wait(60) != 0, "".join(lines[-40:])
+    finally:
+        slurm.scancel(jobid)
 
 
 def _is_command(pid: int, script: str) -> bool:
@@ -256,6 +291,7 @@ def test_a_worker_killed_on_its_node_restarts_in_the_allocation_with_the_same_we
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("slurm", SHAPES, indirect=True)
 def test_a_tls_run_trains_behind_the_nodes_gateways_and_restarts_with_fresh_credentials(
     slurm, alloc, tmp_path
 ):
@@ -557,32 +593,42 @@ def test_the_example_batch_script_trains_on_the_allocation(slurm):
     assert os.path.exists(os.path.join(out, "logs", "run-1", "summary.txt"))
 
 
-# Up, then over its memory limit at once: a task that runs out of memory at every start.
+# Up, then over its memory limit at once: a task that runs out of memory at every start (cold:
+# 1 GB; warm, numpy a preload: 2 GB, its node's warm step holding TensorFlow too).
 HOG = (
-    "import time; print('up', flush=True); time.sleep(0.3); "
-    "b = [bytearray(10 << 20) for _ in range(100)]"
+    "import {} time; print('up', flush=True); time.sleep(0.3); "
+    "b = [bytearray(10 << 20) for _ in range({})]"
 )
+#: Cold, its own step: srun's word. Warm, in the node's warm step: the node kernel's record.
+OOM_CASES = {
+    "cold": ("--mem=400M", HOG.format("", 100), ["--preload", "none"], "over its Slurm job's"),
+    "warm": ("--mem=1500M", HOG.format("numpy,", 200), [], "the kernel's OOM killer; limit"),
+}
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("slurm", ["site"], indirect=True)
+@pytest.mark.parametrize("case", sorted(OOM_CASES))
 def test_a_task_over_its_steps_memory_limit_is_named_out_of_memory_and_not_restarted_blindly(
-    slurm,
+    slurm, case
 ):
     """On a cgroup-tracked Slurm (the site shape), a task over its job's --mem is killed by the
-    kernel; srun then exits 1. graphdist reports it as out of memory (not `exited with code
-    1`), ranks it as a death, and, out of memory at its start twice, gives up on the run in one
-    line instead of spending every restart; no step is left."""
-    jobid = slurm.salloc(1, "--mem=400M")
+    kernel: a cold one's srun then exits 1 and says so; a warm one (forked in its node's warm
+    step) dies by SIGKILL, which its node's kernel log explains. graphdist reports either as
+    out of memory (not `exited with code 1` or `killed by SIGKILL`), ranks it as a death, and,
+    out of memory at its start twice, gives up on the run in one line instead of spending
+    every restart; no step is left."""
+    mem, hog, preload, words = OOM_CASES[case]
+    jobid = slurm.salloc(1, mem)
     try:
         result = _graphdist(
             slurm, "run", "--backend", "slurm", "--jobid", str(jobid), "--workers", "1",
-            "--max-restarts", "5", "--preload", "none", "--", sys.executable, "-c", HOG,
+            "--max-restarts", "5", *preload, "--", sys.executable, "-c", hog,
         )  # fmt: skip
         out = result.stdout + result.stderr
         assert result.returncode != 0, out
-        assert "worker-0 ran out of memory" in out, out
-        assert "exited with code 1" not in out, out
+        assert f"worker-0 ran out of memory ({words}" in out, out
+        assert "exited with code 1" not in out and "was killed by SIGKILL" not in out, out
         assert out.count("restarting the run") == 1, out  # the second start's OOM: it gives up
         assert "ran out of memory at each of its last 2 starts" in out, out
         assert _steps(slurm, jobid) == []
