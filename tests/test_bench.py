@@ -595,6 +595,7 @@ def test_suite_smoke_run(tmp_path):
         "graphdist, master 0 (the seed's)",
         "raw TF, master 1",
         "graphdist, master 1 (graphdist's choice)",
+        "graphdist device check, per step",
     }
     assert all(f["median_ms"] > 0 and f["steps"] > 0 for f in r["step_latency"].values())
     (scale,) = r["scale_latency"]

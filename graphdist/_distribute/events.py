@@ -356,9 +356,11 @@ def _lines_before(task: str | None, events: Sequence[Event]) -> list[str]:
     return lines[::-1]
 
 
-def render(event: Event, events: Sequence[Event] = ()) -> str | None:
+def render(event: Event, events: Sequence[Event] = (), *, success: bool = True) -> str | None:
     """The console's words for ``event`` (``None``: it shows nothing); ``events``, every event
-    of the run so far, for the summary that ``run-ended`` shows."""
+    of the run so far, for the summary that ``run-ended`` shows; ``success``: whether a run that
+    succeeded says so in a line of its own (not where its output was lost: its exit status 0
+    says it, and the loss was said once)."""
     data = event.data
     if event.kind == "line":
         return _shown(event.task, data["text"], _lines_before(event.task, events))
@@ -402,7 +404,7 @@ def render(event: Event, events: Sequence[Event] = ()) -> str | None:
         )
     if event.kind == "run-ended":
         shown = [summary([*events, event])] if data.get("show", True) else []
-        if data.get("ran"):  # a success says so, however soon it came (issue 57)
+        if data.get("ran") and success:  # a success says so, however soon it came (issue 57)
             shown.append(succeeded(data["ran"], data.get("served", [])))
         return "\n".join(shown) or None
     if event.kind == "output-lost" and data.get("sink") != "output":

@@ -134,7 +134,7 @@ class RunState:
         if self.jsonl:
             self.out.note(event.to_json())
         else:
-            text = render(event, events[:-1])
+            text = render(event, events[:-1], success=not self.out.lost)
             if text is not None:
                 self.out.note(text)
         return event

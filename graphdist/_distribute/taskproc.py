@@ -433,6 +433,7 @@ class Output:
 
     def __init__(self, stream: IO[str] | None, kept: str | None = None) -> None:
         self._stream = stream
+        self._had_stream = stream is not None
         self._kept = kept  # where every line is kept all the same (a run's log folder), if any
         self._lock = threading.Lock()
 
@@ -447,6 +448,12 @@ class Output:
             except (OSError, ValueError) as exc:
                 self._stream = None
                 self._lost(stream, exc)
+
+    @property
+    def lost(self) -> bool:
+        """Whether the stream failed (its lines are dropped, said once on stderr)."""
+        with self._lock:
+            return self._stream is None and self._had_stream
 
     def note(self, line: str) -> None:
         """graphdist's own line about the run: on the stream, or on stderr once it failed."""

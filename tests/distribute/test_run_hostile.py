@@ -331,8 +331,10 @@ def test_links_planted_in_a_shared_folder_are_never_followed(tmp_path):
         [PY, "-c", "print('mine')"], workers=1, output=io.StringIO(), log_dir=shared
     )
     assert victim.read_text() == "precious\n"
-    mine = shared / "run-3"
+    # in a folder others write to, the run's own folder is graphdist-run-TIME-PID, never run-N
+    (mine,) = shared.glob(f"graphdist-run-*-{os.getpid()}")
     assert mine.stat().st_uid == os.getuid() and not mine.is_symlink()
+    assert sorted(p.name for p in shared.iterdir()) == sorted(["run-1", "run-2", mine.name])
     assert (mine / "attempt-1" / "worker-0.log").read_text() == "mine\n"
 
 
