@@ -64,6 +64,16 @@ def pytest_configure(config: pytest.Config) -> None:
     xdist_sched.pytest_configure(config)
 
 
+def signals_by_default() -> None:
+    """``preexec_fn`` for a process a test sends SIGINT or SIGHUP to: both by default in it
+    (and in all it starts), between fork and exec. A suite started under ``nohup`` has SIGHUP
+    ignored and one started in the background SIGINT, every process it starts inherits that,
+    and the signal the test sends would then be ignored (a ``graphdist run`` given SIGHUP ran
+    on until the test's 60 s wait ended, under ``nohup make test``)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def is_gone(pid: int) -> bool:
     """True once ``pid`` has exited (a zombie waiting to be reaped counts as exited)."""
     try:

@@ -20,7 +20,14 @@ import uuid
 
 import pytest
 
-from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, processes_marked, wait_gone
+from tests.conftest import (
+    EVENTUALLY_S,
+    QUIET_TF,
+    REPO,
+    processes_marked,
+    signals_by_default,
+    wait_gone,
+)
 
 LEFT_S = 20.0  # a fleet's processes exit with their owner: at once, or after a stop's grace
 
@@ -51,6 +58,7 @@ def _start(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Po
         cwd=REPO,
         env=env,
         start_new_session=True,  # a group of its own, as a terminal's foreground job
+        preexec_fn=signals_by_default,
     )
     return proc, mark
 

@@ -27,7 +27,7 @@ from graphdist import _ports as ports
 from graphdist._distribute import launcher
 from graphdist._distribute.runlogs import RunLogs
 from graphdist._proc import restarts
-from tests.conftest import EVENTUALLY_S, REPO, processes_marked, wait_gone
+from tests.conftest import EVENTUALLY_S, REPO, processes_marked, signals_by_default, wait_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 PY = sys.executable
@@ -419,13 +419,6 @@ def test_the_deadline_holds_during_the_back_off_and_the_summary_says_so(tmp_path
     assert "graphdist: run summary: 1 attempt(s)" in out.getvalue()
 
 
-def _signals_by_default() -> None:
-    """Between fork and exec: the signals the launcher is sent, by default (a suite run under
-    nohup has SIGHUP ignored, and every process it starts inherits that)."""
-    for sig in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_run_stopped_by_a_signal_writes_its_summary(tmp_path, sig):
     mark = uuid.uuid4().hex
@@ -446,7 +439,7 @@ def test_a_run_stopped_by_a_signal_writes_its_summary(tmp_path, sig):
         text=True,
         cwd=REPO,
         env={**os.environ, "GRAPHDIST_TEST_MARK": mark},
-        preexec_fn=_signals_by_default,
+        preexec_fn=signals_by_default,
     )
     assert proc.stdout is not None
     assert proc.stdout.readline() == "[worker-0] up\n"

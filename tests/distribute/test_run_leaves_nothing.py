@@ -25,7 +25,14 @@ import psutil
 import pytest
 
 from graphdist._proc.process import guarded_argv
-from tests.conftest import EVENTUALLY_S, QUIET_TF, REPO, processes_marked, wait_gone
+from tests.conftest import (
+    EVENTUALLY_S,
+    QUIET_TF,
+    REPO,
+    processes_marked,
+    signals_by_default,
+    wait_gone,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 PY = sys.executable
@@ -55,11 +62,6 @@ DAEMONIZE = "import os, sys; os.fork() or os.setsid() or os.execv(sys.argv[1], s
 ESCAPING = '"$0" -c "$3" "$0" -c "$1" "$2"; "$0" -c "$1" "$2" .fg; true'
 
 
-def _default_sigint() -> None:  # between fork and exec: Ctrl-C must reach the launcher
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # and SIGHUP, in a suite run under nohup
-
-
 def start_run(mark: str, *shell: str, run: tuple[str, ...] = ("--workers", str(WORKERS))):
     """``python -m graphdist run RUN... -- sh -c SHELL...``, its environment marked."""
     return subprocess.Popen(
@@ -69,7 +71,7 @@ def start_run(mark: str, *shell: str, run: tuple[str, ...] = ("--workers", str(W
         text=True,
         cwd=REPO,
         env={**os.environ, **QUIET_TF, "GRAPHDIST_TEST_MARK": mark},
-        preexec_fn=_default_sigint,
+        preexec_fn=signals_by_default,
     )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import is_gone, on_loopback, received_of, wait_gone
+from tests.conftest import is_gone, on_loopback, received_of, signals_by_default, wait_gone
 from tests.net.test_ray_hosts import _cmdline, _weights
 from tests.slurm.conftest import SHAPES
 
@@ -127,6 +127,7 @@ def _waiting_run(slurm: Any, jobid: int) -> Iterator[tuple[subprocess.Popen[str]
         [sys.executable, "-m", "graphdist", "run", "--backend", "slurm", "--jobid", str(jobid),
          "--workers", "2", "--output-format", "jsonl", "--", sys.executable, "-c", WAITING_TASK],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=QUIET_TF,
+        preexec_fn=signals_by_default,  # the test sends it SIGHUP
     )  # fmt: skip
     assert driver.stdout is not None
     lines: list[str] = []
