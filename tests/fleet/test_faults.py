@@ -40,13 +40,10 @@ def seed_graph(fleet):
 
 def test_health_reports_alive_dead_and_not_answering(fleet):
     assert [h.status for h in fleet.health()] == ["alive", "alive"]
-    os.kill(fleet.task("local", 1).pid, signal.SIGSTOP)
-    try:
-        # A frozen task is only told from a slow one by the probe's timeout: generous, so that
-        # the live task answers in time on a loaded machine.
-        assert [h.status for h in fleet.health(timeout_s=5.0)] == ["alive", "not answering"]
-    finally:
-        os.kill(fleet.task("local", 1).pid, signal.SIGCONT)
+    # A frozen task is only told from a slow one by the probe's timeout: generous, so that the
+    # live task answers in time on a loaded machine. A stopped task read alive is a failure.
+    health = while_stopped(fleet.task("local", 1).pid, lambda: fleet.health(timeout_s=5.0))
+    assert [h.status for h in health] == ["alive", "not answering"]
     fleet.kill("local", 1)
     health = fleet.health()
     assert [h.status for h in health] == ["alive", "dead"]
@@ -126,27 +123,43 @@ def stop(pid: int) -> None:
         time.sleep(0.005)
 
 
-def frozen_run(sess: Any, y: Any, pid: int, tries: int = 3) -> graphdist.TaskFailedError:
-    """Run ``y`` while ``pid`` is stopped: the error it raises. A run that answers is a failure
-    if the task was stopped all along; if another process continued it meanwhile (seen in CI
-    under load, twice in 8 runs beside tests/distribute; the sender was not found: no Python
-    process of the suite sent it), the freeze did not hold and the run is tried again, up to
-    ``tries`` times."""
+def while_stopped(pid: int, call: Callable[[], Any], tries: int = 3) -> Any:
+    """``call()`` while ``pid`` is stopped, its result; the stop is checked to have held
+    throughout (state ``T`` after the call). If another process continued the task meanwhile
+    (seen in CI under load, twice in 8 runs beside tests/distribute, and once as a health check
+    that read a stopped task ``alive``; in two tracefs-recorded runs of the suite here, every
+    SIGCONT came from the test that had sent the SIGSTOP, and the sender was not found), the
+    premise failed and the call is made again, up to ``tries`` times."""
     for _ in range(tries):
         stop(pid)
         try:
-            try:
-                value = sess.run(y)
-            except graphdist.TaskFailedError as exc:
-                return exc
+            result = call()
             state = process_state(pid)
-            assert state != "T", f"a run needing a stopped task returned {value!r}"
+            if state == "T":
+                return result
             warnings.warn(
                 f"the stopped task was continued by another process ({state})", stacklevel=2
             )
         finally:
             os.kill(pid, signal.SIGCONT)
     raise AssertionError(f"the stopped task was continued by another process {tries} times")
+
+
+def frozen_run(sess: Any, y: Any, pid: int) -> graphdist.TaskFailedError:
+    """Run ``y`` while ``pid`` is stopped (see :func:`while_stopped`): the error it raises. A run
+    that answers although the task stayed stopped throughout is a failure."""
+
+    def run() -> graphdist.TaskFailedError | None:
+        try:
+            value = sess.run(y)
+        except graphdist.TaskFailedError as exc:
+            return exc
+        assert process_state(pid) != "T", f"a run needing a stopped task returned {value!r}"
+        return None  # continued meanwhile: while_stopped tries again
+
+    error = while_stopped(pid, run)
+    assert error is not None
+    return error
 
 
 def test_frozen_worker_is_reported_within_the_operation_timeout(fleet):
