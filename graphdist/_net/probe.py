@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from graphdist._net.loopback import bind_address_for
 from graphdist._net.ready import FALLBACK_ROUND_S
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "SLURMD_PROBE_S",
     "Prober",
     "Silent",
+    "dial_address",
     "probe_many",
     "probers",
     "tcp_connect_error",
@@ -99,6 +101,19 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+def dial_address(address: str) -> str:
+    """The address a probe dials for a server at ``address``: ``localhost:PORT`` is the address
+    graphdist's servers for ``localhost`` listen on (``127.0.0.1``, :func:`bind_address_for`;
+    TensorFlow's own, on every interface, too), not the name: a client resolving it tries
+    ``[::1]:PORT`` first, where another process may listen on the same port (a gRPC server on
+    ``[::1]`` answered the health probe of a SIGSTOPped task: read ``alive``). Other addresses
+    are dialled as they are."""
+    host, _, port = address.rpartition(":")
+    if host.lower() == "localhost":
+        return f"{bind_address_for(host)}:{port}"
+    return address
+
+
 def tcp_connect_error(host: str, port: int, timeout_s: float) -> OSError | None:
     """None where ``host:port`` takes a TCP connection within ``timeout_s`` seconds (closed at
     once, nothing sent: whether anything listens), else why not: the error, a
@@ -121,7 +136,7 @@ class Prober:
         self.address = address
         self.alive = alive
         self._grpc = grpc
-        self._channel: Any = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._channel: Any = grpc.insecure_channel(dial_address(address), options=_CHANNEL_OPTIONS)
         self._call = self._channel.unary_unary(_ALIVE if alive else _GET_STATUS)
         self.last_error: str | None = None
 

@@ -50,6 +50,29 @@ def test_health_reports_alive_dead_and_not_answering(fleet):
     assert "was killed by SIGKILL" in str(health[1])
 
 
+def test_a_server_on_ipv6_loopback_at_a_tasks_port_does_not_answer_for_it(fleet):
+    """``localhost`` is 127.0.0.1 and ::1; a task listens on 127.0.0.1 only, so another
+    process may listen on ``[::1]`` at the same port. A client resolving ``localhost`` tries
+    ::1 first: a gRPC server there answered the health probe of a SIGSTOPped task, read
+    ``alive`` (the probe now dials 127.0.0.1). Red if the probe dials the name."""
+    from concurrent import futures
+
+    import grpc
+
+    task = fleet.task("local", 1)
+    other = grpc.server(futures.ThreadPoolExecutor(1))
+    try:
+        assert other.add_insecure_port(f"[::1]:{task.task.port}") == task.task.port
+    except RuntimeError:  # no IPv6 loopback here: nothing can listen there either
+        pytest.skip("no IPv6 loopback on this machine")
+    other.start()
+    try:
+        health = while_stopped(task.pid, lambda: fleet.health(timeout_s=3.0))
+    finally:
+        other.stop(0)
+    assert [h.status for h in health] == ["alive", "not answering"]
+
+
 @pytest.mark.parametrize("killer", ["outside", "fleet.kill"])
 def test_a_killed_task_whose_exit_news_is_late_is_reported_dead(fleet, killer):
     """A killed server's socket closes before its parent (the fork server) reaps it and tells
