@@ -2,7 +2,7 @@
 modules at any level (at import, for type checking, or inside a function, where a lazy import
 would only hide a circle), no private name (``_name``) of a module used by another one (a name
 two modules use is public in its home), no folder holding more than 40 % of its lines, and no
-module over 600 lines (issue 53), but the one listed in :data:`MODULES_OVER_600_LEFT`."""
+module over 600 lines (issue 53)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,6 @@ import graphdist
 PACKAGE = pathlib.Path(graphdist.__file__).parent
 MAX_FOLDER_SHARE = 0.40
 MAX_MODULE_LINES = 600
-
-#: Modules still over MAX_MODULE_LINES, each with why it is left (issue 53).
-MODULES_OVER_600_LEFT = {
-    # the Ray engine: another change is reworking it onto the one engine contract (issue 53,
-    # item 1), which splits it; splitting it beside that work would only make two edits collide
-    "_fleet/ray.py": "being reworked onto the engine contract, which splits it",
-}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -264,13 +257,10 @@ def module_sizes() -> dict[str, int]:
 
 def test_no_module_is_over_600_lines():
     """Every module of graphdist/, in every folder and at the top, the CLI's parser included (it
-    holds no command: those are in _cli/*cmds.py), but the ones listed as left."""
+    holds no command: those are in _cli/*cmds.py)."""
     sizes = module_sizes()
     assert {"_cli/main.py", "_cluster.py", "_net/gateway.py"} <= sizes.keys()  # found them all
-    for name in MODULES_OVER_600_LEFT:
-        assert sizes[name] > MAX_MODULE_LINES, f"{name} is split now: drop its entry"
-    over = {n: s for n, s in sizes.items() if s > MAX_MODULE_LINES}
-    assert {n: s for n, s in over.items() if n not in MODULES_OVER_600_LEFT} == {}
+    assert {n: s for n, s in sizes.items() if s > MAX_MODULE_LINES} == {}
 
 
 def test_no_folder_holds_more_than_40_percent_of_the_lines():

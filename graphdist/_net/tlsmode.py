@@ -9,8 +9,8 @@ credentials from :meth:`TlsMode.host_files` over a private channel (a Slurm step
 object channel); :meth:`TlsMode.close` stops the gateway and removes every file.
 
 :class:`~graphdist._fleet.local.LocalFleet`, :class:`~graphdist._fleet.slurm.SlurmFleet` and the
-local and Slurm run backends use it; :class:`~graphdist._fleet.ray.TlsGateways` adds Ray's node
-gateways around one.
+local and Slurm run backends use it; :class:`~graphdist._fleet.rayactors.TlsGateways` adds Ray's
+node gateways around one.
 """
 
 from __future__ import annotations

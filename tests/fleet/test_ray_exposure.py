@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 import graphdist
-from graphdist._fleet.ray import plan_hosts
+from graphdist._fleet.raynodes import plan_hosts
 from graphdist._graph.graphs import split_graph
 from graphdist._net.exposure import is_loopback_ip
 from tests.conftest import EVENTUALLY_S, listening, processes_marked, wait_gone
@@ -223,7 +223,7 @@ def test_a_ray_client_servers_failure_names_its_cause_not_an_unreachable_cluster
     auth mode at its first import in a process (tests/fleet/conftest.py)."""
     import ray
 
-    from graphdist._fleet import ray as rayfleet
+    from graphdist._fleet import raynodes
 
     reply = (
         "Initialization failure from server:\nTraceback (most recent call last):\n"
@@ -237,7 +237,7 @@ def test_a_ray_client_servers_failure_names_its_cause_not_an_unreachable_cluster
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", init)
     with pytest.raises(graphdist.ArgumentError) as caught:
-        rayfleet.connect_ray("ray://10.0.0.1:10001")
+        raynodes.connect_ray("ray://10.0.0.1:10001")
     text = str(caught.value)
     assert "The Ray cluster at ray://10.0.0.1:10001 answered" in text, text
     assert "RuntimeError: Proxy failed to Connect to backend!" in text, text

@@ -1,4 +1,4 @@
-"""Ray's memory monitor, read from Ray's own record (graphdist/_fleet/ray.py
+"""Ray's memory monitor, read from Ray's own record (graphdist/_fleet/raynodes.py
 ``ray_out_of_memory``): the error Ray 2.60 raised on every call to an actor its monitor killed
 (``ray.exceptions.OutOfMemoryError``, captured from a real kill on this machine: a local Ray
 with ``RAY_memory_usage_threshold`` 10 points above the machine's use, an actor allocating 8
@@ -39,7 +39,7 @@ WORDS = (
 def test_rays_out_of_memory_error_is_said_with_its_node_use_and_threshold() -> None:
     import ray.exceptions
 
-    from graphdist._fleet.ray import ray_out_of_memory
+    from graphdist._fleet.raynodes import ray_out_of_memory
 
     assert ray_out_of_memory(ray.exceptions.OutOfMemoryError(CAPTURED)) == WORDS
     # a record worded otherwise (another Ray): still Ray's word, without what it did not say
@@ -50,7 +50,7 @@ def test_rays_out_of_memory_error_is_said_with_its_node_use_and_threshold() -> N
 def test_a_death_ray_does_not_call_out_of_memory_says_nothing_of_memory() -> None:
     import ray.exceptions
 
-    from graphdist._fleet.ray import ray_out_of_memory
+    from graphdist._fleet.raynodes import ray_out_of_memory
 
     assert ray_out_of_memory(ray.exceptions.ActorDiedError()) is None
     assert ray_out_of_memory(RuntimeError(CAPTURED)) is None  # the words alone are no record

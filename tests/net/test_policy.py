@@ -43,9 +43,9 @@ def _facts(monkeypatch: pytest.MonkeyPatch) -> None:
         {"NodeManagerAddress": "10.1.2.9", "Alive": False},
     ]
     monkeypatch.setitem(sys.modules, "ray", fake_ray)
-    from graphdist._fleet import ray as rayfleet
+    from graphdist._fleet import raynodes
 
-    monkeypatch.setattr(rayfleet, "source_address", lambda ip: "10.1.2.7")
+    monkeypatch.setattr(raynodes, "source_address", lambda ip: "10.1.2.7")
 
 
 def _env(bind: str, accept: str | None = None, dial: str | None = None) -> dict[str, str]:
@@ -158,7 +158,7 @@ TABLE = [
 
 def _policy_env(kind: str, cluster: Cluster, expose: bool, allow, tls: bool) -> dict[str, str]:
     """What each engine now asks the policy for worker:0 (as its code does)."""
-    from graphdist._fleet.ray import ray_members
+    from graphdist._fleet.raynodes import ray_members
 
     wire = tls_cluster(cluster) if tls else cluster
     task = wire.task("worker", 0)
