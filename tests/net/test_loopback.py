@@ -389,3 +389,27 @@ def test_an_ipv6_loopback_cluster_starts_and_stays_on_loopback():
             assert sess.run(y) == 238
         for task in fleet.tasks:
             assert listening(task.pid) == [("::1", task.task.port)]
+
+
+def test_a_port_another_process_holds_on_ipv6_loopback_is_refused():
+    """localhost is 127.0.0.1 and ::1; the task's server listens on 127.0.0.1 only, and a
+    client tries ::1 first: with another process listening at [::1]:PORT, the task's sessions
+    would reach that one. The port check before the start (a bind of [::] at the port) refuses
+    it, naming the holder; nothing is started."""
+    (port,) = pick_free_ports(1)  # held: the fleet's claim takes it over
+    other = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        try:
+            other.bind(("::1", port))
+        except OSError:
+            pytest.skip("no IPv6 loopback on this machine")
+        other.listen(1)
+        fleet = graphdist.LocalFleet({"local": [f"localhost:{port}"]})
+        with pytest.raises(graphdist.PortInUseError, match=f"in use by pid {os.getpid()}") as info:
+            fleet.start()
+        assert info.value.port == port and info.value.task == "local-0"
+        pids = [t.pid for t in fleet.tasks if t.pid is not None]
+        assert wait_gone(pids, EVENTUALLY_S) == []
+    finally:
+        other.close()
+        release_ports([port])
