@@ -291,6 +291,12 @@ class LocalFleet(OwnedFleet[FleetTask]):
     def _stop_tasks(self, tasks: list[FleetTask], grace_s: float) -> None:
         for ft in stop_all(tasks, grace_s):
             log.error("%r survived SIGTERM and SIGKILL", ft)
+        # Ended as the kernel says; their exit statuses are the fork server's news, which a
+        # loaded machine delays: a stop ends once they are in (up to EXIT_NEWS_S each), so a
+        # stopped fleet's record says how each ended (its table read "exited with an unknown
+        # code" for a task close() had stopped, in the suite under load).
+        for ft in tasks:
+            ft.facts(EXIT_NEWS_S)
 
     def _start_gateway(self) -> None:
         """TLS mode: the fleet's own credentials and its gateway (inbound for every task it

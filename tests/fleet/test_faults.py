@@ -19,6 +19,7 @@ import graphdist
 from graphdist._detached.state import SUPERVISOR_LOG
 from graphdist._detached.supervisor import MONITOR_INTERVAL_S
 from graphdist._distribute.heartbeat import process_state
+from graphdist._fleet.client import EXIT_NEWS_S
 from graphdist._graph.graphs import split_graph
 from tests.conftest import EVENTUALLY_S, read_json, run_python, wait_gone
 
@@ -102,6 +103,29 @@ def test_a_killed_task_whose_exit_news_is_late_is_reported_dead(fleet, killer):
         os.kill(parent, signal.SIGCONT)
     assert [h.status for h in health] == ["alive", "dead"], str(health)
     assert "was killed by SIGKILL" in str(health[1])
+
+
+def test_a_closed_fleet_says_how_each_task_ended_though_the_news_was_late():
+    """close() ends its tasks as the kernel says (pidfds); their exit statuses are the fork
+    server's news. Here the fork server is stopped through the close and resumed 1.5 s into
+    it (before EXIT_NEWS_S): close waits for the news, so the closed fleet's table, read at
+    once, says "stopped" for each task (it read "exited with an unknown code" in the suite
+    under load)."""
+    fleet = graphdist.LocalFleet("local=2").start()
+    pids = [t.pid for t in fleet.tasks]
+    parent = psutil.Process(pids[0]).ppid()
+    assert parent != os.getpid(), "the task is not the fork server's child"
+    os.kill(parent, signal.SIGSTOP)
+    resume = threading.Timer(EXIT_NEWS_S * 0.75, os.kill, (parent, signal.SIGCONT))
+    try:
+        resume.start()
+        fleet.close()
+        page = fleet._repr_html_()
+    finally:
+        resume.cancel()
+        os.kill(parent, signal.SIGCONT)
+    assert wait_gone(pids, EVENTUALLY_S) == []
+    assert page.count(">stopped<") == 2, page
 
 
 def test_worker_killed_mid_session_names_the_worker_then_restart_works(fleet):
