@@ -31,7 +31,7 @@ demo: $(VENV)/.installed
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check graphdist tests examples benchmarks noxfile.py docs/conf.py
-	$(BIN)/ruff format --check graphdist
+	$(BIN)/ruff format --check graphdist tests examples benchmarks noxfile.py docs/conf.py
 	$(BIN)/mypy graphdist
 
 test: lint
