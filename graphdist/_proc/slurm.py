@@ -369,12 +369,40 @@ def cancel_steps(
     return steps
 
 
-_PORTS = (
-    "import os, socket\n"
-    "s=[socket.socket() for _ in range({k})]\n"
-    "[x.bind(('', 0)) for x in s]\n"
-    "print(os.environ['SLURMD_NODENAME'], *[x.getsockname()[1] for x in s], flush=True)\n"
-)
+# Ports drawn at random below the node's ephemeral range and checked free on both wildcards, as
+# graphdist._ports picks them here: a port 0 bind gives an ephemeral port, which the node's own
+# outgoing connections (srun's, slurmd's, the job's) may take before the task's server binds it
+# seconds later (a requeued run's MWMS worker: "Could not start gRPC server", CI 2026-12-06).
+_PORTS = """import errno, os, random, socket
+try:
+    low = int(open('/proc/sys/net/ipv4/ip_local_port_range').read().split()[0])
+except (OSError, ValueError, IndexError):
+    low = 32768
+a, b = (10000, low - 1) if low > 12000 else (20000, 32000)
+def free(port):
+    for family, host in ((socket.AF_INET, '0.0.0.0'), (socket.AF_INET6, '::')):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRNOTAVAIL:
+                return False
+        finally:
+            sock.close()
+    return True
+got = []
+for _ in range(2000):
+    if len(got) == {k}:
+        break
+    port = random.randint(a, b)
+    if port not in got and free(port):
+        got.append(port)
+print(os.environ['SLURMD_NODENAME'], *got, flush=True)
+"""
 
 
 def free_ports(
@@ -426,7 +454,7 @@ def free_ports(
         words = line.split()
         if words and all(w.isdigit() for w in words[1:]):
             found[words[0]] = [int(w) for w in words[1:]]
-    missing = [n for n in nodes if n not in found]
+    missing = [n for n in nodes if len(found.get(n, ())) < per_node[n]]
     if done.returncode != 0 or missing:
         said = done.stderr.strip().splitlines()
         raise ArgumentError(

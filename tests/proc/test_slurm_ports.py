@@ -1,0 +1,36 @@
+"""The Slurm port step's ports (graphdist._proc.slurm.free_ports runs this script on each node):
+below the node's ephemeral range, where no outgoing connection takes them between the step and
+the task's server, distinct, free and as many as asked. A port-0 bind (the step before) gave an
+ephemeral one, and a requeued run's server could not bind it seconds later."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from graphdist._ports import is_port_free
+from graphdist._proc.slurm import _PORTS
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_the_port_step_draws_free_ports_below_the_ephemeral_range():
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", _PORTS.format(k=6)],
+        env={**os.environ, "SLURMD_NODENAME": "node-a"},
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    )
+    name, *ports = done.stdout.split()
+    assert name == "node-a"
+    got = [int(p) for p in ports]
+    assert len(got) == len(set(got)) == 6
+    assert all(1024 < p < low for p in got), (got, low)
+    assert all(is_port_free(p) for p in got)
