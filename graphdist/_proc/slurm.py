@@ -369,40 +369,17 @@ def cancel_steps(
     return steps
 
 
-# Ports drawn at random below the node's ephemeral range and checked free on both wildcards, as
-# graphdist._ports picks them here: a port 0 bind gives an ephemeral port, which the node's own
-# outgoing connections (srun's, slurmd's, the job's) may take before the task's server binds it
-# seconds later (a requeued run's MWMS worker: "Could not start gRPC server", CI 2026-12-06).
-_PORTS = """import errno, os, random, socket
-try:
-    low = int(open('/proc/sys/net/ipv4/ip_local_port_range').read().split()[0])
-except (OSError, ValueError, IndexError):
-    low = 32768
-a, b = (10000, low - 1) if low > 12000 else (20000, 32000)
-def free(port):
-    for family, host in ((socket.AF_INET, '0.0.0.0'), (socket.AF_INET6, '::')):
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
-            continue
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-        except OSError as exc:
-            if exc.errno != errno.EADDRNOTAVAIL:
-                return False
-        finally:
-            sock.close()
-    return True
-got = []
-for _ in range(2000):
-    if len(got) == {k}:
-        break
-    port = random.randint(a, b)
-    if port not in got and free(port):
-        got.append(port)
-print(os.environ['SLURMD_NODENAME'], *got, flush=True)
-"""
+# The node's ports are picked by graphdist._ports, as on this machine: below the node's ephemeral
+# range and free on both wildcards. A port-0 bind (the step before) gave an ephemeral port, which
+# the node's own outgoing connections (srun's, slurmd's, the job's) may take before the task's
+# server binds it seconds later (a requeued run's MWMS worker: "Could not start gRPC server").
+_PORTS = (
+    "import os\n"
+    "from graphdist._ports import pick_free_ports, release_ports\n"
+    "ports = pick_free_ports({k})\n"
+    "print(os.environ['SLURMD_NODENAME'], *ports, flush=True)\n"
+    "release_ports(ports)\n"
+)
 
 
 def free_ports(
@@ -412,8 +389,9 @@ def free_ports(
     env: Mapping[str, str] | None = None,
 ) -> dict[str, list[int]]:
     """``per_node[node]`` free ports on each node, found by one step on every node at once
-    (each binds port 0 and says which it got under its node's Slurm name, ``SLURMD_NODENAME``:
-    a host name need not be one; taken again by the tasks a moment later)."""
+    (each picks them with graphdist's own picker, :func:`pick_free_ports`, and says which under
+    its node's Slurm name, ``SLURMD_NODENAME``: a host name need not be one; taken again by the
+    tasks a moment later)."""
     nodes = [n for n in alloc.nodes if per_node.get(n)]
     most = max(per_node.values())
     argv = [
@@ -429,7 +407,6 @@ def free_ports(
         "--input=none",
         sys.executable,
         "-I",
-        "-S",
         "-c",
         _PORTS.format(k=most),
     ]

@@ -1,4 +1,5 @@
-"""The Slurm port step's ports (graphdist._proc.slurm.free_ports runs this script on each node):
+"""The Slurm port step's ports (graphdist._proc.slurm.free_ports runs this script on each node,
+graphdist's own picker there):
 below the node's ephemeral range, where no outgoing connection takes them between the step and
 the task's server, distinct, free and as many as asked. A port-0 bind (the step before) gave an
 ephemeral one, and a requeued run's server could not bind it seconds later."""
@@ -21,7 +22,7 @@ def test_the_port_step_draws_free_ports_below_the_ephemeral_range():
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         low = int(f.read().split()[0])
     done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", _PORTS.format(k=6)],
+        [sys.executable, "-I", "-c", _PORTS.format(k=6)],
         env={**os.environ, "SLURMD_NODENAME": "node-a"},
         capture_output=True,
         text=True,
