@@ -15,7 +15,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Generator, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
@@ -23,6 +23,9 @@ import pytest
 # --dist loadgroup that ends after a crashed worker instead of hanging (xdist 3.8's #1323, #1327)
 from tests import xdist_sched
 from tests.xdist_sched import pytest_xdist_make_scheduler  # noqa: F401 - a hook
+
+if TYPE_CHECKING:
+    from graphdist._detached.state import ProcessRef
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -719,7 +722,7 @@ class SuiteAgent:
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self.env: dict[str, str] = {}
-        self.pid: int | None = None
+        self.ref: ProcessRef | None = None  # the agent, by pid and start: never a reused pid
         self.used = 0  # tests that asked for it
         self.seen = 0  # runs the running agent had served at its last look
         self.served_before = 0  # runs served by the agents this one replaced
@@ -741,9 +744,9 @@ class SuiteAgent:
         from graphdist._distribute.warm import env_differs
 
         env = self._env_now()
-        if self.pid is not None:
+        if self.ref is not None:
             differs = env_differs(env, self.env)
-            if differs is None and not is_gone(self.pid):
+            if differs is None and self.ref.alive():
                 return
             if differs is not None:
                 warnings.warn(
@@ -757,25 +760,36 @@ class SuiteAgent:
         # one that ended so between two tests is started again above
         started = self._warm("start", "--idle-timeout", "600")
         assert started.returncode == 0, started.stdout + started.stderr
-        self.pid = int(started.stdout.split("pid ")[1].split(",")[0])
+        from graphdist._detached.state import ProcessRef
+
+        self.ref = ProcessRef.of(int(started.stdout.split("pid ")[1].split(",")[0]))
         self.seen = 0
 
     def served(self) -> int:
-        """Runs the running agent has served."""
+        """Runs the running agent has served (as last seen, once it has ended on its own: its
+        idle timeout may end it between a look at its process and the question)."""
         status = self._warm("status")
-        assert status.returncode == 0, status.stdout + status.stderr
-        self.seen = int(status.stdout.split("served ")[1].split()[0])
+        if status.returncode == 0:
+            self.seen = int(status.stdout.split("served ")[1].split()[0])
+        else:
+            assert self.ref is not None and self._gone(), status.stdout + status.stderr
         return self.seen
 
+    def _gone(self) -> bool:
+        deadline = time.monotonic() + EVENTUALLY_S
+        while self.ref is not None and self.ref.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.ref is None or not self.ref.alive()
+
     def stop(self) -> None:
-        if self.pid is not None:
-            if not is_gone(self.pid):
+        if self.ref is not None:
+            if self.ref.alive():
                 self.served()
                 stopped = self._warm("stop")
                 assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-            assert wait_gone([self.pid], EVENTUALLY_S) == [], f"warm agent {self.pid} survived"
+            assert self._gone(), f"warm agent {self.ref.pid} survived"
             self.served_before += self.seen
-            self.pid, self.seen = None, 0
+            self.ref, self.seen = None, 0
 
 
 @pytest.fixture(scope="session")
@@ -808,5 +822,5 @@ def warm_agent(
     _suite_agent.ensure()
     _suite_agent.used += 1
     yield _suite_agent
-    if not is_gone(_suite_agent.pid or 0):
+    if _suite_agent.ref is not None and _suite_agent.ref.alive():
         _suite_agent.served()  # its count so far, kept if it is replaced or ends on its own

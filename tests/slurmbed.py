@@ -952,10 +952,7 @@ class SlurmBed:
 
 def _start_times(pids: Iterable[int]) -> dict[int, float]:
     """Each live pid of ``pids`` with its process's start time (a pid reused later has another)."""
-    import psutil
+    from graphdist._proc.process import proc_stat
 
-    found = {}
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            found[pid] = psutil.Process(pid).create_time()
-    return found
+    stats = {pid: proc_stat(pid) for pid in pids}
+    return {pid: stat.started for pid, stat in stats.items() if stat is not None}

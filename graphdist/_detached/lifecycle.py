@@ -334,7 +334,7 @@ def start_detached(
                 )
             try:
                 also.append(ProcessRef.of(proc.pid))
-            except Exception:  # psutil.Error: it is gone already; the wait below says why
+            except ProcessLookupError:  # it is gone already; the wait below says why
                 also.append(ProcessRef(proc.pid, 0.0))
             record = _wait_ready(spec, proc, log_path)
             if on_ready is not None:

@@ -57,7 +57,7 @@ def marked_processes(state_dir: str) -> list[MarkedProcess]:
     uid = os.getuid()
     skip = _ancestors()
     found = []
-    for proc in psutil.process_iter(["pid", "uids", "cmdline", "create_time"]):
+    for proc in psutil.process_iter(["pid", "uids", "cmdline"]):
         try:
             info = proc.info
             if info["pid"] in skip or info["uids"] is None or info["uids"].real != uid:
@@ -71,8 +71,8 @@ def marked_processes(state_dir: str) -> list[MarkedProcess]:
                     continue
                 if proc.environ().get(MARK_ENV) != mark:
                     continue
-            found.append(MarkedProcess(ProcessRef(info["pid"], info["create_time"]), supervisor))
-        except (psutil.Error, OSError):
+            found.append(MarkedProcess(ProcessRef.of(info["pid"]), supervisor))
+        except (psutil.Error, OSError):  # gone (ProcessLookupError) or not ours to read
             continue
     return [p for p in found if p.ref.alive()]
 

@@ -42,8 +42,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import psutil
-
 from graphdist._exceptions import (
     CorruptStateError,
     GraphdistError,
@@ -53,6 +51,7 @@ from graphdist._exceptions import (
 )
 from graphdist._failures import task_name
 from graphdist._private import private_dir
+from graphdist._proc.process import proc_stat
 
 __all__ = [
     "MARK_ENV",
@@ -172,24 +171,27 @@ def fleet_mark(state_dir: str) -> str:
 
 @dataclass(frozen=True)
 class ProcessRef:
-    """A pid plus its start time, so that a reused pid is not taken for ours."""
+    """A pid plus when it started (seconds after boot, :class:`ProcStat`), so that a reused pid
+    is not taken for ours, and a change of the wall clock does not make ours another's."""
 
     pid: int
-    create_time: float
+    started: float
 
     @classmethod
     def of(cls, pid: int) -> ProcessRef:
-        return cls(pid, psutil.Process(pid).create_time())
+        """The process ``pid`` is now; :class:`ProcessLookupError` if there is none."""
+        stat = proc_stat(pid)
+        if stat is None:
+            raise ProcessLookupError(pid)
+        return cls(pid, stat.started)
 
     def alive(self) -> bool:
-        try:
-            proc = psutil.Process(self.pid)
-            return (
-                abs(proc.create_time() - self.create_time) < 0.01
-                and proc.status() != psutil.STATUS_ZOMBIE
-            )
-        except psutil.Error:
-            return False
+        stat = proc_stat(self.pid)
+        return (
+            stat is not None
+            and abs(stat.started - self.started) < 0.005  # one clock tick is 0.01 s
+            and stat.state not in ("Z", "X")
+        )
 
     def running(self) -> bool:  # what graphdist._proc.process.stop_all asks
         return self.alive()
@@ -207,7 +209,7 @@ class TaskRecord:
     task: int
     address: str
     pid: int
-    create_time: float
+    started: float  # seconds after boot (ProcessRef)
     log: str
     restarts: int = 0
     exitcode: int | None = None  # set once the supervisor has seen the process exit
@@ -216,7 +218,7 @@ class TaskRecord:
 
     @property
     def process(self) -> ProcessRef:
-        return ProcessRef(self.pid, self.create_time)
+        return ProcessRef(self.pid, self.started)
 
     @property
     def name(self) -> str:
@@ -254,7 +256,7 @@ class FleetRecord:
         if real is not None and not isinstance(real, dict):
             raise ValueError(f"real_cluster must be an object, not {type(real).__name__}")
         return cls(
-            supervisor=ProcessRef(_int(sup, "pid"), _num(sup, "create_time")),
+            supervisor=ProcessRef(_int(sup, "pid"), _num(sup, "started")),
             cluster=cluster,
             tasks=[_task(_obj(t, "a task")) for t in tasks],
             started_at=_num(data, "started_at", 0.0),
@@ -319,7 +321,7 @@ def _task(data: dict[str, Any]) -> TaskRecord:
         task=_int(data, "task"),
         address=_str(data, "address"),
         pid=_int(data, "pid"),
-        create_time=_num(data, "create_time"),
+        started=_num(data, "started"),
         log=_str(data, "log"),
         restarts=_int(data, "restarts", 0),
         exitcode=exitcode,

@@ -36,8 +36,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-import psutil
-
 from graphdist._detached.control import ControlServer
 from graphdist._detached.state import (
     LOGS_DIR,
@@ -244,7 +242,7 @@ class _Supervisor:
         if ref is None or ref.pid != pid:
             try:
                 ref = ProcessRef.of(pid) if alive else ProcessRef(pid, 0.0)
-            except psutil.Error:
+            except ProcessLookupError:
                 ref = ProcessRef(pid, 0.0)  # already gone: recorded, and seen as not alive
             self._refs[(job, index)] = ref
         return ref
@@ -268,7 +266,7 @@ class _Supervisor:
                     t.index,
                     t.address,
                     t.pid,
-                    ref.create_time,
+                    ref.started,
                     t.log_path or "",
                     t.restarts,
                     exitcode,

@@ -44,8 +44,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-import psutil
-
 from graphdist._detached.state import ProcessRef
 from graphdist._distribute.warm import (
     MSG_MAX,
@@ -92,7 +90,7 @@ class AgentRecord:
     """A warm agent as its record says it (the module docstring)."""
 
     pid: int
-    create_time: float
+    boot_s: float  # when it started, in seconds after boot (ProcessRef)
     path: str  # "@NAME": its socket in the abstract namespace
     python: str
     preload: tuple[str, ...]
@@ -104,7 +102,7 @@ class AgentRecord:
 
     def alive(self) -> bool:
         """Whether the agent still runs: this pid, started at this time, not a zombie."""
-        return ProcessRef(self.pid, self.create_time).alive()
+        return ProcessRef(self.pid, self.boot_s).alive()
 
 
 def warm_dir(create: bool = True) -> str:
@@ -252,7 +250,7 @@ def stop_agent(preload: Sequence[str], wait_s: float = 10.0) -> AgentRecord | No
     with _locked(path):
         record = live_agent(preload)
         if record is not None:
-            if stop_all([ProcessRef(record.pid, record.create_time)], wait_s, wait_s):
+            if stop_all([ProcessRef(record.pid, record.boot_s)], wait_s, wait_s):
                 raise StateError(f"The warm agent (pid {record.pid}) did not end", path)
             with contextlib.suppress(OSError):
                 os.unlink(path)
@@ -427,10 +425,10 @@ def agent_main(record_path: str, idle_timeout_s: float, preload: Sequence[str]) 
     listener.bind("\0" + name)
     listener.listen(64)
     listener.setblocking(False)
-    me = psutil.Process()
+    me = ProcessRef.of(os.getpid())
     record = AgentRecord(
         me.pid,
-        me.create_time(),
+        me.started,
         "@" + name,
         os.path.abspath(sys.executable),
         tuple(preload),

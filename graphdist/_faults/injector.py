@@ -327,7 +327,8 @@ class FaultInjector:
             if p.due_since is not None or fault.after_s is None or fault.attempt != run.attempt:
                 continue
             found = self._find(run, fault.task, fault.attempt)
-            if found is not None and time.time() >= start_time(found[0]) + fault.after_s:
+            now = time.clock_gettime(time.CLOCK_BOOTTIME)  # start_time's clock
+            if found is not None and now >= start_time(found[0]) + fault.after_s:
                 p.due_since = time.monotonic()
         now = time.monotonic()
         for frozen in run.frozen:

@@ -18,7 +18,7 @@ from typing import IO, TYPE_CHECKING
 from graphdist._distribute.events import Event
 from graphdist._faults.faults import MARK_ENV, Fault, Injected, Missed, OutputLine
 from graphdist._faults.freezer import Freezer
-from graphdist._proc.process import marked
+from graphdist._proc.process import marked, proc_stat
 
 if TYPE_CHECKING:
     import psutil
@@ -151,12 +151,10 @@ def remove_freezers(run: Run) -> None:
 
 
 def start_time(proc: psutil.Process) -> float:
-    import psutil
-
-    try:
-        return proc.create_time()
-    except psutil.Error:
-        return math.inf
+    """When ``proc`` started, in seconds after boot (``time.CLOCK_BOOTTIME``'s count, which no
+    change of the wall clock moves); infinity once it is gone."""
+    stat = proc_stat(proc.pid)
+    return math.inf if stat is None else stat.started
 
 
 def pump(

@@ -46,7 +46,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 if TYPE_CHECKING:
     import subprocess
@@ -57,6 +57,7 @@ __all__ = [
     "NOW_SIGNAL",
     "STOP_GRACE_S",
     "TASK_STOP_GRACE_S",
+    "ProcStat",
     "Stoppable",
     "descendants",
     "end_marked",
@@ -213,14 +214,29 @@ def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
 # --- descendants and the guard -------------------------------------------------------------------
 
 
-def proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) from /proc/PID/stat, None once it is gone."""
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class ProcStat(NamedTuple):
+    """What /proc/PID/stat says of a process."""
+
+    state: str  # R, S, D, T, t, Z, X, ...
+    ppid: int
+    #: When it started, in seconds after boot: the kernel's own count, which no change of the
+    #: wall clock moves. psutil's ``create_time`` adds the boot time read at the moment, and a
+    #: step or slew of the wall clock moves that by a whole second: a live process recorded
+    #: with it no longer matched its record (two warm agents of one CI run were taken for gone).
+    started: float
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """:class:`ProcStat` of ``pid``, None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()  # the name, in (), may hold anything
-    except (OSError, IndexError):
+        return ProcStat(fields[0].decode(), int(fields[1]), int(fields[19]) / _CLOCK_TICKS)
+    except (OSError, IndexError, ValueError):
         return None
-    return fields[0].decode(), int(fields[1])
 
 
 def _children_by_scan() -> dict[int, list[int]]:

@@ -142,14 +142,14 @@ def good_record() -> FleetRecord:
     [
         b"",
         b"\x00\xff garbage",
-        b'{"supervisor": {"pid": 1, "create_ti',
+        b'{"supervisor": {"pid": 1, "starte',
         b'{"supervisor": "x"}',
         b"[1, 2]",
         b"\xff\xfe{}",
-        b'{"supervisor": {"pid": "12", "create_time": 1.0}, "cluster": {}, "tasks": []}',
-        b'{"supervisor": {"pid": 12, "create_time": 1.0}, "cluster": {}, "tasks": [{"job": 1}]}',
-        b'{"supervisor": {"pid": 12, "create_time": 1.0}, "cluster": [], "tasks": []}',
-        b'{"supervisor": {"pid": 12, "create_time": 1.0}, "cluster": {}, "tasks": {}}',
+        b'{"supervisor": {"pid": "12", "started": 1.0}, "cluster": {}, "tasks": []}',
+        b'{"supervisor": {"pid": 12, "started": 1.0}, "cluster": {}, "tasks": [{"job": 1}]}',
+        b'{"supervisor": {"pid": 12, "started": 1.0}, "cluster": [], "tasks": []}',
+        b'{"supervisor": {"pid": 12, "started": 1.0}, "cluster": {}, "tasks": {}}',
     ],
 )
 def test_an_unreadable_record_is_corrupt_state_never_a_raw_error(tmp_path, content):
@@ -195,6 +195,27 @@ def dead_process_ref() -> ProcessRef:
     return ref
 
 
+def test_a_live_process_stays_itself_when_the_wall_clock_moves(monkeypatch):
+    """A process is known by its pid and its start counted from boot: a step or slew of the
+    wall clock, which moves psutil's boot time (and so its ``create_time``) by a second, does
+    not make a live process look gone (red with ``create_time``: a CI run's two warm agents
+    were so taken for gone) nor a reused pid look alive."""
+    import psutil
+
+    with subprocess.Popen(["sleep", "60"]) as proc:
+        try:
+            ref = ProcessRef.of(proc.pid)
+            booted, created = psutil.boot_time(), psutil.Process(proc.pid).create_time()
+            for step in (1.0, -1.0):
+                monkeypatch.setattr(psutil._psplatform, "boot_time", lambda s=step: booted + s)
+                assert psutil.Process(proc.pid).create_time() == pytest.approx(created + step)
+                assert ref.alive(), f"the wall clock moved by {step:+.0f} s"
+            assert not ProcessRef(proc.pid, ref.started - 0.01).alive()  # another process
+        finally:
+            proc.kill()
+    assert not ref.alive()  # gone (reaped by the with)
+
+
 def test_a_stale_record_is_cleaned_up_and_said_so_only_where_it_was(tmp_path):
     """``status`` of a fleet whose supervisor is gone cleans the folder and says so; while
     another command holds the folder's lock, it says that instead and leaves the folder."""
@@ -222,7 +243,7 @@ def test_down_on_stale_state_says_so_in_one_line_and_removes_it(tmp_path, mark):
     record = FleetRecord(
         supervisor=supervisor,
         cluster={"local": ["localhost:2020"]},
-        tasks=[TaskRecord("local", 0, "localhost:2020", server.pid, server.create_time, "/x.log")],
+        tasks=[TaskRecord("local", 0, "localhost:2020", server.pid, server.started, "/x.log")],
     )
     write_state(state_dir, record)
     result = gd(mark, "down", "--state-dir", state_dir, timeout=60)

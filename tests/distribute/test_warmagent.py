@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
+from graphdist._detached.state import ProcessRef
 from graphdist._distribute.warmagent import WARM_DIR_ENV
 from tests.conftest import EVENTUALLY_S, QUIET_TF, CliResult, is_gone, wait_gone
 from tests.distribute.test_warm import SLEEPER, VIEW, _events, _launcher, _lines, _run, _started
@@ -57,10 +58,9 @@ class Agents:
 
     def note(self) -> None:
         for record in self.records():
-            with contextlib.suppress(psutil.Error):
-                proc = psutil.Process(record["pid"])
-                if abs(proc.create_time() - record["create_time"]) < 0.01:
-                    self.started.append(proc)
+            if ProcessRef(record["pid"], record["boot_s"]).alive():
+                with contextlib.suppress(psutil.Error):
+                    self.started.append(psutil.Process(record["pid"]))
 
 
 @pytest.fixture
