@@ -77,6 +77,21 @@ def signals_by_default() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
+def sigstop(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until it is stopped (``/proc`` state ``T``). A signal sent right
+    after a bare SIGSTOP can act first: the kernel takes a process's pending signals lowest
+    number first once it runs, so a SIGTERM (15) that came before the target ran again ended a
+    "stopped" server at once (a tracefs record of tests/cli/test_interrupt.py, 1 run in 6 here
+    beside a load)."""
+    from graphdist._proc.process import proc_stat
+
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + EVENTUALLY_S
+    while (state := (proc_stat(pid) or ("gone", 0))[0]) != "T":
+        assert time.monotonic() < deadline, f"pid {pid} did not stop on SIGSTOP: {state}"
+        time.sleep(0.005)
+
+
 def is_gone(pid: int) -> bool:
     """True once ``pid`` has exited (a zombie waiting to be reaped counts as exited)."""
     try:

@@ -26,6 +26,7 @@ from tests.conftest import (
     REPO,
     processes_marked,
     signals_by_default,
+    sigstop,
     wait_gone,
 )
 
@@ -152,7 +153,7 @@ def test_a_second_ctrl_c_on_up_kills_a_server_that_does_not_stop(presses):
         assert more, text
         text += more
     rows = json.loads(text)
-    os.kill(rows[0]["pid"], signal.SIGSTOP)
+    sigstop(rows[0]["pid"])  # stopped before the Ctrl-C: its SIGTERM would act first
     os.killpg(proc.pid, signal.SIGINT)
     sent = time.monotonic()
     assert proc.stderr.readline().strip() == UP_ACK

@@ -25,6 +25,7 @@ from tests.conftest import (
     DOCUMENTED_FLEET_OPERATION_TIMEOUT_MS,
     EVENTUALLY_S,
     run_python,
+    sigstop,
     wait_gone,
 )
 
@@ -160,7 +161,7 @@ def test_a_frozen_task_is_reported_not_answering(fleet):
     frozen = []
 
     def freeze():
-        os.kill(pid, signal.SIGSTOP)
+        sigstop(pid)
         frozen.append(time.monotonic())
 
     try:
@@ -187,7 +188,7 @@ def test_a_task_the_fleet_is_still_killing_is_reported_dead_not_frozen(fleet):
     fleet._killed[task.name] = (task.pid, signal.SIGKILL)  # what kill() records first
 
     def freeze():
-        os.kill(task.pid, signal.SIGSTOP)
+        sigstop(task.pid)
 
     try:
         sess, err = fail_mid_run(fleet, freeze, FAST_S + 10)

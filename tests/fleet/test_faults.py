@@ -21,7 +21,7 @@ from graphdist._detached.supervisor import MONITOR_INTERVAL_S
 from graphdist._distribute.heartbeat import process_state
 from graphdist._fleet.client import EXIT_NEWS_S
 from graphdist._graph.graphs import split_graph
-from tests.conftest import EVENTUALLY_S, read_json, run_python, wait_gone
+from tests.conftest import EVENTUALLY_S, read_json, run_python, sigstop, wait_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 TIMEOUT_MS = 1500
@@ -85,7 +85,7 @@ def test_a_killed_task_whose_exit_news_is_late_is_reported_dead(fleet, killer):
     task = fleet.task("local", 1)
     pid, parent = task.pid, psutil.Process(task.pid).ppid()
     assert parent != os.getpid(), "the task is not the fork server's child"
-    os.kill(parent, signal.SIGSTOP)
+    sigstop(parent)
     try:
         if killer == "outside":
             os.kill(pid, signal.SIGKILL)
@@ -115,7 +115,7 @@ def test_a_closed_fleet_says_how_each_task_ended_though_the_news_was_late():
     pids = [t.pid for t in fleet.tasks]
     parent = psutil.Process(pids[0]).ppid()
     assert parent != os.getpid(), "the task is not the fork server's child"
-    os.kill(parent, signal.SIGSTOP)
+    sigstop(parent)
     resume = threading.Timer(EXIT_NEWS_S * 0.75, os.kill, (parent, signal.SIGCONT))
     try:
         resume.start()
@@ -161,15 +161,6 @@ def test_master_killed_names_the_master_and_new_sessions_refuse_at_once(fleet):
         fleet.restart("local", 0)
 
 
-def stop(pid: int) -> None:
-    """SIGSTOP ``pid`` and wait until it is stopped (state ``T``), every thread of it."""
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + EVENTUALLY_S
-    while process_state(pid) != "T":
-        assert time.monotonic() < deadline, f"pid {pid} not stopped: {process_state(pid)}"
-        time.sleep(0.005)
-
-
 def while_stopped(pid: int, call: Callable[[], Any], tries: int = 3) -> Any:
     """``call()`` while ``pid`` is stopped, its result; the stop is checked to have held
     throughout (state ``T`` after the call). If another process continued the task meanwhile
@@ -178,7 +169,7 @@ def while_stopped(pid: int, call: Callable[[], Any], tries: int = 3) -> Any:
     SIGCONT came from the test that had sent the SIGSTOP, and the sender was not found), the
     premise failed and the call is made again, up to ``tries`` times."""
     for _ in range(tries):
-        stop(pid)
+        sigstop(pid)
         try:
             result = call()
             state = process_state(pid)
@@ -228,8 +219,8 @@ def test_a_busy_task_is_not_blamed_for_a_frozen_one(fleet):
     # master itself can miss that short probe. Here it is stopped for the first probe (as busy
     # as it gets) and resumed during the second: the frozen task must be the one named.
     master, frozen = fleet.task("local", 0).pid, fleet.task("local", 1).pid
-    os.kill(frozen, signal.SIGSTOP)
-    os.kill(master, signal.SIGSTOP)
+    sigstop(frozen)
+    sigstop(master)
     resume = threading.Timer(1.0, os.kill, (master, signal.SIGCONT))
     resume.start()
     try:
