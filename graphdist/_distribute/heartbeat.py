@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphdist._exceptions import ArgumentError
+from graphdist._proc.process import proc_stat
 from graphdist._validate import show
 
 __all__ = [
@@ -90,11 +91,8 @@ def check_heartbeat_timeout(value: object) -> float | None:
 def process_state(pid: int) -> str | None:
     """The state letter of ``pid`` in ``/proc/PID/stat`` (``R``, ``S``, ``T`` ...), None once
     it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return None
+    stat = proc_stat(pid)
+    return None if stat is None else stat.state
 
 
 @dataclass
