@@ -74,6 +74,32 @@ def test_a_server_on_ipv6_loopback_at_a_tasks_port_does_not_answer_for_it(fleet)
     assert [h.status for h in health] == ["alive", "not answering"]
 
 
+def test_a_session_reaches_its_master_though_another_server_is_on_ipv6_loopback_at_its_port(
+    fleet,
+):
+    """The same for a session on ``grpc://localhost:PORT``: TensorFlow's own client reaches the
+    master on 127.0.0.1 (measured: this passes with the name as the target), where grpcio's
+    Python client had tried ``[::1]`` first. Pinned: a server there has no master service, and
+    a session that reached it would fail (UNIMPLEMENTED)."""
+    from concurrent import futures
+
+    import grpc
+
+    master = fleet.task("local", 0)
+    other = grpc.server(futures.ThreadPoolExecutor(1))
+    try:
+        assert other.add_insecure_port(f"[::1]:{master.task.port}") == master.task.port
+    except RuntimeError:
+        pytest.skip("no IPv6 loopback on this machine")
+    other.start()
+    try:
+        graph, y = seed_graph(fleet)
+        with fleet.session("local", 0, graph=graph, operation_timeout_ms=30_000) as sess:
+            assert sess.run(y) == 238
+    finally:
+        other.stop(0)
+
+
 @pytest.mark.parametrize("killer", ["outside", "fleet.kill"])
 def test_a_killed_task_whose_exit_news_is_late_is_reported_dead(fleet, killer):
     """A killed server's socket closes before its parent (the fork server) reaps it and tells
