@@ -130,6 +130,7 @@ def _stop(driver: subprocess.Popen[str]) -> None:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("tls", [False, True], ids=["members", "tls"])
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
 def test_up_detach_on_slurm_serves_from_the_login_host_and_down_leaves_no_step(
     slurm, tmp_path, tls
 ):
@@ -194,6 +195,7 @@ def test_up_detach_on_slurm_serves_from_the_login_host_and_down_leaves_no_step(
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("tls", [False, True], ids=["members", "tls"])
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
 def test_up_in_the_foreground_on_slurm_stops_every_step_on_ctrl_c(slurm, tls):
     """``graphdist up --backend slurm`` in a login host's terminal: Ctrl-C (SIGINT) ends it
     with 130 and leaves no step of the fleet in the allocation. With ``--tls`` it first says
@@ -253,6 +255,7 @@ say(step="closed", state=fleet.state.value)
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
 def test_a_slurm_fleet_in_tls_mode_is_reached_by_its_credentials_only(slurm, tmp_path):
     """``SlurmFleet(tls=True)``: each step's ``serve --tls -`` gets its node's credentials on
     srun's stdin and keeps none on disk once its gateway read them; the login host's driver

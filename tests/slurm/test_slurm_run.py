@@ -144,6 +144,7 @@ def _waiting_run(slurm: Any, jobid: int) -> Iterator[tuple[subprocess.Popen[str]
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
 def test_a_run_whose_launcher_gets_sighup_leaves_no_step_in_the_allocation(slurm, alloc):
     """The login-node flow with the ssh session dropped: SIGHUP to ``graphdist run --jobid``
     ends it by that signal, and first cancels what it started in the allocation: its tasks'
@@ -197,6 +198,7 @@ def _expand(slurm: Any, job: dict[str, str]) -> list[str]:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
 def test_a_run_inside_an_sbatch_script_finds_its_allocation(slurm):
     """No --jobid: SLURM_JOB_ID, set by sbatch, names the allocation; the batch script runs on
     the allocation's first node, the launcher there."""
@@ -225,6 +227,7 @@ def test_a_run_inside_an_sbatch_script_finds_its_allocation(slurm):
         (["--ntasks-per-node", "0", "--jobid", "ALLOC"], "--ntasks-per-node must be"),
     ],
 )
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
 def test_bad_slurm_runs_are_one_line_and_exit_2_with_nothing_started(slurm, alloc, args, words):
     args = [str(alloc) if a == "ALLOC" else a for a in args]
     result = _graphdist(slurm, "run", "--backend", "slurm", *args, "--", "true", timeout=60)
@@ -360,6 +363,7 @@ def test_a_tls_run_trains_behind_the_nodes_gateways_and_restarts_with_fresh_cred
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
 def test_a_frozen_worker_is_found_from_the_login_host_and_its_step_cancelled(slurm, alloc):
     """The launcher on the login host, outside the allocation: a worker SIGSTOPped on its node is
     found by the heartbeat's probes (its node's server stops answering) within the timeout and a
@@ -460,6 +464,7 @@ CANCEL_ONE = (
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
 def test_a_step_is_cancelled_at_once_while_another_node_of_its_job_does_not_answer(slurm):
     """While a node of the job does not answer and Slurm has not called it down yet, Slurm
     holds each ``scancel`` of the job's steps for its MessageTimeout (5 s on this bed; 6.0 s
@@ -499,6 +504,7 @@ def test_a_step_is_cancelled_at_once_while_another_node_of_its_job_does_not_answ
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
 def test_a_lost_node_restarts_the_run_on_the_nodes_left(slurm):
     code, events, lines, lost = _run_losing_worker_1s_node(slurm, 3)
     assert code == 0, "".join(lines[-60:])
@@ -507,6 +513,7 @@ def test_a_lost_node_restarts_the_run_on_the_nodes_left(slurm):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
 def test_a_lost_node_ends_the_run_in_one_line_when_the_nodes_left_are_too_few(slurm):
     """Two nodes for two tasks, one lost: the next attempt cannot be placed; the run ends at
     once with one line naming the lost node, and its summary (not a wait on Slurm)."""
@@ -522,6 +529,7 @@ def test_a_lost_node_ends_the_run_in_one_line_when_the_nodes_left_are_too_few(sl
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("tls", [False, True], ids=["members", "tls"])
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
 def test_a_ps_run_on_slurm_survives_a_worker_server_killed_on_its_node(slurm, tmp_path, tls):
     """``--chief --ps 1 --workers 2`` on 3 nodes, 2 tasks a node at most: the coordinator a
     step, the ps and worker servers ``graphdist serve`` steps (a SlurmFleet). A worker server
@@ -574,6 +582,7 @@ def test_a_ps_run_on_slurm_survives_a_worker_server_killed_on_its_node(slurm, tm
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
 def test_the_example_batch_script_trains_on_the_allocation(slurm):
     """examples/slurm_mwms.sbatch as a user submits it: the seeds' MWMS training on two nodes,
     one worker each, both workers' weights saved and the run's logs kept."""
