@@ -96,9 +96,16 @@ def problem_of(task: TaskHandle, pid: int | None, restarts: int | None) -> tuple
     alive = task.alive
     if task.restarts != restarts and (alive or task.pid is None):
         now = f"now pid {task.pid}" if alive else "its new server is starting"
-        return RESTARTED, f"pid {pid} before, {now}"
+        return RESTARTED, f"{_before(task, pid)}, {now}"
     if not alive:
         return DEAD, dead_detail(task.exitcode)
     if task.pid != pid:
-        return RESTARTED, f"pid {pid} before, now pid {task.pid}"
+        return RESTARTED, f"{_before(task, pid)}, now pid {task.pid}"
     return None
+
+
+def _before(task: TaskHandle, pid: int | None) -> str:
+    """``pid N before``, with why it ended where the backend's record says (a RayFleet server
+    that Ray's memory monitor killed and Ray started again)."""
+    why = task.ended_why(pid) if pid is not None else None
+    return f"pid {pid} before" + (f" ran {why}" if why else "")

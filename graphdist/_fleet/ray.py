@@ -71,6 +71,7 @@ from graphdist._fleet.raynodes import (
     plan_hosts,
     ray_members,
     ray_out_of_memory,
+    ray_worker_out_of_memory,
     shutdown_ray,
 )
 from graphdist._fleet.task import TaskView
@@ -130,6 +131,7 @@ class RayTask(TaskView):
         #: Ray's word that its memory monitor killed the actor's last process (``out of memory
         #: (...)``: :func:`ray_out_of_memory`), until a new one answers
         self.oom: str | None = None
+        self._why: dict[int, str | None] = {}  # ended_why's answers: Ray's record is final
 
     @property
     def pid(self) -> int | None:
@@ -178,6 +180,17 @@ class RayTask(TaskView):
             return
         self._ping, self._next_ping = None, time.monotonic() + self.ping_interval_s
         self._take(pid)
+
+    def ended_why(self, pid: int) -> str | None:
+        """Ray's record of why the actor's process ``pid`` ended: ``out of memory (...)`` where
+        its memory monitor killed it (:func:`ray_worker_out_of_memory`: the error of a call on
+        an actor that Ray starts again does not say so), else None."""
+        if pid not in self._why:
+            why = ray_worker_out_of_memory(pid, self.node_id)
+            if why is None and self._alive and pid == self._pid:
+                return None  # still running: no record yet, and none to keep
+            self._why[pid] = why
+        return self._why[pid]
 
     def _take(self, pid: int) -> None:
         """An answer from the actor's process ``pid`` (lock held)."""
@@ -534,7 +547,10 @@ class RayFleet(OwnedFleet[RayTask]):
         """As Ray says: its actor's process ended, and whether Ray's memory monitor killed it
         (Ray's error on its ping); Ray does not say how it ended otherwise."""
         facts = super()._facts(task, wait_s)
-        return dataclasses.replace(facts, oom=task.oom) if facts.ended else facts
+        if not facts.ended:
+            return facts
+        oom = task.oom or (task.ended_why(task.pid) if task.pid is not None else None)
+        return dataclasses.replace(facts, oom=oom)
 
     def _explain(self, task: RayTask, status: str, detail: str) -> tuple[str, str]:
         """A failed task, told with its node: a node Ray lists as dead, or whose raylet does

@@ -42,6 +42,7 @@ __all__ = [
     "plan_hosts",
     "ray_members",
     "ray_out_of_memory",
+    "ray_worker_out_of_memory",
     "shutdown_ray",
     "source_address",
 ]
@@ -64,7 +65,38 @@ def ray_out_of_memory(exc: BaseException) -> str | None:
 
     if not isinstance(exc, ray.exceptions.OutOfMemoryError):
         return None
-    text = str(exc)
+    return _oom_words(str(exc))
+
+
+def ray_worker_out_of_memory(pid: int, node_id: str) -> str | None:
+    """Ray's record that its memory monitor killed the worker ``pid`` on node ``node_id``
+    (the GCS worker table: a dead worker with exit type ``NODE_OUT_OF_MEMORY``), said as
+    :func:`ray_out_of_memory` says; None where the record says otherwise, is not written yet
+    or cannot be read. An actor that Ray starts again (a RayFleet's server) raises no
+    ``OutOfMemoryError``: its calls fail as the actor restarts, and this record is Ray's only
+    word of why."""
+    try:
+        from ray._private.state import state
+        from ray.core.generated import common_pb2, gcs_pb2
+
+        table = state._connect_and_get_accessor().get_worker_table()
+        node = bytes.fromhex(node_id)
+    except Exception:  # Ray gone, another Ray's internals, no node id: no record, no word
+        return None
+    ends = []
+    for raw in table:
+        worker = gcs_pb2.WorkerTableData.FromString(raw)  # type: ignore[attr-defined]
+        if worker.pid == pid and not worker.is_alive and worker.worker_address.node_id == node:
+            ends.append((worker.end_time_ms, worker))
+    if not ends:
+        return None
+    last = max(ends, key=lambda end: end[0])[1]  # a pid reused on the node: its latest worker
+    if last.exit_type != common_pb2.NODE_OUT_OF_MEMORY:  # type: ignore[attr-defined]
+        return None
+    return _oom_words(last.exit_detail)
+
+
+def _oom_words(text: str) -> str:
     use, threshold = _RAY_NODE_USE.search(text), _RAY_THRESHOLD.search(text)
     details = f"node {use[1]} at {use[2]} used / {use[3]}" if use else ""
     if threshold:

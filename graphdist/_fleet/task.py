@@ -55,6 +55,7 @@ class TaskHandle(Protocol):
     @property
     def log_path(self) -> str | None: ...
     def log_tail(self, lines: int = ...) -> list[str]: ...
+    def ended_why(self, pid: int) -> str | None: ...
 
 
 class TaskView:
@@ -83,6 +84,12 @@ class TaskView:
     @property
     def name(self) -> str:
         return self.task.name
+
+    def ended_why(self, pid: int) -> str | None:
+        """What the backend's own record says of why its process ``pid`` ended, where its exit
+        status does not (``out of memory (...)``); None where it says nothing. May ask the
+        backend (not for the watcher's cheap reads)."""
+        return None
 
 
 def read_log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> list[str]:

@@ -3,7 +3,11 @@
 (``ray.exceptions.OutOfMemoryError``, captured from a real kill on this machine: a local Ray
 with ``RAY_memory_usage_threshold`` 10 points above the machine's use, an actor allocating 8
 GB), said as ``out of memory (Ray's memory monitor ...)`` by a run's task and a RayFleet's
-server; any other error of a dead actor says nothing of memory.
+server; any other error of a dead actor says nothing of memory. An actor that Ray starts again
+(a RayFleet's server: ``max_restarts=-1``) raises no such error, only ``ActorUnavailableError``
+("The actor was restarted"): its worker's record in Ray's GCS worker table
+(``ray_worker_out_of_memory``: exit type ``NODE_OUT_OF_MEMORY``, the same words as detail) is
+then Ray's only word, and the restart a session's guard reports says it.
 
 Not triggered end to end here: the threshold is a fraction of the whole machine's memory (24
 GiB), which the other tests running beside these move by gigabytes, so no kill of a chosen
@@ -88,3 +92,103 @@ def test_a_ping_that_ray_fails_for_memory_marks_the_server_out_of_memory_until_i
     answered.set_result(4242)
     task._ping = answered
     assert task.alive and task.pid == 4242 and task.oom is None
+
+
+NODE = "ba9dc4e422cccad1cffbc062d759e5d45f54d15e47298fc73c786bf0"
+# The exit detail of the GCS worker record of a restarting actor's worker that Ray 2.60's monitor
+# killed (captured on this machine as above; its call failed with ActorUnavailableError "The
+# actor was restarted", no OutOfMemoryError), cut as CAPTURED is; graphdist's own lookup said
+# RECORD_WORDS of it against that live Ray.
+RECORD = (
+    "1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: "
+    f"192.0.2.2, ID: {NODE}) was 3.09GB used / 23.54GB limit (0.131100)\nOOM kill reason: "
+    "Memory usage 3198136320B exceeded threshold of 3184800512B (12.6% of 25276194816B limit)\n"
+    "Ray killed 1 worker(s) based on the killing policy\n"
+)
+RECORD_WORDS = (
+    "out of memory (Ray's memory monitor killed its worker: node 192.0.2.2 at 3.09GB used / "
+    "23.54GB, over its threshold of 12.6%)"
+)
+
+
+def _worker(pid: int, node: str, exit_type: str, detail: str = "", end_ms: int = 1) -> bytes:
+    """A record of Ray's GCS worker table, as Ray's own message type writes it."""
+    from ray.core.generated import common_pb2, gcs_pb2
+
+    record = gcs_pb2.WorkerTableData(
+        is_alive=False,
+        pid=pid,
+        exit_type=common_pb2.WorkerExitType.Value(exit_type),
+        exit_detail=detail,
+        end_time_ms=end_ms,
+    )
+    record.worker_address.node_id = bytes.fromhex(node)
+    return bytes(record.SerializeToString())
+
+
+@pytest.fixture
+def worker_table(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Ray's GCS worker table as graphdist reads it, with the records a test puts in it."""
+    from ray._private.state import state
+
+    table: list[bytes] = []
+
+    class Accessor:
+        def get_worker_table(self) -> list[bytes]:
+            return table
+
+    monkeypatch.setattr(state, "_connect_and_get_accessor", Accessor)
+    return table
+
+
+def test_rays_record_of_a_worker_its_monitor_killed_is_said_as_its_error_is(worker_table):
+    """The worker table's record (exit type NODE_OUT_OF_MEMORY, its detail as Ray's error
+    words it): the words of that pid on that node, and of no other pid, node or exit."""
+    from graphdist._fleet.raynodes import ray_worker_out_of_memory
+
+    other = "00" * 28
+    worker_table += [
+        _worker(16920, NODE, "NODE_OUT_OF_MEMORY", RECORD, end_ms=5),
+        _worker(16920, other, "SYSTEM_ERROR", end_ms=9),  # the same pid on another node
+        _worker(777, NODE, "SYSTEM_ERROR"),
+    ]
+    assert ray_worker_out_of_memory(16920, NODE) == RECORD_WORDS
+    assert ray_worker_out_of_memory(16920, other) is None
+    assert ray_worker_out_of_memory(777, NODE) is None
+    assert ray_worker_out_of_memory(4242, NODE) is None  # no record (yet)
+    worker_table.append(_worker(16920, NODE, "USER_ERROR", end_ms=7))  # the pid again, later
+    assert ray_worker_out_of_memory(16920, NODE) is None
+    assert ray_worker_out_of_memory(16920, "not hex") is None
+
+
+def test_a_server_ray_restarted_after_its_monitor_killed_it_says_so(worker_table, monkeypatch):
+    """A RayFleet server's actor is started again by Ray (max_restarts=-1): its calls fail as
+    it restarts, with no OutOfMemoryError, so the record is Ray's only word. A session's guard
+    then reads the restart with how the old process ended; a restart for another cause says
+    nothing of memory."""
+    from concurrent.futures import Future
+
+    import ray
+
+    from graphdist._cluster import Cluster
+    from graphdist._failures import RESTARTED
+    from graphdist._fleet.health import problem_of
+    from graphdist._fleet.ray import RayTask
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    task = RayTask(Cluster({"worker": ["127.0.0.1:1"]}).task("worker", 0), None, NODE, 0, "")
+    for pid in (100, 200, 300):
+        answered: Future[int] = Future()
+        answered.set_result(pid)
+        task._ping = answered
+        assert task.alive and task.pid == pid
+    worker_table += [
+        _worker(100, NODE, "NODE_OUT_OF_MEMORY", RECORD),
+        _worker(200, NODE, "SYSTEM_ERROR"),
+    ]
+    assert problem_of(task, 100, 0) == (
+        RESTARTED,
+        f"pid 100 before ran {RECORD_WORDS}, now pid 300",
+    )
+    assert problem_of(task, 200, 0) == (RESTARTED, "pid 200 before, now pid 300")
+    assert task.ended_why(300) is None  # it runs: no record, none kept
