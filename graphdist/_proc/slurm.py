@@ -431,6 +431,16 @@ def free_ports(
         words = line.split()
         if words and all(w.isdigit() for w in words[1:]):
             found[words[0]] = [int(w) for w in words[1:]]
+    strays = sorted(set(found) - set(nodes))
+    if strays:  # SLURMD_NODENAME is not the name Slurm gave the allocation's node
+        raise ArgumentError(
+            f"graphdist's port step on {','.join(nodes)} answered as node(s) "
+            f"{','.join(strays)}, which {alloc.describe()} does not have: the nodes' "
+            "SLURMD_NODENAME must be their Slurm node names (slurmd -N NAME on a host that "
+            "runs several)",
+            name="backend",
+            value="slurm",
+        )
     missing = [n for n in nodes if len(found.get(n, ())) < per_node[n]]
     if done.returncode != 0 or missing:
         said = done.stderr.strip().splitlines()

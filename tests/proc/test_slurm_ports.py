@@ -7,6 +7,7 @@ ephemeral one, and a requeued run's server could not bind it seconds later."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -35,3 +36,27 @@ def test_the_port_step_draws_free_ports_below_the_ephemeral_range():
     assert len(got) == len(set(got)) == 6
     assert all(1024 < p < low for p in got), (got, low)
     assert all(is_port_free(p) for p in got)
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        ("gdn9 2001 2002", "answered as node(s) gdn9, which job 7 (2 node(s): gdn1,gdn2)"),
+        ("gdn1 2001", "Slurm could not run graphdist's port step on gdn2"),
+    ],
+)
+def test_a_port_step_that_answers_for_another_node_is_refused_naming_it(
+    tmp_path, monkeypatch, answer, words
+):
+    """A node whose step reports a name outside the allocation (its SLURMD_NODENAME is not
+    its Slurm name), or a node that gives no answer, is one typed error naming it."""
+    from graphdist._exceptions import ArgumentError
+    from graphdist._proc.slurm import Allocation, free_ports
+
+    srun = tmp_path / "srun"
+    srun.write_text(f"#!/bin/sh\necho '{answer}'\n")
+    srun.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    alloc = Allocation("7", ("gdn1", "gdn2"), {"gdn1": "10.0.0.1", "gdn2": "10.0.0.2"})
+    with pytest.raises(ArgumentError, match=re.escape(words)):
+        free_ports(alloc, {"gdn1": 1, "gdn2": 1}, "graphdist-test-ports")
