@@ -101,8 +101,10 @@ def test_a_slurm_fleet_serves_runs_fails_fast_restarts_and_leaves_no_step(slurm,
         assert back["result"] == 238 and back["restarts"] == 1, back
         assert back["pid"] != up["pids"]["local-1"]
 
-        slurm.scancel(jobid)
-        driver.stdin.write("\n")
+        slurm.scancel(jobid)  # returns at once: Slurm ends the steps a moment later
+        servers = [back["pid"], up["pids"]["local-0"]]
+        assert wait_gone(servers, EVENTUALLY_S) == [], "scancel left the fleet's servers"
+        driver.stdin.write("\n")  # a run once they are gone (a run before could still succeed)
         driver.stdin.flush()
         cancelled = _step(driver, "cancelled")
         assert cancelled["error"] == "TaskFailedError" and cancelled["seconds"] < 15, cancelled
