@@ -12,15 +12,13 @@ import json
 import os
 import signal
 import textwrap
-import time
 import warnings
 
 import pytest
 
-from graphdist._distribute.heartbeat import process_state
 from graphdist._exceptions import ArgumentError
 from graphdist._proc.forkserver_pool import DEFAULT_SPARES, MAX_SPARES, SPARES_ENV, spares_wanted
-from tests.conftest import EVENTUALLY_S, is_gone, run_python, start_python, wait_gone
+from tests.conftest import EVENTUALLY_S, is_gone, run_python, sigstop, start_python, wait_gone
 
 pytestmark = pytest.mark.integration
 
@@ -286,7 +284,7 @@ def test_a_spare_dies_with_its_owner_while_its_fork_server_lives_on():
         assert line.startswith("SPARE "), (line, fork_server.communicate(timeout=10))
         spare = int(line.split()[1])
         assert not is_gone(spare)
-        fork_server.send_signal(signal.SIGSTOP)
+        sigstop(fork_server.pid)  # stopped before the owner dies, not just signalled
         owner.kill()
         owner.wait()
         assert wait_gone([spare], 5.0) == [], "the spare outlived its owner"
@@ -326,11 +324,7 @@ def _spares_outlive_no_owner(tried: int) -> bool:
         fork_server, *pids = json.loads(line)
         spares = pids[2:]
         assert len(spares) == 2 and not any(is_gone(p) for p in [fork_server, *pids])
-        os.kill(fork_server, signal.SIGSTOP)
-        deadline = time.monotonic() + EVENTUALLY_S
-        while process_state(fork_server) != "T":  # stopped, every thread of it
-            assert time.monotonic() < deadline, process_state(fork_server)
-            time.sleep(0.005)
+        sigstop(fork_server)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         assert wait_gone(spares, 5.0) == [], "spares outlived their owner"
