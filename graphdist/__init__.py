@@ -80,7 +80,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "graphdist._fleet.local": ("DEFAULT_START_TIMEOUT_S", "FleetTask", "LocalFleet"),
     "graphdist._fleet.ray": ("RayFleet", "RayTask"),
     "graphdist._fleet.remote": ("RemoteFleet", "RemoteTask", "connect"),
-    "graphdist._fleet.slurm": ("SlurmFleet", "SlurmTask"),
+    "graphdist._fleet.command": ("SlurmFleet", "SlurmTask"),
     "graphdist._graph.master": ("master_for",),
     "graphdist._graph.placement": (
         "DeviceSpec",
@@ -119,13 +119,13 @@ if _TYPE_CHECKING:
         tf_config,
     )
     from graphdist._fleet.client import Fleet, FleetState, ReopeningSession
+    from graphdist._fleet.command import SlurmFleet, SlurmTask
     from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS
     from graphdist._fleet.health import TaskHealth
     from graphdist._fleet.lifecycle import OwnedFleet
     from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
     from graphdist._fleet.ray import RayFleet, RayTask
     from graphdist._fleet.remote import RemoteFleet, RemoteTask, connect
-    from graphdist._fleet.slurm import SlurmFleet, SlurmTask
     from graphdist._fleet.task import TaskExit, TaskView
     from graphdist._graph.master import master_for
     from graphdist._graph.placement import (

@@ -30,6 +30,7 @@ __all__ = [
     "dead_detail",
     "exit_status",
     "exited",
+    "from_exit_status",
     "how_ended",
     "task_failed",
     "task_name",
@@ -56,6 +57,14 @@ def exit_status(exitcode: int) -> int:
     """The shell's exit status of a process that ended with ``exitcode`` (Popen's: -N for a
     signal N): 128 + N for a signal, else the code, at most 255."""
     return min(128 - exitcode, 255) if exitcode < 0 else min(exitcode, 255)
+
+
+def from_exit_status(status: int | None) -> int | None:
+    """Popen's code of a process whose exit status (a shell's, srun's, graphdist's guard's) is
+    ``status``: 128 + N (killed by signal N) is -N; the inverse of :func:`exit_status`."""
+    if status is not None and 128 < status < 128 + signal.NSIG:
+        return -(status - 128)
+    return status
 
 
 def how_ended(exitcode: int | None) -> str:

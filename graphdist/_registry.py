@@ -1,5 +1,6 @@
-"""Plug-ins by name: the one registry behind fleet backends (:mod:`graphdist._fleet.backends`)
-and run backends (:mod:`graphdist._distribute.runbackends`).
+"""Plug-ins by name: the one registry behind engines (:mod:`graphdist._engine`), fleet backends
+(:mod:`graphdist._fleet.backends`) and run backends (:mod:`graphdist._distribute.runbackends`);
+the last two hold, besides their own, an engine's fleet and run for each engine's name.
 
 A :class:`Registry` knows its built-in modules and an entry-point group; on first look-up it
 imports both (a module registers its classes when imported), so another plug-in is one module
@@ -47,8 +48,16 @@ class Registry(Generic[T]):
     """Classes registered by name (``name_attr`` on each class), the built-in ``modules`` first,
     then those the entry-point ``group`` names; ``what`` names them in errors ("backend")."""
 
-    def __init__(self, what: str, modules: Sequence[str], group: str, name_attr: str) -> None:
+    def __init__(
+        self,
+        what: str,
+        modules: Sequence[str],
+        group: str,
+        name_attr: str,
+        more: Callable[[], Mapping[str, type[T]]] | None = None,
+    ) -> None:
         self.what = what
+        self._more = more  # classes made for names it does not hold (an engine's fleet)
         self.modules = tuple(modules)
         self.group = group
         self._name_attr = name_attr
@@ -85,6 +94,8 @@ class Registry(Generic[T]):
             except ImportError as exc:  # a third party's plug-in that cannot load: skip, say why
                 log.warning("%s module %s cannot be imported: %s", self.what, module, exc)
         self._loaded = True
+        for name, cls in (self._more() if self._more is not None else {}).items():
+            self._classes.setdefault(name, cls)
 
     def names(self) -> tuple[str, ...]:
         """Every registered name, the built-in ones first."""

@@ -211,7 +211,58 @@ def test_run_backends_know_only_the_contract():
 
     graph = import_graph(lazy=True)
     above = {"graphdist._distribute.launcher", "graphdist._distribute.supervise"}
-    assert {m: graph[m] & above for m in BUILTIN} == {m: set() for m in BUILTIN}
+    modules = (*BUILTIN, "graphdist._distribute.commandrun")
+    assert {m: graph[m] & above for m in modules} == {m: set() for m in modules}
+
+
+#: Slurm's commands: only its engine's module runs them.
+SLURM_COMMANDS = ("srun", "scancel", "sinfo", "squeue", "scontrol", "sbatch", "salloc")
+#: Who else imports that module, and why.
+SLURM_IMPORTERS = {
+    "graphdist._fleet.command": "SlurmFleet, the engine's fleet with a jobid (a public name)",
+}
+
+
+def slurm_strangers(package: pathlib.Path) -> list[str]:
+    """Modules of ``package`` but its Slurm module that run a Slurm command (name one as a
+    string constant) or import that module without a reason in :data:`SLURM_IMPORTERS`."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        name = _module_name(path)
+        if name.endswith("._proc.slurm"):
+            continue
+        tree = ast.parse(path.read_text())
+        strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+        imports = {getattr(n, "module", None) or "" for n in _all_imports(tree)} | {
+            a.name for n in _all_imports(tree) if isinstance(n, ast.Import) for a in n.names
+        }
+        runs = strings & set(SLURM_COMMANDS)
+        if runs or ("graphdist._proc.slurm" in imports and name not in SLURM_IMPORTERS):
+            found.append(f"{name}: {sorted(runs) or 'imports graphdist._proc.slurm'}")
+    return found
+
+
+def test_slurm_is_one_module():
+    """Issue 53, point 1: Slurm is its engine's module (graphdist/_proc/slurm.py); its fleet and
+    its run are the engine-free halves over :class:`graphdist._engine.Engine`."""
+    assert slurm_strangers(PACKAGE) == []
+
+
+def test_slurm_strangers_finds_a_command_or_an_import(tmp_path):
+    package = tmp_path / "graphdist"
+    (package / "_x").mkdir(parents=True)
+    (package / "_x" / "a.py").write_text("argv = ['scancel', '--signal=KILL']\n")
+    (package / "_x" / "b.py").write_text("from graphdist._proc.slurm import allocation\n")
+    (package / "_x" / "c.py").write_text("words = 'srun said no'\n")
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, package
+    try:
+        assert slurm_strangers(package) == [
+            "graphdist._x.a: ['scancel']",
+            "graphdist._x.b: imports graphdist._proc.slurm",
+        ]
+    finally:
+        PACKAGE = saved
 
 
 def test_lazy_imports_are_found_where_top_level_ones_are_not(tmp_path):

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
-from graphdist._distribute.runbackends import register, start_servers
+from graphdist._distribute.runbackends import register
 from graphdist._distribute.runspec import RunSpec, launch_cluster
 from graphdist._distribute.taskproc import GuardedTask, RunSink
 from graphdist._distribute.warm import (
@@ -102,7 +102,7 @@ class _LocalPlacement:
 
         # TLS mode: the servers on the alias (loopback), behind the attempt's gateway
         fleet = LocalFleet(self.cluster, jobs=jobs, expose=self.spec.expose, log_dir=log_folder)
-        start_servers(fleet, signals)
+        fleet.start_within(signals)
         self._start_gateway()
         return fleet
 

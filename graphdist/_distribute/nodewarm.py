@@ -52,7 +52,7 @@ from graphdist._distribute.warm import (
 )
 from graphdist._net.policy import NetPolicy
 from graphdist._proc import oom
-from graphdist._proc.slurm import NODE_OOM_PREFIX
+from graphdist._proc.oom import NODE_OOM_PREFIX
 
 __all__ = [
     "AGENT_CODE",

@@ -7,7 +7,9 @@ command tasks; everything else is the loop's own: the ``attempt-started`` event,
 environment (``TF_CONFIG``, ``GRAPHDIST_TASK``, ``GRAPHDIST_RESTART``, what the placement adds),
 its log file, the supervision, the heartbeat, the restarts, the events and the summary. So a
 backend is one module: a :class:`RunBackend` class registered with :func:`register`, listed in
-:data:`BUILTIN` or named by an entry point of :data:`ENTRY_POINT_GROUP`.
+:data:`BUILTIN` or named by an entry point of :data:`ENTRY_POINT_GROUP`; and every engine
+(:mod:`graphdist._engine`: Slurm) is a run backend by its name, a
+:class:`~graphdist._distribute.commandrun.CommandRun` bound to it.
 
 A backend class declares its ``name``, a ``summary``, what it ``requires`` and its own
 ``options`` (:class:`graphdist._registry.Option`: Ray's ``address``), which
@@ -43,14 +45,9 @@ __all__ = [
     "names",
     "register",
     "run_backend",
-    "start_servers",
 ]
 
-BUILTIN = (
-    "graphdist._distribute.localrun",
-    "graphdist._distribute.rayrun",
-    "graphdist._distribute.slurmrun",
-)
+BUILTIN = ("graphdist._distribute.localrun", "graphdist._distribute.rayrun")
 """The modules of the run backends graphdist ships (each registers its backend on import)."""
 ENTRY_POINT_GROUP = "graphdist.run_backends"
 """Entry points of this group name the modules of other run backends."""
@@ -147,7 +144,17 @@ class RunBackend(Protocol):
     # and ends the run with them (supervise._gone). A backend without it never is.
 
 
-_registry: Registry[RunBackend] = Registry("run backend", BUILTIN, ENTRY_POINT_GROUP, "name")
+def _engine_runs() -> dict[str, type[RunBackend]]:
+    """Each engine's run (:func:`graphdist._distribute.commandrun.run_for`), by its name."""
+    from graphdist._distribute.commandrun import run_for
+    from graphdist._engine import classes
+
+    return {name: run_for(cls) for name, cls in classes().items()}
+
+
+_registry: Registry[RunBackend] = Registry(
+    "run backend", BUILTIN, ENTRY_POINT_GROUP, "name", more=_engine_runs
+)
 
 
 def register(cls: type[RunBackend]) -> type[RunBackend]:
@@ -170,20 +177,6 @@ def check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` if every one is run backend ``name``'s own; ArgumentError naming the one
     that is not, and whose it is (the backend then checks their values)."""
     return _registry.check_options(name, options)
-
-
-def start_servers(fleet: Any, signals: SignalScope) -> Any:
-    """Start a placement's fleet of servers (a stop signal interrupts the start, and its wait
-    for the servers ends by the run's deadline); a failed or interrupted start closes it before
-    the error goes on. Returns the fleet."""
-    fleet.start_timeout_s = signals.budget(fleet.start_timeout_s)
-    try:
-        with signals.interruptible():
-            fleet.start()
-    except BaseException:
-        fleet.close()
-        raise
-    return fleet
 
 
 def describe(name: str) -> str:

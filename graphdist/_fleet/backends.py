@@ -15,7 +15,9 @@ A backend's module registers it with :func:`register` when imported. :func:`back
 :func:`names` import the built-in backends' modules (:data:`BUILTIN`: cheap, none imports its
 engine at module level) and every module named in the ``graphdist.backends`` entry-point group,
 so a third backend is one new module (plus its entry point, or a line in :data:`BUILTIN`) and
-its tests: ``graphdist up --backend NAME`` (foreground or ``--detach``) and a detached fleet's
+its tests; and every engine (:mod:`graphdist._engine`) is a backend by its name, its fleet a
+:class:`~graphdist._fleet.command.CommandFleet` bound to it: ``graphdist up --backend NAME``
+(foreground or ``--detach``) and a detached fleet's
 supervisor find it by name. The CLI makes a flag of each backend's options and hands the chosen
 backend only its own (:func:`check_options`); the supervisor passes them through: no backend ever
 sees, or has to refuse, another backend's option.
@@ -44,7 +46,7 @@ __all__ = [
     "start_timeouts",
 ]
 
-BUILTIN = ("graphdist._fleet.local", "graphdist._fleet.ray", "graphdist._fleet.slurm")
+BUILTIN = ("graphdist._fleet.local", "graphdist._fleet.ray")
 """The modules of the backends graphdist ships (each registers its backend when imported)."""
 ENTRY_POINT_GROUP = "graphdist.backends"
 """Entry points of this group name the modules of other backends (``name = package.module``)."""
@@ -105,7 +107,17 @@ class Backend(Protocol):
         ...
 
 
-_registry: Registry[Backend] = Registry("backend", BUILTIN, ENTRY_POINT_GROUP, "backend_name")
+def _engine_fleets() -> dict[str, type[Backend]]:
+    """Each engine's fleet (:func:`graphdist._fleet.command.fleet_for`), by the engine's name."""
+    from graphdist._engine import classes
+    from graphdist._fleet.command import fleet_for
+
+    return {name: fleet_for(cls) for name, cls in classes().items()}
+
+
+_registry: Registry[Backend] = Registry(
+    "backend", BUILTIN, ENTRY_POINT_GROUP, "backend_name", more=_engine_fleets
+)
 
 
 def register(cls: type[Backend]) -> type[Backend]:

@@ -30,7 +30,7 @@ import signal
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from graphdist._exceptions import (
     ExposedServerError,
@@ -45,6 +45,9 @@ from graphdist._net.probe import wait_answering
 from graphdist._proc.process import STOP_GRACE_S
 from graphdist._validate import flag
 from graphdist._validate import timeout_s as check_timeout_s
+
+if TYPE_CHECKING:
+    from graphdist._proc.signals import SignalScope
 
 __all__ = ["OwnedFleet"]
 
@@ -96,6 +99,19 @@ class OwnedFleet(Fleet[TaskT]):
             raise
         self._state = FleetState.RUNNING
         self._on_running()
+        return self
+
+    def start_within(self: _FleetT, signals: SignalScope) -> _FleetT:
+        """:meth:`start` as a run's attempt starts its servers: a stop signal interrupts it,
+        and its wait for the servers ends by the run's deadline; a failed or interrupted start
+        closes the fleet before the error goes on."""
+        self.start_timeout_s = signals.budget(self.start_timeout_s)
+        try:
+            with signals.interruptible():
+                self.start()
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def close(self, grace_s: float = STOP_GRACE_S) -> None:

@@ -129,14 +129,15 @@ class NetPolicy:
     @classmethod
     def checked(
         cls, expose: bool, allow: Iterable[str] | str | None = None, tls: bool = False, *,
-        slurm: bool = False, run: bool = False,
+        nodes: str | None = None, run: bool = False,
     ) -> NetPolicy:  # fmt: skip
         """The user's switches checked, ``expose`` first (a security switch, never read by
-        truthiness): ``tls`` refuses ``expose`` and ``allow``, ``allow`` needs ``expose``. On
-        Slurm (``slurm``) servers always listen on their nodes: ``expose=False`` is refused.
-        ``run``: a run's switches (its tasks' servers; a run takes no ``allow``)."""
+        truthiness): ``tls`` refuses ``expose`` and ``allow``, ``allow`` needs ``expose``. On an
+        engine's nodes (``nodes``: the engine's name, ``"Slurm"``) servers always listen on
+        their nodes: ``expose=False`` is refused. ``run``: a run's switches (its tasks' servers;
+        a run takes no ``allow``)."""
         expose, tls = flag(expose, "expose"), flag(tls, "tls")
-        if tls and (allow or (expose and not slurm)):
+        if tls and (allow or (expose and nodes is None)):
             name = "allow" if allow else "expose"
             why = (
                 "the tasks' servers stay on loopback, and the gateways admit other machines by "
@@ -150,13 +151,14 @@ class NetPolicy:
                 name=name,
                 value=allow if allow else expose,
             )
-        if slurm and not expose:
+        if nodes is not None and not expose:
             raise ClusterSpecError(
-                "A Slurm fleet's servers listen on their nodes' addresses (members only): "
-                "expose=False cannot be kept on Slurm; drop it",
+                f"A {nodes} fleet's servers listen on their nodes' addresses (members only): "
+                f"expose=False cannot be kept on {nodes}; drop it",
                 expose,
             )
-        return cls(expose, parse_allow(allow) if slurm else exposed_allow(allow, expose), tls)
+        on_nodes = nodes is not None
+        return cls(expose, parse_allow(allow) if on_nodes else exposed_allow(allow, expose), tls)
 
     # -- resolved once per cluster, for one kind of process ---------------------------------
 
@@ -184,10 +186,10 @@ class NetPolicy:
         accept = self.expose or (fleet and self.tls)
         return replace(self, accept=member_list(nodes, self.allow) if accept else None)
 
-    def slurm_tasks(self, cluster: Cluster, own: Iterable[str]) -> NetPolicy:
-        """A Slurm run's tasks on their nodes: the allocation's nodes and this host's ``own``
-        addresses (the launcher probes them from here: its servers' ``allow``); in TLS mode
-        (the tasks on their nodes' aliases) no other machine."""
+    def node_tasks(self, cluster: Cluster, own: Iterable[str]) -> NetPolicy:
+        """A run's tasks on an engine's nodes (Slurm's): the engine's nodes and this host's
+        ``own`` addresses (the launcher probes them from here: its servers' ``allow``); in TLS
+        mode (the tasks on their nodes' aliases) no other machine."""
         networks = parse_allow([f"{a}/{128 if ':' in a else 32}" for a in own])
         if self.tls:
             return replace(self, allow=networks, accept="")

@@ -21,9 +21,21 @@ import re
 import threading
 from dataclasses import dataclass
 
-__all__ = ["KMSG", "OomKill", "OomWatch", "parse_records", "shared"]
+__all__ = [
+    "KMSG",
+    "NODE_OOM_PREFIX",
+    "OomKill",
+    "OomWatch",
+    "node_words",
+    "parse_records",
+    "shared",
+]
 
 KMSG = "/dev/kmsg"
+#: What a warm task's client writes before it dies of its task's SIGKILL when its node's kernel
+#: says it killed the task for memory (the task ran in the node's warm agent, whose step says
+#: nothing then): this, then ``out of memory (...)`` (:meth:`OomKill.words`).
+NODE_OOM_PREFIX = "graphdist-node: "
 _KILLED = re.compile(r"Killed process (\d+) \(([^)]*)\)")
 _FIELDS = re.compile(r"(\w+)=([^,]*)")
 # where a memory cgroup's limit is: cgroup v1's memory controller, then cgroup v2
@@ -171,3 +183,12 @@ def shared() -> OomWatch:
         if _shared is None:
             _shared = OomWatch()
         return _shared
+
+
+def node_words(line: bytes) -> str | None:
+    """A warm task's client's line (:data:`NODE_OOM_PREFIX`) that its node's kernel killed the
+    task for memory, as those words (``out of memory (...)``); None for any other line."""
+    said = line.rstrip().decode("utf-8", "replace")
+    if said.startswith(NODE_OOM_PREFIX + "out of memory ("):
+        return said.removeprefix(NODE_OOM_PREFIX)
+    return None

@@ -14,6 +14,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -21,15 +22,18 @@ import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from graphdist._engine import register
 from graphdist._exceptions import ArgumentError
 from graphdist._net.exposure import host_addresses
 from graphdist._net.probe import SLURMD_PROBE_S, tcp_connect_error
+from graphdist._registry import Option
 
 __all__ = [
     "JOBID_HELP",
-    "NODE_OOM_PREFIX",
     "Allocation",
+    "SlurmEngine",
     "allocation",
     "cancel_steps",
     "dead_nodes",
@@ -291,21 +295,14 @@ def srun_argv(
 
 #: What srun says of a task its step's cgroup killed for memory (Slurm 22.05 and later).
 _OOM_LINE = re.compile(rb"^srun: error: (\S+): tasks? [\d,-]+: Out Of Memory")
-#: What a warm task's step writes before it dies of its task's SIGKILL when its node's kernel
-#: says it killed the task for memory (the task ran in the node's warm step, whose srun says
-#: nothing then): this, then ``out of memory (...)`` (:meth:`graphdist._proc.oom.OomKill.words`).
-NODE_OOM_PREFIX = "graphdist-node: "
 
 
 def out_of_memory(line: bytes) -> str | None:
-    """A step's word that the kernel killed its task for memory, in words (``out of memory
-    (...)``), or None for any other line: srun's ``srun: error: NODE: task 0: Out Of Memory``
-    (its cgroup was over the job's limit, under ``task/cgroup``; srun then exits 1), as ``out of
-    memory (over its Slurm job's memory limit on node NODE)``; or a warm task's client's line
-    (:data:`NODE_OOM_PREFIX`), as its node's kernel said it."""
-    said = line.rstrip().decode("utf-8", "replace")
-    if said.startswith(NODE_OOM_PREFIX + "out of memory ("):
-        return said.removeprefix(NODE_OOM_PREFIX)
+    """srun's word that the kernel killed its step's task for memory, in words, or None for any
+    other line: ``srun: error: NODE: task 0: Out Of Memory`` (its cgroup was over the job's
+    limit, under ``task/cgroup``; srun then exits 1), as ``out of memory (over its Slurm job's
+    memory limit on node NODE)``. (A warm task's client says its node's kernel's words itself:
+    :func:`graphdist._proc.oom.node_words`.)"""
     found = _OOM_LINE.match(line)
     if found is None:
         return None
@@ -451,3 +448,77 @@ def free_ports(
             value="slurm",
         )
     return {n: found[n][: per_node[n]] for n in nodes}
+
+
+#: What srun says when its step's node failed (it then exits 0, Slurm 22.05).
+_NODE_FAILURE = b"srun: error: Node failure on "
+
+
+class SlurmEngine:
+    """Slurm as an engine (:mod:`graphdist._engine`): an allocation's nodes, each step ``srun
+    --overlap`` on one node, signals and ends through ``scancel``; graphdist's Slurm fleet and
+    Slurm run are the engine-free halves over it."""
+
+    name: ClassVar[str] = "slurm"
+    summary: ClassVar[str] = (
+        "Slurm job steps on the nodes of an allocation (inside salloc/sbatch, or --jobid), "
+        "restarted inside the same allocation"
+    )
+    requires: ClassVar[tuple[str, str] | None] = None
+    options: ClassVar[tuple[Option, ...]] = (Option("jobid", JOBID_HELP, "JOBID"),)
+    node_word: ClassVar[str] = "Slurm node"
+    DEFAULT_START_TIMEOUT_S: ClassVar[float] = 120.0
+    tls: ClassVar[bool] = True
+    more_nodes: ClassVar[str] = "ask salloc/sbatch for more nodes"
+
+    def __init__(self, alloc: Allocation, env: Mapping[str, str]) -> None:
+        self.alloc, self.env = alloc, dict(env)
+        self.kill_wait_s = alloc.kill_wait_s
+
+    @classmethod
+    def join(cls, options: Mapping[str, Any], env: Mapping[str, str]) -> SlurmEngine:
+        return cls(allocation(options.get("jobid"), env), env)
+
+    def describe(self) -> str:
+        return f"Slurm {self.alloc.describe()}"
+
+    def addresses(self) -> Mapping[str, str]:
+        return {node: self.alloc.addresses[node] for node in self.alloc.nodes}
+
+    def lost(self, nodes: Sequence[str]) -> dict[str, str]:
+        return dead_nodes(nodes, self.env, self.alloc)
+
+    def free_ports(self, per_node: Mapping[str, int], tag: str) -> dict[str, list[int]]:
+        return free_ports(self.alloc, per_node, tag, self.env)
+
+    def command(
+        self, node: str, step: str, argv: Sequence[str], *, stdin: bool, grace_s: float
+    ) -> list[str]:
+        return srun_argv(self.alloc.jobid, node, step, argv, grace_s=grace_s, stdin=stdin)
+
+    def signal(self, step: str, sig: int, local: Any) -> None:
+        """Through Slurm, as its own scancel would (a KILL's scancel is not waited for)."""
+        name = signal_name(sig)
+        cancel_steps(self.alloc.jobid, step, signal_name=name, wait_s=0.0, env=self.env)
+
+    def cancel(self, prefix: str, lost: Collection[str] = ()) -> list[str]:
+        return cancel_steps(self.alloc.jobid, prefix, env=self.env, lost=lost)
+
+    def lost_line(self, line: bytes) -> str | None:
+        if not line.startswith(_NODE_FAILURE):
+            return None
+        return line.decode("utf-8", "replace").strip().removeprefix("srun: error: ")
+
+    def out_of_memory(self, line: bytes) -> str | None:
+        return out_of_memory(line)
+
+    def __repr__(self) -> str:
+        return f"SlurmEngine({self.describe()})"
+
+
+def signal_name(sig: int) -> str:
+    """``KILL`` for SIGKILL: a signal as scancel names it."""
+    return signal.Signals(sig).name.removeprefix("SIG")
+
+
+register(SlurmEngine)

@@ -180,7 +180,7 @@ def _policy_env(kind: str, cluster: Cluster, expose: bool, allow, tls: bool) -> 
     if kind == "ray-run-task":
         return {**net.lists(), **NetPolicy().env(task.host, inherit=True)}
     assert kind == "slurm-task"
-    net = NetPolicy(expose=True, tls=tls).slurm_tasks(cluster, exposure.host_addresses())
+    net = NetPolicy(expose=True, tls=tls).node_tasks(cluster, exposure.host_addresses())
     return net.env(task.host.strip("[]"), inherit=True)
 
 
@@ -223,13 +223,13 @@ def test_the_policy_refuses_each_combination_that_would_not_do_what_it_says(
     expose, allow, tls, slurm, error, words
 ):
     with pytest.raises(error, match=re.escape(words)):
-        NetPolicy.checked(expose, allow, tls, slurm=slurm)
+        NetPolicy.checked(expose, allow, tls, nodes="Slurm" if slurm else None)
 
 
 def test_the_policy_keeps_the_switches_it_checked():
     assert NetPolicy.checked(True, NET) == NetPolicy(expose=True, allow=(NET,))
-    assert NetPolicy.checked(True, NET, slurm=True).allow == (NET,)
-    assert NetPolicy.checked(True, None, False, slurm=True).expose is True
+    assert NetPolicy.checked(True, NET, nodes="Slurm").allow == (NET,)
+    assert NetPolicy.checked(True, None, False, nodes="Slurm").expose is True
     assert NetPolicy.checked(False, None, True) == NetPolicy(tls=True)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from graphdist._proc.oom import KMSG, OomKill, OomWatch, parse_records
+from graphdist._proc.oom import KMSG, OomKill, OomWatch, node_words, parse_records
 from graphdist._proc.slurm import out_of_memory
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -54,7 +54,9 @@ def test_sruns_out_of_memory_line_names_the_node_and_no_other_line_does() -> Non
     assert out_of_memory(b"srun: error: sn-1: task 0: Out Of Memory\n") == words.format("sn-1")
     assert out_of_memory(b"srun: error: gdn3: tasks 0-1: Out Of Memory") == words.format("gdn3")
     node = "out of memory (the kernel's OOM killer; limit 1500 MiB of memory cgroup /slurm_sn-1)"
-    assert out_of_memory(f"graphdist-node: {node}\n".encode()) == node  # a warm task's client
+    assert out_of_memory(f"graphdist-node: {node}\n".encode()) is None  # a warm task's client:
+    assert node_words(f"graphdist-node: {node}\n".encode()) == node  # its own words
+    assert node_words(b"graphdist-node: ready") is None
     for line in (
         b"graphdist-node: ready",
         b"srun: error: sn-1: task 0: Exited with exit code 1",
