@@ -86,7 +86,7 @@ except ImportError:  # run as a script, or imported with benchmarks/ on sys.path
         write_json,
     )
 
-from graphdist._fleet.local import GRPC_QUEUES_ENV, grpc_queues
+from graphdist._local.fleet import GRPC_QUEUES_ENV, grpc_queues
 from graphdist._proc.forkserver_pool import SPARES_ENV
 
 QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}

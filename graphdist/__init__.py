@@ -77,8 +77,8 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "graphdist._proc.gpus": ("available_gpus",),
     "graphdist._fleet.guard": ("FLEET_OPERATION_TIMEOUT_MS",),
     "graphdist._fleet.health": ("TaskHealth",),
-    "graphdist._fleet.local": ("DEFAULT_START_TIMEOUT_S", "FleetTask", "LocalFleet"),
-    "graphdist._fleet.ray": ("RayFleet", "RayTask"),
+    "graphdist._local.fleet": ("DEFAULT_START_TIMEOUT_S", "FleetTask", "LocalFleet"),
+    "graphdist._ray.fleet": ("RayFleet", "RayTask"),
     "graphdist._fleet.remote": ("RemoteFleet", "RemoteTask", "connect"),
     "graphdist._fleet.command": ("SlurmFleet", "SlurmTask"),
     "graphdist._graph.master": ("master_for",),
@@ -123,8 +123,6 @@ if _TYPE_CHECKING:
     from graphdist._fleet.guard import FLEET_OPERATION_TIMEOUT_MS
     from graphdist._fleet.health import TaskHealth
     from graphdist._fleet.lifecycle import OwnedFleet
-    from graphdist._fleet.local import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
-    from graphdist._fleet.ray import RayFleet, RayTask
     from graphdist._fleet.remote import RemoteFleet, RemoteTask, connect
     from graphdist._fleet.task import TaskExit, TaskView
     from graphdist._graph.master import master_for
@@ -139,7 +137,9 @@ if _TYPE_CHECKING:
     from graphdist._graph.split import AutoPlan, ByName, Plan, RoundRobin, SplitGraph, split
     from graphdist._graph.trace import Placement, no_folding_config, run_traced
     from graphdist._graph.variables import initialize_uninitialized, shared_variable
+    from graphdist._local.fleet import DEFAULT_START_TIMEOUT_S, FleetTask, LocalFleet
     from graphdist._proc.gpus import available_gpus
+    from graphdist._ray.fleet import RayFleet, RayTask
 
 
 def __getattr__(name: str) -> _Any:

@@ -56,7 +56,7 @@ import pytest
 
 if TYPE_CHECKING:
     from graphdist._faults.injector import FaultInjector
-    from graphdist._fleet.local import LocalFleet
+    from graphdist._local.fleet import LocalFleet
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -72,7 +72,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(scope="session")
 def graphdist_fleet(request: pytest.FixtureRequest) -> Iterator[LocalFleet]:
     """A running fleet shared by the whole test session."""
-    from graphdist._fleet.local import LocalFleet
+    from graphdist._local.fleet import LocalFleet
 
     fleet = LocalFleet(request.config.getoption("--graphdist-cluster")).start()
     try:
@@ -85,7 +85,7 @@ def graphdist_fleet(request: pytest.FixtureRequest) -> Iterator[LocalFleet]:
 def graphdist_fleet_factory() -> Iterator[Callable[..., LocalFleet]]:
     """``factory(cluster="local=2", **LocalFleet keywords)`` → a started fleet, closed after
     the test."""
-    from graphdist._fleet.local import LocalFleet
+    from graphdist._local.fleet import LocalFleet
 
     made: list[LocalFleet] = []
 

@@ -153,7 +153,7 @@ def test_cycles_finds_a_circle():
 
 def test_no_import_circle_even_for_type_checking():
     graph = import_graph()
-    assert "graphdist._fleet.local" in graph  # the walk found the package
+    assert "graphdist._local.fleet" in graph  # the walk found the package
     assert cycles(graph) == []
 
 
@@ -266,7 +266,7 @@ def test_slurm_strangers_finds_a_command_or_an_import(tmp_path):
 
 
 def test_lazy_imports_are_found_where_top_level_ones_are_not(tmp_path):
-    tree = ast.parse("import os\ndef f():\n    import graphdist._fleet.local\n")
+    tree = ast.parse("import os\ndef f():\n    import graphdist._local.fleet\n")
     assert len(_all_imports(tree)) == 2 and len(_top_level_imports(tree)) == 1
 
 

@@ -21,8 +21,8 @@ from graphdist._detached.supervisor import SupervisorSpec
 from graphdist._exceptions import ArgumentError
 from graphdist._faults.injector import FaultInjector
 from graphdist._fleet.client import FleetState
-from graphdist._fleet.local import LocalFleet
-from graphdist._fleet.ray import RayFleet
+from graphdist._local.fleet import LocalFleet
+from graphdist._ray.fleet import RayFleet
 from graphdist._validate import show
 
 BAD = ["no", "false", 1, None, 0, "", "True"]

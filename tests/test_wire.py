@@ -139,7 +139,7 @@ def test_a_port_taken_under_the_supervisor_arrives_as_port_in_use(state_dir, mon
     import socket
 
     from graphdist._detached.fleet import SupervisorSpec, start_detached, stop_detached
-    from graphdist._fleet import local
+    from graphdist._local import fleet as local
 
     monkeypatch.setattr(local, "check_hosts_and_ports", lambda cluster: None)
     cluster = graphdist.Cluster.parse("local=2")

@@ -435,9 +435,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         option = "--picture" if args.picture and exc.path == args.picture else "--tensorboard"
         raise UsageError(f"{option}: {exc}") from None
 
-    from graphdist._fleet.local import LocalFleet
     from graphdist._graph.graphs import split_graph
     from graphdist._graph.trace import no_folding_config, run_traced
+    from graphdist._local.fleet import LocalFleet
     from graphdist._proc import lean
     from graphdist._tflog import import_tensorflow_quietly
 

@@ -104,9 +104,9 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
-    from graphdist._distribute.localrun import zygote_env
     from graphdist._distribute.warm import check_preload
     from graphdist._distribute.warmagent import env_mismatch, live_agent, start_agent, stop_agent
+    from graphdist._local.run import zygote_env
 
     preload = check_preload(args.preload)
     if not preload:

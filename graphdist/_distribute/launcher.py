@@ -140,7 +140,7 @@ def run_command(
     ``backend`` names a run backend (:mod:`graphdist._distribute.runbackends`); ``options`` are
     that backend's own, refused by any other. ``backend="ray"`` runs the tasks as processes on a
     Ray cluster's nodes, one per node where there are nodes enough
-    (:mod:`graphdist._distribute.rayrun`); its option ``address`` is the cluster's
+    (:mod:`graphdist._ray.run`); its option ``address`` is the cluster's
     (``None``: ``RAY_ADDRESS``, else a Ray instance of this machine's own). Restarts, logs and
     the summary are as above. The command must be reachable on every node: it starts in this
     process's working folder where the node has it (shared storage), or with ``working_dir``

@@ -47,7 +47,7 @@ __all__ = [
     "run_backend",
 ]
 
-BUILTIN = ("graphdist._distribute.localrun", "graphdist._distribute.rayrun")
+BUILTIN = ("graphdist._local.run", "graphdist._ray.run")
 """The modules of the run backends graphdist ships (each registers its backend on import)."""
 ENTRY_POINT_GROUP = "graphdist.run_backends"
 """Entry points of this group name the modules of other run backends."""

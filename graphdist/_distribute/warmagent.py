@@ -10,7 +10,7 @@ way before it sends anything). Its record (pid and start time, socket, Python, p
 environment its imports read, idle timeout) is ``warm-agent-KEY.json`` in :func:`warm_dir`, KEY
 naming the Python and the preloads: one agent per interpreter and preload list.
 
-A local run (:class:`~graphdist._distribute.localrun.LocalRun`) whose preloads and Python are an
+A local run (:class:`~graphdist._local.run.LocalRun`) whose preloads and Python are an
 agent's, and whose environment agrees with it in every variable read at import, connects instead
 of starting its own zygote. The agent forks a *session* for the connection: a zygote
 (:func:`graphdist._distribute.zygote.serve`) on that socket, with the signals the launcher found

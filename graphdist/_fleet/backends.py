@@ -46,7 +46,7 @@ __all__ = [
     "start_timeouts",
 ]
 
-BUILTIN = ("graphdist._fleet.local", "graphdist._fleet.ray")
+BUILTIN = ("graphdist._local.fleet", "graphdist._ray.fleet")
 """The modules of the backends graphdist ships (each registers its backend when imported)."""
 ENTRY_POINT_GROUP = "graphdist.backends"
 """Entry points of this group name the modules of other backends (``name = package.module``)."""

@@ -78,7 +78,7 @@ RAYLET_PROBE_S = 1.0
 """How long a Ray node's raylet has to take a TCP connection before the node counts as lost."""
 GCS_PROBE_S = 1.0
 """How long the Ray head's GCS port has to take a TCP connection in a run's watch of the head
-(``rayrun.HEAD_PROBE_S`` apart)."""
+(``graphdist._ray.run.HEAD_PROBE_S`` apart)."""
 GCS_CONNECT_S = 5.0
 """How long a Ray cluster's address has to take a TCP connection before it is called
 unreachable, before Ray is asked to connect (Ray itself retries for minutes)."""

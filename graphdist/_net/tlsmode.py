@@ -8,8 +8,8 @@ tasks it serves, outbound for the tasks on other hosts. The hosts' own gateways 
 credentials from :meth:`TlsMode.host_files` over a private channel (a Slurm step's stdin, Ray's
 object channel); :meth:`TlsMode.close` stops the gateway and removes every file.
 
-:class:`~graphdist._fleet.local.LocalFleet`, :class:`~graphdist._fleet.command.SlurmFleet` and the
-local and Slurm run backends use it; :class:`~graphdist._fleet.rayactors.TlsGateways` adds Ray's
+:class:`~graphdist._local.fleet.LocalFleet`, :class:`~graphdist._fleet.command.SlurmFleet` and the
+local and Slurm run backends use it; :class:`~graphdist._ray.actors.TlsGateways` adds Ray's
 node gateways around one.
 """
 

@@ -20,8 +20,8 @@ from graphdist._cli.parser import build_parser
 from graphdist._distribute.taskproc import GRAPHDIST_PYTHON, interpreter_hint
 from graphdist._exceptions import FleetClosedError, TaskExitError
 from graphdist._fleet.health import HealthReport, TaskHealth
-from graphdist._fleet.local import LocalFleet
 from graphdist._graph.trace import Placement
+from graphdist._local.fleet import LocalFleet
 from graphdist._proc.signals import Interrupted
 from graphdist._tflog import TF_LOGS_ENV, is_tf_log
 from tests.cli.test_cli import assert_user_error

@@ -212,8 +212,8 @@ def test_a_servers_pid_on_another_machine_is_never_read_here(processes):
     frozen; a LocalFleet's pids are this machine's, and their state counts."""
     from graphdist._distribute.supervise import _server_processes
     from graphdist._fleet.command import SlurmFleet
-    from graphdist._fleet.local import LocalFleet
-    from graphdist._fleet.ray import RayFleet
+    from graphdist._local.fleet import LocalFleet
+    from graphdist._ray.fleet import RayFleet
 
     assert LocalFleet.pids_here and not SlurmFleet.pids_here and not RayFleet.pids_here
     here = processes(["sleep", "60"])  # has the pid the node's server has, stopped

@@ -22,9 +22,9 @@ from graphdist._distribute.events import (
     TaskExited,
 )
 from graphdist._distribute.launcher import run_command
-from graphdist._distribute.localrun import LocalRun
-from graphdist._distribute.rayrun import RayRun
 from graphdist._exceptions import ArgumentError
+from graphdist._local.run import LocalRun
+from graphdist._ray.run import RayRun
 
 PRINT = "import os; print(os.environ['GRAPHDIST_TASK'], os.environ['GRAPHDIST_COPY'])"
 

@@ -10,8 +10,8 @@ from graphdist._cli.parser import build_parser
 from graphdist._detached.supervisor import SupervisorSpec
 from graphdist._exceptions import ArgumentError
 from graphdist._fleet import backends
-from graphdist._fleet.local import LocalFleet
-from graphdist._fleet.ray import RayFleet
+from graphdist._local.fleet import LocalFleet
+from graphdist._ray.fleet import RayFleet
 
 
 def test_the_built_in_backends_are_registered_by_name():

@@ -193,7 +193,7 @@ def test_fork_server_output_goes_to_its_log_unless_asked_for():
     assert PRE_INIT in live.stderr and "LOG False" in live.stdout, live.stdout + live.stderr
 
 
-# One gRPC completion queue per CPU (graphdist._fleet.local.GRPC_QUEUES_ENV), not TensorFlow's 64:
+# One gRPC completion queue per CPU (graphdist._local.fleet.GRPC_QUEUES_ENV), not TensorFlow's 64:
 # a server's threads show it; an empty setting counts as none (TensorFlow would read it as 0
 # queues and die of SIGFPE at its first call to another task).
 QUEUES = textwrap.dedent(
@@ -201,7 +201,7 @@ QUEUES = textwrap.dedent(
     import psutil
     import graphdist
     import tensorflow as tf
-    from graphdist._fleet.local import grpc_queues
+    from graphdist._local.fleet import grpc_queues
     tf.compat.v1.disable_eager_execution()
     with graphdist.LocalFleet("local=2") as fleet, graphdist.LocalFleet(
         "local=1", env={"TF_GRPC_WORKER_CACHE_QUEUES": "64"}

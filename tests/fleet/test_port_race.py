@@ -101,7 +101,7 @@ def test_a_server_that_loses_its_port_unseen_fails_as_a_port_in_use(monkeypatch)
     # Another user's fleet cannot see this user's claims: without them, the servers of both
     # fleets race for the ports. Each start that loses one must say so, by its server's exit,
     # not refuse the winner's answer as an exposure or identity failure (both may lose one).
-    monkeypatch.setattr("graphdist._fleet.localchecks.claim_ports", lambda ports, owner: None)
+    monkeypatch.setattr("graphdist._local.checks.claim_ports", lambda ports, owner: None)
     with graphdist.LocalFleet("local=1"):
         pass
     for _ in range(6):

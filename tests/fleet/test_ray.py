@@ -38,7 +38,7 @@ def ray_cluster():
 def test_three_servers_on_three_nodes_run_the_split_graph_and_recover(ray_cluster, monkeypatch):
     """... and at close the process's PYTHONBREAKPOINT is the user's again (ray.init sets its
     own, and Ray's shutdown leaves it)."""
-    from graphdist._fleet.ray import RayFleet
+    from graphdist._ray.fleet import RayFleet
 
     monkeypatch.setenv("PYTHONBREAKPOINT", "the.users.own_hook")
     with RayFleet("local=3", address=ray_cluster.address, strategy="STRICT_SPREAD") as fleet:
@@ -69,7 +69,7 @@ def test_alive_comes_from_ray_and_the_watcher_sees_each_kill(ray_cluster):
     """``alive`` while the actor runs; a kill shows at once (the guard fails the session's next
     run, the watcher reports the death with Ray's unknown exit code), and once Ray has brought
     the actor back a new pid answers; a second kill is a second death."""
-    from graphdist._fleet.ray import RayFleet
+    from graphdist._ray.fleet import RayFleet
 
     with RayFleet("local=2", address=ray_cluster.address) as fleet:
         task = fleet.task("local", 1)
@@ -113,7 +113,7 @@ def back_with_a_new_pid(task, old, within_s=120.0):
 
 
 def test_unplaceable_fleet_fails_with_a_timeout_not_a_hang(ray_cluster):
-    from graphdist._fleet.ray import RayFleet
+    from graphdist._ray.fleet import RayFleet
 
     fleet = RayFleet(
         "local=4", address=ray_cluster.address, strategy="STRICT_SPREAD", start_timeout_s=5
@@ -124,7 +124,7 @@ def test_unplaceable_fleet_fails_with_a_timeout_not_a_hang(ray_cluster):
 
 
 def test_servers_on_other_hosts_are_refused_before_any_actor_starts(ray_cluster, monkeypatch):
-    from graphdist._fleet import ray as ray_backend
+    from graphdist._ray import fleet as ray_backend
 
     # As if this process ran on another machine than every node of the cluster.
     monkeypatch.setattr(ray_backend, "driver_node", lambda: ("elsewhere", "203.0.113.9"))
@@ -138,7 +138,7 @@ def test_servers_on_other_hosts_are_refused_before_any_actor_starts(ray_cluster,
 
 
 def test_counts_only():
-    from graphdist._fleet.ray import RayFleet
+    from graphdist._ray.fleet import RayFleet
 
     with pytest.raises(graphdist.ClusterSpecError, match="task counts"):
         RayFleet('{"local": ["h:1"]}')

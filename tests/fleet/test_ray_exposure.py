@@ -12,9 +12,9 @@ import psutil
 import pytest
 
 import graphdist
-from graphdist._fleet.raynodes import plan_hosts
 from graphdist._graph.graphs import split_graph
 from graphdist._net.exposure import is_loopback_ip
+from graphdist._ray.nodes import plan_hosts
 from tests.conftest import EVENTUALLY_S, listening, processes_marked, wait_gone
 from tests.fleet.conftest import processes_of as _processes_of
 from tests.net.netns import OUTSIDE_IP, connects, non_loopback_addresses, run_python_in_netns
@@ -104,7 +104,7 @@ def _listening(procs: dict[int, psutil.Process]) -> dict[int, tuple[str, list[tu
 def test_the_ray_graphdist_starts_and_its_servers_listen_on_loopback_only(ray_env):
     import ray
 
-    from graphdist._fleet.ray import RayFleet
+    from graphdist._ray.fleet import RayFleet
 
     driver = psutil.Process()
     before = {p.pid for p in driver.children(recursive=True)}
@@ -150,7 +150,7 @@ RAY_IN_NETNS = textwrap.dedent(
     """
     import json
     import ray
-    from graphdist._fleet.ray import RayFleet
+    from graphdist._ray.fleet import RayFleet
     from graphdist._graph.graphs import split_graph
     from tests.conftest import listening
     from tests.net.netns import connects, non_loopback_addresses
@@ -223,7 +223,7 @@ def test_a_ray_client_servers_failure_names_its_cause_not_an_unreachable_cluster
     auth mode at its first import in a process (tests/fleet/conftest.py)."""
     import ray
 
-    from graphdist._fleet import raynodes
+    from graphdist._ray import nodes as raynodes
 
     reply = (
         "Initialization failure from server:\nTraceback (most recent call last):\n"

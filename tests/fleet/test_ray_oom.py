@@ -1,4 +1,4 @@
-"""Ray's memory monitor, read from Ray's own record (graphdist/_fleet/raynodes.py
+"""Ray's memory monitor, read from Ray's own record (graphdist/_ray/nodes.py
 ``ray_out_of_memory``): the error Ray 2.60 raised on every call to an actor its monitor killed
 (``ray.exceptions.OutOfMemoryError``, captured from a real kill on this machine: a local Ray
 with ``RAY_memory_usage_threshold`` 10 points above the machine's use, an actor allocating 8
@@ -43,7 +43,7 @@ WORDS = (
 def test_rays_out_of_memory_error_is_said_with_its_node_use_and_threshold() -> None:
     import ray.exceptions
 
-    from graphdist._fleet.raynodes import ray_out_of_memory
+    from graphdist._ray.nodes import ray_out_of_memory
 
     assert ray_out_of_memory(ray.exceptions.OutOfMemoryError(CAPTURED)) == WORDS
     # a record worded otherwise (another Ray): still Ray's word, without what it did not say
@@ -54,7 +54,7 @@ def test_rays_out_of_memory_error_is_said_with_its_node_use_and_threshold() -> N
 def test_a_death_ray_does_not_call_out_of_memory_says_nothing_of_memory() -> None:
     import ray.exceptions
 
-    from graphdist._fleet.raynodes import ray_out_of_memory
+    from graphdist._ray.nodes import ray_out_of_memory
 
     assert ray_out_of_memory(ray.exceptions.ActorDiedError()) is None
     assert ray_out_of_memory(RuntimeError(CAPTURED)) is None  # the words alone are no record
@@ -80,7 +80,7 @@ def test_a_ping_that_ray_fails_for_memory_marks_the_server_out_of_memory_until_i
     import ray.exceptions
 
     from graphdist._cluster import Cluster
-    from graphdist._fleet.ray import RayTask
+    from graphdist._ray.fleet import RayTask
 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     task = RayTask(Cluster({"worker": ["127.0.0.1:1"]}).task("worker", 0), None, "n" * 8, 0, "")
@@ -144,7 +144,7 @@ def worker_table(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 def test_rays_record_of_a_worker_its_monitor_killed_is_said_as_its_error_is(worker_table):
     """The worker table's record (exit type NODE_OUT_OF_MEMORY, its detail as Ray's error
     words it): the words of that pid on that node, and of no other pid, node or exit."""
-    from graphdist._fleet.raynodes import ray_worker_out_of_memory
+    from graphdist._ray.nodes import ray_worker_out_of_memory
 
     other = "00" * 28
     worker_table += [
@@ -173,7 +173,7 @@ def test_a_server_ray_restarted_after_its_monitor_killed_it_says_so(worker_table
     from graphdist._cluster import Cluster
     from graphdist._failures import RESTARTED
     from graphdist._fleet.health import problem_of
-    from graphdist._fleet.ray import RayTask
+    from graphdist._ray.fleet import RayTask
 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     task = RayTask(Cluster({"worker": ["127.0.0.1:1"]}).task("worker", 0), None, NODE, 0, "")

@@ -202,7 +202,7 @@ def _log_text(fleet: Any) -> str:
 @pytest.fixture(scope="module")
 def victim() -> Iterator[Any]:
     """Fleet B: the victim, a loopback-only fleet of the same user."""
-    from graphdist._fleet.local import LocalFleet
+    from graphdist._local.fleet import LocalFleet
 
     fleet = LocalFleet("local=1").start()
     pids = list(fleet.pids)
@@ -216,7 +216,7 @@ def victim() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def proxy() -> Iterator[Any]:
     """Fleet A: the server the client may use (two tasks: it dials its own second task)."""
-    from graphdist._fleet.local import LocalFleet
+    from graphdist._local.fleet import LocalFleet
 
     fleet = LocalFleet("local=2").start()
     pids = list(fleet.pids)
@@ -268,7 +268,7 @@ def test_control_without_the_dial_list_the_same_attack_runs_on_the_victim(
 ) -> None:
     """The fix taken out (no GRAPHDIST_DIAL for fleet A's server): the attack above succeeds,
     B writes the marker. What makes the refusal above mean something."""
-    from graphdist._fleet.local import LocalFleet
+    from graphdist._local.fleet import LocalFleet
     from graphdist._net import policy
 
     monkeypatch.setattr(policy, "dial_list", lambda cluster: None)

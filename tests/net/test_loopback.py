@@ -216,7 +216,7 @@ def test_sockets_that_cannot_be_read_are_a_refusal_not_a_pass():
 def test_a_shim_that_does_nothing_is_caught_and_the_fleet_stopped(monkeypatch):
     """The loader may skip or load a library that does not interpose bind(): the servers then
     listen on every interface. The start must refuse and leave nothing running."""
-    import graphdist._fleet.local as local
+    import graphdist._local.fleet as local
     from graphdist._net import policy
 
     inert = "libm.so.6"  # loads fine, interposes nothing

@@ -43,7 +43,7 @@ def _facts(monkeypatch: pytest.MonkeyPatch) -> None:
         {"NodeManagerAddress": "10.1.2.9", "Alive": False},
     ]
     monkeypatch.setitem(sys.modules, "ray", fake_ray)
-    from graphdist._fleet import raynodes
+    from graphdist._ray import nodes as raynodes
 
     monkeypatch.setattr(raynodes, "source_address", lambda ip: "10.1.2.7")
 
@@ -158,7 +158,7 @@ TABLE = [
 
 def _policy_env(kind: str, cluster: Cluster, expose: bool, allow, tls: bool) -> dict[str, str]:
     """What each engine now asks the policy for worker:0 (as its code does)."""
-    from graphdist._fleet.raynodes import ray_members
+    from graphdist._ray.nodes import ray_members
 
     wire = tls_cluster(cluster) if tls else cluster
     task = wire.task("worker", 0)

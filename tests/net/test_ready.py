@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from graphdist._fleet import local
+from graphdist._local import fleet as local
 from graphdist._net import probe
 from graphdist._net.probe import wait_answering
 from graphdist._net.ready import ReadyNotices, notify

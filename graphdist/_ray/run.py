@@ -3,14 +3,14 @@
 Each attempt of a run (:mod:`graphdist._distribute.launcher` decides the attempts: restarts, the
 policy, events, logs and the summary are the same as for local runs) places one bundle per
 command task, ``STRICT_SPREAD`` (one task per node) where there are nodes enough, else
-``SPREAD``, and reserves a free port on each bundle's node (:func:`~graphdist._fleet.raynodes.
+``SPREAD``, and reserves a free port on each bundle's node (:func:`~graphdist._ray.nodes.
 place_bundles`, as a RayFleet does), so that every task's TF_CONFIG names its node's address
 before any task starts. Then a small Ray actor per bundle runs the command on its node, under
 graphdist's guard (:mod:`graphdist._proc.process`: nothing the command starts outlives the
 actor), and hands its output to this process, which shows it, logs it and watches its exit as for
 a local task.
 
-Where the tasks' servers listen is decided as for a RayFleet (:func:`~graphdist._fleet.raynodes.
+Where the tasks' servers listen is decided as for a RayFleet (:func:`~graphdist._ray.nodes.
 plan_hosts`): all on this machine, loopback; on other hosts only with ``expose``, each on its
 node's own address, letting in only the Ray cluster's nodes (the bind shim, inherited by the
 command's processes). The command runs in the same folder on every node: the script must be
@@ -37,7 +37,6 @@ from typing import Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
 from graphdist._distribute.events import TaskStarted
-from graphdist._distribute.nodewarm import RayAgents
 from graphdist._distribute.runbackends import register
 from graphdist._distribute.runspec import RunSpec, check_folder
 from graphdist._distribute.taskproc import LINE_LIMIT, RunSink, TaskOutput, TaskResult
@@ -47,6 +46,7 @@ from graphdist._net.policy import NetPolicy
 from graphdist._net.probe import GCS_PROBE_S, tcp_connect_error
 from graphdist._proc.process import STOP_GRACE_S, guarded_argv
 from graphdist._proc.signals import SignalScope
+from graphdist._ray.agents import RayAgents
 from graphdist._registry import Option
 
 __all__ = ["RayRun"]
@@ -253,7 +253,7 @@ class _RayTaskProcess(TaskOutput):
                 chunks, code, ended_at, error = ray.get(self.actor.take.remote(POLL_WAIT_S))
             except Exception as exc:  # the actor died: its node was lost, Ray's memory
                 # monitor killed it (Ray's error says so), or Ray went away
-                from graphdist._fleet.raynodes import ray_out_of_memory
+                from graphdist._ray.nodes import ray_out_of_memory
 
                 self.command_exit = (-9, time.monotonic() - self._run.started)
                 self.result.oom = ray_out_of_memory(exc)
@@ -375,7 +375,7 @@ class RayRun:
         return checked
 
     def __init__(self, spec: RunSpec) -> None:
-        from graphdist._fleet.raynodes import connect_ray
+        from graphdist._ray.nodes import connect_ray
 
         self.spec = spec
         self._seen: dict[str, str] = {}  # the nodes earlier attempts ran on: id -> address
@@ -407,7 +407,7 @@ class RayRun:
         # connected to a dead GCS is ended by Ray itself 60 s later ("Failed to connect to GCS
         # within 60 seconds"), which for a caller of run_command in a notebook is its kernel
         if self._owns_ray:
-            from graphdist._fleet.raynodes import shutdown_ray
+            from graphdist._ray.nodes import shutdown_ray
 
             shutdown_ray()
 
@@ -423,7 +423,7 @@ class _RayPlacement:
     """One attempt on Ray: a bundle per task (STRICT_SPREAD where there are nodes enough), a
     free port reserved on each bundle's node, every task's address decided before any starts.
 
-    Only nodes alive now count (:func:`~graphdist._fleet.raynodes.live_nodes`: their raylet
+    Only nodes alive now count (:func:`~graphdist._ray.nodes.live_nodes`: their raylet
     answers), and no bundle goes to a node found lost that Ray still lists alive: after a node
     is lost the next attempt places on the nodes left at once, or, when they have too few CPUs
     for the run, says so in one line (:class:`LaunchError`) instead of waiting for Ray."""
@@ -439,7 +439,7 @@ class _RayPlacement:
     ) -> None:
         """``place_s``: how long Ray may take to place the bundles (and gateways), at most
         :data:`PLACE_TIMEOUT_S`, less where the run's deadline comes sooner."""
-        from graphdist._fleet.raynodes import (
+        from graphdist._ray.nodes import (
             driver_node,
             live_nodes,
             place_bundles,
@@ -477,7 +477,7 @@ class _RayPlacement:
             self.cluster = Cluster(jobs)
             self._net = ray_members(NetPolicy(expose=spec.expose, tls=spec.tls), fleet=False)
             if spec.tls:  # every TF_CONFIG names the aliases; each task binds its node's
-                from graphdist._fleet.rayactors import TlsGateways
+                from graphdist._ray.actors import TlsGateways
 
                 self._tls = TlsGateways(self.cluster, names, self._spots, place_s)
                 self.cluster, self._hosts = self._tls.cluster, self._tls.aliases
@@ -501,8 +501,8 @@ class _RayPlacement:
         which restarts the run); returns once every one answers. Ray supervises them: None."""
         import ray
 
-        from graphdist._fleet.rayactors import ServerActor
         from graphdist._fleet.remote import RemoteFleet
+        from graphdist._ray.actors import ServerActor
 
         actor_class = ray.remote(ServerActor)
         for i, task in enumerate(self.cluster):

@@ -30,13 +30,13 @@ from graphdist._failures import exited
 from graphdist._fleet.backends import BackendOption, register
 from graphdist._fleet.client import EXIT_NEWS_S, FleetState
 from graphdist._fleet.lifecycle import OwnedFleet
-from graphdist._fleet.localchecks import (
+from graphdist._local.checks import (
     check_hosts_and_ports,
     check_loopback,
     check_tls_served,
     tls_fleet_cluster,
 )
-from graphdist._fleet.localtask import FleetTask, pid_may_be
+from graphdist._local.task import FleetTask, pid_may_be
 from graphdist._net.exposure import ListeningTable
 from graphdist._net.loopback import loopback_library
 from graphdist._net.policy import NetPolicy

@@ -1,5 +1,5 @@
-"""The Ray engine under a :class:`~graphdist._fleet.ray.RayFleet` and a Ray run
-(:mod:`graphdist._distribute.rayrun`): this process's connection to Ray (:func:`connect_ray`,
+"""The Ray engine under a :class:`~graphdist._ray.fleet.RayFleet` and a Ray run
+(:mod:`graphdist._ray.run`): this process's connection to Ray (:func:`connect_ray`,
 :func:`shutdown_ray`), Ray's nodes (:func:`live_nodes`, :func:`node_lost`, :func:`driver_node`),
 a placement group with a port reserved on each bundle's node (:func:`place_bundles`), where each
 bundle's server listens (:func:`plan_hosts`), who may reach it (:func:`ray_members`), and Ray's

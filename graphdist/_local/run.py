@@ -1,6 +1,6 @@
 """``graphdist run`` on this machine (the ``local`` run backend): every command task a local
 process under graphdist's guard (:class:`~graphdist._distribute.taskproc.GuardedTask`), a
-parameter-server run's worker and ps tasks a :class:`~graphdist._fleet.local.LocalFleet`.
+parameter-server run's worker and ps tasks a :class:`~graphdist._local.fleet.LocalFleet`.
 
 Each attempt gets a fresh cluster on free loopback ports (:func:`~graphdist._distribute.
 runspec.launch_cluster`, given back when the attempt ends). Where the tasks' own servers listen
@@ -98,7 +98,7 @@ class _LocalPlacement:
     def start_servers(
         self, jobs: Sequence[str], log_folder: str | None, signals: SignalScope
     ) -> Any:
-        from graphdist._fleet.local import LocalFleet
+        from graphdist._local.fleet import LocalFleet
 
         # TLS mode: the servers on the alias (loopback), behind the attempt's gateway
         fleet = LocalFleet(self.cluster, jobs=jobs, expose=self.spec.expose, log_dir=log_folder)

@@ -1,5 +1,5 @@
-"""The Ray actors of a :class:`~graphdist._fleet.ray.RayFleet` and a Ray run
-(:mod:`graphdist._distribute.rayrun`): :class:`ServerActor`, one TensorFlow server in a Ray
+"""The Ray actors of a :class:`~graphdist._ray.fleet.RayFleet` and a Ray run
+(:mod:`graphdist._ray.run`): :class:`ServerActor`, one TensorFlow server in a Ray
 actor's process, and :class:`TlsGateways`, TLS mode's gateways on Ray's nodes (one
 :class:`_GatewayActor` per node) and in this process. Ray is imported only where they run.
 """

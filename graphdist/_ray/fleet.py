@@ -14,7 +14,7 @@ How a fleet comes up on a Ray cluster (the pattern of TF_FACTS, "Scale-out on Ra
 Where the servers listen (TensorFlow's servers have no authentication; see
 :mod:`graphdist._net.loopback`). Every actor's process loads graphdist's bind shim (through
 Ray's ``runtime_env``), so no server ever listens on a wildcard address; which address it gets
-is decided by :func:`~graphdist._fleet.raynodes.plan_hosts` once Ray has placed the bundles,
+is decided by :func:`~graphdist._ray.nodes.plan_hosts` once Ray has placed the bundles,
 before any actor starts:
 
 * every bundle on this process's own host (one node, or simulated nodes sharing its IP
@@ -39,9 +39,9 @@ it got and refuses to go on otherwise. ``import graphdist`` never imports Ray; i
 ``pip install 'ray==2.60.*'`` (``pip install '.[ray]'`` from graphdist's clone).
 
 This module holds :class:`RayFleet` and :class:`RayTask`; the Ray engine they share with a Ray
-run (connecting, nodes, placement, :func:`~graphdist._fleet.raynodes.plan_hosts`) is
-:mod:`graphdist._fleet.raynodes`, the actors (:class:`~graphdist._fleet.rayactors.ServerActor`,
-:class:`~graphdist._fleet.rayactors.TlsGateways`) :mod:`graphdist._fleet.rayactors`.
+run (connecting, nodes, placement, :func:`~graphdist._ray.nodes.plan_hosts`) is
+:mod:`graphdist._ray.nodes`, the actors (:class:`~graphdist._ray.actors.ServerActor`,
+:class:`~graphdist._ray.actors.TlsGateways`) :mod:`graphdist._ray.actors`.
 """
 
 from __future__ import annotations
@@ -61,8 +61,11 @@ from graphdist._exceptions import ClusterSpecError, ExposedServerError
 from graphdist._failures import DEAD
 from graphdist._fleet.backends import BackendOption, register
 from graphdist._fleet.lifecycle import OwnedFleet
-from graphdist._fleet.rayactors import ServerActor, TlsGateways
-from graphdist._fleet.raynodes import (
+from graphdist._fleet.task import TaskView
+from graphdist._net.exposure import ListeningTable, check_listening, is_loopback_ip
+from graphdist._net.policy import NetPolicy
+from graphdist._ray.actors import ServerActor, TlsGateways
+from graphdist._ray.nodes import (
     connect_ray,
     driver_node,
     node_lost,
@@ -74,9 +77,6 @@ from graphdist._fleet.raynodes import (
     ray_worker_out_of_memory,
     shutdown_ray,
 )
-from graphdist._fleet.task import TaskView
-from graphdist._net.exposure import ListeningTable, check_listening, is_loopback_ip
-from graphdist._net.policy import NetPolicy
 from graphdist._validate import positive, show, timeout_ms, timeout_s
 from graphdist._verdicts import ProcessFacts
 
