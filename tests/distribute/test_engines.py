@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -132,3 +133,45 @@ def test_an_engines_own_option_is_checked_before_anything_starts(engine_env, tmp
     )
     assert done.returncode == 2 and "node must be a word, not 'a b'" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.timeout(240)
+def test_a_parameter_server_run_on_an_engine_serves_its_servers_as_the_engines_fleet(
+    engine_env, tmp_path
+):
+    """A ps run's worker and ps tasks are the engine's fleet (``graphdist serve`` steps through
+    its primitives), started for each attempt: the chief reaches both servers' ports in each,
+    SIGKILLs itself in the first, and after the run no port of either attempt is listening."""
+    command = (
+        "import json, os, signal, socket\n"
+        "cluster = json.loads(os.environ['TF_CONFIG'])['cluster']\n"
+        "for job in ('worker', 'ps'):\n"
+        "    host, port = cluster[job][0].rsplit(':', 1)\n"
+        "    socket.create_connection((host, int(port)), timeout=5).close()\n"
+        "print('reached', flush=True)\n"
+        "if os.environ['GRAPHDIST_RESTART'] == '0':\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    argv = [
+        sys.executable, "-m", "graphdist", "run", "--backend", "subproc", "--workers", "1",
+        "--ps", "1", "--chief", "--ntasks-per-node", "3", "--preload", "none",
+        "--max-restarts", "1", "--output-format", "jsonl", "--", sys.executable, "-c", command,
+    ]  # fmt: skip
+    done = subprocess.run(
+        argv, env=engine_env, capture_output=True, text=True, timeout=200, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    events = [Event.from_json(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    started = [e.payload for e in events if e.kind == "attempt-started"]
+    assert [(s.tasks, sorted(s.servers)) for s in started] == [
+        (["chief-0"], ["ps-0", "worker-0"]),
+        (["chief-0"], ["ps-0", "worker-0"]),
+    ]
+    assert [e.data["text"] for e in events if e.kind == "line"] == ["reached", "reached"]
+    cause = next(e.payload for e in events if e.kind == "restarting").cause
+    assert (cause.task, cause.exitcode) == ("chief-0", -9), cause
+    for s in started:
+        for address in (s.cluster["worker"][0], s.cluster["ps"][0]):
+            host, port = address.rsplit(":", 1)
+            with pytest.raises(OSError):
+                socket.create_connection((host, int(port)), timeout=2).close()
