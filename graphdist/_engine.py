@@ -18,35 +18,63 @@ step's output line says of its node or of a kill for memory (:meth:`Engine.lost_
 So an engine is one module: an :class:`Engine` class registered with :func:`register` (listed
 in :data:`BUILTIN`, or named by an entry point of :data:`ENTRY_POINT_GROUP`), and ``graphdist up
 --backend NAME`` and ``graphdist run --backend NAME`` both find it by name. Slurm is one
-(:class:`graphdist._proc.slurm.SlurmEngine`). The local and Ray backends keep halves of their
-own (a fork server's children, Ray actors), registered with the fleet and run registries, which
-look up an engine for any name they do not hold themselves.
+(:class:`graphdist._proc.slurm.SlurmEngine`). Every cluster manager is one engine in this one
+registry: the local and Ray engines (:mod:`graphdist._local`, :mod:`graphdist._ray`) declare
+halves of their own instead of primitives (:attr:`EngineInfo.FLEET`, :attr:`EngineInfo.RUN`: a
+fork server's children and a Zygote's warm tasks; Ray actors), and :func:`fleet_class` and
+:func:`run_class` give an engine's halves, its own or the engine-free ones over its primitives.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
 from graphdist._registry import Option, Registry
 
-__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "Engine", "classes", "engine", "names", "register"]
+__all__ = [
+    "BUILTIN",
+    "ENTRY_POINT_GROUP",
+    "Engine",
+    "EngineInfo",
+    "classes",
+    "engine",
+    "fleet_class",
+    "halves",
+    "names",
+    "register",
+    "run_class",
+]
 
-BUILTIN = ("graphdist._proc.slurm",)
+BUILTIN = ("graphdist._local", "graphdist._ray", "graphdist._proc.slurm")
 """The modules of the engines graphdist ships (each registers its engine when imported)."""
 ENTRY_POINT_GROUP = "graphdist.engines"
 """Entry points of this group name the modules of other engines (``name = package.module``)."""
 
 
-class Engine(Protocol):
-    """A cluster manager's primitives (see the module docstring). The class declares what the
-    registry and the command line show; one instance, made by :meth:`join`, serves one fleet or
-    one run."""
+class EngineInfo(Protocol):
+    """What every engine declares: its name and, for an engine with halves of its own, where
+    they are (``"package.module:Class"``, imported on first use)."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
     requires: ClassVar[tuple[str, str] | None]
     """``(module, how to install it)`` for a package graphdist does not install, else None."""
+    FLEET: ClassVar[str | None]
+    """The engine's own fleet class (a :class:`graphdist._fleet.backends.Backend`), or None:
+    :class:`graphdist._fleet.command.CommandFleet` over its primitives."""
+    RUN: ClassVar[str | None]
+    """The engine's own run class (a :class:`graphdist._distribute.runbackends.RunBackend`), or
+    None: :class:`graphdist._distribute.commandrun.CommandRun` over its primitives."""
+
+
+class Engine(EngineInfo, Protocol):
+    """A cluster manager's primitives (see the module docstring). The class declares what the
+    registry and the command line show; one instance, made by :meth:`join`, serves one fleet or
+    one run."""
+
     options: ClassVar[tuple[Option, ...]]
     """The engine's own options (Slurm's ``jobid``), given to :meth:`join`."""
     node_word: ClassVar[str]
@@ -112,10 +140,12 @@ class Engine(Protocol):
         ...
 
 
-_registry: Registry[Engine] = Registry("engine", BUILTIN, ENTRY_POINT_GROUP, "name")
+log = logging.getLogger("graphdist")
+
+_registry: Registry[EngineInfo] = Registry("engine", BUILTIN, ENTRY_POINT_GROUP, "name")
 
 
-def register(cls: type[Engine]) -> type[Engine]:
+def register(cls: type[EngineInfo]) -> type[EngineInfo]:
     """Register engine ``cls`` under ``cls.name`` (usable as a class decorator)."""
     return _registry.register(cls)
 
@@ -125,12 +155,49 @@ def names() -> tuple[str, ...]:
     return _registry.names()
 
 
-def classes() -> dict[str, type[Engine]]:
+def classes() -> dict[str, type[EngineInfo]]:
     """Every registered engine by name."""
     return _registry.classes()
 
 
-def engine(name: object, *, check: bool = True) -> type[Engine]:
+def _load(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def fleet_class(cls: type[EngineInfo]) -> Any:
+    """The fleet class of engine ``cls``: its own (:attr:`EngineInfo.FLEET`), or the engine-free
+    fleet bound to it."""
+    own = getattr(cls, "FLEET", None)
+    if own is not None:
+        return _load(own)
+    return _load("graphdist._fleet.command:fleet_for")(cls)
+
+
+def halves(which: str) -> dict[str, Any]:
+    """Every engine's fleet class (``which="fleet"``) or run class (``"run"``) by the engine's
+    name: the fleet and run registries' views. An engine whose half cannot be imported (a third
+    party's) is left out, and why said."""
+    get = fleet_class if which == "fleet" else run_class
+    found = {}
+    for name, cls in classes().items():
+        try:
+            found[name] = get(cls)
+        except ImportError as exc:
+            log.warning("the %s of engine %s cannot be imported: %s", which, name, exc)
+    return found
+
+
+def run_class(cls: type[EngineInfo]) -> Any:
+    """The run class of engine ``cls``: its own (:attr:`EngineInfo.RUN`), or the engine-free run
+    bound to it."""
+    own = getattr(cls, "RUN", None)
+    if own is not None:
+        return _load(own)
+    return _load("graphdist._distribute.commandrun:run_for")(cls)
+
+
+def engine(name: object, *, check: bool = True) -> type[EngineInfo]:
     """The engine registered as ``name``; ArgumentError names the known ones, or (``check``)
     says what to install when its package is missing."""
     return _registry.get(name, check=check)

@@ -1,6 +1,7 @@
-"""Plug-ins by name: the one registry behind engines (:mod:`graphdist._engine`), fleet backends
-(:mod:`graphdist._fleet.backends`) and run backends (:mod:`graphdist._distribute.runbackends`);
-the last two hold, besides their own, an engine's fleet and run for each engine's name.
+"""Plug-ins by name: the registry of engines (:mod:`graphdist._engine`: built-in modules and
+entry points), and its two views by half, fleet backends (:mod:`graphdist._fleet.backends`) and
+run backends (:mod:`graphdist._distribute.runbackends`), each engine's fleet and run by its name
+(``more``).
 
 A :class:`Registry` knows its built-in modules and an entry-point group; on first look-up it
 imports both (a module registers its classes when imported), so another plug-in is one module
@@ -86,7 +87,7 @@ class Registry(Generic[T]):
         if self._loaded:
             return
         modules = list(self.modules)
-        for entry in metadata.entry_points(group=self.group):
+        for entry in metadata.entry_points(group=self.group) if self.group else ():
             modules.append(entry.value.partition(":")[0])
         for module in modules:
             try:
@@ -94,6 +95,12 @@ class Registry(Generic[T]):
             except ImportError as exc:  # a third party's plug-in that cannot load: skip, say why
                 log.warning("%s module %s cannot be imported: %s", self.what, module, exc)
         self._loaded = True
+        # the built-in ones first, in their modules' order, whoever was imported first
+        rank = {module: i for i, module in enumerate(self.modules)}
+        ordered = sorted(
+            self._classes.items(), key=lambda kv: rank.get(kv[1].__module__, len(rank))
+        )
+        self._classes = dict(ordered)
         for name, cls in (self._more() if self._more is not None else {}).items():
             self._classes.setdefault(name, cls)
 

@@ -206,12 +206,10 @@ def test_a_circle_between_folders_is_found():
 
 def test_run_backends_know_only_the_contract():
     """A run backend imports neither the launcher nor the attempt loop (at any level): the loop
-    calls it through :mod:`graphdist._distribute.runbackends`, so a fourth backend is one module."""
-    from graphdist._distribute.runbackends import BUILTIN
-
+    calls it through :mod:`graphdist._distribute.runbackends`, so a fourth engine is one module."""
     graph = import_graph(lazy=True)
     above = {"graphdist._distribute.launcher", "graphdist._distribute.supervise"}
-    modules = (*BUILTIN, "graphdist._distribute.commandrun")
+    modules = ("graphdist._local.run", "graphdist._ray.run", "graphdist._distribute.commandrun")
     assert {m: graph[m] & above for m in modules} == {m: set() for m in modules}
 
 

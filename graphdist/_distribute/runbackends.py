@@ -5,11 +5,11 @@ The attempt loop (:mod:`graphdist._distribute.supervise`) knows no backend: it a
 returns to start the attempt's servers (a parameter-server run's workers and ps tasks) and
 command tasks; everything else is the loop's own: the ``attempt-started`` event, each task's
 environment (``TF_CONFIG``, ``GRAPHDIST_TASK``, ``GRAPHDIST_RESTART``, what the placement adds),
-its log file, the supervision, the heartbeat, the restarts, the events and the summary. So a
-backend is one module: a :class:`RunBackend` class registered with :func:`register`, listed in
-:data:`BUILTIN` or named by an entry point of :data:`ENTRY_POINT_GROUP`; and every engine
-(:mod:`graphdist._engine`: Slurm) is a run backend by its name, a
-:class:`~graphdist._distribute.commandrun.CommandRun` bound to it.
+its log file, the supervision, the heartbeat, the restarts, the events and the summary. Every
+engine (:mod:`graphdist._engine`, the one registry of cluster managers) is a run backend by its
+name: its run is its own (local, Ray) or a :class:`~graphdist._distribute.commandrun.CommandRun`
+bound to its primitives (Slurm, an engine of an entry point), :func:`graphdist._engine.
+run_class`; :func:`register` adds a run class under a name of its own (a test's copy).
 
 A backend class declares its ``name``, a ``summary``, what it ``requires`` and its own
 ``options`` (:class:`graphdist._registry.Option`: Ray's ``address``), which
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from graphdist._proc.signals import SignalScope
 
 __all__ = [
-    "BUILTIN",
-    "ENTRY_POINT_GROUP",
     "Placement",
     "RunBackend",
     "ServerGroup",
@@ -46,11 +44,6 @@ __all__ = [
     "register",
     "run_backend",
 ]
-
-BUILTIN = ("graphdist._local.run", "graphdist._ray.run")
-"""The modules of the run backends graphdist ships (each registers its backend on import)."""
-ENTRY_POINT_GROUP = "graphdist.run_backends"
-"""Entry points of this group name the modules of other run backends."""
 
 
 class ServerGroup(Protocol):
@@ -145,16 +138,13 @@ class RunBackend(Protocol):
 
 
 def _engine_runs() -> dict[str, type[RunBackend]]:
-    """Each engine's run (:func:`graphdist._distribute.commandrun.run_for`), by its name."""
-    from graphdist._distribute.commandrun import run_for
-    from graphdist._engine import classes
+    """Each engine's run (:func:`graphdist._engine.run_class`), by the engine's name."""
+    from graphdist._engine import halves
 
-    return {name: run_for(cls) for name, cls in classes().items()}
+    return halves("run")
 
 
-_registry: Registry[RunBackend] = Registry(
-    "run backend", BUILTIN, ENTRY_POINT_GROUP, "name", more=_engine_runs
-)
+_registry: Registry[RunBackend] = Registry("run backend", (), "", "name", more=_engine_runs)
 
 
 def register(cls: type[RunBackend]) -> type[RunBackend]:

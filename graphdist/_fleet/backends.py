@@ -11,14 +11,12 @@ fleet, the lifecycle's primitives (start the tasks, stop them with a grace perio
 bring one back, tear down) and task handles that tell where a task is and whether it is alive,
 cheaply and without blocking (:class:`~graphdist._fleet.task.TaskHandle`).
 
-A backend's module registers it with :func:`register` when imported. :func:`backend` and
-:func:`names` import the built-in backends' modules (:data:`BUILTIN`: cheap, none imports its
-engine at module level) and every module named in the ``graphdist.backends`` entry-point group,
-so a third backend is one new module (plus its entry point, or a line in :data:`BUILTIN`) and
-its tests; and every engine (:mod:`graphdist._engine`) is a backend by its name, its fleet a
-:class:`~graphdist._fleet.command.CommandFleet` bound to it: ``graphdist up --backend NAME``
-(foreground or ``--detach``) and a detached fleet's
-supervisor find it by name. The CLI makes a flag of each backend's options and hands the chosen
+Every engine (:mod:`graphdist._engine`, the one registry of cluster managers) is a backend by
+its name: its fleet is its own (local, Ray) or a :class:`~graphdist._fleet.command.CommandFleet`
+bound to its primitives (Slurm, an engine of an entry point), :func:`graphdist._engine.
+fleet_class`. ``graphdist up --backend NAME`` (foreground or ``--detach``) and a detached
+fleet's supervisor find it by name; :func:`register` adds a fleet class under a name of its own
+(a test's copy of a backend). The CLI makes a flag of each backend's options and hands the chosen
 backend only its own (:func:`check_options`); the supervisor passes them through: no backend ever
 sees, or has to refuse, another backend's option.
 """
@@ -34,8 +32,6 @@ if TYPE_CHECKING:
     from graphdist._fleet.lifecycle import OwnedFleet
 
 __all__ = [
-    "BUILTIN",
-    "ENTRY_POINT_GROUP",
     "Backend",
     "BackendOption",
     "backend",
@@ -46,10 +42,6 @@ __all__ = [
     "start_timeouts",
 ]
 
-BUILTIN = ("graphdist._local.fleet", "graphdist._ray.fleet")
-"""The modules of the backends graphdist ships (each registers its backend when imported)."""
-ENTRY_POINT_GROUP = "graphdist.backends"
-"""Entry points of this group name the modules of other backends (``name = package.module``)."""
 
 BackendOption = Option
 """An option of one backend's own (:class:`graphdist._registry.Option`)."""
@@ -108,16 +100,13 @@ class Backend(Protocol):
 
 
 def _engine_fleets() -> dict[str, type[Backend]]:
-    """Each engine's fleet (:func:`graphdist._fleet.command.fleet_for`), by the engine's name."""
-    from graphdist._engine import classes
-    from graphdist._fleet.command import fleet_for
+    """Each engine's fleet (:func:`graphdist._engine.fleet_class`), by the engine's name."""
+    from graphdist._engine import halves
 
-    return {name: fleet_for(cls) for name, cls in classes().items()}
+    return halves("fleet")
 
 
-_registry: Registry[Backend] = Registry(
-    "backend", BUILTIN, ENTRY_POINT_GROUP, "backend_name", more=_engine_fleets
-)
+_registry: Registry[Backend] = Registry("backend", (), "", "backend_name", more=_engine_fleets)
 
 
 def register(cls: type[Backend]) -> type[Backend]:

@@ -27,7 +27,7 @@ from graphdist._exceptions import (
     PortInUseError,
 )
 from graphdist._failures import exited
-from graphdist._fleet.backends import BackendOption, register
+from graphdist._fleet.backends import BackendOption
 from graphdist._fleet.client import EXIT_NEWS_S, FleetState
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._local.checks import (
@@ -514,6 +514,3 @@ class LocalFleet(OwnedFleet[FleetTask]):
     def _remove_own_logs(self) -> None:
         if self._own_log_dir and self.log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
-
-
-register(LocalFleet)

@@ -25,7 +25,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
-from graphdist._distribute.runbackends import register
 from graphdist._distribute.runspec import RunSpec, launch_cluster
 from graphdist._distribute.taskproc import GuardedTask, RunSink
 from graphdist._distribute.warm import (
@@ -200,6 +199,3 @@ class LocalRun:
         if isinstance(self._warm, Zygote):
             self._warm.close()
             self._warm = "the run has ended"
-
-
-register(LocalRun)

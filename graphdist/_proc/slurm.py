@@ -470,6 +470,8 @@ class SlurmEngine:
     DEFAULT_START_TIMEOUT_S: ClassVar[float] = 120.0
     tls: ClassVar[bool] = True
     more_nodes: ClassVar[str] = "ask salloc/sbatch for more nodes"
+    FLEET: ClassVar[str | None] = "graphdist._fleet.command:SlurmFleet"  # with a jobid
+    RUN: ClassVar[str | None] = None
 
     def __init__(self, alloc: Allocation, env: Mapping[str, str]) -> None:
         self.alloc, self.env = alloc, dict(env)

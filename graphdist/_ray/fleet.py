@@ -59,7 +59,7 @@ from typing import Any, ClassVar
 from graphdist._cluster import Cluster, Task
 from graphdist._exceptions import ClusterSpecError, ExposedServerError
 from graphdist._failures import DEAD
-from graphdist._fleet.backends import BackendOption, register
+from graphdist._fleet.backends import BackendOption
 from graphdist._fleet.lifecycle import OwnedFleet
 from graphdist._fleet.task import TaskView
 from graphdist._net.exposure import ListeningTable, check_listening, is_loopback_ip
@@ -573,6 +573,3 @@ class RayFleet(OwnedFleet[RayTask]):
 
     def __repr__(self) -> str:
         return f"<RayFleet {self.state.value} {self.counts}>"
-
-
-register(RayFleet)

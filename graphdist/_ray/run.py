@@ -37,7 +37,6 @@ from typing import Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
 from graphdist._distribute.events import TaskStarted
-from graphdist._distribute.runbackends import register
 from graphdist._distribute.runspec import RunSpec, check_folder
 from graphdist._distribute.taskproc import LINE_LIMIT, RunSink, TaskOutput, TaskResult
 from graphdist._distribute.warm import PRELOAD_OPTION, check_preload, warm_target
@@ -580,6 +579,3 @@ class _RayPlacement:
                 ray.kill(server, no_restart=True)
         with contextlib.suppress(Exception):
             remove_placement_group(self._pg)
-
-
-register(RayRun)

@@ -33,6 +33,8 @@ class SubprocEngine:
     DEFAULT_START_TIMEOUT_S: ClassVar[float] = 60.0
     tls: ClassVar[bool] = False
     more_nodes: ClassVar[str] = "raise ntasks_per_node"
+    FLEET: ClassVar[str | None] = None  # graphdist's fleet and run over these primitives
+    RUN: ClassVar[str | None] = None
     kill_wait_s = 2.0
 
     def __init__(self, node: str) -> None:

@@ -22,6 +22,32 @@ def test_the_built_in_backends_are_registered_by_name():
     assert LocalFleet.DEFAULT_START_TIMEOUT_S == 60.0 and RayFleet.DEFAULT_START_TIMEOUT_S == 180.0
 
 
+def test_every_engine_is_a_backend_and_a_run_backend_by_its_name():
+    """One registry of engines (issue 53): each built-in engine's fleet and run are found by its
+    name, its own halves (local, Ray) or the engine-free ones over its primitives (Slurm)."""
+    from graphdist import _engine
+    from graphdist._distribute import runbackends
+    from graphdist._distribute.commandrun import CommandRun
+    from graphdist._fleet.command import CommandFleet, SlurmFleet
+    from graphdist._local.run import LocalRun
+
+    assert _engine.names()[:3] == ("local", "ray", "slurm")
+    assert backends.names()[:3] == runbackends.names()[:3] == ("local", "ray", "slurm")
+    assert backends.backend("local") is LocalFleet and runbackends.run_backend("local") is LocalRun
+    assert backends.backend("slurm") is SlurmFleet and issubclass(SlurmFleet, CommandFleet)
+    slurm_run = runbackends.run_backend("slurm")
+    assert issubclass(slurm_run, CommandRun) and slurm_run.ENGINE is SlurmFleet.ENGINE
+
+
+def test_the_built_in_engines_come_first_whichever_module_was_imported_first():
+    import subprocess
+    import sys
+
+    code = "import graphdist._proc.slurm; from graphdist import _engine; print(*_engine.names())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split()[:3] == ["local", "ray", "slurm"], done.stderr
+
+
 def test_an_unknown_backend_names_the_known_ones():
     with pytest.raises(
         ArgumentError, match="No backend is named 'nope'; the backends are local, ray"
