@@ -175,3 +175,64 @@ def test_a_parameter_server_run_on_an_engine_serves_its_servers_as_the_engines_f
             host, port = address.rsplit(":", 1)
             with pytest.raises(OSError):
                 socket.create_connection((host, int(port)), timeout=2).close()
+
+
+ATTACHED = """
+import sys
+import graphdist
+from graphdist._graph.graphs import split_graph
+
+fleet = graphdist.attach(sys.argv[1])
+graph, y = split_graph(fleet.device("local", 0), fleet.device("local", 1))
+with fleet.session("local", 0, graph=graph) as sess:
+    print(sess.run(y))
+fleet.detach()
+"""
+
+
+@pytest.mark.timeout(240)
+def test_an_engine_from_an_entry_point_serves_a_detached_fleet_its_supervisor_finds(
+    engine_env, tmp_path
+):
+    """``graphdist up --backend subproc --detach``: the supervisor, another process, finds the
+    engine by its entry point too; a client attached to the fleet runs the split graph (238),
+    and ``down`` leaves neither the supervisor nor a server, nor the state folder."""
+    state = str(tmp_path / "state")
+
+    def gd(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "graphdist", *args],
+            env=engine_env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=tmp_path,
+        )
+
+    pids: list[int] = []
+    try:
+        up = gd(
+            "up", "--backend", "subproc", "--node", "box", "--cluster", "local=2", "--detach",
+            "--json", "--state-dir", state,
+        )  # fmt: skip
+        assert up.returncode == 0, up.stderr
+        rows = json.loads(up.stdout)
+        assert [(r["job"], r["task"], r["alive"]) for r in rows] == [
+            ("local", 0, True),
+            ("local", 1, True),
+        ], rows
+        record = json.loads(Path(state, "fleet.json").read_text())
+        pids = [record["supervisor"]["pid"], *(t["pid"] for t in record["tasks"])]
+        client = subprocess.run(
+            [sys.executable, "-c", ATTACHED, state],
+            env=engine_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert client.stdout.split() == ["238"], client.stderr[-2000:]
+    finally:
+        down = gd("down", "--state-dir", state)
+    assert down.returncode == 0, down.stderr
+    assert len(pids) == 3 and wait_gone(pids, 30.0) == []
+    assert not os.path.exists(state)
