@@ -246,6 +246,30 @@ def test_slurm_is_one_module():
     assert slurm_strangers(PACKAGE) == []
 
 
+def test_each_built_in_engine_is_one_module_or_one_folder():
+    """Issue 53, point 1: an engine's own halves live in its module or folder (``_local/``,
+    ``_ray/``); an engine of primitives (Slurm) has the engine-free halves, bound to it."""
+    from graphdist import _engine
+
+    found = {}
+    for name, cls in _engine.classes().items():
+        home = cls.__module__
+        halves = [getattr(cls, "FLEET", None), getattr(cls, "RUN", None)]
+        found[name] = [
+            h.partition(":")[0]
+            for h in halves
+            if h is not None
+            and not h.partition(":")[0].startswith(home + ".")
+            and h.partition(":")[0] != "graphdist._fleet.command"  # SlurmFleet: the free half
+        ]
+    assert {n: found[n] for n in ("local", "ray", "slurm")} == {"local": [], "ray": [], "slurm": []}
+    assert {n: _engine.classes()[n].__module__ for n in ("local", "ray", "slurm")} == {
+        "local": "graphdist._local",
+        "ray": "graphdist._ray",
+        "slurm": "graphdist._proc.slurm",
+    }
+
+
 def test_slurm_strangers_finds_a_command_or_an_import(tmp_path):
     package = tmp_path / "graphdist"
     (package / "_x").mkdir(parents=True)
