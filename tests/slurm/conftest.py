@@ -9,8 +9,13 @@ import pytest
 
 SHAPES = ("bed", "site")
 """The Slurm bed's shapes: ``bed`` (each node's name its host's name) and ``site`` (node names
-that are no host name and resolve nowhere, one host name shared by every node): a test
-parametrized ``@pytest.mark.parametrize("slurm", SHAPES, indirect=True)`` runs on both."""
+that are no host name and resolve nowhere, one host name shared by every node, steps tracked by
+cgroups): a test parametrized ``@pytest.mark.parametrize("slurm", SHAPES, indirect=True)`` runs
+on both. What the shapes differ in (how a node is named and reached, how its steps are tracked
+and ended) is checked on both by the address test and the fleet scenario (a kill, a restart,
+``scancel``, nothing left); a training run, a restart with its weights or a preemption runs on
+the strict shape, ``site``, only: the same scenario on ``bed`` tested nothing more and cost a
+minute of CPU."""
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from tests.distribute.test_preemption import SCRIPT, steps_of
-from tests.slurm.conftest import SHAPES
 
 pytestmark = [pytest.mark.promise]
 
@@ -46,7 +45,7 @@ def _wait(slurm: Any, jobid: int, until: Any, what: str, timeout_s: float = 120)
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("slurm", SHAPES, indirect=True)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
 def test_a_warning_then_a_requeue_lose_no_step(slurm, tmp_path):
     out = os.path.join(slurm.jobs_dir, "preempt")
     script = (

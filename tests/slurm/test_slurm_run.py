@@ -241,7 +241,7 @@ def test_bad_slurm_runs_are_one_line_and_exit_2_with_nothing_started(slurm, allo
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("slurm", SHAPES, indirect=True)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
 def test_a_worker_killed_on_its_node_restarts_in_the_allocation_with_the_same_weights(
     slurm, alloc, tmp_path
 ):
@@ -295,7 +295,7 @@ def test_a_worker_killed_on_its_node_restarts_in_the_allocation_with_the_same_we
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("slurm", SHAPES, indirect=True)
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
 def test_a_tls_run_trains_behind_the_nodes_gateways_and_restarts_with_fresh_credentials(
     slurm, alloc, tmp_path
 ):
