@@ -218,6 +218,7 @@ def report(samples: Samples, top: int) -> dict[str, Any]:
             ([k, c, int(n), c / busy] for k, (c, n) in files.items()), key=lambda r: -r[1]
         )[:top],
         "unsampled_cpu_s": max(samples.busy_s - sampled, 0.0),
+        "cores": os.cpu_count() or 1,
     }
 
 
@@ -228,10 +229,14 @@ def _table(title: str, rows: Iterable[list[Any]]) -> list[str]:
 
 
 def render(result: Mapping[str, Any]) -> str:
+    cores = result.get("cores") or os.cpu_count() or 1
+    floor = result["busy_cpu_s"] / cores
     lines = [
         f"pytest ran {result['wall_s']:.0f} s; the machine's CPU was busy "
         f"{result['busy_share']:.0%} of that ({result['busy_cpu_s']:.0f} CPU s on "
-        f"{os.cpu_count()} cores)",
+        f"{cores} cores). The floor, the same work with every core busy throughout: "
+        f"{floor:.0f} s ({floor / 60:.1f} min); the rest, {result['wall_s'] - floor:.0f} s, is "
+        "time when a core had nothing to run (tests waiting on timeouts, restarts, Slurm).",
         "",
         *_table("kind of process", result["kinds"]),
         f"| not seen (lived under one interval), the kernel's | {result['unsampled_cpu_s']:.0f} |"

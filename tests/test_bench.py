@@ -690,3 +690,9 @@ def test_the_suite_cost_charges_each_process_to_its_kind_and_its_workers_test():
     assert files["tests/a.py"] == 3.5 and files["tests/b.py"] == 6.0
     assert result["busy_share"] == 0.5 and result["unsampled_cpu_s"] == 20.0 - 16.5
     assert "| tests/b.py | 6 | 1 | 30% |" in suite_cost.render(result)
+    # the floor: the busy CPU spread over the run's cores, whatever machine renders it later
+    result["cores"] = 4
+    assert (
+        "floor, the same work with every core busy throughout: 5 s (0.1 min); the rest, 15 s"
+        in (suite_cost.render(result))
+    )
