@@ -1,8 +1,9 @@
-# Two entry points for users: `make demo` (the main job) and `make test` (the whole suite, about
-# 24 minutes on two cores); `make check` is the everyday loop: lint (ruff, mypy) and the unit tier,
-# `pytest -m "not integration"` (in-process tests and light subprocesses: no TensorFlow server,
-# warm agent, Ray, Slurm or host bed; a unit-tier test that starts a process importing TensorFlow
-# fails, naming it: tests/conftest.py). `make docs` builds the documentation site.
+# Two entry points for users: `make demo` (the main job) and `make test` (the whole suite: its
+# time here is benchmarks/suite_cost.py's record in docs/benchmarks.md); `make check` is the
+# everyday loop: lint (ruff, mypy) and the unit tier, `pytest -m "not integration"` (in-process
+# tests and light subprocesses: no TensorFlow server, warm agent, Ray, Slurm or host bed; a
+# unit-tier test that starts a process importing TensorFlow fails, naming it: tests/conftest.py).
+# `make docs` builds the documentation site.
 # Each creates .venv on first use: `demo` installs graphdist, its runtime dependencies and the
 # `distribute` extra (tf-keras: README's next command, a `graphdist run` of the MWMS example),
 # `test` and `check` add the test extras (and Ray, whose backend the suite covers), and `test`, as
