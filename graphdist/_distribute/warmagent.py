@@ -54,7 +54,14 @@ from graphdist._distribute.warm import (
     import_time_env,
     peer_credentials,
 )
-from graphdist._distribute.zygote import TASK_SIGNALS, end_orphans, reap, serve, set_title
+from graphdist._distribute.zygote import (
+    TASK_SIGNALS,
+    end_orphans,
+    import_preloads,
+    reap,
+    serve,
+    set_title,
+)
 from graphdist._exceptions import ArgumentError, StateError
 from graphdist._private import private_dir, runtime_dir
 from graphdist._proc.process import set_child_subreaper, set_parent_death_signal, stop_all
@@ -407,17 +414,10 @@ def _take(hello: dict[str, Any]) -> None:
 def agent_main(record_path: str, idle_timeout_s: float, preload: Sequence[str]) -> int:
     """The agent (module docstring): 0 once stopped or idle, 2 where a preload did not import
     (said on stdout: ``cold: cannot import ...``)."""
-    import importlib
-
-    path0, sys.path[:1] = sys.path[:1], []  # preloads from the environment, not this folder
-    for name in preload:
-        try:
-            importlib.import_module(name)
-        except BaseException as exc:
-            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            print(f"cold: cannot import {name!r} ({why.strip()})", flush=True)
-            return 2
-    sys.path[:0] = path0
+    why = import_preloads(preload)
+    if why is not None:
+        print(f"cold: {why}", flush=True)
+        return 2
     os.chdir("/")  # holds no folder busy (each task goes to its own)
     set_child_subreaper()
     name = f"graphdist-warm-agent-{os.getpid()}-{secrets.token_hex(8)}"

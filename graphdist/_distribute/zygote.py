@@ -29,7 +29,15 @@ from graphdist._proc.process import (
     set_parent_death_signal,
 )
 
-__all__ = ["TASK_SIGNALS", "end_orphans", "reap", "serve", "set_title", "zygote_main"]
+__all__ = [
+    "TASK_SIGNALS",
+    "end_orphans",
+    "import_preloads",
+    "reap",
+    "serve",
+    "set_title",
+    "zygote_main",
+]
 
 
 #: The signals a task gets back as a fresh interpreter has them, and those of them that the
@@ -37,6 +45,23 @@ __all__ = ["TASK_SIGNALS", "end_orphans", "reap", "serve", "set_title", "zygote_
 #: an ignored signal through exec, so a warm one keeps it ignored too.
 TASK_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 _ignored_at_start: frozenset[int] = frozenset()
+
+
+def import_preloads(preload: Sequence[str]) -> str | None:
+    """Import ``preload`` in order, from the environment's packages, not the current folder (a
+    warm interpreter's, or a warm agent's); None, or the first failure in one line: ``cannot
+    import NAME (Error: its first line)``."""
+    path0, sys.path[:1] = sys.path[:1], []
+    try:
+        for name in preload:
+            try:
+                importlib.import_module(name)
+            except BaseException as exc:  # an import that fails in any way: said in one line
+                why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                return f"cannot import {name!r} ({why.strip()})"
+    finally:
+        sys.path[:0] = path0
+    return None
 
 
 def zygote_main(preload: Sequence[str]) -> int:
@@ -47,15 +72,10 @@ def zygote_main(preload: Sequence[str]) -> int:
     launcher = os.getppid()
     if launcher == 1:
         return 1
-    path0, sys.path[:1] = sys.path[:1], []  # preloads from the environment, not this folder
-    for name in preload:
-        try:
-            importlib.import_module(name)
-        except BaseException as exc:  # an import that fails in any way: said in one line
-            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            sock.send(json.dumps({"ready": f"cannot import {name!r} ({why.strip()})"}).encode())
-            return 2
-    sys.path[:0] = path0
+    why = import_preloads(preload)
+    if why is not None:
+        sock.send(json.dumps({"ready": why}).encode())
+        return 2
     code = serve(sock)
     # every guard is gone and nothing here needs the interpreter's teardown, which takes ~1 s
     # with TensorFlow imported (2 s on a loaded machine) while the launcher waits for our end
