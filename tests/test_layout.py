@@ -253,14 +253,14 @@ def test_each_built_in_engine_is_one_module_or_one_folder():
 
     found = {}
     for name, cls in _engine.classes().items():
-        home = cls.__module__
-        halves = [getattr(cls, "FLEET", None), getattr(cls, "RUN", None)]
+        halves = [
+            getattr(cls, k).partition(":")[0] for k in ("FLEET", "RUN") if getattr(cls, k, None)
+        ]
         found[name] = [
-            h.partition(":")[0]
-            for h in halves
-            if h is not None
-            and not h.partition(":")[0].startswith(home + ".")
-            and h.partition(":")[0] != "graphdist._fleet.command"  # SlurmFleet: the free half
+            m
+            for m in halves
+            if not m.startswith(cls.__module__ + ".")
+            and m != "graphdist._fleet.command"  # SlurmFleet: the free half
         ]
     assert {n: found[n] for n in ("local", "ray", "slurm")} == {"local": [], "ray": [], "slurm": []}
     assert {n: _engine.classes()[n].__module__ for n in ("local", "ray", "slurm")} == {

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from graphdist._distribute.events import Event
-from tests.conftest import wait_gone
+from tests.conftest import run_python, wait_gone
 from tests.engines import subproc
 
 pytestmark = pytest.mark.integration
@@ -39,6 +39,11 @@ def engine_env(tmp_path: Path) -> dict[str, str]:
     (info / "entry_points.txt").write_text("[graphdist.engines]\nsubproc = tests.engines.subproc\n")
     path = os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])
     return {**os.environ, "PYTHONPATH": path.rstrip(os.pathsep)}
+
+
+def _events(stdout: str) -> list[Event]:
+    """The events of a ``--output-format jsonl`` run's stdout."""
+    return [Event.from_json(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
 def test_the_engine_subclasses_nothing_of_graphdists():
@@ -70,14 +75,7 @@ def test_an_engine_from_an_entry_point_runs_a_fleet_of_the_split_graph(engine_en
             }))
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=engine_env,
-        capture_output=True,
-        text=True,
-        timeout=150,
-        cwd=tmp_path,
-    )
+    done = run_python(["-c", script], env=engine_env, timeout=150, cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     said = json.loads(done.stdout.strip().splitlines()[-1])
     assert said["result"] == 238
@@ -100,15 +98,13 @@ def test_an_engine_from_an_entry_point_runs_a_run_that_restarts(engine_env, tmp_
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     argv = [
-        sys.executable, "-m", "graphdist", "run", "--backend", "subproc", "--node", "box",
+        "-m", "graphdist", "run", "--backend", "subproc", "--node", "box",
         "--ntasks-per-node", "2", "--preload", "none", "--max-restarts", "1",
         "--output-format", "jsonl", "--", sys.executable, "-c", command,
     ]  # fmt: skip
-    done = subprocess.run(
-        argv, env=engine_env, capture_output=True, text=True, timeout=150, cwd=tmp_path
-    )
+    done = run_python(argv, env=engine_env, timeout=150, cwd=str(tmp_path))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    events = [Event.from_json(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    events = _events(done.stdout)
     started = [e.payload for e in events if e.kind == "attempt-started"]
     assert [s.backend for s in started] == ["subproc", "subproc"]
     assert all(set(s.nodes.values()) == {"box"} for s in started), started
@@ -122,14 +118,9 @@ def test_an_engine_from_an_entry_point_runs_a_run_that_restarts(engine_env, tmp_
 
 
 def test_an_engines_own_option_is_checked_before_anything_starts(engine_env, tmp_path):
-    argv = [sys.executable, "-m", "graphdist", "run", "--backend", "subproc", "--node", "a b"]
-    done = subprocess.run(
-        [*argv, "--", sys.executable, "-c", "pass"],
-        env=engine_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
+    argv = ["-m", "graphdist", "run", "--backend", "subproc", "--node", "a b"]
+    done = run_python(
+        [*argv, "--", sys.executable, "-c", "pass"], env=engine_env, timeout=60, cwd=str(tmp_path)
     )
     assert done.returncode == 2 and "node must be a word, not 'a b'" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
@@ -153,15 +144,13 @@ def test_a_parameter_server_run_on_an_engine_serves_its_servers_as_the_engines_f
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     argv = [
-        sys.executable, "-m", "graphdist", "run", "--backend", "subproc", "--workers", "1",
+        "-m", "graphdist", "run", "--backend", "subproc", "--workers", "1",
         "--ps", "1", "--chief", "--ntasks-per-node", "3", "--preload", "none",
         "--max-restarts", "1", "--output-format", "jsonl", "--", sys.executable, "-c", command,
     ]  # fmt: skip
-    done = subprocess.run(
-        argv, env=engine_env, capture_output=True, text=True, timeout=200, cwd=tmp_path
-    )
+    done = run_python(argv, env=engine_env, timeout=200, cwd=str(tmp_path))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    events = [Event.from_json(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    events = _events(done.stdout)
     started = [e.payload for e in events if e.kind == "attempt-started"]
     assert [(s.tasks, sorted(s.servers)) for s in started] == [
         (["chief-0"], ["ps-0", "worker-0"]),
@@ -200,13 +189,8 @@ def test_an_engine_from_an_entry_point_serves_a_detached_fleet_its_supervisor_fi
     state = str(tmp_path / "state")
 
     def gd(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "graphdist", *args],
-            env=engine_env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            cwd=tmp_path,
+        return run_python(
+            ["-m", "graphdist", *args], env=engine_env, timeout=180, cwd=str(tmp_path)
         )
 
     pids: list[int] = []
@@ -223,13 +207,7 @@ def test_an_engine_from_an_entry_point_serves_a_detached_fleet_its_supervisor_fi
         ], rows
         record = json.loads(Path(state, "fleet.json").read_text())
         pids = [record["supervisor"]["pid"], *(t["pid"] for t in record["tasks"])]
-        client = subprocess.run(
-            [sys.executable, "-c", ATTACHED, state],
-            env=engine_env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        client = run_python(["-c", ATTACHED, state], env=engine_env, timeout=120, cwd=str(tmp_path))
         assert client.stdout.split() == ["238"], client.stderr[-2000:]
     finally:
         down = gd("down", "--state-dir", state)
