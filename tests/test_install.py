@@ -41,7 +41,8 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.promise, pytest.mark.xdist_g
 
 
 def _tracked(prefix: str = "") -> list[str]:
-    if shutil.which("git") is None or not os.path.isdir(os.path.join(REPO, ".git")):
+    # .git is a folder in a clone, a file in a worktree (``git worktree add``): both are checkouts
+    if shutil.which("git") is None or not os.path.exists(os.path.join(REPO, ".git")):
         pytest.skip(f"needs git and a git checkout ({REPO}/.git) to know the tracked files")
     out = subprocess.run(
         ["git", "ls-files", "-z", "--", prefix or "."],

@@ -115,7 +115,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         start_timeout_s=args.start_timeout_s,
         expose=args.expose,
         allow=parse_allow(allow_text(args)) or None,
-        **({"tls": True} if args.tls else {}),
+        tls=args.tls,
         **options,
     )
     stop, received = _start_noting_signals(fleet, keep=True)

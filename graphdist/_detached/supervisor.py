@@ -171,7 +171,8 @@ class SupervisorSpec:
             expose=self.expose,
             log_dir=os.path.join(self.state_dir, LOGS_DIR),
             allow=self.allow or None,
-            **({"tls": True, "tls_dir": os.path.join(self.state_dir, TLS_DIR)} if self.tls else {}),
+            tls=self.tls,
+            tls_dir=os.path.join(self.state_dir, TLS_DIR) if self.tls else None,
             **self.options,
         )
 

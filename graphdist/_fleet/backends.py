@@ -91,11 +91,14 @@ class Backend(Protocol):
         expose: bool,
         log_dir: str | None = None,
         allow: Sequence[str] | None = None,
+        tls: bool = False,
+        tls_dir: str | None = None,
         **options: Any,
     ) -> OwnedFleet[Any]:
         """A fleet (not started) from command-line options; ``options`` are only this backend's
         own (:func:`check_options` made sure); ``allow``: with ``expose``, the other machines
-        let in besides the cluster's own hosts."""
+        let in besides the cluster's own hosts. :meth:`OwnedFleet.for_command
+        <graphdist._fleet.lifecycle.OwnedFleet.for_command>` serves every backend."""
         ...
 
 

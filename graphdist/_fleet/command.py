@@ -223,28 +223,7 @@ class CommandFleet(OwnedFleet[CommandTask]):
         flag(expose, "expose")
         flag(tls, "tls")
 
-    @classmethod
-    def for_command(
-        cls,
-        cluster: Mapping[str, int],
-        *,
-        start_timeout_s: float | None,
-        expose: bool,
-        log_dir: str | None = None,
-        allow: Sequence[str] | None = None,
-        tls: bool = False,
-        tls_dir: str | None = None,
-        **options: Any,
-    ) -> CommandFleet:
-        return cls(
-            cluster,
-            start_timeout_s=start_timeout_s,
-            log_dir=log_dir,
-            allow=allow,
-            tls=tls,
-            tls_dir=tls_dir,
-            **options,
-        )
+    COMMAND_ARGS = ("start_timeout_s", "log_dir", "allow", "tls", "tls_dir")  # always exposed
 
     def __init__(
         self,

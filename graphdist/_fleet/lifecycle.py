@@ -29,8 +29,8 @@ import os
 import signal
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from graphdist._exceptions import (
     ExposedServerError,
@@ -64,6 +64,46 @@ class OwnedFleet(Fleet[TaskT]):
     tls_dir: str | None = None
     """TLS mode: the folder of the fleet's own credentials (made at start); else ``None``."""
     _owner_pid: int = -1
+
+    COMMAND_ARGS: ClassVar[tuple[str, ...]] = (
+        "start_timeout_s",
+        "expose",
+        "log_dir",
+        "allow",
+        "tls",
+        "tls_dir",
+    )
+    """Which of :meth:`for_command`'s arguments the backend's constructor takes (one it has no
+    use for is left out: a Slurm fleet is always exposed, a Ray actor's output is Ray's)."""
+
+    @classmethod
+    def for_command(
+        cls: type[_FleetT],
+        cluster: Any,
+        *,
+        start_timeout_s: float | None,
+        expose: bool,
+        log_dir: str | None = None,
+        allow: Sequence[str] | None = None,
+        tls: bool = False,
+        tls_dir: str | None = None,
+        **options: Any,
+    ) -> _FleetT:
+        """A fleet (not started) from command-line options (the backend contract's, in
+        :mod:`graphdist._fleet.backends`); ``options`` are only the backend's own."""
+        given = {
+            "start_timeout_s": start_timeout_s,
+            "expose": expose,
+            "log_dir": log_dir,
+            "allow": allow,
+            "tls": tls,
+            "tls_dir": tls_dir,
+        }
+        make: Any = cls  # a backend's own constructor (this base class's takes nothing)
+        fleet: _FleetT = make(
+            cluster, **{k: v for k, v in given.items() if k in cls.COMMAND_ARGS}, **options
+        )
+        return fleet
 
     def __init__(self) -> None:
         super().__init__()

@@ -17,7 +17,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from graphdist._cluster import Cluster, ClusterLike, Task
@@ -189,30 +189,6 @@ class LocalFleet(OwnedFleet[FleetTask]):
             check_tls_served(cluster)
         elif not expose:
             check_loopback(cluster)
-
-    @classmethod
-    def for_command(
-        cls,
-        cluster: Cluster,
-        *,
-        start_timeout_s: float | None,
-        expose: bool,
-        log_dir: str | None = None,
-        allow: Sequence[str] | None = None,
-        tls: bool = False,
-        tls_dir: str | None = None,
-        **options: Any,
-    ) -> LocalFleet:
-        """A local fleet takes no options of its own (``options`` is empty)."""
-        return cls(
-            cluster,
-            start_timeout_s=start_timeout_s,
-            log_dir=log_dir,
-            expose=expose,
-            allow=allow,
-            tls=tls,
-            tls_dir=tls_dir,
-        )
 
     def __init__(
         self,

@@ -53,7 +53,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 from graphdist._cluster import Cluster, Task
@@ -323,30 +323,7 @@ class RayFleet(OwnedFleet[RayTask]):
         """Only ``expose`` and ``tls``: Ray places the servers (it picks the nodes and ports)."""
         NetPolicy.checked(expose, None, tls)
 
-    @classmethod
-    def for_command(
-        cls,
-        cluster: Mapping[str, int],
-        *,
-        start_timeout_s: float | None,
-        expose: bool,
-        log_dir: str | None = None,
-        allow: Sequence[str] | None = None,
-        tls: bool = False,
-        tls_dir: str | None = None,
-        **options: Any,
-    ) -> RayFleet:
-        """``log_dir`` is not used: a Ray actor's output goes to Ray's logs on its node;
-        ``options``: :attr:`options`."""
-        return cls(
-            cluster,
-            start_timeout_s=start_timeout_s,
-            expose=expose,
-            allow=allow,
-            tls=tls,
-            tls_dir=tls_dir,
-            **options,
-        )
+    COMMAND_ARGS = ("start_timeout_s", "expose", "allow", "tls", "tls_dir")  # logs: Ray's
 
     def __init__(
         self,
