@@ -68,6 +68,7 @@ from graphdist._proc.process import set_child_subreaper, set_parent_death_signal
 
 __all__ = [
     "IDLE_TIMEOUT_S",
+    "SESSION_RLIMITS",
     "WARM_DIR_ENV",
     "AgentRecord",
     "NotAttached",
@@ -75,6 +76,7 @@ __all__ = [
     "attach",
     "env_mismatch",
     "live_agent",
+    "node_agent_main",
     "start_agent",
     "stop_agent",
     "warm_dir",
@@ -373,8 +375,9 @@ def _elsewhere(pid: int) -> str | None:
     return None
 
 
-#: The resource limits a session takes from its launcher, as a fresh process would have them.
-_RLIMITS = ("RLIMIT_CORE", "RLIMIT_NOFILE", "RLIMIT_STACK", "RLIMIT_AS", "RLIMIT_NPROC")
+#: The resource limits a session takes from its launcher (or node client), as a fresh process
+#: would have them.
+SESSION_RLIMITS = ("RLIMIT_CORE", "RLIMIT_NOFILE", "RLIMIT_STACK", "RLIMIT_AS", "RLIMIT_NPROC")
 
 
 def _hello() -> dict[str, Any]:
@@ -387,7 +390,7 @@ def _hello() -> dict[str, Any]:
     return {
         "ignored": [int(s) for s in TASK_SIGNALS if signal.getsignal(s) == signal.SIG_IGN],
         "umask": umask,
-        "rlimits": {n: resource.getrlimit(getattr(resource, n)) for n in _RLIMITS},
+        "rlimits": {n: resource.getrlimit(getattr(resource, n)) for n in SESSION_RLIMITS},
         "affinity": sorted(os.sched_getaffinity(0)),
         "nice": os.nice(0),
     }
@@ -398,29 +401,52 @@ def _take(hello: dict[str, Any]) -> None:
     (a hard limit above the agent's, a niceness below it: kept as they are)."""
     import resource
 
-    os.umask(int(hello.get("umask", 0o022)))
+    if "umask" in hello:
+        os.umask(int(hello["umask"]))
     for name, (soft, hard) in dict(hello.get("rlimits", {})).items():
         with contextlib.suppress(OSError, ValueError, AttributeError):
             resource.setrlimit(getattr(resource, name), (soft, hard))
     with contextlib.suppress(OSError, ValueError):
         os.sched_setaffinity(0, hello.get("affinity") or os.sched_getaffinity(0))
     with contextlib.suppress(OSError):
-        os.nice(int(hello.get("nice", 0)) - os.nice(0))
+        os.nice(int(hello.get("nice", os.nice(0))) - os.nice(0))
 
 
 # -- the agent's own side -------------------------------------------------------------------------
 
 
 def agent_main(record_path: str, idle_timeout_s: float, preload: Sequence[str]) -> int:
-    """The agent (module docstring): 0 once stopped or idle, 2 where a preload did not import
-    (said on stdout: ``cold: cannot import ...``)."""
+    """The machine's agent (module docstring): 0 once stopped or idle, 2 where a preload did
+    not import (said on stdout: ``cold: cannot import ...``)."""
+    return _agent(preload, record_path=record_path, idle_timeout_s=idle_timeout_s)
+
+
+def node_agent_main(tag: str, preload: Sequence[str]) -> int:
+    """A run's agent on one of its nodes (:mod:`graphdist._distribute.nodewarm`): the same
+    agent, with no record (the run reads its ``ready`` line) and no idle timeout; a SIGTERM
+    (the run's end; Slurm cancelling or requeueing the job, which signals every step) takes no
+    new task but waits for the sessions still running: their guards got it too and grant their
+    tasks their grace to save (Slurm's KillWait bounds the wait)."""
+    return _agent(preload, name=f"graphdist-warm-{tag}", drain=True)
+
+
+def _agent(
+    preload: Sequence[str],
+    *,
+    record_path: str | None = None,
+    idle_timeout_s: float = 0.0,
+    name: str = "graphdist-warm-agent",
+    drain: bool = False,
+) -> int:
     why = import_preloads(preload)
     if why is not None:
         print(f"cold: {why}", flush=True)
         return 2
     os.chdir("/")  # holds no folder busy (each task goes to its own)
     set_child_subreaper()
-    name = f"graphdist-warm-agent-{os.getpid()}-{secrets.token_hex(8)}"
+    # Linux's abstract namespace: no file to leave behind, even if the agent is SIGKILLed; any
+    # process of the network namespace may connect, so SO_PEERCRED is the check (_session)
+    name = f"{name}-{os.getpid()}-{secrets.token_hex(8)}"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind("\0" + name)
     listener.listen(64)
@@ -429,15 +455,16 @@ def agent_main(record_path: str, idle_timeout_s: float, preload: Sequence[str]) 
     record = AgentRecord(
         me.pid,
         me.started,
-        "@" + name,
+        "@" + name,  # as ss and lsof write it; a client turns "@" back into NUL
         os.path.abspath(sys.executable),
         tuple(preload),
         import_time_env(os.environ),
         idle_timeout_s,
         time.time(),
-        record_path.removesuffix(".json") + ".log",
+        (record_path or "").removesuffix(".json") + ".log",
     )
-    _write_record(record_path, record)
+    if record_path is not None:
+        _write_record(record_path, record)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     stop: list[int] = []
     signal.set_wakeup_fd(wake_w)
@@ -451,9 +478,9 @@ def agent_main(record_path: str, idle_timeout_s: float, preload: Sequence[str]) 
     sessions: set[int] = set()
     idle_since = time.monotonic()
     try:
-        while not stop:
+        while not stop or (drain and sessions):
             with contextlib.suppress(InterruptedError):
-                select.select([listener.fileno(), wake_r], [], [], 1.0)
+                select.select([wake_r] if stop else [listener.fileno(), wake_r], [], [], 1.0)
             with contextlib.suppress(BlockingIOError):
                 while os.read(wake_r, 512):
                     pass
@@ -470,14 +497,15 @@ def agent_main(record_path: str, idle_timeout_s: float, preload: Sequence[str]) 
                     conn, _ = listener.accept()
                 except (BlockingIOError, InterruptedError):
                     break
-                session = _session(conn, listener, (wake_r, wake_w))
+                session = _session(conn, listener, (wake_r, wake_w), preload)
                 if session is not None:
                     sessions.add(session)
                     record = replace(record, served=record.served + 1)
-                    with contextlib.suppress(OSError):  # a count for status: not worth dying for
-                        _write_record(record_path, record)
+                    if record_path is not None:
+                        with contextlib.suppress(OSError):  # a count for status only
+                            _write_record(record_path, record)
     finally:
-        if (_read(record_path) or record).pid == record.pid:
+        if record_path is not None and (_read(record_path) or record).pid == record.pid:
             with contextlib.suppress(OSError):
                 os.unlink(record_path)
         listener.close()
@@ -497,8 +525,13 @@ def _write_record(path: str, record: AgentRecord) -> None:
         raise
 
 
-def _session(conn: socket.socket, listener: socket.socket, wake: tuple[int, int]) -> int | None:
-    """Fork a session for ``conn`` if its peer is this user's; its pid, or None."""
+def _session(
+    conn: socket.socket, listener: socket.socket, wake: tuple[int, int], preload: Sequence[str]
+) -> int | None:
+    """Fork a session for ``conn`` if its peer is this user's; its pid, or None. Its peer's
+    hello (:func:`_hello`, a node client's own) says what the session takes from it, and
+    ``"on_close": "kill"`` that a guard whose client goes away is SIGKILLed (a node client's
+    step cancelled: a frozen task, a broken attempt), not given its grace."""
     _, uid, _ = peer_credentials(conn)
     if uid != os.getuid():
         conn.close()  # another user's process: nothing is read, nothing forked
@@ -526,7 +559,13 @@ def _session(conn: socket.socket, listener: socket.socket, wake: tuple[int, int]
         hello = json.loads(conn.recv(MSG_MAX) or b"{}") if ready else None
         if hello is not None:
             _take(hello)
-            code = serve(conn, frozenset(int(s) for s in hello.get("ignored", ())))
+            kill = hello.get("on_close") == "kill"
+            code = serve(
+                conn,
+                frozenset(int(s) for s in hello.get("ignored", ())),
+                preload=preload,
+                close_signal=signal.SIGKILL if kill else signal.SIGTERM,
+            )
     except BaseException:
         code = 70
     finally:

@@ -17,10 +17,12 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from graphdist._distribute.warm import FD_ENV, MSG_MAX
+from graphdist._proc import oom
 from graphdist._proc.process import (
     descendants,
     guard,
@@ -86,11 +88,25 @@ def zygote_main(preload: Sequence[str]) -> int:
     os._exit(code)
 
 
-def serve(sock: socket.socket, ignored: frozenset[int] | None = None) -> int:
+def serve(
+    sock: socket.socket,
+    ignored: frozenset[int] | None = None,
+    *,
+    preload: Sequence[str] = (),
+    close_signal: int = signal.SIGTERM,
+) -> int:
     """The zygote's loop on ``sock`` (its launcher's end): say ready, then fork a guard per
-    request and report their exits, until the launcher closes its end and every guard is gone.
-    Also a warm agent's session (:mod:`graphdist._distribute.warmagent`), with the signals its
-    launcher found ``ignored``."""
+    request and report their exits, until the launcher closes its end (its guards then get
+    ``close_signal``) and every guard is gone. Also a warm agent's session
+    (:mod:`graphdist._distribute.warmagent`), with the signals its launcher found ``ignored``.
+
+    A request names its task's ``mode``, ``target`` and ``argv`` (:class:`~graphdist.
+    _distribute.warm.WarmTarget`), or only its ``command``: then it is decided here, against
+    this process's environment and ``preload`` (a node client's, which cannot import graphdist),
+    and a task that runs cold is answered ``{"id", "cold": why}``. Its descriptors are its
+    output, its guard's report pipe and its stdin (where ``stdin``); ``"report": "session"``
+    leaves the report pipe out, kept here instead: the exit message then says ``oom`` (in
+    words) when the node's kernel killed the task for memory."""
     global _ignored_at_start
     if ignored is not None:
         _ignored_at_start = ignored
@@ -104,6 +120,15 @@ def serve(sock: socket.socket, ignored: frozenset[int] | None = None) -> int:
     sock.send(json.dumps({"ready": True, "pid": os.getpid()}).encode())
     guards: set[int] = set()
     spares: dict[int, socket.socket] = {}  # forked guards that wait for their task's request
+    reports: dict[int, tuple[int, float]] = {}  # guard: its report pipe's read end, started
+
+    kmsg: list[int] = []  # the kernel's log, once opened here for a report
+
+    def own_fds(*more: int) -> tuple[int, ...]:
+        """What a forked child closes of ours besides sockets: the wake-up pipe, the report
+        pipes kept here and the kernel's log read for them, and ``more``."""
+        return (wake_r, wake_w, *(r for r, _ in reports.values()), *more, *kmsg)
+
     open_ = True
     while open_ or guards:
         with contextlib.suppress(InterruptedError):
@@ -116,8 +141,12 @@ def serve(sock: socket.socket, ignored: frozenset[int] | None = None) -> int:
                 spares.pop(pid).close()
             elif pid in guards:
                 guards.discard(pid)
+                said: dict[str, Any] = {"exit": pid, "status": status}
+                ran_out = _ran_out(*reports.pop(pid), status) if pid in reports else None
+                if ran_out is not None:
+                    said["oom"] = ran_out
                 with contextlib.suppress(OSError):
-                    sock.send(json.dumps({"exit": pid, "status": status}).encode())
+                    sock.send(json.dumps(said).encode())
         end_orphans(guards | spares.keys())
         if not open_:
             continue
@@ -129,23 +158,40 @@ def serve(sock: socket.socket, ignored: frozenset[int] | None = None) -> int:
             open_ = False
             for pid in [*guards, *spares]:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
+                    os.kill(pid, close_signal if pid in guards else signal.SIGTERM)
             continue
         request = json.loads(data)
         if "spares" in request:  # fork them now: the next requests are answered at once
             while len(spares) < int(request["spares"]):
                 try:
-                    pid, waiting = _fork_spare(sock, (wake_r, wake_w), [*spares.values()])
+                    pid, waiting = _fork_spare(sock, own_fds(), [*spares.values()])
                 except OSError:
                     break  # no more now: the next requests fork as before
                 spares[pid] = waiting
             continue
+        cold = _decided(request, preload)
+        if cold is not None:
+            for fd in fds:
+                os.close(fd)
+            sock.send(json.dumps({"id": request["id"], "cold": cold}).encode())
+            continue
+        report = None
+        if request.get("report") == "session":  # its read end stays here (the exit's oom)
+            report = os.pipe()
+            watch = oom.shared()  # the kernel's log is read from before the task starts
+            kmsg[:] = [] if watch.fd is None else [watch.fd]
+            fds.insert(1, report[1])
+        data = json.dumps(request).encode()  # as decided here: a spare gets it whole
         try:
             handed = _hand_to_spare(spares, data, fds)
             spare = handed is not None
-            wake = (wake_r, wake_w)
             others = [*spares.values()]  # a fresh guard must not hold the spares' sockets
-            pid = handed if handed is not None else _fork_guard(request, fds, sock, wake, others)
+            mine = () if report is None else (report[0],)
+            pid = (
+                _fork_guard(request, fds, sock, own_fds(*mine), others)
+                if handed is None
+                else handed
+            )
         except OSError as exc:
             answer: dict[str, Any] = {"id": request["id"], "error": str(exc)}
         else:
@@ -154,8 +200,49 @@ def serve(sock: socket.socket, ignored: frozenset[int] | None = None) -> int:
         finally:
             for fd in fds:
                 os.close(fd)
+        if report is not None and "pid" in answer:
+            reports[answer["pid"]] = (report[0], time.monotonic())
+        elif report is not None:
+            os.close(report[0])
         sock.send(json.dumps(answer).encode())
     return 0
+
+
+def _decided(request: dict[str, Any], preload: Sequence[str]) -> str | None:
+    """Complete a request that names only its command (a node client's) with its warm target,
+    decided here; why it runs cold instead, or None."""
+    if "mode" in request:
+        return None
+    from graphdist._distribute.warm import warm_target
+
+    target = warm_target(request["command"], request["env"], os.environ, preload)
+    if isinstance(target, str):
+        return target
+    request.update(
+        mode=target.mode, target=target.target, argv=list(target.argv), unbuffered=target.unbuffered
+    )
+    return None
+
+
+def _ran_out(read: int, started_s: float, status: int) -> str | None:
+    """``out of memory (...)`` when a guard that ended with ``status`` had its command killed
+    by the node's kernel for memory (its report pipe ``read`` names the command's pid); None
+    otherwise, or where the kernel's log cannot be read."""
+    text = b""
+    with contextlib.suppress(OSError):
+        os.set_blocking(read, False)
+        while chunk := os.read(read, 4096):
+            text += chunk
+    os.close(read)
+    if os.waitstatus_to_exitcode(status) != -signal.SIGKILL:
+        return None
+    pids = [
+        w[1]
+        for w in (ln.split() for ln in text.decode("ascii", "replace").splitlines())
+        if len(w) == 2 and w[0] == "pid" and w[1].isdigit()
+    ]
+    killed = oom.shared().killed(int(pids[-1]), started_s) if pids else None
+    return None if killed is None else killed.words()
 
 
 def _hand_to_spare(spares: dict[int, socket.socket], data: bytes, fds: list[int]) -> int | None:
@@ -174,7 +261,7 @@ def _hand_to_spare(spares: dict[int, socket.socket], data: bytes, fds: list[int]
 
 
 def _fork_spare(
-    sock: socket.socket, wake: tuple[int, int], others: list[socket.socket]
+    sock: socket.socket, own: tuple[int, ...], others: list[socket.socket]
 ) -> tuple[int, socket.socket]:
     """Fork a guard ahead of its task (a restart's, while the failed attempt is stopped): it
     waits for the request the zygote hands it, then is that task's guard as a guard forked on
@@ -193,7 +280,7 @@ def _fork_spare(
     code = 70
     try:  # the spare: never returns
         set_parent_death_signal(signal.SIGKILL)
-        _leave_zygote(sock, wake, [ours, *others])
+        _leave_zygote(sock, own, [ours, *others])
         set_title("graphdist-guard (a spare: no task yet)")
         code = 0
         while os.getppid() == zygote:
@@ -264,7 +351,7 @@ def _fork_guard(
     request: dict[str, Any],
     fds: list[int],
     sock: socket.socket,
-    wake: tuple[int, int],
+    own: tuple[int, ...],
     others: list[socket.socket],
 ) -> int:
     zygote = os.getpid()
@@ -272,21 +359,21 @@ def _fork_guard(
     if pid != 0:
         return pid
     try:  # the guard: never returns
-        _leave_zygote(sock, wake, others)
+        _leave_zygote(sock, own, others)
         _be_guard(request, fds, zygote)
     finally:
         os._exit(70)
 
 
-def _leave_zygote(sock: socket.socket, wake: tuple[int, int], others: list[socket.socket]) -> None:
+def _leave_zygote(sock: socket.socket, own: tuple[int, ...], others: list[socket.socket]) -> None:
     """In a forked child: none of the zygote's signal handling, sockets (its launcher's and
-    its spares') or wake-up pipe."""
+    its spares'), wake-up pipe or report pipes."""
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
     for each in (sock, *others):
         each.close()
-    for fd in wake:
+    for fd in own:
         os.close(fd)
 
 

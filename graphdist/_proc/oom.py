@@ -127,6 +127,12 @@ class OomWatch:
         """Whether the kernel's log could be opened (else every answer is None)."""
         return self._fd is not None
 
+    @property
+    def fd(self) -> int | None:
+        """Its descriptor on the kernel's log (None: unreadable), which a process that forks
+        without exec closes in its children (:func:`graphdist._distribute.zygote.serve`)."""
+        return self._fd
+
     def _read(self) -> None:
         records = []
         while self._fd is not None:

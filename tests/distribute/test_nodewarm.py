@@ -157,3 +157,22 @@ def test_another_user_is_never_served(agent, tmp_path):
     assert lines[1] in ("answer b''", "refused BrokenPipeError", "refused ConnectionResetError")
     time.sleep(1.0)
     assert not marker.exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_task_holds_no_descriptor_of_the_session_beside_its_own_while_another_runs(agent):
+    """A fresh interpreter's descriptors: 0, 1 and 2 only (its stdout is also its stderr).
+    The session keeps each guard's report pipe, and the kernel's log, for the out-of-memory
+    check: no guard takes those (its own, another's that still runs), nor the session's
+    socket or wake-up pipe, into its task."""
+    _, path = agent
+    sleeper = [sys.executable, "-c", "import numpy, time; print('up', flush=True); time.sleep(60)"]
+    first = _client(path, sleeper)
+    assert first.stdout is not None and first.stdout.readline() == "up\n"
+    fds = "import numpy, os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))"
+    second = _client(path, [sys.executable, "-c", fds])
+    out, _ = second.communicate(timeout=60)
+    first.kill()
+    first.wait(10)
+    # the listing's own descriptor is the one above 2
+    assert second.returncode == 0 and json.loads(out) == [0, 1, 2, 3], out

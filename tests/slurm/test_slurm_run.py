@@ -331,7 +331,9 @@ def test_a_tls_run_trains_behind_the_nodes_gateways_and_restarts_with_fresh_cred
             seen["received"] = received_of(node.pids())
             killed.extend(p for p in node.pids() if _is_command(p, script))
             guard = psutil.Process(killed[0]).parent()
-            seen["forked_by"] = _cmdline(guard.parent().pid if guard else 0)
+            session = guard.parent() if guard else None
+            seen["forked_by"] = _cmdline(session.pid if session else 0)
+            seen["agent"] = _cmdline(session.ppid() if session else 0)
             os.kill(killed[0], signal.SIGKILL)
 
     args = ["--jobid", str(alloc), "--tls", "--workers", "2", "--max-restarts", "1"]
@@ -340,7 +342,9 @@ def test_a_tls_run_trains_behind_the_nodes_gateways_and_restarts_with_fresh_cred
     # every task of both attempts forked from its node's warm agent, behind its gateway
     started = [e for e in events if e.get("event") == "task-started"]
     assert len(started) == 4 and all(e["warm"] for e in started), started
-    assert "graphdist._distribute.zygote" in " ".join(seen["forked_by"]), seen["forked_by"]
+    # the guard's parent a session of the node's agent (the one warm agent, on a node)
+    assert " ".join(seen["forked_by"]) == "graphdist-warm-session", seen["forked_by"]
+    assert "node_agent_main" in " ".join(seen["agent"]), seen["agent"]
     first, second = seen["clusters"]
     node = slurm.node(seen["nodes"]["worker-1"])
     assert {a.rsplit(":", 1)[0] for a in first["worker"]} == {
