@@ -283,7 +283,7 @@ class GuardedTask(TaskOutput):
             return target
         try:
             return zygote.spawn(
-                argv, target, env, name=task.name, grace_s=grace_s, report_fd=report_w, stdin=None
+                argv, target, env, name=task.name, grace_s=grace_s, report_fd=report_w
             )
         except OSError as exc:
             return f"the warm interpreter could not fork it ({exc})"

@@ -431,15 +431,12 @@ class Zygote:
         name: str,
         grace_s: float,
         report_fd: int,
-        stdin: int | None,
-        out: int | None = None,
-        cwd: str | None = None,
     ) -> WarmProc:
-        """Fork ``command``'s guard and task (``target``) with ``env``, ``cwd`` (default: this
-        process's working folder), ``stdin`` (a file descriptor, or None: /dev/null) and
-        ``report_fd``; its output goes to ``out`` (a file descriptor), or where that is None
-        to a pipe, the returned proc's ``stdout``. OSError when the zygote cannot."""
-        out_r, out_w = os.pipe2(os.O_CLOEXEC) if out is None else (-1, out)
+        """Fork ``command``'s guard and task (``target``) with ``env``, this process's working
+        folder, no stdin (/dev/null) and ``report_fd``; its output goes to a pipe, the returned
+        proc's ``stdout``. OSError when the zygote cannot. (A node's client asks a session of
+        its agent directly: :mod:`graphdist._distribute.nodewarm`.)"""
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
         try:
             with self._lock:
                 self._next += 1
@@ -453,12 +450,11 @@ class Zygote:
                 "argv": list(target.argv),
                 "unbuffered": target.unbuffered,
                 "env": dict(env),
-                "cwd": cwd or os.getcwd(),
+                "cwd": os.getcwd(),
                 "grace_s": grace_s,
-                "stdin": stdin is not None,
+                "stdin": False,
             }
-            fds = [out_w, report_fd] + ([stdin] if stdin is not None else [])
-            socket.send_fds(self._sock, [json.dumps(request).encode()], fds)
+            socket.send_fds(self._sock, [json.dumps(request).encode()], [out_w, report_fd])
             deadline = time.monotonic() + 30.0
             while ident not in self._answers:
                 if self._gone or time.monotonic() > deadline:
@@ -468,15 +464,14 @@ class Zygote:
             answer = self._answers.pop(ident)
             if "error" in answer:
                 raise OSError(answer["error"])
-            stdout = None if out is not None else os.fdopen(out_r, "rb")
-            proc = WarmProc(self, int(answer["pid"]), stdout, bool(answer.get("spare")))
+            proc = WarmProc(
+                self, int(answer["pid"]), os.fdopen(out_r, "rb"), bool(answer.get("spare"))
+            )
         except BaseException:
-            if out is None:
-                os.close(out_r)
+            os.close(out_r)
             raise
         finally:
-            if out is None:
-                os.close(out_w)
+            os.close(out_w)
         with self._lock:
             self._procs[proc.pid] = proc
             early = self._early.pop(proc.pid, None)
