@@ -22,6 +22,7 @@ from graphdist._distribute.heartbeat import process_state
 from graphdist._fleet.client import EXIT_NEWS_S
 from graphdist._graph.graphs import split_graph
 from tests.conftest import EVENTUALLY_S, read_json, run_python, sigstop, wait_gone
+from tests.sigtrace import watching
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 TIMEOUT_MS = 1500
@@ -192,21 +193,24 @@ def while_stopped(pid: int, call: Callable[[], Any], tries: int = 3) -> Any:
     throughout (state ``T`` after the call). If another process continued the task meanwhile
     (seen in CI under load, twice in 8 runs beside tests/distribute, and once as a health check
     that read a stopped task ``alive``; in two tracefs-recorded runs of the suite here, every
-    SIGCONT came from the test that had sent the SIGSTOP, and the sender was not found), the
-    premise failed and the call is made again, up to ``tries`` times."""
+    SIGCONT came from the test that had sent the SIGSTOP, as in four loops of these tests
+    beside tests/distribute: the sender was not found), the premise failed and the call is made
+    again, up to ``tries`` times; each warning names what the kernel's record saw sent to the
+    task meanwhile (tests/sigtrace.py)."""
+    seen = []
     for _ in range(tries):
-        sigstop(pid)
-        try:
-            result = call()
-            state = process_state(pid)
-            if state == "T":
-                return result
-            warnings.warn(
-                f"the stopped task was continued by another process ({state})", stacklevel=2
-            )
-        finally:
-            os.kill(pid, signal.SIGCONT)
-    raise AssertionError(f"the stopped task was continued by another process {tries} times")
+        with watching(pid) as signals:
+            sigstop(pid)
+            try:
+                result = call()
+                state = process_state(pid)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+        if state == "T":
+            return result
+        seen.append(f"({state}): {signals.describe()}")
+        warnings.warn(f"the stopped task was continued by another process {seen[-1]}", stacklevel=2)
+    raise AssertionError(f"the stopped task was continued by another process: {'; '.join(seen)}")
 
 
 def frozen_run(sess: Any, y: Any, pid: int) -> graphdist.TaskFailedError:

@@ -19,6 +19,7 @@ import pytest
 from graphdist._exceptions import ArgumentError
 from graphdist._proc.forkserver_pool import DEFAULT_SPARES, MAX_SPARES, SPARES_ENV, spares_wanted
 from tests.conftest import EVENTUALLY_S, is_gone, run_python, sigstop, start_python, wait_gone
+from tests.sigtrace import watching
 
 pytestmark = pytest.mark.integration
 
@@ -324,13 +325,17 @@ def _spares_outlive_no_owner(tried: int) -> bool:
         fork_server, *pids = json.loads(line)
         spares = pids[2:]
         assert len(spares) == 2 and not any(is_gone(p) for p in [fork_server, *pids])
-        sigstop(fork_server)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-        assert wait_gone(spares, 5.0) == [], "spares outlived their owner"
-        held = not is_gone(fork_server)  # stopped, not gone: nothing else ended the spares
+        with watching(fork_server) as signals:
+            sigstop(fork_server)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+            assert wait_gone(spares, 5.0) == [], "spares outlived their owner"
+            held = not is_gone(fork_server)  # stopped, not gone: nothing else ended the spares
         if not held:
-            warnings.warn(f"try {tried}: the stopped fork server was ended", stacklevel=2)
+            warnings.warn(
+                f"try {tried}: the stopped fork server was ended: {signals.describe()}",
+                stacklevel=2,
+            )
     finally:
         if proc.poll() is None:
             proc.kill()
