@@ -461,7 +461,7 @@ def _agent(
         import_time_env(os.environ),
         idle_timeout_s,
         time.time(),
-        (record_path or "").removesuffix(".json") + ".log",
+        "" if record_path is None else record_path.removesuffix(".json") + ".log",
     )
     if record_path is not None:
         _write_record(record_path, record)
@@ -479,6 +479,8 @@ def _agent(
     idle_since = time.monotonic()
     try:
         while not stop or (drain and sessions):
+            if stop:  # draining: a new client is refused at once (and runs cold), not held
+                listener.close()
             with contextlib.suppress(InterruptedError):
                 select.select([wake_r] if stop else [listener.fileno(), wake_r], [], [], 1.0)
             with contextlib.suppress(BlockingIOError):

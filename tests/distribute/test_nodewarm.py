@@ -104,8 +104,9 @@ def test_a_killed_client_takes_its_task_with_it_and_a_sigterm_reaches_the_task(a
 
 @pytest.mark.timeout(120)
 def test_a_sigterm_to_the_agent_waits_for_its_running_tasks(agent):
-    """Slurm cancelling the job SIGTERMs every step: the agent takes no new task but lets the
-    running ones end (they got the signal too, and save), then tells their clients how."""
+    """Slurm cancelling the job SIGTERMs every step: the agent takes no new task (a client
+    that comes now runs cold at once) but lets the running ones end (they got the signal too,
+    and save), then tells their clients how."""
     proc, path = agent
     code = (
         "import numpy, signal, sys, time\n"
@@ -117,6 +118,9 @@ def test_a_sigterm_to_the_agent_waits_for_its_running_tasks(agent):
     assert client.stdout is not None and client.stdout.readline() == "up\n"
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
+    late = _client(path, [sys.executable, "-c", "import numpy"])  # refused: it runs cold
+    assert late.communicate(timeout=10) == ("ran cold\n", None)
+    assert late.returncode == 4
     client.send_signal(signal.SIGTERM)  # Slurm signals the client's step as well
     assert client.wait(30) == 42
     assert proc.wait(30) == 0
