@@ -54,6 +54,16 @@ class SignalLog:
         )
 
 
+def _sweep() -> None:
+    """Remove the instances of test processes that are gone (killed before their ``finally``)."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(os.path.join(TRACEFS, "instances")):
+            m = re.fullmatch(r"graphdist-sig-(\d+)-[0-9a-f]+", name)
+            if m and not os.path.exists(f"/proc/{m.group(1)}"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(TRACEFS, "instances", name))
+
+
 def _sender(record: dict[str, str]) -> int:
     """The sender's process (its thread's group), or its thread where tracefs did not say."""
     tgid = record.get("tgid") or ""
@@ -64,6 +74,7 @@ def _sender(record: dict[str, str]) -> int:
 def watching(*pids: int) -> Iterator[SignalLog]:
     """Record every SIGHUP, SIGKILL, SIGTERM, SIGCONT and SIGSTOP sent to ``pids`` meanwhile."""
     log = SignalLog(own={os.getpid()})
+    _sweep()
     name = os.path.join(TRACEFS, "instances", f"graphdist-sig-{os.getpid()}-{secrets.token_hex(4)}")
     try:
         os.mkdir(name)
