@@ -117,9 +117,15 @@ class Fallout:
                 self._show(task, text)
 
     def _hold(self, task: str, text: str) -> None:
+        """A line of the fallout: counted, and held to be given back; with ``keep``, shown at
+        once instead (jsonl: every line event as it comes), whichever way it was found to be
+        fallout (as it was read, or waiting when a reported death broke the attempt)."""
         self._counts[task] = self._counts.get(task, 0) + 1
+        if self._keep:
+            self._show(task, text)
+            return
         held = self._held.setdefault(task, [])
-        if not self._keep and len(held) < HELD_LINES:
+        if len(held) < HELD_LINES:
             held.append(text)
 
     def line(self, task: str, text: str) -> None:
@@ -128,8 +134,6 @@ class Fallout:
             read_at = self._clock()
             if is_fallout(read_at, self.broken_at):
                 self._hold(task, text)
-                if self._keep:
-                    self._show(task, text)
                 return
             self._pending.append((read_at, task, text))
             self._flush(read_at - self._delay_s)

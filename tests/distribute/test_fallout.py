@@ -105,6 +105,27 @@ def test_jsonl_keeps_every_line_and_counts_the_fallout():
     assert released.counts == {"worker-0": 1} and released.why == "Ctrl-C"
 
 
+def test_jsonl_shows_a_line_that_a_reported_death_made_fallout_while_it_waited():
+    """The dead task's own last line, read after its recorded end (its guard reported it
+    first): the death is found as the waiting line comes due, which makes the line fallout.
+    jsonl shows it all the same (it was lost: a ps run's chief printed, then SIGKILLed itself,
+    and its line had no event, CI 2026-12-07)."""
+    clock, shown = _Clock(), []
+    deaths: list[float] = []
+    fallout = Fallout(
+        lambda t, x: shown.append((t, x)),
+        keep=True,
+        deaths=lambda: deaths[0] if deaths else None,
+        clock=clock,
+        delay_s=0.2,
+    )
+    deaths.append(4.95)  # chief-0 ended at 5.0 (less the slack), reported before its line read
+    clock.now = 5.10
+    fallout.line("chief-0", "reached")
+    assert shown == [("chief-0", "reached")]
+    assert fallout.release("chief-0").counts == {}
+
+
 class _Recorded:
     """The monotonic clock, each time it gave recorded."""
 
