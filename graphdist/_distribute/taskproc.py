@@ -34,6 +34,7 @@ from graphdist._distribute.warm import WarmProc, Zygote, warm_target
 from graphdist._exceptions import TaskOutcome
 from graphdist._failures import how_ended
 from graphdist._proc import oom
+from graphdist._proc.guardreport import parse_report
 from graphdist._proc.process import (
     MARK_ENV,
     STOP_GRACE_S,
@@ -309,16 +310,15 @@ class GuardedTask(TaskOutput):
                 self._report = -1
                 break
             self._report_buf += chunk
-        *lines, self._report_buf = self._report_buf.split(b"\n")
-        for line in lines:
-            words = line.decode("ascii", "replace").split()
-            if words[:1] == ["pid"] and len(words) == 2:
-                self.command_pid = int(words[1])
-            elif words[:1] == ["exit"] and len(words) == 3 and self.command_exit is None:
-                # the guard's wall clock, which hosts agree on (a node's monotonic clock is
-                # its own): how long ago it ended, from now on this run's clock
-                ago = time.time() - float(words[2])
-                self.command_exit = (int(words[1]), time.monotonic() - ago - self._run.started)
+        whole, _, self._report_buf = self._report_buf.rpartition(b"\n")
+        pid, end = parse_report(whole)
+        if pid is not None:
+            self.command_pid = pid
+        if end is not None and self.command_exit is None:
+            # the guard's wall clock, which hosts agree on (a node's monotonic clock is its
+            # own): how long ago it ended, from now on this run's clock
+            ago = time.time() - end[1]
+            self.command_exit = (end[0], time.monotonic() - ago - self._run.started)
 
     @property
     def report_fd(self) -> int | None:

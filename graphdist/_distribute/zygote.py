@@ -23,6 +23,7 @@ from typing import Any
 
 from graphdist._distribute.warm import FD_ENV, MSG_MAX
 from graphdist._proc import oom
+from graphdist._proc.guardreport import parse_report
 from graphdist._proc.process import (
     descendants,
     guard,
@@ -236,12 +237,8 @@ def _ran_out(read: int, started_s: float, status: int) -> str | None:
     os.close(read)
     if os.waitstatus_to_exitcode(status) != -signal.SIGKILL:
         return None
-    pids = [
-        w[1]
-        for w in (ln.split() for ln in text.decode("ascii", "replace").splitlines())
-        if len(w) == 2 and w[0] == "pid" and w[1].isdigit()
-    ]
-    killed = oom.shared().killed(int(pids[-1]), started_s) if pids else None
+    pid, _ = parse_report(text)
+    killed = oom.shared().killed(pid, started_s)
     return None if killed is None else killed.words()
 
 

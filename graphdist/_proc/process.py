@@ -516,7 +516,7 @@ def _die_of(sig: int) -> None:
     os.kill(os.getpid(), sig)
 
 
-def _report(fd: int | None, line: str) -> None:
+def _report(fd: int | None, line: str) -> None:  # read by guardreport.parse_report
     if fd is not None:
         with contextlib.suppress(OSError):
             os.write(fd, (line + "\n").encode())
