@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import ipaddress
 import json
 import os
@@ -14,7 +15,7 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -220,10 +221,13 @@ def run_python(
     )
 
 
-def start_python(*args: str, new_session: bool = False) -> subprocess.Popen[str]:
+def start_python(
+    *args: str, new_session: bool = False, group: int | None = None
+) -> subprocess.Popen[str]:
     """``python ARGS`` in the background, stdout and stderr captured as text; with
     ``new_session``, in a session and process group of its own (what a terminal or a Jupyter
-    kernel gives it: signals to "the group" then reach it and its children only)."""
+    kernel gives it: signals to "the group" then reach it and its children only); with
+    ``group``, in that process group (:func:`anchored_group`)."""
     return subprocess.Popen(
         [sys.executable, *args],
         stdout=subprocess.PIPE,
@@ -232,7 +236,37 @@ def start_python(*args: str, new_session: bool = False) -> subprocess.Popen[str]
         cwd=REPO,
         env={**os.environ, **QUIET_TF},
         start_new_session=new_session,
+        **_in_group(group),
     )
+
+
+def _in_group(group: int | None) -> dict[str, Any]:
+    """Popen's arguments that start its child in process group ``group`` (0: a new one)."""
+    if group is None:
+        return {}
+    if sys.version_info >= (3, 11):
+        return {"process_group": group}
+    return {"preexec_fn": functools.partial(os.setpgid, 0, group)}  # pragma: no cover
+
+
+@contextlib.contextmanager
+def anchored_group() -> Iterator[int]:
+    """A process group that is never orphaned while the test runs: its first member, a sleeping
+    anchor, is a child of this process, which is in another group of the same session. A process
+    that a test SIGSTOPs and must find still stopped belongs in one. When a process exits, the
+    kernel looks at its own group (if its parent is in another group of the session) and at each
+    of its children's groups (those not its own): a group that is orphaned then and holds a stopped
+    process gets SIGHUP and SIGCONT (``kill_orphaned_pgrp``). The suite's own group is orphaned
+    whenever the suite runs under a shell without job control whose parent is in another session
+    (a CI runner, ``setsid``): any exit of that kind anywhere in the session continues every
+    stopped process in the suite's group (tests/test_sigtrace.py shows it, and shows the anchor
+    keeping it away). Yields the group's id."""
+    anchor = subprocess.Popen(["sleep", "3600"], **_in_group(0))
+    try:
+        yield anchor.pid
+    finally:
+        anchor.kill()
+        anchor.wait()
 
 
 def start_graphdist(*args: str) -> subprocess.Popen[str]:

@@ -7,8 +7,9 @@ never in a traced run here. Each such test watches its process with :func:`watch
 instance of its own, ``graphdist-sig-<pid>-<token>``, filtered on that target: nothing another
 test made or reads) and a retry's warning names every signal it saw from a sender other than
 the test's own process: the sender's command and pid, and ``code`` (0: ``kill()``; 128: the
-kernel's own, e.g. an orphaned process group's SIGHUP and SIGCONT). Where tracefs cannot be
-written (not root, not mounted) it records nothing and says so.
+kernel's own, e.g. an orphaned process group's SIGHUP and SIGCONT). As root it mounts tracefs
+where the kernel has it unmounted (as a fresh machine boots); where tracefs cannot be written (not
+root, no tracefs) it records nothing and says so.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import os
 import re
 import secrets
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -54,6 +56,17 @@ class SignalLog:
         )
 
 
+def _mount() -> None:
+    """Mount tracefs where the kernel has it but nobody mounted it (a fresh machine boots so):
+    as root only; elsewhere :func:`watching` records nothing and says why."""
+    if os.path.isdir(os.path.join(TRACEFS, "instances")) or os.geteuid() != 0:
+        return
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(
+            ["mount", "-t", "tracefs", "nodev", TRACEFS], capture_output=True, timeout=10
+        )
+
+
 def _sweep() -> None:
     """Remove the instances of test processes that are gone (killed before their ``finally``)."""
     with contextlib.suppress(OSError):
@@ -74,6 +87,7 @@ def _sender(record: dict[str, str]) -> int:
 def watching(*pids: int) -> Iterator[SignalLog]:
     """Record every SIGHUP, SIGKILL, SIGTERM, SIGCONT and SIGSTOP sent to ``pids`` meanwhile."""
     log = SignalLog(own={os.getpid()})
+    _mount()
     _sweep()
     name = os.path.join(TRACEFS, "instances", f"graphdist-sig-{os.getpid()}-{secrets.token_hex(4)}")
     try:

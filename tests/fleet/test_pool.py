@@ -12,13 +12,20 @@ import json
 import os
 import signal
 import textwrap
-import warnings
 
 import pytest
 
 from graphdist._exceptions import ArgumentError
 from graphdist._proc.forkserver_pool import DEFAULT_SPARES, MAX_SPARES, SPARES_ENV, spares_wanted
-from tests.conftest import EVENTUALLY_S, is_gone, run_python, sigstop, start_python, wait_gone
+from tests.conftest import (
+    EVENTUALLY_S,
+    anchored_group,
+    is_gone,
+    run_python,
+    sigstop,
+    start_python,
+    wait_gone,
+)
 from tests.sigtrace import watching
 
 pytestmark = pytest.mark.integration
@@ -277,73 +284,64 @@ def test_a_spare_dies_with_its_owner_while_its_fork_server_lives_on():
     import subprocess
 
     owner = subprocess.Popen(["sleep", "60"])
-    fork_server = start_python("-c", SPARE, str(owner.pid))
-    spare = None
-    try:
-        assert fork_server.stdout is not None
-        line = fork_server.stdout.readline()
-        assert line.startswith("SPARE "), (line, fork_server.communicate(timeout=10))
-        spare = int(line.split()[1])
-        assert not is_gone(spare)
-        sigstop(fork_server.pid)  # stopped before the owner dies, not just signalled
-        owner.kill()
-        owner.wait()
-        assert wait_gone([spare], 5.0) == [], "the spare outlived its owner"
-        assert fork_server.poll() is None  # its fork server is still there
-    finally:
-        owner.kill()
-        owner.wait()
-        if spare is not None and not is_gone(spare):
-            os.kill(spare, signal.SIGKILL)
-        fork_server.send_signal(signal.SIGCONT)
-        fork_server.kill()
-        fork_server.wait(10)
+    with anchored_group() as group:  # see the next test
+        fork_server = start_python("-c", SPARE, str(owner.pid), group=group)
+        spare = None
+        try:
+            assert fork_server.stdout is not None
+            line = fork_server.stdout.readline()
+            assert line.startswith("SPARE "), (line, fork_server.communicate(timeout=10))
+            spare = int(line.split()[1])
+            assert not is_gone(spare)
+            sigstop(fork_server.pid)  # stopped before the owner dies, not just signalled
+            owner.kill()
+            owner.wait()
+            assert wait_gone([spare], 5.0) == [], "the spare outlived its owner"
+            assert fork_server.poll() is None  # its fork server is still there
+        finally:
+            owner.kill()
+            owner.wait()
+            if spare is not None and not is_gone(spare):
+                os.kill(spare, signal.SIGKILL)
+            fork_server.send_signal(signal.SIGCONT)
+            fork_server.kill()
+            fork_server.wait(10)
 
 
 @pytest.mark.timeout(180)
 def test_a_pools_spares_die_with_their_owner_while_the_fork_server_is_stopped(monkeypatch):
     """The real pool: its fork server SIGSTOPped (alive, so no spare's death signal fires, and
     its own owner watch cannot run) when the owner is SIGKILLed: every spare is gone all the
-    same, each by its own owner watch. Red if a spare skipped prepare_spare or its pidfd watch."""
+    same, each by its own owner watch. Red if a spare skipped prepare_spare or its pidfd watch.
+    The owner and its fork server live in an anchored group (tests/conftest.py): in the suite's
+    own group, orphaned under CI, the kernel would continue the stopped fork server whenever a
+    process of the session exited from a group other than its parent's."""
     monkeypatch.setenv(SPARES_ENV, "2")
-    for tried in range(2):
-        if _spares_outlive_no_owner(tried):
-            return
-    raise AssertionError("the stopped fork server was ended by another process twice")
-
-
-def _spares_outlive_no_owner(tried: int) -> bool:
-    """The scenario once: False if its premise failed (the stopped fork server was ended by
-    another process, seen once in CI under load, sender not found), so it is tried again."""
-    proc = start_python("-c", OWNER.replace("wait_spares(3)", "wait_spares(2)"))
-    fork_server = None
-    pids: list[int] = []
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line, proc.communicate(timeout=30)
-        fork_server, *pids = json.loads(line)
-        spares = pids[2:]
-        assert len(spares) == 2 and not any(is_gone(p) for p in [fork_server, *pids])
-        with watching(fork_server) as signals:
-            sigstop(fork_server)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(30)
-            assert wait_gone(spares, 5.0) == [], "spares outlived their owner"
-            held = not is_gone(fork_server)  # stopped, not gone: nothing else ended the spares
-        if not held:
-            warnings.warn(
-                f"try {tried}: the stopped fork server was ended: {signals.describe()}",
-                stacklevel=2,
-            )
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
-        for pid in [*pids, fork_server]:
-            if pid is not None and not is_gone(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
-                    os.kill(pid, signal.SIGKILL)
-    assert wait_gone([p for p in [*pids, fork_server] if p is not None], EVENTUALLY_S) == []
-    return held
+    with anchored_group() as group:
+        proc = start_python("-c", OWNER.replace("wait_spares(3)", "wait_spares(2)"), group=group)
+        fork_server = None
+        pids: list[int] = []
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line, proc.communicate(timeout=30)
+            fork_server, *pids = json.loads(line)
+            spares = pids[2:]
+            assert len(spares) == 2 and not any(is_gone(p) for p in [fork_server, *pids])
+            with watching(fork_server) as signals:
+                sigstop(fork_server)
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(30)
+                assert wait_gone(spares, 5.0) == [], "spares outlived their owner"
+                # stopped, not gone: nothing else ended the spares
+                assert not is_gone(fork_server), signals.describe()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+            for pid in [*pids, fork_server]:
+                if pid is not None and not is_gone(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+                        os.kill(pid, signal.SIGKILL)
+        assert wait_gone([p for p in [*pids, fork_server] if p is not None], EVENTUALLY_S) == []
