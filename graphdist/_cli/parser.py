@@ -440,6 +440,13 @@ def build_parser() -> _Parser:
         "attempt-K/TASK.log, events.jsonl, exits.json, summary.txt)",
     )
     run.add_argument(
+        "--metrics-file",
+        dest="metrics_file",
+        metavar="PATH",
+        help="keep the run's metrics (attempts, restarts, recoveries) in PATH, a .prom file "
+        "for node_exporter's textfile collector, in a folder that is yours alone",
+    )
+    run.add_argument(
         "--output-format",
         dest="output_format",
         choices=("text", "jsonl"),

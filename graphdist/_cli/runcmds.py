@@ -43,6 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout_s,
         expose=args.expose,
         log_dir=args.log_dir,
+        metrics_file=args.metrics_file,
         output_format=args.output_format,
         backend=args.backend,
         tls=args.tls,

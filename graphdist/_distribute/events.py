@@ -35,7 +35,8 @@ run-ended          ``outcome`` ("succeeded", "failed", "timed out", "stopped by 
                    ``attempts``, ``logs`` (the run's log folder, or None), ``show`` (whether
                    the console showed the summary), ``ran`` (a success's command tasks, each
                    exited 0; empty otherwise), ``served`` (the server tasks that served them)
-output-lost        ``sink`` (the log file's path), ``error``
+output-lost        ``sink`` (the task's log file, or with no task the run's metrics file:
+                   ``--metrics-file``), ``error``
 stopping           ``signal`` (the stop signal that came: SIGINT, SIGTERM, SIGHUP), ``tasks``
                    (those told, still running), ``grace_s`` (what each gets to end), ``again``
                    (whether the same signal once more ends them at once)
@@ -407,6 +408,11 @@ def render(event: Event, events: Sequence[Event] = (), *, success: bool = True) 
         if data.get("ran") and success:  # a success says so, however soon it came (issue 57)
             shown.append(succeeded(data["ran"], data.get("served", [])))
         return "\n".join(shown) or None
+    if event.kind == "output-lost" and event.task is None and data.get("sink") != "output":
+        return (
+            f"graphdist: cannot write the run's metrics {data['sink']}: {data['error']}; they "
+            "are no longer written"
+        )
     if event.kind == "output-lost" and data.get("sink") != "output":
         return (
             f"graphdist: cannot write {event.task}'s log {data['sink']}: {data['error']}; its "

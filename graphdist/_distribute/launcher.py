@@ -100,6 +100,7 @@ def run_command(
     backend: str = "local",
     heartbeat_timeout_s: float | None = HEARTBEAT_TIMEOUT_S,
     tls: bool = False,
+    metrics_file: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> list[TaskResult]:
     """Run ``command`` once per task of a fresh local cluster (see the module docstring).
@@ -129,6 +130,9 @@ def run_command(
     (``attempt-K/TASK.log``, K from 1), the events, the exit statuses and the summary. A run
     that restarted, or has a ``log_dir``, ends with a summary (attempts, which task failed how
     and when, what each attempt resumed from, the time) on ``output``, however it ended.
+    ``metrics_file``: a ``.prom`` file the run keeps its metrics in, in the Prometheus text
+    format (attempts, restarts by cause, recovery times: :mod:`graphdist._distribute.
+    runmetrics`), in a folder that exists and no one else can write to.
 
     ``heartbeat_timeout_s`` (default :data:`HEARTBEAT_TIMEOUT_S`, at least 2 s; ``None``:
     off): a task stopped (SIGSTOP) that long, or whose server (every MWMS worker and PS task
@@ -168,6 +172,7 @@ def run_command(
         output_format=output_format,
         heartbeat_timeout_s=heartbeat_timeout_s,
         backend=backend,
+        metrics_file=metrics_file,
     )
     kind = run_backend(spec.backend)
     if spec.tls and not getattr(kind, "tls", False):

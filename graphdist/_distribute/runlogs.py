@@ -38,7 +38,7 @@ from graphdist._validate import show
 if TYPE_CHECKING:
     from graphdist._distribute.events import Event
 
-__all__ = ["RunLogs", "check_log_dir"]
+__all__ = ["RunLogs", "check_log_dir", "folder_refusal"]
 
 _RUN = re.compile(r"run-([0-9]{1,9})")
 
@@ -66,39 +66,50 @@ def check_log_dir(log_dir: object) -> str:
             f"log_dir must name a folder, not {show(text)}", name="log_dir", value=log_dir
         )
     path = os.path.abspath(text)
-    me = os.getuid()
     try:
-        info = os.lstat(path)
+        os.lstat(path)
     except FileNotFoundError:
         try:
             os.makedirs(path, mode=0o700)
         except OSError as exc:
             raise _refuse(path, exc.strerror or str(exc), log_dir) from None
-        info = os.lstat(path)
     except OSError as exc:
         raise _refuse(path, exc.strerror or str(exc), log_dir) from None
-    if stat.S_ISLNK(info.st_mode):
-        if info.st_uid not in (me, 0):
-            raise _refuse(path, f"it is a symbolic link made by uid {info.st_uid}", log_dir)
-        try:
-            info = os.stat(path)
-        except OSError as exc:
-            raise _refuse(path, exc.strerror or str(exc), log_dir) from None
-    if not stat.S_ISDIR(info.st_mode):
-        raise _refuse(path, "it is not a folder", log_dir)
-    if info.st_uid not in (me, 0):
-        raise _refuse(path, f"it belongs to uid {info.st_uid}, not to you (uid {me})", log_dir)
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o022 and not mode & stat.S_ISVTX:
-        raise _refuse(
-            path,
-            f"others can write to it (mode {mode:04o}, no sticky bit) and could replace the "
-            "run's folder",
-            log_dir,
-        )
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise _refuse(path, "you cannot write to it", log_dir)
+    why = folder_refusal(path, shared_ok=True)
+    if why is not None:
+        raise _refuse(path, why, log_dir)
     return path
+
+
+def folder_refusal(path: str, *, shared_ok: bool) -> str | None:
+    """Why a run may not write into the folder ``path``, in words, or None: it must be a folder
+    (or a link to one that the user or root made) owned by the user or root, that the user can
+    write to and no one else can, except, with ``shared_ok``, where the sticky bit keeps others
+    from replacing what the run makes there (``/tmp``)."""
+    me = os.getuid()
+    try:
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode):
+            if info.st_uid not in (me, 0):
+                return f"it is a symbolic link made by uid {info.st_uid}"
+            info = os.stat(path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not stat.S_ISDIR(info.st_mode):
+        return "it is not a folder"
+    if info.st_uid not in (me, 0):
+        return f"it belongs to uid {info.st_uid}, not to you (uid {me})"
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o022 and not (shared_ok and mode & stat.S_ISVTX):
+        if shared_ok:
+            return (
+                f"others can write to it (mode {mode:04o}, no sticky bit) and could replace the "
+                "run's folder"
+            )
+        return f"others can write to it (mode {mode:04o}) and could replace what the run writes"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return "you cannot write to it"
+    return None
 
 
 def _shared(folder: str) -> bool:

@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from graphdist._cluster import Cluster
 from graphdist._distribute.heartbeat import HEARTBEAT_TIMEOUT_S, check_heartbeat_timeout
+from graphdist._distribute.runmetrics import check_metrics_file
 from graphdist._exceptions import ArgumentError, ClusterSpecError
 from graphdist._net.policy import NetPolicy
 from graphdist._proc.restarts import (
@@ -93,6 +94,7 @@ class RunSpec:
     backend: str = "local"
     options: Mapping[str, Any] = field(default_factory=dict)
     tls: bool = False
+    metrics_file: str | None = None
 
     @property
     def jobs(self) -> dict[str, int]:
@@ -130,6 +132,7 @@ class RunSpec:
         heartbeat_timeout_s: float | None = HEARTBEAT_TIMEOUT_S,
         backend: str = "local",
         tls: bool = False,
+        metrics_file: str | os.PathLike[str] | None = None,
     ) -> RunSpec:
         """The spec of a run from the caller's arguments (those of :func:`graphdist.
         run_command`), every one checked: ArgumentError or ClusterSpecError naming the first
@@ -162,6 +165,7 @@ class RunSpec:
                 value=argv[0],
             )
         counts(workers, ps, chief)
+        metrics = None if metrics_file is None else check_metrics_file(metrics_file)
         spec = cls(
             command=tuple(argv),
             workers=workers,
@@ -180,6 +184,7 @@ class RunSpec:
             log_dir=log_dir,  # RunLogs checks it when it makes it
             backend=backend,
             tls=bool(tls),
+            metrics_file=metrics,
         )
         return spec
 

@@ -19,6 +19,7 @@ from graphdist._distribute.events import (
     Folded,
     GaveUp,
     Line,
+    OutputLost,
     Payload,
     Preempted,
     Restarting,
@@ -28,6 +29,7 @@ from graphdist._distribute.events import (
 )
 from graphdist._distribute.fallout import DEATH_SLACK_S, Fallout
 from graphdist._distribute.runlogs import RunLogs
+from graphdist._distribute.runmetrics import RunMetrics
 from graphdist._distribute.runspec import RunSpec
 from graphdist._distribute.taskproc import Output, how
 from graphdist._exceptions import LaunchTimeoutError, TaskOutcome
@@ -68,6 +70,7 @@ class RunState:
         self.fallout = Fallout(self._show, keep=self.jsonl, deaths=self.death_at)
         self.procs: list[Any] = []  # the attempt's command tasks (run_attempts's list)
         self.ended = False
+        self.metrics = None if spec.metrics_file is None else RunMetrics(spec.metrics_file)
         self._lock = threading.Lock()
 
     @property
@@ -131,12 +134,15 @@ class RunState:
             events = list(self.events)
         if self.logs is not None:
             self.logs.record_event(event)
+        lost = None if self.metrics is None else self.metrics.feed(event)
         if self.jsonl:
             self.out.note(event.to_json())
         else:
             text = render(event, events[:-1], success=not self.out.lost)
             if text is not None:
                 self.out.note(text)
+        if lost is not None and self.metrics is not None:  # said once: no more are written
+            self._emit(OutputLost(self.metrics.path, lost))
         return event
 
     def end(self, outcome: str, *, show: bool, ran: Sequence[str] = ()) -> None:

@@ -1,0 +1,245 @@
+"""A run's metrics in the Prometheus text format (``graphdist run --metrics-file PATH``), for
+node_exporter's textfile collector: counters and gauges kept from the run's events
+(:mod:`graphdist._distribute.events`), the same from every backend, and the file written anew
+after each event that changes them: a temporary file in the same folder, then a rename, so a
+scrape never reads half a file.
+
+Every series carries ``run``, the file's name without ``.prom``: node_exporter merges every file
+of its folder, and two runs' series stay apart by it.
+
+=====================================  =======  =============================================
+metric                                 type     what
+=====================================  =======  =============================================
+graphdist_run_up                       gauge    1 while the run runs, 0 once it ended
+graphdist_run_start_time_seconds       gauge    when the run started (Unix time)
+graphdist_run_attempt                  gauge    the attempt running now (from 1)
+graphdist_run_attempts_total           counter  attempts started
+graphdist_run_restarts_total           counter  restarts, by ``cause``: ``signal`` (a task
+                                                killed by one), ``exit`` (an error exit),
+                                                ``frozen``, ``lost`` (its node), ``oom``
+graphdist_run_task_failures_total      counter  failures that caused a restart or the end, by
+                                                ``task``
+graphdist_run_preemptions_total        counter  preemptions (restarted at once)
+graphdist_run_recovery_seconds_total   counter  time from each failure to the next attempt's
+                                                first task start, summed
+graphdist_run_last_recovery_seconds    gauge    the same for the last recovery
+graphdist_run_outcome                  gauge    1 for the run's ``outcome`` once it ended:
+                                                ``succeeded``, ``failed``, ``timed_out``,
+                                                ``stopped`` or ``preempted`` (a stop signal
+                                                at a preemption)
+=====================================  =======  =============================================
+
+The folder must exist and be the user's alone (:func:`check_metrics_file`): the file is replaced
+by a rename there. A write that fails (a full disk) is said once, as an ``output-lost`` event,
+and the run goes on without its metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from typing import TYPE_CHECKING, Any
+
+from graphdist._distribute.runlogs import folder_refusal
+from graphdist._exceptions import ArgumentError
+from graphdist._validate import show
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+
+    from graphdist._distribute.events import Event
+
+__all__ = ["RunMetrics", "check_metrics_file", "restart_cause", "run_outcome"]
+
+SUFFIX = ".prom"  # what node_exporter's textfile collector reads, and nothing else
+
+
+def check_metrics_file(path: object) -> str:
+    """``path`` as an absolute path once it is one a run may write its metrics to: a name
+    ending in ``.prom`` in a folder that exists, is the user's (or root's) and that no one else
+    can write to. Raises :class:`ArgumentError` naming it."""
+    if isinstance(path, bytes) or not isinstance(path, str | os.PathLike):
+        raise ArgumentError(
+            f"metrics_file must be a path, not {show(path)}", name="metrics_file", value=path
+        )
+    text = os.fspath(path)
+    full = os.path.abspath(text) if isinstance(text, str) and "\0" not in text else ""
+    name = os.path.basename(full)
+    if not name.endswith(SUFFIX) or name == SUFFIX or name.startswith("."):
+        raise ArgumentError(
+            f"metrics_file must name a file ending in {SUFFIX} (node_exporter's textfile "
+            f"collector reads only those), not {show(text)}",
+            name="metrics_file",
+            value=path,
+        )
+    why = folder_refusal(os.path.dirname(full), shared_ok=False)
+    if why is not None:
+        raise ArgumentError(
+            f"Cannot write metrics in {os.path.dirname(full)}: {why}; pass another metrics_file",
+            name="metrics_file",
+            value=path,
+        )
+    return full
+
+
+def restart_cause(cause: dict[str, Any]) -> str:
+    """A failure as one of the few words a label may take: ``oom``, ``lost``, ``frozen``,
+    ``signal`` or ``exit``, read from its ``how`` (:func:`graphdist._distribute.taskproc.how`'s
+    words) and exit code."""
+    how = str(cause.get("how") or "")
+    if "out of memory" in how:
+        return "oom"
+    if "lost with its node" in how:
+        return "lost"
+    if "frozen" in how or "not answering" in how:
+        return "frozen"
+    code = cause.get("exitcode")
+    return "signal" if isinstance(code, int) and code < 0 else "exit"
+
+
+def run_outcome(data: Mapping[str, Any]) -> str:
+    """A run's end as one of the words a label may take: ``succeeded`` (its command tasks ran,
+    each exited 0), ``preempted``, ``stopped`` (a stop signal), ``timed_out`` or ``failed``."""
+    if data.get("ran"):
+        return "succeeded"
+    outcome = str(data.get("outcome", ""))
+    for prefix, word in (
+        ("preempted", "preempted"),
+        ("stopped", "stopped"),
+        ("timed out", "timed_out"),
+    ):
+        if outcome.startswith(prefix):
+            return word
+    return "failed"
+
+
+class RunMetrics:
+    """The metrics of one run, kept from its events (:meth:`feed`) and written to ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.run = os.path.basename(path)[: -len(SUFFIX)]
+        self.started = time.time()
+        self.up = 1
+        self.attempt = 0
+        self.attempts = 0
+        self.restarts: dict[str, int] = {}
+        self.failures: dict[str, int] = {}
+        self.preemptions = 0
+        self.recovery_total = 0.0
+        self.last_recovery: float | None = None
+        self.outcome: str | None = None
+        self._failed_at: float | None = None  # the run's clock (at_s) of a failure not recovered
+        self.lost: str | None = None  # why the last write failed: no more are tried
+
+    def feed(self, event: Event) -> str | None:
+        """Count ``event``; write the file if that changed anything. Returns why the write failed
+        the first time one does (None otherwise): the run says so once and goes on."""
+        data = event.data
+        if event.kind == "attempt-started":
+            self.attempt, self.attempts = event.attempt, self.attempts + 1
+        elif event.kind == "task-started" and self._failed_at is not None:
+            self.last_recovery = max(0.0, event.at_s - self._failed_at)
+            self.recovery_total += self.last_recovery
+            self._failed_at = None
+        elif event.kind in ("restarting", "gave-up"):
+            cause = data["cause"]
+            self.failures[cause["task"]] = self.failures.get(cause["task"], 0) + 1
+            if event.kind == "restarting":
+                word = restart_cause(cause)
+                self.restarts[word] = self.restarts.get(word, 0) + 1
+                self._failed_at = float(cause["ended_at_s"])
+        elif event.kind == "preempted":
+            self.preemptions += 1
+        elif event.kind == "run-ended":
+            self.up, self.outcome = 0, run_outcome(data)
+        else:
+            return None
+        return self.write()
+
+    def text(self) -> str:
+        """The metrics in the Prometheus text format (prometheus_client's exposition)."""
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(self))
+        return generate_latest(registry).decode()
+
+    def write(self) -> str | None:
+        """Replace the file by the metrics now (a temporary file, then a rename); why it failed
+        the first time it does, else None."""
+        if self.lost is not None:
+            return None
+        folder = os.path.dirname(self.path)
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.run}.", suffix=".tmp", dir=folder)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.text())
+            os.chmod(tmp, 0o644)  # node_exporter reads it as another user
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            self.lost = exc.strerror or str(exc)
+            return self.lost
+        return None
+
+
+class _Collector:
+    """prometheus_client's view of a :class:`RunMetrics`."""
+
+    def __init__(self, metrics: RunMetrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        m, run = self.m, [self.m.run]
+
+        def gauge(name: str, doc: str, value: float) -> Any:
+            family = GaugeMetricFamily(f"graphdist_run_{name}", doc, labels=["run"])
+            family.add_metric(run, value)
+            return family
+
+        def counter(name: str, doc: str, by: str, values: dict[str, int]) -> Any:
+            family = CounterMetricFamily(f"graphdist_run_{name}", doc, labels=["run", by])
+            for key, value in sorted(values.items()):
+                family.add_metric([m.run, key], value)
+            return family
+
+        yield gauge("up", "1 while the run runs, 0 once it ended", m.up)
+        yield gauge("start_time_seconds", "When the run started (Unix time)", m.started)
+        yield gauge("attempt", "The attempt running now (from 1)", m.attempt)
+        attempts = CounterMetricFamily("graphdist_run_attempts", "Attempts started", labels=["run"])
+        attempts.add_metric(run, m.attempts)
+        yield attempts
+        yield counter("restarts", "Restarts by what ended the failed task", "cause", m.restarts)
+        yield counter(
+            "task_failures", "Failures that caused a restart or the end", "task", m.failures
+        )
+        preempted = CounterMetricFamily(
+            "graphdist_run_preemptions", "Preemptions (restarted at once)", labels=["run"]
+        )
+        preempted.add_metric(run, m.preemptions)
+        yield preempted
+        recovery = CounterMetricFamily(
+            "graphdist_run_recovery_seconds",
+            "Time from each failure to the next attempt's first task start, summed",
+            labels=["run"],
+        )
+        recovery.add_metric(run, m.recovery_total)
+        yield recovery
+        if m.last_recovery is not None:
+            yield gauge("last_recovery_seconds", "The last recovery's time", m.last_recovery)
+        if m.outcome is not None:
+            outcome = GaugeMetricFamily(
+                "graphdist_run_outcome",
+                "1 for the run's outcome once it ended",
+                labels=["run", "outcome"],
+            )
+            outcome.add_metric([m.run, m.outcome], 1)
+            yield outcome
