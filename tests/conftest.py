@@ -254,13 +254,15 @@ def anchored_group() -> Iterator[int]:
     """A process group that is never orphaned while the test runs: its first member, a sleeping
     anchor, is a child of this process, which is in another group of the same session. A process
     that a test SIGSTOPs and must find still stopped belongs in one. When a process exits, the
-    kernel looks at its own group (if its parent is in another group of the session) and at each
-    of its children's groups (those not its own): a group that is orphaned then and holds a stopped
-    process gets SIGHUP and SIGCONT (``kill_orphaned_pgrp``). The suite's own group is orphaned
-    whenever the suite runs under a shell without job control whose parent is in another session
-    (a CI runner, ``setsid``): any exit of that kind anywhere in the session continues every
-    stopped process in the suite's group (tests/test_sigtrace.py shows it, and shows the anchor
-    keeping it away). Yields the group's id."""
+    kernel looks at its own group (if its parent is in another group of the session) and at the
+    groups of its children that are not in its own: a group that is orphaned then and holds a
+    stopped process gets SIGHUP and SIGCONT, every member of it (``kill_orphaned_pgrp``). So a
+    stopped process is continued when the last link of its group to the rest of the session
+    dies (its parent, say, in the pool tests), and, in a group that is orphaned already, by the
+    exit of any process that is such a link. The suite's own group is orphaned whenever the suite
+    runs under a shell without job control whose parent is in another session (a CI runner,
+    ``setsid``). tests/test_sigtrace.py shows both, and the anchor keeping its group linked.
+    Yields the group's id."""
     anchor = subprocess.Popen(["sleep", "3600"], **_in_group(0))
     try:
         yield anchor.pid

@@ -16,10 +16,12 @@ graphdist_run_attempt                  gauge    the attempt running now (from 1)
 graphdist_run_attempts_total           counter  attempts started
 graphdist_run_restarts_total           counter  restarts, by ``cause``: ``signal`` (a task
                                                 killed by one), ``exit`` (an error exit),
-                                                ``frozen``, ``lost`` (its node), ``oom``
+                                                ``frozen``, ``lost`` (its node), ``oom``; and
+                                                ``scope``: ``run`` (every task), ``server``
+                                                (a ps run's server alone)
 graphdist_run_task_failures_total      counter  failures that caused a restart or the end, by
                                                 ``task``
-graphdist_run_preemptions_total        counter  preemptions (restarted at once)
+graphdist_run_preemptions_total        counter  preemptions
 graphdist_run_recovery_seconds_total   counter  time from each failure to the next attempt's
                                                 first task start, summed
 graphdist_run_last_recovery_seconds    gauge    the same for the last recovery
@@ -31,7 +33,9 @@ graphdist_run_outcome                  gauge    1 for the run's ``outcome`` once
 
 The folder must exist and be the user's alone (:func:`check_metrics_file`): the file is replaced
 by a rename there. A write that fails (a full disk) is said once, as an ``output-lost`` event,
-and the run goes on without its metrics.
+the file is removed, and the run goes on without its metrics. ``graphdist_run_up`` says what the
+launcher last wrote, not that it lives: a launcher killed by SIGKILL leaves 1 (node_exporter's
+``node_textfile_mtime_seconds`` says how old the file is).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +59,8 @@ if TYPE_CHECKING:
 __all__ = ["RunMetrics", "check_metrics_file", "restart_cause", "run_outcome"]
 
 SUFFIX = ".prom"  # what node_exporter's textfile collector reads, and nothing else
+CAUSES = ("signal", "exit", "frozen", "lost", "oom")
+_COUNTED = ("attempt-started", "task-started", "restarting", "gave-up", "preempted", "run-ended")
 
 
 def check_metrics_file(path: object) -> str:
@@ -69,12 +76,31 @@ def check_metrics_file(path: object) -> str:
     name = os.path.basename(full)
     if not name.endswith(SUFFIX) or name == SUFFIX or name.startswith("."):
         raise ArgumentError(
-            f"metrics_file must name a file ending in {SUFFIX} (node_exporter's textfile "
-            f"collector reads only those), not {show(text)}",
+            f"metrics_file must name a file ending in {SUFFIX}, not a hidden one (node_exporter's "
+            f"textfile collector reads only those), not {show(text)}",
             name="metrics_file",
             value=path,
         )
+    try:
+        name.encode("utf-8")  # it names the series (``run``): a label is UTF-8 text
+    except UnicodeEncodeError:
+        raise ArgumentError(
+            f"metrics_file's name must be UTF-8 text, not {show(text)}",
+            name="metrics_file",
+            value=path,
+        ) from None
+    try:
+        import prometheus_client  # noqa: F401 - a dependency: missing, the install is broken
+    except ImportError:
+        raise ArgumentError(
+            "metrics_file needs prometheus_client, a dependency of graphdist that is not "
+            "installed here: pip install prometheus_client",
+            name="metrics_file",
+            value=path,
+        ) from None
     why = folder_refusal(os.path.dirname(full), shared_ok=False)
+    if why is None and os.path.isdir(full):
+        why = f"{name} is a folder"
     if why is not None:
         raise ArgumentError(
             f"Cannot write metrics in {os.path.dirname(full)}: {why}; pass another metrics_file",
@@ -93,7 +119,7 @@ def restart_cause(cause: dict[str, Any]) -> str:
         return "oom"
     if "lost with its node" in how:
         return "lost"
-    if "frozen" in how or "not answering" in how:
+    if "frozen" in how:
         return "frozen"
     code = cause.get("exitcode")
     return "signal" if isinstance(code, int) and code < 0 else "exit"
@@ -125,7 +151,8 @@ class RunMetrics:
         self.up = 1
         self.attempt = 0
         self.attempts = 0
-        self.restarts: dict[str, int] = {}
+        # (cause, scope) -> restarts; a run's every cause from 0, so that a rate sees the first
+        self.restarts: dict[tuple[str, str], int] = {(c, "run"): 0 for c in CAUSES}
         self.failures: dict[str, int] = {}
         self.preemptions = 0
         self.recovery_total = 0.0
@@ -133,10 +160,18 @@ class RunMetrics:
         self.outcome: str | None = None
         self._failed_at: float | None = None  # the run's clock (at_s) of a failure not recovered
         self.lost: str | None = None  # why the last write failed: no more are tried
+        self._lock = threading.Lock()
 
     def feed(self, event: Event) -> str | None:
         """Count ``event``; write the file if that changed anything. Returns why the write failed
-        the first time one does (None otherwise): the run says so once and goes on."""
+        the first time one does (None otherwise): the run says so once and goes on. Events come
+        from several threads: one at a time, so that a file never replaces a newer one."""
+        if event.kind not in _COUNTED:  # a task's reader thread waits for no write
+            return None
+        with self._lock:
+            return self._feed(event)
+
+    def _feed(self, event: Event) -> str | None:
         data = event.data
         if event.kind == "attempt-started":
             self.attempt, self.attempts = event.attempt, self.attempts + 1
@@ -148,11 +183,13 @@ class RunMetrics:
             cause = data["cause"]
             self.failures[cause["task"]] = self.failures.get(cause["task"], 0) + 1
             if event.kind == "restarting":
-                word = restart_cause(cause)
-                self.restarts[word] = self.restarts.get(word, 0) + 1
-                self._failed_at = float(cause["ended_at_s"])
+                key = (restart_cause(cause), str(data["scope"]))
+                self.restarts[key] = self.restarts.get(key, 0) + 1
+                if data["scope"] == "run":  # a server's restart starts no command task
+                    self._failed_at = float(cause["ended_at_s"])
         elif event.kind == "preempted":
             self.preemptions += 1
+            self._failed_at = None  # what comes next is the preemption's restart
         elif event.kind == "run-ended":
             self.up, self.outcome = 0, run_outcome(data)
         else:
@@ -169,22 +206,26 @@ class RunMetrics:
 
     def write(self) -> str | None:
         """Replace the file by the metrics now (a temporary file, then a rename); why it failed
-        the first time it does, else None."""
+        the first time it does, else None. After a failure the file is removed (a full disk
+        still lets it go): left, it would say the run is up for as long as it is scraped."""
         if self.lost is not None:
             return None
-        folder = os.path.dirname(self.path)
         tmp = None
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.run}.", suffix=".tmp", dir=folder)
-            with os.fdopen(fd, "w") as f:
-                f.write(self.text())
+            text = self.text().encode()
+            fd, tmp = tempfile.mkstemp(
+                prefix=f".{self.run}.", suffix=".tmp", dir=os.path.dirname(self.path)
+            )
+            with os.fdopen(fd, "wb") as f:
+                f.write(text)
             os.chmod(tmp, 0o644)  # node_exporter reads it as another user
             os.replace(tmp, self.path)
-        except OSError as exc:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-            self.lost = exc.strerror or str(exc)
+        except Exception as exc:  # whatever it is, the run goes on without its metrics
+            for path in (tmp, self.path):
+                if path is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+            self.lost = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
             return self.lost
         return None
 
@@ -205,10 +246,10 @@ class _Collector:
             family.add_metric(run, value)
             return family
 
-        def counter(name: str, doc: str, by: str, values: dict[str, int]) -> Any:
-            family = CounterMetricFamily(f"graphdist_run_{name}", doc, labels=["run", by])
+        def counter(name: str, doc: str, by: list[str], values: dict[Any, int]) -> Any:
+            family = CounterMetricFamily(f"graphdist_run_{name}", doc, labels=["run", *by])
             for key, value in sorted(values.items()):
-                family.add_metric([m.run, key], value)
+                family.add_metric([m.run, *(key if isinstance(key, tuple) else [key])], value)
             return family
 
         yield gauge("up", "1 while the run runs, 0 once it ended", m.up)
@@ -217,13 +258,16 @@ class _Collector:
         attempts = CounterMetricFamily("graphdist_run_attempts", "Attempts started", labels=["run"])
         attempts.add_metric(run, m.attempts)
         yield attempts
-        yield counter("restarts", "Restarts by what ended the failed task", "cause", m.restarts)
         yield counter(
-            "task_failures", "Failures that caused a restart or the end", "task", m.failures
+            "restarts",
+            "Restarts by what ended the failed task, of the run or of a ps run's server",
+            ["cause", "scope"],
+            m.restarts,
         )
-        preempted = CounterMetricFamily(
-            "graphdist_run_preemptions", "Preemptions (restarted at once)", labels=["run"]
+        yield counter(
+            "task_failures", "Failures that caused a restart or the end", ["task"], m.failures
         )
+        preempted = CounterMetricFamily("graphdist_run_preemptions", "Preemptions", labels=["run"])
         preempted.add_metric(run, m.preemptions)
         yield preempted
         recovery = CounterMetricFamily(

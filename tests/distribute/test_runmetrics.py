@@ -31,6 +31,8 @@ from graphdist._distribute.runmetrics import (
 )
 from graphdist._distribute.taskproc import how
 from graphdist._exceptions import ArgumentError
+from graphdist._proc.oom import OomKill
+from graphdist._proc.slurm import out_of_memory
 from tests.conftest import run_python
 
 EXIT_USAGE = 2
@@ -45,6 +47,11 @@ def samples(path: os.PathLike[str] | str) -> dict[tuple[str, tuple[tuple[str, st
         for family in text_string_to_metric_families(text)
         for s in family.samples
     }
+
+
+def types(path: os.PathLike[str] | str) -> dict[str, str]:
+    with open(path) as f:
+        return {family.name: family.type for family in text_string_to_metric_families(f.read())}
 
 
 def at(s_: float, attempt: int, payload: object, task: str | None = None) -> Event:
@@ -71,10 +78,25 @@ def test_a_runs_events_become_counters_and_gauges_in_the_prometheus_format(tmp_p
         assert metrics.feed(event) is None
     got = samples(path)
     run = (("run", "mnist"),)
+    assert types(path) == {
+        "graphdist_run_up": "gauge",
+        "graphdist_run_start_time_seconds": "gauge",
+        "graphdist_run_attempt": "gauge",
+        "graphdist_run_attempts": "counter",
+        "graphdist_run_restarts": "counter",
+        "graphdist_run_task_failures": "counter",
+        "graphdist_run_preemptions": "counter",
+        "graphdist_run_recovery_seconds": "counter",
+        "graphdist_run_last_recovery_seconds": "gauge",
+    }
+    for cause in ("exit", "frozen", "lost", "oom"):  # from 0: a rate sees the first one
+        assert (
+            got[("graphdist_run_restarts_total", (("cause", cause), *run, ("scope", "run")))] == 0
+        )
     assert got[("graphdist_run_up", run)] == 1
     assert got[("graphdist_run_attempt", run)] == 2
     assert got[("graphdist_run_attempts_total", run)] == 2
-    assert got[("graphdist_run_restarts_total", (("cause", "signal"), *run))] == 1
+    assert got[("graphdist_run_restarts_total", (("cause", "signal"), *run, ("scope", "run")))] == 1
     assert got[("graphdist_run_task_failures_total", (("run", "mnist"), ("task", "worker-1")))] == 1
     assert got[("graphdist_run_preemptions_total", run)] == 1
     # from worker-1's end (2.5 s) to the next attempt's first task start (4.0 s)
@@ -99,7 +121,29 @@ def test_the_file_is_replaced_whole_never_rewritten_in_place(tmp_path):
         metrics.feed(at(3.0, 1, Restarting(killed("worker-0", 2.5), 1.0, "run", "restart")))
         reader.seek(0)
         assert reader.read() == first  # it still reads the whole old file: a rename, not a write
-    assert samples(path)[("graphdist_run_restarts_total", (("cause", "signal"), ("run", "r")))] == 1
+    key = ("graphdist_run_restarts_total", (("cause", "signal"), ("run", "r"), ("scope", "run")))
+    assert samples(path)[key] == 1
+
+
+def test_a_servers_restart_is_its_own_scope_and_no_recovery_is_timed_from_it(tmp_path):
+    """A ps run's server restarted alone starts no command task: the next task start, after a
+    preemption, is that preemption's, not this failure's recovery."""
+    path = tmp_path / "ps.prom"
+    metrics = RunMetrics(str(path))
+    metrics.feed(at(0.1, 1, AttemptStarted(["chief-0"], ["ps-0"], 0, "local", {}, {})))
+    metrics.feed(at(0.5, 1, TaskStarted(10, warm=False), "chief-0"))
+    metrics.feed(at(5.0, 1, Restarting(killed("ps-0", 4.0), 1.0, "server", "restart 1 of 2")))
+    metrics.feed(at(90.0, 1, Preempted(42, "at once")))
+    metrics.feed(at(91.0, 2, AttemptStarted(["chief-0"], ["ps-0"], 0, "local", {}, {})))
+    metrics.feed(at(91.5, 2, TaskStarted(11, warm=False), "chief-0"))
+    got = samples(path)
+    run = (("run", "ps"),)
+    assert (
+        got[("graphdist_run_restarts_total", (("cause", "signal"), *run, ("scope", "server")))] == 1
+    )
+    assert got[("graphdist_run_restarts_total", (("cause", "signal"), *run, ("scope", "run")))] == 0
+    assert got[("graphdist_run_recovery_seconds_total", run)] == 0
+    assert ("graphdist_run_last_recovery_seconds", run) not in got
 
 
 def test_an_event_that_changes_nothing_writes_nothing(tmp_path):
@@ -109,17 +153,23 @@ def test_an_event_that_changes_nothing_writes_nothing(tmp_path):
     assert not path.exists()
 
 
-def test_a_failed_write_is_said_once_and_the_run_goes_on(tmp_path):
-    folder = tmp_path / "metrics"
-    folder.mkdir()
-    metrics = RunMetrics(str(folder / "r.prom"))
-    folder.rmdir()  # the disk, as good as full
-    why = metrics.feed(at(0.1, 1, AttemptStarted(["worker-0"], [], 0, "local", {}, {})))
-    assert why == "No such file or directory"
+def test_a_failed_write_removes_the_file_and_is_said_once(tmp_path, monkeypatch):
+    path = tmp_path / "r.prom"
+    metrics = RunMetrics(str(path))
+    assert metrics.feed(at(0.1, 1, AttemptStarted(["worker-0"], [], 0, "local", {}, {}))) is None
+    assert samples(path)[("graphdist_run_up", (("run", "r"),))] == 1
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("tempfile.mkstemp", full)  # the disk is full
+    why = metrics.feed(at(3.9, 2, AttemptStarted(["worker-0"], [], 1, "local", {}, {})))
+    assert why == "No space left on device"
+    assert not path.exists()  # left, it would say "up" as long as it is scraped
     assert metrics.feed(at(9.0, 1, RunEnded("succeeded", 1))) is None  # said once, not again
     line = render(at(0.2, 1, OutputLost(metrics.path, why)), [])
     assert line == (
-        f"graphdist: cannot write the run's metrics {metrics.path}: No such file or directory; "
+        f"graphdist: cannot write the run's metrics {metrics.path}: No space left on device; "
         "they are no longer written"
     )
 
@@ -127,7 +177,13 @@ def test_a_failed_write_is_said_once_and_the_run_goes_on(tmp_path):
 @pytest.mark.parametrize(
     ("outcome", "word"),
     [
-        (SimpleNamespace(exitcode=-9, oom="out of memory (cgroup limit 1 GiB)"), "oom"),
+        (SimpleNamespace(exitcode=-9, oom=OomKill(7, "python", "/job", 1 << 30).words()), "oom"),
+        (
+            SimpleNamespace(
+                exitcode=-9, oom=out_of_memory(b"srun: error: n1: task 0: Out Of Memory")
+            ),
+            "oom",
+        ),
         (SimpleNamespace(exitcode=-9, frozen="stopped for 10 s"), "frozen"),
         (SimpleNamespace(exitcode=-9, lost="node n2 is gone"), "lost"),
         (SimpleNamespace(exitcode=-9), "signal"),
@@ -135,8 +191,9 @@ def test_a_failed_write_is_said_once_and_the_run_goes_on(tmp_path):
     ],
 )
 def test_a_restarts_cause_label_is_read_from_the_launchers_own_words(outcome, word):
-    """The label's few words come from how the launcher says a task ended (taskproc.how): red
-    if those words change and this reading does not follow."""
+    """The label's few words come from how the launcher says a task ended (taskproc.how, with
+    the kernel's and Slurm's out-of-memory words as they make them): red if those words change
+    and this reading does not follow."""
     assert restart_cause({"how": how(outcome), "exitcode": outcome.exitcode}) == word
 
 
@@ -160,10 +217,13 @@ def test_a_runs_end_is_one_of_five_label_words(outcome, ran, word):
     [
         ("x.txt", "must name a file ending in .prom"),
         (".prom", "must name a file ending in .prom"),
+        (".x.prom", "not a hidden one"),
         ("no-such-folder/x.prom", "No such file or directory"),
+        ("folder.prom", "folder.prom is a folder"),
     ],
 )
 def test_a_metrics_file_that_cannot_be_kept_is_refused(tmp_path, name, fragment):
+    (tmp_path / "folder.prom").mkdir()
     with pytest.raises(ArgumentError, match=fragment) as info:
         check_metrics_file(str(tmp_path / name))
     assert info.value.name == "metrics_file"
@@ -210,9 +270,36 @@ def test_a_real_run_leaves_its_restart_in_the_metrics_file(tmp_path):
     got = samples(path)
     run = (("run", "flaky"),)
     assert got[("graphdist_run_attempts_total", run)] == 2
-    assert got[("graphdist_run_restarts_total", (("cause", "signal"), *run))] == 1
+    assert got[("graphdist_run_restarts_total", (("cause", "signal"), *run, ("scope", "run")))] == 1
     assert got[("graphdist_run_task_failures_total", (*run, ("task", "worker-1")))] == 1
     assert 0 < got[("graphdist_run_recovery_seconds_total", run)] < 60
     assert got[("graphdist_run_up", run)] == 0
     assert got[("graphdist_run_outcome", (("outcome", "succeeded"), *run))] == 1
     assert os.listdir(tmp_path) == ["flaky.prom"]
+
+
+# The only worker removes the metrics folder, then dies; its restart succeeds.
+LOSES_ITS_FOLDER = (
+    "import os, shutil, signal, sys\n"
+    "if os.environ['GRAPHDIST_RESTART'] == '0':\n"
+    "    shutil.rmtree(sys.argv[1])\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)\n"
+)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_run_whose_metrics_cannot_be_written_says_so_once_and_goes_on(tmp_path):
+    folder = tmp_path / "metrics"
+    folder.mkdir()
+    argv = ["-m", "graphdist", "run", "--workers", "1", "--max-restarts", "1"]
+    argv += ["--metrics-file", str(folder / "r.prom"), "--"]
+    argv += [sys.executable, "-c", LOSES_ITS_FOLDER, str(folder)]
+    done = run_python(argv, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = [ln for ln in (done.stdout + done.stderr).splitlines() if "run's metrics" in ln]
+    assert said == [
+        f"graphdist: cannot write the run's metrics {folder / 'r.prom'}: No such file or "
+        "directory; they are no longer written"
+    ], done.stdout + done.stderr
+    assert "the run succeeded" in done.stdout + done.stderr
