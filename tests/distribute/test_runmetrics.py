@@ -250,6 +250,16 @@ def test_the_cli_refuses_a_missing_folder_in_one_line(run_cli, tmp_path):
     assert str(where.parent) in lines[0] and "Traceback" not in result.stderr
 
 
+def run_once_restarted(workers: int, path: os.PathLike[str], script: str, *args: str) -> str:
+    """``graphdist run --max-restarts 1 --metrics-file PATH -- python -c SCRIPT ARGS``, which
+    must succeed: what it printed."""
+    argv = ["-m", "graphdist", "run", "--workers", str(workers), "--max-restarts", "1"]
+    argv += ["--metrics-file", os.fspath(path), "--", sys.executable, "-c", script, *args]
+    done = run_python(argv, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
 # Worker-1 SIGKILLs itself in the first attempt; every task of the second exits 0.
 FLAKY = (
     "import json, os, signal\n"
@@ -263,10 +273,7 @@ FLAKY = (
 @pytest.mark.timeout(120)
 def test_a_real_run_leaves_its_restart_in_the_metrics_file(tmp_path):
     path = tmp_path / "flaky.prom"
-    argv = ["-m", "graphdist", "run", "--workers", "2", "--max-restarts", "1"]
-    argv += ["--metrics-file", str(path), "--", sys.executable, "-c", FLAKY]
-    done = run_python(argv, timeout=100)
-    assert done.returncode == 0, done.stdout + done.stderr
+    run_once_restarted(2, path, FLAKY)
     got = samples(path)
     run = (("run", "flaky"),)
     assert got[("graphdist_run_attempts_total", run)] == 2
@@ -292,14 +299,10 @@ LOSES_ITS_FOLDER = (
 def test_a_run_whose_metrics_cannot_be_written_says_so_once_and_goes_on(tmp_path):
     folder = tmp_path / "metrics"
     folder.mkdir()
-    argv = ["-m", "graphdist", "run", "--workers", "1", "--max-restarts", "1"]
-    argv += ["--metrics-file", str(folder / "r.prom"), "--"]
-    argv += [sys.executable, "-c", LOSES_ITS_FOLDER, str(folder)]
-    done = run_python(argv, timeout=100)
-    assert done.returncode == 0, done.stdout + done.stderr
-    said = [ln for ln in (done.stdout + done.stderr).splitlines() if "run's metrics" in ln]
+    out = run_once_restarted(1, folder / "r.prom", LOSES_ITS_FOLDER, str(folder))
+    said = [ln for ln in out.splitlines() if "run's metrics" in ln]
     assert said == [
         f"graphdist: cannot write the run's metrics {folder / 'r.prom'}: No such file or "
         "directory; they are no longer written"
-    ], done.stdout + done.stderr
-    assert "the run succeeded" in done.stdout + done.stderr
+    ], out
+    assert "the run succeeded" in out
