@@ -33,15 +33,21 @@ CLIENT = textwrap.dedent(
     counter = graphdist.shared_variable("load_counter", 0.0, "/job:local/task:0")
     add = counter.assign_add(1.0)
     sess = graphdist.session(cluster.target("local", master), operation_timeout_ms=60000)
+    failed = []
     def work():
-        for _ in range(adds):
-            sess.run(add)
+        try:
+            for _ in range(adds):
+                sess.run(add)
+        except BaseException as exc:  # a thread's error would not end the process: say it
+            failed.append(f"{type(exc).__name__}: {exc}")
     pool = [threading.Thread(target=work) for _ in range(threads)]
     for t in pool:
         t.start()
     for t in pool:
         t.join()
     sess.close()
+    if failed:
+        sys.exit("a thread's run failed: " + "; ".join(failed))
     print("done", flush=True)
     """
 )
