@@ -52,7 +52,7 @@ from graphdist._exceptions import ArgumentError
 from graphdist._validate import show
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Iterator, Mapping, Sequence
 
     from graphdist._distribute.events import Event
 
@@ -239,51 +239,36 @@ class _Collector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        m, run = self.m, [self.m.run]
+        m = self.m
 
-        def gauge(name: str, doc: str, value: float) -> Any:
-            family = GaugeMetricFamily(f"graphdist_run_{name}", doc, labels=["run"])
-            family.add_metric(run, value)
-            return family
+        def family(kind: Any, name: str, doc: str, values: Any, by: Sequence[str] = ()) -> Any:
+            """One family: ``values`` is one value, or {label values (a tuple): value}."""
+            made = kind(f"graphdist_run_{name}", doc, labels=["run", *by])
+            for key, value in sorted(values.items() if by else [((), values)]):
+                made.add_metric([m.run, *key], value)
+            return made
 
-        def counter(name: str, doc: str, by: list[str], values: dict[Any, int]) -> Any:
-            family = CounterMetricFamily(f"graphdist_run_{name}", doc, labels=["run", *by])
-            for key, value in sorted(values.items()):
-                family.add_metric([m.run, *(key if isinstance(key, tuple) else [key])], value)
-            return family
-
-        yield gauge("up", "1 while the run runs, 0 once it ended", m.up)
-        yield gauge("start_time_seconds", "When the run started (Unix time)", m.started)
-        yield gauge("attempt", "The attempt running now (from 1)", m.attempt)
-        attempts = CounterMetricFamily("graphdist_run_attempts", "Attempts started", labels=["run"])
-        attempts.add_metric(run, m.attempts)
-        yield attempts
-        yield counter(
+        gauge, counter = GaugeMetricFamily, CounterMetricFamily
+        yield family(gauge, "up", "1 while the run runs, 0 once it ended", m.up)
+        yield family(gauge, "start_time_seconds", "When the run started (Unix time)", m.started)
+        yield family(gauge, "attempt", "The attempt running now (from 1)", m.attempt)
+        yield family(counter, "attempts", "Attempts started", m.attempts)
+        yield family(
+            counter,
             "restarts",
             "Restarts by what ended the failed task, of the run or of a ps run's server",
-            ["cause", "scope"],
             m.restarts,
+            ("cause", "scope"),
         )
-        yield counter(
-            "task_failures", "Failures that caused a restart or the end", ["task"], m.failures
-        )
-        preempted = CounterMetricFamily("graphdist_run_preemptions", "Preemptions", labels=["run"])
-        preempted.add_metric(run, m.preemptions)
-        yield preempted
-        recovery = CounterMetricFamily(
-            "graphdist_run_recovery_seconds",
-            "Time from each failure to the next attempt's first task start, summed",
-            labels=["run"],
-        )
-        recovery.add_metric(run, m.recovery_total)
-        yield recovery
+        failures = {(task,): n for task, n in m.failures.items()}
+        doc = "Failures that caused a restart or the end"
+        yield family(counter, "task_failures", doc, failures, ("task",))
+        yield family(counter, "preemptions", "Preemptions", m.preemptions)
+        doc = "Time from each failure to the next attempt's first task start, summed"
+        yield family(counter, "recovery_seconds", doc, m.recovery_total)
         if m.last_recovery is not None:
-            yield gauge("last_recovery_seconds", "The last recovery's time", m.last_recovery)
+            doc = "The last recovery's time"
+            yield family(gauge, "last_recovery_seconds", doc, m.last_recovery)
         if m.outcome is not None:
-            outcome = GaugeMetricFamily(
-                "graphdist_run_outcome",
-                "1 for the run's outcome once it ended",
-                labels=["run", "outcome"],
-            )
-            outcome.add_metric([m.run, m.outcome], 1)
-            yield outcome
+            doc = "1 for the run's outcome once it ended"
+            yield family(gauge, "outcome", doc, {(m.outcome,): 1}, ("outcome",))
