@@ -52,6 +52,7 @@ from graphdist._exceptions import (
 _LAZY: dict[str, tuple[str, ...]] = {
     "graphdist._cluster": ("Cluster", "Task"),
     "graphdist._distribute.launcher": ("TaskResult", "run_command", "run_function"),
+    "graphdist._distribute.progress": ("progress", "step"),
     "graphdist._distribute.resume": (
         "backup_and_restore",
         "preemption_handler",
@@ -100,6 +101,7 @@ if _TYPE_CHECKING:
     from graphdist._cluster import Cluster, Task
     from graphdist._detached.fleet import DetachedFleet, attach
     from graphdist._distribute.launcher import TaskResult, run_command, run_function
+    from graphdist._distribute.progress import progress, step
     from graphdist._distribute.resume import (
         backup_and_restore,
         preemption_handler,
@@ -234,6 +236,7 @@ __all__ = [
     "parse_device",
     "parse_tf_config",
     "preemption_handler",
+    "progress",
     "resume_checkpoint",
     "run_command",
     "run_function",
@@ -243,6 +246,7 @@ __all__ = [
     "shard",
     "shared_variable",
     "split",
+    "step",
     "strategy_from_environment",
     "tf_config",
 ]

@@ -356,6 +356,7 @@ RECORD_SECTIONS = (
     "soak",
     "tls",
     "suite-cost",
+    "progress",
 )
 RECORD_SENTENCES = ("master_choice_line", "accept_check")
 
@@ -696,3 +697,15 @@ def test_the_suite_cost_charges_each_process_to_its_kind_and_its_workers_test():
         "floor, the same work with every core busy throughout: 5 s (0.1 min); the rest, 15 s"
         in (suite_cost.render(result))
     )
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_progress_smoke_run(tmp_path):
+    out = tmp_path / "progress.json"
+    proc = run_marked(["benchmarks/progress.py", "--smoke", "--no-check", "--json", str(out)], 110)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert r["warm"] is True and r["records"] > 0 and len(r["rows"]) == 2
+    assert all(set(row) == {"with", "without"} for row in r["rows"])
+    assert r["ratio"] > 0 and r["cpu_ratio"] > 0

@@ -40,6 +40,12 @@ output-lost        ``sink`` (the task's log file, or with no task the run's metr
 stopping           ``signal`` (the stop signal that came: SIGINT, SIGTERM, SIGHUP), ``tasks``
                    (those told, still running), ``grace_s`` (what each gets to end), ``again``
                    (whether the same signal once more ends them at once)
+progress           ``step`` (steps done), ``total`` (the steps the script will do, when it
+                   said), ``steps_per_s`` (since the task's record before in this attempt;
+                   None for its first), ``scalars`` (e.g. ``loss``; None: not finite),
+                   ``redone`` (on a later attempt's first record: the steps an earlier one had
+                   done past this start); never rendered on the console, and not kept in
+                   memory: ``events.jsonl`` and jsonl output have them
 folded             ``lines`` (how many of the task's output lines, read once its attempt was
                    broken, the console left out), ``after`` (what broke it, in words), ``log``
                    (the task's log file, which has them whole; None: no log folder)
@@ -74,6 +80,7 @@ __all__ = [
     "Payload",
     "Preempted",
     "PreemptionNotice",
+    "Progress",
     "Restarting",
     "Resumed",
     "RunEnded",
@@ -218,6 +225,19 @@ class Folded:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """A task's training progress, as its script reported it (:func:`graphdist.step`, the
+    :func:`graphdist.progress` callback), at most every ``progress.INTERVAL_S`` per process."""
+
+    KIND: ClassVar[str] = "progress"
+    step: int  # steps done
+    total: int | None  # the steps the script said it will do, if it said
+    steps_per_s: float | None  # since the task's record before, in this attempt
+    scalars: dict[str, float | None]  # e.g. loss; None: not a finite number
+    redone: int = 0  # steps an earlier attempt had done past this one's start: done again
+
+
+@dataclass(frozen=True)
 class OutputLost:
     KIND: ClassVar[str] = "output-lost"
     sink: str | None
@@ -238,6 +258,7 @@ Payload = (
     | OutputLost
     | Stopping
     | Folded
+    | Progress
 )
 _TYPES: dict[str, type[Any]] = {
     t.KIND: t
@@ -255,6 +276,7 @@ _TYPES: dict[str, type[Any]] = {
         OutputLost,
         Stopping,
         Folded,
+        Progress,
     )
 }
 KINDS = tuple(_TYPES)

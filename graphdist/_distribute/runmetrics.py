@@ -29,7 +29,15 @@ graphdist_run_outcome                  gauge    1 for the run's ``outcome`` once
                                                 ``succeeded``, ``failed``, ``timed_out``,
                                                 ``stopped`` or ``preempted`` (a stop signal
                                                 at a preemption)
+graphdist_run_task_steps               gauge    the steps a ``task`` last reported done
+                                                (:func:`graphdist.step`), by ``task``
+graphdist_run_task_steps_per_second    gauge    its rate between its last two records
+graphdist_run_steps_redone_total       counter  steps done again after restarts, by ``task``
 =====================================  =======  =============================================
+
+The progress series are there once a task reports progress (a script that calls
+:func:`graphdist.step` or uses :func:`graphdist.progress`); their records alone write the file
+at most once every :data:`PROGRESS_WRITE_S`.
 
 The folder must exist and be the user's alone (:func:`check_metrics_file`): the file is replaced
 by a rename there. A write that fails (a full disk) is said once, as an ``output-lost`` event,
@@ -60,7 +68,17 @@ __all__ = ["RunMetrics", "check_metrics_file", "restart_cause", "run_outcome"]
 
 SUFFIX = ".prom"  # what node_exporter's textfile collector reads, and nothing else
 CAUSES = ("signal", "exit", "frozen", "lost", "oom")
-_COUNTED = ("attempt-started", "task-started", "restarting", "gave-up", "preempted", "run-ended")
+_COUNTED = (
+    "attempt-started",
+    "task-started",
+    "restarting",
+    "gave-up",
+    "preempted",
+    "run-ended",
+    "progress",
+)
+#: Seconds between two writes that progress records alone cause (each other event writes).
+PROGRESS_WRITE_S = 1.0
 
 
 def check_metrics_file(path: object) -> str:
@@ -160,6 +178,10 @@ class RunMetrics:
         self.outcome: str | None = None
         self._failed_at: float | None = None  # the run's clock (at_s) of a failure not recovered
         self.lost: str | None = None  # why the last write failed: no more are tried
+        self.steps: dict[str, int] = {}  # task -> steps done, as it last reported
+        self.rates: dict[str, float] = {}  # task -> steps/s between its last two records
+        self.redone: dict[str, int] = {}  # task -> steps done again after restarts
+        self._written_at = 0.0  # time.monotonic() of the last write
         self._lock = threading.Lock()
 
     def feed(self, event: Event) -> str | None:
@@ -192,6 +214,14 @@ class RunMetrics:
             self._failed_at = None  # what comes next is the preemption's restart
         elif event.kind == "run-ended":
             self.up, self.outcome = 0, run_outcome(data)
+        elif event.kind == "progress" and event.task is not None:
+            self.steps[event.task] = int(data["step"])
+            if data.get("steps_per_s") is not None:
+                self.rates[event.task] = float(data["steps_per_s"])
+            if data.get("redone"):
+                self.redone[event.task] = self.redone.get(event.task, 0) + int(data["redone"])
+            elif time.monotonic() - self._written_at < PROGRESS_WRITE_S:
+                return None
         else:
             return None
         return self.write()
@@ -210,6 +240,7 @@ class RunMetrics:
         still lets it go): left, it would say the run is up for as long as it is scraped."""
         if self.lost is not None:
             return None
+        self._written_at = time.monotonic()
         tmp = None
         try:
             text = self.text().encode()
@@ -272,3 +303,12 @@ class _Collector:
         if m.outcome is not None:
             doc = "1 for the run's outcome once it ended"
             yield family(gauge, "outcome", doc, {(m.outcome,): 1}, ("outcome",))
+        if m.steps:
+            by_task = {(task,): n for task, n in m.steps.items()}
+            yield family(gauge, "task_steps", "Steps a task last reported done", by_task, ("task",))
+            rates = {(task,): r for task, r in m.rates.items()}
+            doc = "A task's steps per second between its last two records"
+            yield family(gauge, "task_steps_per_second", doc, rates, ("task",))
+            redone = {(task,): m.redone.get(task, 0) for task in m.steps}
+            doc = "Steps done again after restarts"
+            yield family(counter, "steps_redone", doc, redone, ("task",))

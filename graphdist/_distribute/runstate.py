@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from graphdist._distribute.events import (
@@ -22,12 +22,14 @@ from graphdist._distribute.events import (
     OutputLost,
     Payload,
     Preempted,
+    Progress,
     Restarting,
     RunEnded,
     render,
     summary,
 )
 from graphdist._distribute.fallout import DEATH_SLACK_S, Fallout
+from graphdist._distribute.progress import StepBook
 from graphdist._distribute.runlogs import RunLogs
 from graphdist._distribute.runmetrics import RunMetrics
 from graphdist._distribute.runspec import RunSpec
@@ -71,6 +73,7 @@ class RunState:
         self.procs: list[Any] = []  # the attempt's command tasks (run_attempts's list)
         self.ended = False
         self.metrics = None if spec.metrics_file is None else RunMetrics(spec.metrics_file)
+        self.steps = StepBook()  # the tasks' progress records (graphdist.step)
         self._lock = threading.Lock()
 
     @property
@@ -127,17 +130,26 @@ class RunState:
             event = self._emit(payload, task)
         return event
 
+    def progress(self, task: str, record: Mapping[str, Any]) -> None:
+        """A task's progress record (its guard relays it): a ``progress`` event, with the
+        task's rate and the steps redone (:class:`graphdist._distribute.progress.StepBook`)."""
+        with self._lock:
+            payload = self.steps.payload(task, self.attempt, record)
+        self._emit(payload, task)
+
     def _emit(self, payload: Payload, task: str | None = None) -> Event:
+        keep = not isinstance(payload, Progress)  # a long run's many: recorded, never kept
         with self._lock:
             event = Event.of(payload, time.monotonic() - self.started, self.attempt, task)
-            self.events.append(event)
-            events = list(self.events)
+            if keep:
+                self.events.append(event)
+            events = list(self.events) if keep and not self.jsonl else []
         if self.logs is not None:
             self.logs.record_event(event)
         lost = None if self.metrics is None else self.metrics.feed(event)
         if self.jsonl:
             self.out.note(event.to_json())
-        else:
+        elif keep:
             text = render(event, events[:-1], success=not self.out.lost)
             if text is not None:
                 self.out.note(text)

@@ -34,7 +34,7 @@ from graphdist._distribute.warm import WarmProc, Zygote, warm_target
 from graphdist._exceptions import TaskOutcome
 from graphdist._failures import how_ended
 from graphdist._proc import oom
-from graphdist._proc.guardreport import parse_report
+from graphdist._proc.guardreport import parse_progress, parse_report
 from graphdist._proc.process import (
     MARK_ENV,
     STOP_GRACE_S,
@@ -98,6 +98,8 @@ class RunSink(Protocol):
     def line(self, task: str, text: str) -> None: ...
 
     def emit(self, payload: Payload, task: str | None = None) -> Event: ...
+
+    def progress(self, task: str, record: Mapping[str, Any]) -> None: ...
 
 
 class TaskProcess(Protocol):
@@ -311,6 +313,8 @@ class GuardedTask(TaskOutput):
                 break
             self._report_buf += chunk
         whole, _, self._report_buf = self._report_buf.rpartition(b"\n")
+        for record in parse_progress(whole):  # in order: the lock is held (RunState's is brief)
+            self._run.progress(self.result.name, record)
         pid, end = parse_report(whole)
         if pid is not None:
             self.command_pid = pid

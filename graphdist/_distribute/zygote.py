@@ -23,7 +23,7 @@ from typing import Any
 
 from graphdist._distribute.warm import FD_ENV, MSG_MAX
 from graphdist._proc import oom
-from graphdist._proc.guardreport import parse_report
+from graphdist._proc.guardreport import PROGRESS_ENV, parse_report
 from graphdist._proc.process import (
     descendants,
     guard,
@@ -396,6 +396,7 @@ def _be_guard(request: dict[str, Any], fds: list[int], zygote: int) -> None:
             float(request["grace_s"]),
             report_fd=report,
             run_child=lambda: _run_task(request, report),
+            progress=request.get("report") != "session",  # a session reads it at the end only
         )
     except BaseException:
         code = 70
@@ -419,8 +420,12 @@ def _run_task(request: dict[str, Any], report: int) -> None:
     code = 1
     try:
         os.close(report)
+        progress = os.environ.get(PROGRESS_ENV)  # the guard's channel for graphdist.step
         os.environ.clear()
         os.environ.update(request["env"])
+        os.environ.pop(PROGRESS_ENV, None)  # never another process's
+        if progress is not None:
+            os.environ[PROGRESS_ENV] = progress
         os.chdir(request["cwd"])
         for sig in TASK_SIGNALS:
             fresh = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL

@@ -1,11 +1,38 @@
-"""A guard's report, read: the lines :func:`graphdist._proc.process.guard` writes to its
-``report_fd`` (``pid PID``: its command's; ``exit CODE WALL_TIME``: its end, on the guard's wall
-clock, which hosts agree on). Read by the launcher (a task's guard) and by a warm session (the
-pid of a command its node's kernel may have killed for memory)."""
+"""A guard's report, written and read: the lines :func:`graphdist._proc.process.guard` writes to
+its ``report_fd`` (``pid PID``: its command's; ``exit CODE WALL_TIME``: its end, on the guard's
+wall clock, which hosts agree on; ``progress JSON``: a record of the task's training progress,
+relayed by :class:`ProgressRelay`). Read by the launcher (a task's guard) and by a warm session
+(the pid of a command its node's kernel may have killed for memory).
+
+The progress channel: a guard whose report its launcher reads gives its command a pipe of its
+own, named by :data:`PROGRESS_ENV` (an inherited fd), where :func:`graphdist.step` writes one JSON
+record a line without ever blocking (:mod:`graphdist._distribute.progress`); the guard's relay
+thread forwards each whole line, prefixed ``progress``, into the report. The task never writes
+to the report itself: a full report pipe would block it, and the guard's own lines there are
+what the launcher's verdicts read."""
 
 from __future__ import annotations
 
-__all__ = ["parse_report"]
+import contextlib
+import json
+import math
+import os
+import threading
+from typing import Any
+
+__all__ = [
+    "MAX_PROGRESS_LINE",
+    "PROGRESS_ENV",
+    "ProgressRelay",
+    "parse_progress",
+    "parse_report",
+]
+
+#: The environment variable naming the inherited fd a task writes its progress records to.
+PROGRESS_ENV = "GRAPHDIST_PROGRESS_FD"
+#: The longest progress record relayed (bytes, with its newline): one atomic pipe write.
+MAX_PROGRESS_LINE = 2048
+_PREFIX = b"progress "
 
 
 def parse_report(text: bytes) -> tuple[int | None, tuple[int, float] | None]:
@@ -19,3 +46,92 @@ def parse_report(text: bytes) -> tuple[int | None, tuple[int, float] | None]:
         elif words[:1] == ["exit"] and len(words) == 3 and end is None:
             end = (int(words[1]), float(words[2]))
     return pid, end
+
+
+def _count(value: object, least: int) -> int | None:
+    return value if type(value) is int and value >= least else None
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    """One progress record as the launcher takes it, or None for one it cannot trust: ``step``
+    (steps done, an int >= 0), ``t`` (the task's wall clock), ``total`` (an int > 0, or None),
+    ``first`` (the process's first record), ``scalars`` (name -> a finite float, or None for a
+    number that is not finite)."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    step, t, total = _count(data.get("step"), 0), data.get("t"), data.get("total")
+    if step is None or not isinstance(t, int | float) or not math.isfinite(t):
+        return None
+    scalars: dict[str, float | None] = {}
+    raw = data.get("scalars", {})
+    for name, value in raw.items() if isinstance(raw, dict) else ():
+        if type(value) in (int, float):
+            scalars[str(name)] = float(value) if math.isfinite(value) else None
+    return {
+        "step": step,
+        "t": float(t),
+        "total": _count(total, 1),
+        "first": data.get("first") is True,
+        "scalars": scalars,
+    }
+
+
+def parse_progress(text: bytes) -> list[dict[str, Any]]:
+    """The progress records (:func:`_record`'s fields) in the whole lines of ``text``, in their
+    order; lines that are not one are left out."""
+    found = []
+    for line in text.splitlines():
+        if line.startswith(_PREFIX) and (record := _record(line[len(_PREFIX) :])) is not None:
+            found.append(record)
+    return found
+
+
+class ProgressRelay:
+    """A guard's progress channel (the module docstring): made, it names its pipe's write end in
+    the environment the command inherits; from :meth:`started` a thread forwards each whole line
+    to the report until every writer closed it; :meth:`finish` waits for that briefly."""
+
+    def __init__(self, report_fd: int) -> None:
+        self.report_fd = report_fd
+        self._read, self.write_fd = os.pipe2(os.O_CLOEXEC)
+        os.set_inheritable(self.write_fd, True)
+        os.environ[PROGRESS_ENV] = str(self.write_fd)  # the exec'd command's environment
+        self._thread = threading.Thread(target=self._relay, daemon=True, name="progress-relay")
+
+    def started(self) -> None:
+        """The command has its copy: ours goes, so that the relay ends with the command's tree,
+        and the relay starts (after the fork: a process that forks has no thread to lose)."""
+        if self.write_fd < 0:
+            return
+        with contextlib.suppress(OSError):
+            os.close(self.write_fd)
+        self.write_fd = -1
+        os.environ.pop(PROGRESS_ENV, None)
+        self._thread.start()
+
+    def finish(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the last lines (the tree ended: the pipe's end is near)."""
+        self._thread.join(timeout_s)
+
+    def _relay(self) -> None:
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(self._read, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            *lines, pending = (pending + chunk).split(b"\n")
+            if len(pending) > MAX_PROGRESS_LINE:  # no line so long is ours: dropped whole
+                pending = b""
+            for line in lines:
+                if 0 < len(line) < MAX_PROGRESS_LINE - len(_PREFIX):
+                    with contextlib.suppress(OSError):
+                        os.write(self.report_fd, _PREFIX + line + b"\n")
+        with contextlib.suppress(OSError):
+            os.close(self._read)

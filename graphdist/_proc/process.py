@@ -10,11 +10,11 @@ parent's, and waits for processes to be gone.
 - :func:`set_parent_death_signal` asks the kernel to signal the calling process (SIGKILL unless
   told otherwise) when its parent thread exits (``PR_SET_PDEATHSIG``); the guard below uses it so
   that nothing outlives its owner.
-- :func:`guarded_argv` wraps a command in a *guard*: this very file run as a script (``python -I
-  -S process.py``: the standard library only, so it starts in tens of milliseconds and no user
-  environment reaches it). The guard is what ``graphdist run`` starts for each task; see below.
-- :func:`descendants` lists a process's live descendants (``/proc``); :func:`wait_gone` waits until
-  pids have exited (a zombie counts as exited).
+- :func:`guarded_argv` wraps a command in a *guard*, what ``graphdist run`` starts for each task
+  (below): this file run as a script (``python -I -S``: the standard library and its report's
+  module only, so it starts in tens of milliseconds and no user environment reaches it).
+- :func:`descendants`: a process's live descendants (``/proc``); :func:`wait_gone`: until pids
+  have exited (a zombie counts as exited).
 
 The guard exists because a task's command is often not the process that matters: ``sh -c 'python
 train.py; true'`` runs TensorFlow in a grandchild. ``PR_SET_PDEATHSIG`` reaches only a direct child
@@ -74,8 +74,7 @@ __all__ = [
 
 #: Seconds a server process gets between SIGTERM and SIGKILL.
 STOP_GRACE_S = 3.0
-#: Seconds a launched task's guard gets between SIGTERM and SIGKILL of its whole tree: its own
-#: grace for the task's processes (STOP_GRACE_S) plus time to reap them.
+#: Seconds a task's guard gets between SIGTERM and SIGKILL: its tree's grace plus time to reap.
 TASK_STOP_GRACE_S = STOP_GRACE_S + 2.0
 #: Seconds to wait for SIGKILLed processes to be gone before reporting them as survivors.
 KILL_WAIT_S = 5.0
@@ -85,12 +84,11 @@ _PR_SET_CHILD_SUBREAPER = 36
 #: What the guard's owner's death sends the guard: catchable, unlike SIGKILL, so it can clean up.
 GUARD_DEATH_SIGNAL = signal.SIGTERM
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
-#: What tells a guard to end its task at once, without the grace period: its owner found the
-#: task's group broken (another task failed), where waiting would only delay the restart.
+#: What tells a guard to end its task at once, no grace: its group broke, waiting delays a restart.
 NOW_SIGNAL = signal.SIGUSR1
 #: What tells a guard to pass a preemption notice on: SIGTERM to its command alone (TensorFlow's
-#: preemption handler saves on it), the guard going on watching. Slurm signals every process of
-#: a step, so a guard Slurm started (``parent``) runs its command with this signal ignored.
+#: preemption handler saves on it); a guard Slurm started (``parent``, whose every process of a
+#: step Slurm signals) runs its command with this signal ignored.
 PREEMPT_SIGNAL = signal.SIGUSR2
 _GUARD_SIGNALS = _STOP_SIGNALS | {NOW_SIGNAL, PREEMPT_SIGNAL, signal.SIGCHLD}
 
@@ -213,7 +211,6 @@ def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
 
 # --- descendants and the guard -------------------------------------------------------------------
 
-
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -222,10 +219,9 @@ class ProcStat(NamedTuple):
 
     state: str  # R, S, D, T, t, Z, X, ...
     ppid: int
-    #: When it started, in seconds after boot: the kernel's own count, which no change of the
-    #: wall clock moves. psutil's ``create_time`` adds the boot time read at the moment, and a
-    #: step or slew of the wall clock moves that by a whole second: a live process recorded
-    #: with it no longer matched its record (two warm agents of one CI run were taken for gone).
+    #: When it started, in seconds after boot: the kernel's count, which no change of the wall
+    #: clock moves (psutil's ``create_time`` adds the boot time read now, which a clock step
+    #: moves: two live warm agents of one CI run no longer matched their records).
     started: float
 
 
@@ -360,11 +356,9 @@ def guarded_argv(
     """The argv that runs ``command`` under a guard (see the module docstring) whose owner is
     ``owner`` (default: this process), which must be the process that starts it; ``parent``:
     whichever process starts it (a guard that another program starts for graphdist, as Slurm's
-    step daemon does on a node). ``name`` (a
-    task's, ``worker-1``) shows in ``ps``; ``report_fd``, an inherited pipe, gets the guard's
-    reports: ``pid PID`` once the command runs, ``exit CODE WHEN`` when it has exited (CODE as
-    Popen gives it, WHEN the wall clock in seconds, which the hosts of a run agree on), before
-    the guard ends what the command left behind."""
+    step daemon does on a node). ``name`` (a task's, ``worker-1``) shows in ``ps``;
+    ``report_fd``, an inherited pipe, gets the guard's reports (:mod:`graphdist._proc.
+    guardreport`), the command's end before the guard ends what it left behind."""
     owner = os.getpid() if owner is None else owner
     script = os.path.abspath(__file__)
     options = [] if name is None else ["--name", name]
@@ -550,18 +544,26 @@ def guard(
     report_fd: int | None = None,
     in_step: bool = False,
     run_child: Callable[[], object] | None = None,
+    progress: bool = True,
 ) -> int:
     """Be ``command``'s guard (the module docstring) in this process, for ``owner`` (its parent)
     and return the exit code to exit with; ``run_child``: what the command's forked child runs
-    instead of exec'ing ``command`` (a warm task, :mod:`graphdist._distribute.warm`)."""
+    instead of exec'ing ``command`` (a warm task); ``progress``: relay the command's progress
+    records (its reader reads as they come: :class:`graphdist._proc.guardreport.ProgressRelay`)."""
     # Signals first: from here on a stop request waits for us instead of killing us.
     signal.pthread_sigmask(signal.SIG_BLOCK, _GUARD_SIGNALS)
     set_parent_death_signal(GUARD_DEATH_SIGNAL)
     set_child_subreaper()
     if os.getppid() != owner:  # the owner died before the death signal was armed
         return 128 + GUARD_DEATH_SIGNAL
+    from graphdist._proc.guardreport import PROGRESS_ENV, ProgressRelay
+
+    os.environ.pop(PROGRESS_ENV, None)  # the command gets ours, or none
+    relay = ProgressRelay(report_fd) if report_fd is not None and progress else None
     guard = _Guard(command, grace_s, in_step=in_step, run_child=run_child)
     failed = guard.spawn()
+    if relay is not None:
+        relay.started()
     if failed is not None:
         _report(report_fd, f"exit {failed} {time.time()!r}")
         return failed
@@ -588,8 +590,11 @@ def guard(
     guard.end_tree()
     if not ended_first and guard.status is not None:  # stopped, and ended by the stop
         _report(report_fd, f"exit {os.waitstatus_to_exitcode(guard.status)} {time.time()!r}")
+    if relay is not None:  # the tree is gone: what it wrote last is read at once
+        relay.finish(1.0)
     return guard.exit_code(stop or GUARD_DEATH_SIGNAL)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # -I -S: the folder of our package is put on the path, nothing else
+    sys.path.insert(0, os.path.abspath(os.path.join(__file__, "..", "..", "..")))
     sys.exit(_guard_main(sys.argv[1:]))

@@ -204,6 +204,9 @@ class _Sink:
     def emit(self, payload: Any, task: str | None = None) -> Any:
         self.events.append(payload)
 
+    def progress(self, task: str, record: Any) -> None:
+        self.events.append(record)
+
 
 @pytest.mark.parametrize(
     ("script", "code", "lost", "oom"),

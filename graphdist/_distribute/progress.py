@@ -1,0 +1,230 @@
+"""A run's training progress, both sides of it.
+
+The task's side: :func:`step` (a custom loop's call after each step) and :func:`progress` (a
+Keras callback for ``model.fit``) write the task's steps done, and scalars such as the loss, to
+its guard's progress channel (:mod:`graphdist._proc.guardreport`: an inherited pipe named by
+``GRAPHDIST_PROGRESS_FD``), one JSON record a line: the first call of a process at once, then at
+most one record every :data:`INTERVAL_S`, the newest; a last one when the process exits. A write
+never blocks: a full pipe drops the record (the next one carries the steps, which count from
+the start). Outside ``graphdist run`` (no channel) both do nothing. The cost is a clock read per
+call (``benchmarks/progress.py`` measures it against a loop without it).
+
+The launcher's side: :class:`StepBook` turns a task's records into ``progress`` events (its
+rate since its record before, the steps an earlier attempt had done past this attempt's start),
+the same from every engine whose guard relays the channel.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import math
+import operator
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from graphdist._distribute.events import Progress
+from graphdist._exceptions import ArgumentError
+from graphdist._proc.guardreport import MAX_PROGRESS_LINE, PROGRESS_ENV
+from graphdist._validate import show
+
+__all__ = ["INTERVAL_S", "StepBook", "progress", "step"]
+
+#: Seconds between two records of one process (its first is written at once).
+INTERVAL_S = 0.5
+
+Count = int | Callable[[], int]
+
+
+def _number(name: str, value: object) -> float | None:
+    """A scalar as a record holds it (None: not finite); ArgumentError for what is no number."""
+    if isinstance(value, bool | str | bytes):
+        number = None
+    else:
+        try:
+            number = float(value)  # type: ignore[arg-type]  # a tensor, a NumPy scalar
+        except (TypeError, ValueError):
+            number = None
+    if number is None:
+        raise ArgumentError(
+            f"graphdist.step's scalar {name} must be a number, not {show(value)}",
+            name=name,
+            value=value,
+        )
+    return number if math.isfinite(number) else None
+
+
+class _Channel:
+    """This process's end of its guard's progress channel (one per process: a forked child
+    finds its own on its first call) and the record waiting for its turn."""
+
+    def __init__(self) -> None:
+        self.pid = -1
+        self.fd = -1
+        self.first = True
+        self.next_at = 0.0
+        self.pending: tuple[Count, int | None, Mapping[str, object]] | None = None
+        self.lock = threading.Lock()
+
+    def _open(self) -> None:
+        self.pid, self.fd, self.first, self.next_at, self.pending = os.getpid(), -1, True, 0.0, None
+        text = os.environ.get(PROGRESS_ENV, "")
+        if not text.isdigit():
+            return
+        try:
+            if stat.S_ISFIFO(os.fstat(int(text)).st_mode):  # a guard's pipe, nothing else
+                os.set_blocking(int(text), False)
+                self.fd = int(text)
+        except OSError:
+            return
+        if self.fd >= 0:
+            atexit.register(self.flush)
+
+    def update(self, n: Count, total: int | None, scalars: Mapping[str, object]) -> None:
+        with self.lock:
+            if self.pid != os.getpid():
+                self._open()
+            if self.fd < 0:
+                return
+            self.pending = (n, total, scalars)
+            now = time.monotonic()
+            if now >= self.next_at:
+                self.next_at = now + INTERVAL_S
+                self._write()
+
+    def flush(self) -> None:
+        """Write the record waiting, if any (at exit: never raises)."""
+        with self.lock:
+            if self.pid == os.getpid() and self.fd >= 0:
+                with contextlib.suppress(Exception):  # a scalar that is no number, at exit
+                    self._write()
+
+    def _write(self) -> None:
+        if self.pending is None:
+            return
+        n, total, raw = self.pending
+        self.pending = None
+        scalars = {str(name): _number(str(name), value) for name, value in raw.items()}
+        record: dict[str, Any] = {
+            "step": n() if callable(n) else n,
+            "t": time.time(),
+            "total": total,
+            "first": self.first,
+            "scalars": scalars,
+        }
+        line = json.dumps(record, separators=(",", ":")).encode() + b"\n"
+        if len(line) > MAX_PROGRESS_LINE // 2:  # too many scalars: the steps still go
+            record["scalars"] = {}
+            line = json.dumps(record, separators=(",", ":")).encode() + b"\n"
+        try:
+            os.write(self.fd, line)  # one atomic write (under PIPE_BUF)
+        except BlockingIOError:
+            return  # the pipe is full: the next record carries the steps
+        except OSError:
+            self.fd = -1  # the guard is gone
+            return
+        self.first = False
+
+
+_CHANNEL = _Channel()
+
+
+def _check_count(value: object, name: str, least: int) -> int:
+    try:
+        if isinstance(value, bool):
+            raise TypeError(name)
+        count = operator.index(value)  # type: ignore[arg-type]  # an int, a NumPy integer
+    except TypeError:
+        raise ArgumentError(
+            f"graphdist.step's {name} must be a whole number, not {show(value)}",
+            name=name,
+            value=value,
+        ) from None
+    if count < least:
+        raise ArgumentError(
+            f"graphdist.step's {name} must be at least {least}, not {count}", name=name, value=value
+        )
+    return count
+
+
+def step(n: int, /, *, total: int | None = None, **scalars: object) -> None:
+    """Report that this task has done ``n`` steps (counted from the run's start, so a resumed
+    attempt goes on from where it resumed), with scalars such as ``loss=...`` (numbers, tensors
+    read only when a record is written); ``total``: the steps the run will do. Call it after
+    each step of a custom training loop under ``graphdist run``: the launcher's ``progress``
+    events and ``--metrics-file`` get the task's steps, rate and scalars. Never blocks; does
+    nothing outside ``graphdist run``."""
+    n = _check_count(n, "n", 0)
+    if total is not None:
+        total = _check_count(total, "total", 1)
+    _CHANNEL.update(n, total, scalars)
+
+
+def _iterations(model: Any) -> int:
+    count = model.optimizer.iterations
+    return int(count.numpy()) if hasattr(count, "numpy") else int(count)
+
+
+_CALLBACK: type[Any] | None = None
+
+
+def _callback_class() -> type[Any]:
+    global _CALLBACK
+    if _CALLBACK is not None:
+        return _CALLBACK
+    import tensorflow as tf
+
+    class GraphdistProgress(tf.keras.callbacks.Callback):  # type: ignore[misc]
+        """Reports the model's optimizer steps and its batch logs (loss, metrics) through
+        :func:`graphdist.step`'s channel after each batch of ``fit``."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._supports_tf_logs = True  # logs stay tensors: read only when a record goes
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            params = self.params or {}
+            epochs, steps = params.get("epochs"), params.get("steps")
+            total = epochs * steps if isinstance(epochs, int) and isinstance(steps, int) else None
+            model = self.model
+            _CHANNEL.update(lambda: _iterations(model), total or None, dict(logs or {}))
+
+        def on_train_end(self, logs: Any = None) -> None:
+            _CHANNEL.flush()
+
+    _CALLBACK = GraphdistProgress
+    return _CALLBACK
+
+
+def progress() -> Any:
+    """A Keras callback for ``model.fit`` (``tf.keras``: tf-keras or Keras 3) that reports the
+    task's steps (its optimizer's ``iterations``), the epochs' total and the batch logs (loss,
+    metrics) as :func:`step` does. Under ParameterServerStrategy the coordinator reports them."""
+    return _callback_class()()
+
+
+class StepBook:
+    """The launcher's record of each task's progress: :meth:`payload` turns a record
+    (:func:`graphdist._proc.guardreport.parse_progress`) into a ``progress`` event's fields."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[int, int, float]] = {}  # task -> (attempt, step, t)
+        self._done: dict[str, int] = {}  # task -> the most steps it reported, any attempt
+
+    def payload(self, task: str, attempt: int, record: Mapping[str, Any]) -> Progress:
+        n, t = int(record["step"]), float(record["t"])
+        last = self._last.get(task)
+        rate = None
+        if last is not None and last[0] == attempt and t > last[2] and n >= last[1]:
+            rate = round((n - last[1]) / (t - last[2]), 3)
+        redone = 0
+        if record.get("first") and (last is None or last[0] != attempt):
+            redone = max(0, self._done.get(task, 0) - (n - 1))  # steps n.. done before
+        self._last[task] = (attempt, n, t)
+        self._done[task] = max(self._done.get(task, 0), n)
+        return Progress(n, record.get("total"), rate, dict(record.get("scalars", {})), redone)

@@ -1,0 +1,347 @@
+"""A run's training progress (graphdist._distribute.progress, graphdist._proc.guardreport): the
+task's side writes records that never block it, at most one per interval; a real guard relays
+them beside its own report lines, which they never crowd out; the launcher turns them into
+``progress`` events with rates and steps redone, recorded but never kept or shown on the
+console; the metrics file gets each task's steps; and real runs, cold and warm, restarted, and a
+real ``model.fit``, report their steps."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from graphdist._distribute import progress as progress_mod
+from graphdist._distribute.events import Event, Progress
+from graphdist._distribute.progress import StepBook, step
+from graphdist._distribute.runmetrics import RunMetrics
+from graphdist._exceptions import ArgumentError
+from graphdist._proc.guardreport import (
+    MAX_PROGRESS_LINE,
+    PROGRESS_ENV,
+    parse_progress,
+    parse_report,
+)
+from graphdist._proc.process import guarded_argv
+from tests.conftest import REPO, run_python
+from tests.distribute.test_runmetrics import samples
+
+
+@pytest.fixture
+def channel(monkeypatch):
+    """A fresh channel of this process to a real pipe: (the channel, the pipe's read end)."""
+    read, write = os.pipe()
+    monkeypatch.setenv(PROGRESS_ENV, str(write))
+    fresh = progress_mod._Channel()
+    monkeypatch.setattr(progress_mod, "_CHANNEL", fresh)
+    os.set_blocking(read, False)
+    yield fresh, read
+    os.close(read)
+    os.close(write)
+
+
+def records(read: int) -> list[dict]:
+    try:
+        text = os.read(read, 1 << 20)
+    except BlockingIOError:
+        return []
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_outside_a_run_a_step_does_nothing(monkeypatch):
+    monkeypatch.delenv(PROGRESS_ENV, raising=False)
+    monkeypatch.setattr(progress_mod, "_CHANNEL", progress_mod._Channel())
+    step(1, loss=0.5)
+    assert progress_mod._CHANNEL.fd == -1
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "fragment"),
+    [
+        ((True,), {}, "n must be a whole number, not True"),
+        ((1.5,), {}, "n must be a whole number, not 1.5"),
+        (("3",), {}, "n must be a whole number, not '3'"),
+        ((-1,), {}, "n must be at least 0, not -1"),
+        ((3,), {"total": 0}, "total must be at least 1, not 0"),
+    ],
+)
+def test_a_bad_count_is_refused_naming_it(args, kwargs, fragment):
+    with pytest.raises(ArgumentError, match=fragment):
+        step(*args, **kwargs)
+
+
+def test_a_scalar_that_is_no_number_is_refused_at_the_first_record(channel):
+    with pytest.raises(ArgumentError, match="scalar loss must be a number, not 'low'"):
+        step(1, loss="low")
+
+
+def test_the_first_record_goes_at_once_then_the_newest_once_per_interval(channel, monkeypatch):
+    chan, read = channel
+    monkeypatch.setattr(progress_mod, "INTERVAL_S", 3600.0)
+    step(1, total=10, loss=2.0)
+    first = records(read)
+    assert [(r["step"], r["total"], r["first"], r["scalars"]) for r in first] == [
+        (1, 10, True, {"loss": 2.0})
+    ]
+    for n in range(2, 6):
+        step(n, loss=float("nan"))
+    assert records(read) == []  # within the interval: held
+    chan.flush()  # what the exit (or the interval's end) writes: the newest only
+    (last,) = records(read)
+    assert (last["step"], last["first"], last["scalars"]) == (5, False, {"loss": None})
+    chan.next_at = 0.0
+    step(6)
+    assert [r["step"] for r in records(read)] == [6]
+
+
+def test_a_full_pipe_drops_records_without_blocking_and_the_steps_go_on(channel, monkeypatch):
+    _, read = channel
+    monkeypatch.setattr(progress_mod, "INTERVAL_S", 0.0)
+    started = time.monotonic()
+    for n in range(20_000):  # far more than a pipe holds, written as fast as they come
+        step(n, **{f"s{i}": float(i) for i in range(8)})
+    assert time.monotonic() - started < 20  # a blocking write would hang here for ever
+    got = []
+    while batch := records(read):
+        got += batch
+    assert 0 < len(got) < 20_000
+    steps = [r["step"] for r in got]
+    assert steps == sorted(steps)
+    step(20_000)
+    assert [r["step"] for r in records(read)] == [20_000]  # room again: written
+
+
+def test_too_many_scalars_leave_the_steps_in_the_record(channel):
+    _, read = channel
+    step(7, **{f"metric_{i:04d}": 1.0 for i in range(400)})
+    (record,) = records(read)
+    assert (record["step"], record["scalars"]) == (7, {})
+
+
+def test_an_inherited_number_that_is_no_pipe_is_not_written_to(tmp_path, monkeypatch):
+    with open(tmp_path / "f", "wb") as f:
+        monkeypatch.setenv(PROGRESS_ENV, str(f.fileno()))
+        monkeypatch.setattr(progress_mod, "_CHANNEL", progress_mod._Channel())
+        step(3)
+    assert (tmp_path / "f").read_bytes() == b""
+
+
+def line(**record: object) -> bytes:
+    return b"progress " + json.dumps(record).encode()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"progress {not json",
+        b"progress [1, 2]",
+        line(step=-1, t=1.0),
+        line(step=True, t=1.0),
+        line(step=1.5, t=1.0),
+        line(step=1),
+        b'progress {"step": 1, "t": NaN}',
+        b"exit 0 12.5",
+        b"pid 12",
+        b"progressive",
+    ],
+)
+def test_a_line_that_is_no_record_is_left_out(bad):
+    assert parse_progress(bad + b"\n" + line(step=2, t=3.0)) == [
+        {"step": 2, "t": 3.0, "total": None, "first": False, "scalars": {}}
+    ]
+
+
+def test_a_records_scalars_are_numbers_or_none_and_a_bad_total_is_none():
+    (got,) = parse_progress(
+        line(step=4, t=1.0, total=0, first=True, scalars={"loss": 0.5, "x": "a", "n": 3})
+        + b"\n"
+        + b'progress {"step": 5, "t": 2.0, "scalars": {"loss": Infinity}}'
+    )[:1]
+    assert got == {
+        "step": 4,
+        "t": 1.0,
+        "total": None,
+        "first": True,
+        "scalars": {"loss": 0.5, "n": 3.0},
+    }
+    assert parse_progress(b'progress {"step": 5, "t": 2.0, "scalars": {"loss": Infinity}}') == [
+        {"step": 5, "t": 2.0, "total": None, "first": False, "scalars": {"loss": None}}
+    ]
+
+
+def record(n: int, t: float, first: bool = False) -> dict:
+    return {"step": n, "t": t, "total": 100, "first": first, "scalars": {}}
+
+
+def test_the_book_gives_rates_within_an_attempt_and_counts_steps_done_again():
+    book = StepBook()
+    assert book.payload("worker-0", 1, record(1, 10.0, first=True)) == Progress(1, 100, None, {})
+    assert book.payload("worker-0", 1, record(51, 10.5)).steps_per_s == 100.0
+    assert book.payload("worker-0", 1, record(61, 10.5)).steps_per_s is None  # no time passed
+    # attempt 2 resumed from a backup after 40 steps: steps 41..61 are done again
+    again = book.payload("worker-0", 2, record(41, 20.0, first=True))
+    assert (again.redone, again.steps_per_s) == (21, None)
+    assert book.payload("worker-0", 2, record(70, 20.5)).redone == 0
+    # attempt 3 resumed right where the last one stopped: nothing done again
+    assert book.payload("worker-0", 3, record(71, 30.0, first=True)).redone == 0
+    # another task's first record is its own story
+    assert book.payload("worker-1", 3, record(1, 30.0, first=True)).redone == 0
+
+
+@pytest.mark.parametrize("output_format", ["text", "jsonl"])
+def test_progress_events_are_recorded_but_neither_kept_nor_shown_as_text(tmp_path, output_format):
+    from graphdist._distribute.runlogs import RunLogs
+    from graphdist._distribute.runspec import RunSpec
+    from graphdist._distribute.runstate import RunState
+
+    out = io.StringIO()
+    spec = RunSpec.check(["python", "train.py"], output=out, output_format=output_format)
+    logs = RunLogs(str(tmp_path))
+    state = RunState(spec, logs)
+    state.progress("worker-0", record(5, 1.0, first=True))
+    assert state.events == []
+    shown = [json.loads(ln)["step"] for ln in out.getvalue().splitlines()]
+    assert shown == ([] if output_format == "text" else [5])
+    with open(os.path.join(logs.path, "events.jsonl")) as f:
+        (got,) = [Event.from_json(ln) for ln in f]
+    assert (got.kind, got.task, got.data["step"]) == ("progress", "worker-0", 5)
+
+
+def at(s_: float, attempt: int, payload: object, task: str | None = None) -> Event:
+    return Event.of(payload, s_, attempt, task)  # type: ignore[arg-type]
+
+
+def test_the_metrics_file_has_each_tasks_steps_rate_and_steps_redone(tmp_path, monkeypatch):
+    path = tmp_path / "p.prom"
+    metrics = RunMetrics(str(path))
+    metrics.feed(at(1.0, 1, Progress(10, 100, None, {"loss": 1.0}), "worker-0"))
+    metrics.feed(at(1.5, 1, Progress(60, 100, 100.0, {}), "worker-0"))  # within 1 s: not written
+    run = (("run", "p"),)
+    got = samples(path)
+    assert got[("graphdist_run_task_steps", (*run, ("task", "worker-0")))] == 10
+    metrics.feed(at(2.0, 2, Progress(41, 100, None, {}, redone=20), "worker-0"))  # written
+    got = samples(path)
+    assert got[("graphdist_run_task_steps", (*run, ("task", "worker-0")))] == 41
+    assert got[("graphdist_run_task_steps_per_second", (*run, ("task", "worker-0")))] == 100.0
+    assert got[("graphdist_run_steps_redone_total", (*run, ("task", "worker-0")))] == 20
+
+
+def run_guard(code: str, env: dict[str, str] | None = None) -> tuple[bytes, int]:
+    """``python -c CODE`` under a real guard with a report pipe: (its whole report, exit code)."""
+    read, write = os.pipe2(os.O_CLOEXEC)
+    argv = guarded_argv([sys.executable, "-c", code], grace_s=1.0, report_fd=write)
+    full = {**os.environ, "PYTHONPATH": REPO, **(env or {})}
+    proc = subprocess.Popen(argv, env=full, pass_fds=(write,), stdout=subprocess.DEVNULL)
+    os.close(write)
+    with os.fdopen(read, "rb") as report:
+        text = report.read()
+    return text, proc.wait(timeout=60)
+
+
+@pytest.mark.timeout(60)
+def test_a_guard_relays_its_commands_records_beside_its_own_lines():
+    text, code = run_guard(
+        "import graphdist\nfor n in range(1, 4): graphdist.step(n, total=3, loss=1.0 / n)"
+    )
+    assert code == 0
+    pid, end = parse_report(text)
+    assert pid is not None and end is not None and end[0] == 0
+    got = [(r["step"], r["first"]) for r in parse_progress(text)]
+    assert got == [(1, True), (3, False)]  # the first at once, the last at exit
+
+
+@pytest.mark.timeout(60)
+def test_a_guards_own_lines_are_never_lost_behind_a_flood_of_records():
+    flood = (
+        "import graphdist._distribute.progress as p\n"
+        "p.INTERVAL_S = 0.0\n"
+        "for n in range(10_000): p.step(n, **{f's{i}': 1.0 for i in range(20)})\n"
+        "raise SystemExit(3)\n"
+    )
+    text, code = run_guard(flood)
+    assert code == 3
+    assert parse_report(text)[1] is not None and parse_report(text)[1][0] == 3
+    steps = [r["step"] for r in parse_progress(text)]
+    assert (
+        steps
+        and steps == sorted(steps)
+        and all(len(ln) < MAX_PROGRESS_LINE for ln in text.splitlines())
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_command_sees_no_channel_but_its_own_guards():
+    show_env = f"import os; print(os.environ.get({PROGRESS_ENV!r}))"
+    argv = guarded_argv([sys.executable, "-c", show_env], grace_s=1.0)  # no report: no channel
+    out = subprocess.run(
+        argv, env={**os.environ, PROGRESS_ENV: "0"}, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip() == "None"
+
+
+# Each task reports 60 steps; worker-1 exits 3 after 41 in the first attempt, and the second
+# resumes both tasks from step 20 (a backup's): 21 steps of worker-1's, 40 of worker-0's, again.
+STEPS = (
+    "import json, os, sys, time\n"
+    "import graphdist\n"
+    "again = os.environ['GRAPHDIST_RESTART'] != '0'\n"
+    "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+    "for i in range(20 if again else 0, 60):\n"
+    "    time.sleep(0.01)\n"
+    "    graphdist.step(i + 1, total=60, loss=1.0 / (i + 1))\n"
+    "    if i == 40 and index == 1 and not again:\n"
+    "        sys.exit(3)\n"
+)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_a_restarted_run_reports_each_tasks_steps_and_the_steps_done_again(tmp_path, warm):
+    python = sys.executable if warm else "python3"  # not graphdist's Python: a cold task
+    argv = ["-m", "graphdist", "run", "--workers", "2", "--max-restarts", "1"]
+    argv += ["--metrics-file", str(tmp_path / "r.prom"), "--output-format", "jsonl"]
+    done = run_python([*argv, "--", python, "-c", STEPS], env={"PYTHONPATH": REPO}, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    events = [json.loads(ln) for ln in done.stdout.splitlines()]
+    started = {e["task"]: e["warm"] for e in events if e["event"] == "task-started"}
+    assert set(started.values()) == {warm}
+    shown = [e for e in events if e["event"] == "progress"]
+    for task, first_end in (("worker-0", 60), ("worker-1", 41)):
+        mine = [e for e in shown if e["task"] == task]
+        assert [e["step"] for e in mine if e["attempt"] == 1][-1] == first_end
+        assert [e["step"] for e in mine if e["attempt"] == 2][-1] == 60
+        (again,) = [e for e in mine if e["redone"]]
+        assert (again["attempt"], again["step"], again["redone"]) == (2, 21, first_end - 20)
+        assert all(e["total"] == 60 for e in mine)
+        assert any(e["steps_per_s"] for e in mine)
+    got = samples(tmp_path / "r.prom")
+    run = (("run", "r"),)
+    assert got[("graphdist_run_steps_redone_total", (*run, ("task", "worker-1")))] == 21
+    assert got[("graphdist_run_task_steps", (*run, ("task", "worker-0")))] == 60
+
+
+FIT = (
+    "import numpy as np, tensorflow as tf, graphdist\n"
+    "model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])\n"
+    "model.compile(optimizer='sgd', loss='mse')\n"
+    "x, y = np.ones((64, 4), 'float32'), np.ones((64, 1), 'float32')\n"
+    "model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[graphdist.progress()])\n"
+)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_model_fit_reports_its_optimizers_steps_and_loss():
+    argv = ["-m", "graphdist", "run", "--workers", "1", "--output-format", "jsonl"]
+    done = run_python([*argv, "--", sys.executable, "-c", FIT], timeout=110)
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = [e for ln in done.stdout.splitlines() if (e := json.loads(ln))["event"] == "progress"]
+    assert shown[0]["step"] == 1 and shown[-1]["step"] == 24  # 8 batches a epoch, 3 epochs
+    assert all(e["total"] == 24 for e in shown)
+    assert all(isinstance(e["scalars"]["loss"], float) for e in shown)
