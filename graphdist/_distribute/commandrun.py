@@ -87,7 +87,9 @@ class _StepTask(GuardedTask):
     """A command task as a step: the engine's command line under a local guard, the command
     under a guard on its node. Its processes are the node's (the heartbeat probes its server
     instead); a SIGKILL (a frozen task, a broken attempt) goes through the engine, which
-    reaches a stopped one."""
+    reaches a stopped one. Its progress records stay on its node (not relayed yet)."""
+
+    RELAYS_PROGRESS = False
 
     def __init__(
         self,

@@ -12,7 +12,9 @@ standard library only, no TensorFlow) and speaks the session's protocol
 (:func:`graphdist._distribute.zygote.serve`), as a local launcher does: its hello (the signals
 it found ignored, its umask, limits, CPU affinity and niceness: what the task would inherit from
 the step), then one request with its environment (the task's, as srun set it), working folder
-and command, and its stdout and stdin (``SCM_RIGHTS``). The session decides whether the task
+and command, and its stdout and stdin (``SCM_RIGHTS``; and its guard's progress channel where
+it has one: the warm task writes its records there, :mod:`graphdist._proc.guardreport`). The
+session decides whether the task
 runs warm there (:func:`~graphdist._distribute.warm.warm_target`) and forks its guard on those
 descriptors, so the task's output goes through srun as a cold task's does. The client forwards
 the signals srun and Slurm send its step to the guard (a stop, the preemption notice) and exits
@@ -42,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from graphdist._distribute.warm import warm_target
 from graphdist._distribute.warmagent import SESSION_RLIMITS
 from graphdist._distribute.zygote import TASK_SIGNALS
+from graphdist._proc.guardreport import PROGRESS_ENV
 from graphdist._proc.oom import NODE_OOM_PREFIX
 
 __all__ = [
@@ -85,7 +88,16 @@ try:
     }).encode())
     said()  # the session is ready
     spec.update(id=1, env=dict(os.environ), cwd=os.getcwd(), stdin=True, report="session")
-    socket.send_fds(sock, [json.dumps(spec).encode()], [1, 0])
+    fds = [1, 0]
+    fd, _, inode = os.environ.get(PROGRESS_ENV, "").partition(":")
+    try:
+        mine = fd.isdigit() and inode.isdigit() and os.fstat(int(fd)).st_ino == int(inode)
+    except OSError:
+        mine = False
+    if mine:
+        fds.append(int(fd))  # our guard's progress channel: the warm task's own
+        spec["progress"] = True
+    socket.send_fds(sock, [json.dumps(spec).encode()], fds)
     answer = said()
 except (OSError, ValueError, EOFError):
     run_cold()
@@ -124,6 +136,7 @@ while True:
         os.kill(os.getpid(), -code)
     sys.exit(code if code >= 0 else 128 - code)
 """.replace("NODE_OOM_PREFIX", repr(NODE_OOM_PREFIX))
+    .replace("PROGRESS_ENV", repr(PROGRESS_ENV))
     .replace("TASK_SIGNALS", repr(tuple(int(s) for s in TASK_SIGNALS)))
     .replace("SESSION_RLIMITS", repr(SESSION_RLIMITS))
 )

@@ -22,7 +22,6 @@ import json
 import math
 import operator
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -30,7 +29,7 @@ from typing import Any
 
 from graphdist._distribute.events import Progress
 from graphdist._exceptions import ArgumentError
-from graphdist._proc.guardreport import MAX_PROGRESS_LINE, PROGRESS_ENV
+from graphdist._proc.guardreport import MAX_PROGRESS_LINE, PROGRESS_ENV, channel_fd
 from graphdist._validate import show
 
 __all__ = ["INTERVAL_S", "StepBook", "progress", "step"]
@@ -71,18 +70,18 @@ class _Channel:
         self.pending: tuple[Count, int | None, Mapping[str, object]] | None = None
         self.lock = threading.Lock()
 
+    def forked(self) -> None:
+        """In a forked child: a lock another thread held stays held there; a fresh one."""
+        self.lock = threading.Lock()
+
     def _open(self) -> None:
         self.pid, self.fd, self.first, self.next_at, self.pending = os.getpid(), -1, True, 0.0, None
-        text = os.environ.get(PROGRESS_ENV, "")
-        if not text.isdigit():
+        fd = channel_fd(os.environ.get(PROGRESS_ENV))  # our guard's pipe, nothing else
+        if fd is None:
             return
-        try:
-            if stat.S_ISFIFO(os.fstat(int(text)).st_mode):  # a guard's pipe, nothing else
-                os.set_blocking(int(text), False)
-                self.fd = int(text)
-        except OSError:
-            return
-        if self.fd >= 0:
+        with contextlib.suppress(OSError):
+            os.set_blocking(fd, False)
+            self.fd = fd
             atexit.register(self.flush)
 
     def update(self, n: Count, total: int | None, scalars: Mapping[str, object]) -> None:
@@ -99,8 +98,10 @@ class _Channel:
 
     def flush(self) -> None:
         """Write the record waiting, if any (at exit: never raises)."""
+        if self.pid != os.getpid():  # a forked child's copy: not its record
+            return
         with self.lock:
-            if self.pid == os.getpid() and self.fd >= 0:
+            if self.fd >= 0:
                 with contextlib.suppress(Exception):  # a scalar that is no number, at exit
                     self._write()
 
@@ -132,6 +133,7 @@ class _Channel:
 
 
 _CHANNEL = _Channel()
+os.register_at_fork(after_in_child=lambda: _CHANNEL.forked())
 
 
 def _check_count(value: object, name: str, least: int) -> int:
@@ -165,9 +167,14 @@ def step(n: int, /, *, total: int | None = None, **scalars: object) -> None:
     _CHANNEL.update(n, total, scalars)
 
 
-def _iterations(model: Any) -> int:
-    count = model.optimizer.iterations
-    return int(count.numpy()) if hasattr(count, "numpy") else int(count)
+def _iterations(model: Any, batches: int) -> int:
+    """The model's optimizer's steps; ``batches`` (those this process saw) where they cannot
+    be read."""
+    try:
+        count = model.optimizer.iterations
+        return int(count.numpy()) if hasattr(count, "numpy") else int(count)
+    except Exception:  # whatever a strategy's variable raises
+        return batches
 
 
 _CALLBACK: type[Any] | None = None
@@ -186,13 +193,18 @@ def _callback_class() -> type[Any]:
         def __init__(self) -> None:
             super().__init__()
             self._supports_tf_logs = True  # logs stay tensors: read only when a record goes
+            self._batches = 0
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self._batches += 1
+            batches = self._batches
             params = self.params or {}
             epochs, steps = params.get("epochs"), params.get("steps")
             total = epochs * steps if isinstance(epochs, int) and isinstance(steps, int) else None
             model = self.model
-            _CHANNEL.update(lambda: _iterations(model), total or None, dict(logs or {}))
+            # a dict of tensors; under ParameterServerStrategy a RemoteValue: steps alone
+            scalars = dict(logs) if isinstance(logs, Mapping) else {}
+            _CHANNEL.update(lambda: _iterations(model, batches), total or None, scalars)
 
         def on_train_end(self, logs: Any = None) -> None:
             _CHANNEL.flush()

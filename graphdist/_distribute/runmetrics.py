@@ -37,7 +37,8 @@ graphdist_run_steps_redone_total       counter  steps done again after restarts,
 
 The progress series are there once a task reports progress (a script that calls
 :func:`graphdist.step` or uses :func:`graphdist.progress`); their records alone write the file
-at most once every :data:`PROGRESS_WRITE_S`.
+at most once every :data:`PROGRESS_WRITE_S` (a record held back is written by a timer then); a
+task's rate is 0 once it exited.
 
 The folder must exist and be the user's alone (:func:`check_metrics_file`): the file is replaced
 by a rename there. A write that fails (a full disk) is said once, as an ``output-lost`` event,
@@ -76,6 +77,7 @@ _COUNTED = (
     "preempted",
     "run-ended",
     "progress",
+    "task-exited",
 )
 #: Seconds between two writes that progress records alone cause (each other event writes).
 PROGRESS_WRITE_S = 1.0
@@ -182,6 +184,8 @@ class RunMetrics:
         self.rates: dict[str, float] = {}  # task -> steps/s between its last two records
         self.redone: dict[str, int] = {}  # task -> steps done again after restarts
         self._written_at = 0.0  # time.monotonic() of the last write
+        self._later: threading.Timer | None = None  # a write of progress held back
+        self._unsaid: str | None = None  # why the timer's write failed, not said yet
         self._lock = threading.Lock()
 
     def feed(self, event: Event) -> str | None:
@@ -191,7 +195,9 @@ class RunMetrics:
         if event.kind not in _COUNTED:  # a task's reader thread waits for no write
             return None
         with self._lock:
-            return self._feed(event)
+            failed = self._feed(event)
+            failed, self._unsaid = failed or self._unsaid, None  # or the timer's, said now
+            return failed
 
     def _feed(self, event: Event) -> str | None:
         data = event.data
@@ -220,11 +226,25 @@ class RunMetrics:
                 self.rates[event.task] = float(data["steps_per_s"])
             if data.get("redone"):
                 self.redone[event.task] = self.redone.get(event.task, 0) + int(data["redone"])
-            elif time.monotonic() - self._written_at < PROGRESS_WRITE_S:
+            elif (wait := self._written_at + PROGRESS_WRITE_S - time.monotonic()) > 0:
+                self._write_later(wait)  # what it changed is written then, if nothing else did
                 return None
+        elif event.kind == "task-exited" and event.task in self.rates:
+            self.rates[event.task] = 0.0  # it steps no more
         else:
             return None
         return self.write()
+
+    def _write_later(self, wait: float) -> None:
+        if self._later is None or not self._later.is_alive():
+            self._later = threading.Timer(wait, self._write_if_stale)
+            self._later.daemon = True
+            self._later.start()
+
+    def _write_if_stale(self) -> None:
+        with self._lock:
+            if time.monotonic() - self._written_at >= PROGRESS_WRITE_S and self.up:
+                self._unsaid = self.write()  # a failure is said with the next event
 
     def text(self) -> str:
         """The metrics in the Prometheus text format (prometheus_client's exposition)."""

@@ -35,13 +35,8 @@ from graphdist._exceptions import TaskOutcome
 from graphdist._failures import how_ended
 from graphdist._proc import oom
 from graphdist._proc.guardreport import parse_progress, parse_report
-from graphdist._proc.process import (
-    MARK_ENV,
-    STOP_GRACE_S,
-    descendants,
-    end_marked,
-    guarded_argv,
-)
+from graphdist._proc.marks import MARK_ENV, end_marked
+from graphdist._proc.process import STOP_GRACE_S, descendants, guarded_argv
 
 __all__ = [
     "GRAPHDIST_PYTHON",
@@ -191,8 +186,12 @@ class TaskOutput:
 
 class GuardedTask(TaskOutput):
     """A command task as a local process under graphdist's guard (:func:`graphdist._proc.
-    process.guarded_argv`): the guard's reports (the command's pid and when it ended), the
-    thread that drains its output, its log."""
+    process.guarded_argv`): the guard's reports (the command's pid and when it ended, the
+    command's progress records), the thread that drains its output, its log."""
+
+    #: Whether the command is the task itself, whose guard relays its progress records (an
+    #: engine's step is its command line, ``srun``: a channel would travel to another host).
+    RELAYS_PROGRESS = True
 
     def __init__(
         self,
@@ -224,7 +223,13 @@ class GuardedTask(TaskOutput):
                 self.proc: subprocess.Popen[bytes] | WarmProc = warm
             else:
                 self.proc = subprocess.Popen(
-                    guarded_argv(argv, grace_s=grace_s, name=task.name, report_fd=report_w),
+                    guarded_argv(
+                        argv,
+                        grace_s=grace_s,
+                        name=task.name,
+                        report_fd=report_w,
+                        progress=self.RELAYS_PROGRESS,
+                    ),
                     env=env,
                     stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                     stdout=subprocess.PIPE,

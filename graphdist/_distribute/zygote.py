@@ -23,7 +23,7 @@ from typing import Any
 
 from graphdist._distribute.warm import FD_ENV, MSG_MAX
 from graphdist._proc import oom
-from graphdist._proc.guardreport import PROGRESS_ENV, parse_report
+from graphdist._proc.guardreport import PROGRESS_ENV, channel_value, parse_report
 from graphdist._proc.process import (
     descendants,
     guard,
@@ -105,7 +105,8 @@ def serve(
     _distribute.warm.WarmTarget`), or only its ``command``: then it is decided here, against
     this process's environment and ``preload`` (a node client's, which cannot import graphdist),
     and a task that runs cold is answered ``{"id", "cold": why}``. Its descriptors are its
-    output, its guard's report pipe and its stdin (where ``stdin``); ``"report": "session"``
+    output, its guard's report pipe, its stdin (where ``stdin``) and a progress channel (where
+    ``progress``: a node client's guard's); ``"report": "session"``
     leaves the report pipe out, kept here instead: the exit message then says ``oom`` (in
     words) when the node's kernel killed the task for memory."""
     global _ignored_at_start
@@ -312,7 +313,7 @@ def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
     import array
 
     fds = array.array("i")
-    space = socket.CMSG_SPACE(3 * fds.itemsize)
+    space = socket.CMSG_SPACE(4 * fds.itemsize)  # output, report, stdin, progress channel
     data, ancdata, _, _ = sock.recvmsg(
         MSG_MAX, space, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
     )
@@ -379,8 +380,9 @@ def _be_guard(request: dict[str, Any], fds: list[int], zygote: int) -> None:
     ``fds``; exits with the guard's status, never returns."""
     code = 70
     try:
-        out, report = fds[0], fds[1]
-        stdin = fds[2] if request["stdin"] else os.open(os.devnull, os.O_RDONLY)
+        out, report, *rest = fds
+        stdin = rest.pop(0) if request["stdin"] else os.open(os.devnull, os.O_RDONLY)
+        channel = rest.pop(0) if request.get("progress") else None  # a node client's
         os.dup2(stdin, 0)
         os.dup2(out, 1)
         os.dup2(out, 2)
@@ -395,7 +397,7 @@ def _be_guard(request: dict[str, Any], fds: list[int], zygote: int) -> None:
             zygote,
             float(request["grace_s"]),
             report_fd=report,
-            run_child=lambda: _run_task(request, report),
+            run_child=lambda: _run_task(request, report, channel),
             progress=request.get("report") != "session",  # a session reads it at the end only
         )
     except BaseException:
@@ -414,13 +416,14 @@ def set_title(text: str) -> None:
         setproctitle.setproctitle(text)
 
 
-def _run_task(request: dict[str, Any], report: int) -> None:
+def _run_task(request: dict[str, Any], report: int, channel: int | None = None) -> None:
     """The task, in the guard's forked child: a fresh interpreter's state, then its code as
-    ``__main__``; exits as the interpreter would. Never returns."""
+    ``__main__``; exits as the interpreter would. ``channel``: where its progress records go (a
+    node client's guard's channel), else its guard's own. Never returns."""
     code = 1
     try:
         os.close(report)
-        progress = os.environ.get(PROGRESS_ENV)  # the guard's channel for graphdist.step
+        progress = os.environ.get(PROGRESS_ENV) if channel is None else channel_value(channel)
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ.pop(PROGRESS_ENV, None)  # never another process's

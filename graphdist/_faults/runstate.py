@@ -18,7 +18,8 @@ from typing import IO, TYPE_CHECKING
 from graphdist._distribute.events import Event
 from graphdist._faults.faults import MARK_ENV, Fault, Injected, Missed, OutputLine
 from graphdist._faults.freezer import Freezer
-from graphdist._proc.process import marked, proc_stat
+from graphdist._proc.marks import marked
+from graphdist._proc.process import proc_stat
 
 if TYPE_CHECKING:
     import psutil

@@ -5,47 +5,85 @@ relayed by :class:`ProgressRelay`). Read by the launcher (a task's guard) and by
 (the pid of a command its node's kernel may have killed for memory).
 
 The progress channel: a guard whose report its launcher reads gives its command a pipe of its
-own, named by :data:`PROGRESS_ENV` (an inherited fd), where :func:`graphdist.step` writes one JSON
-record a line without ever blocking (:mod:`graphdist._distribute.progress`); the guard's relay
-thread forwards each whole line, prefixed ``progress``, into the report. The task never writes
-to the report itself: a full report pipe would block it, and the guard's own lines there are
-what the launcher's verdicts read."""
+own, named by :data:`PROGRESS_ENV` (``FD:INODE``: an inherited fd, and the pipe's inode, so that
+a descendant that inherited the variable but not the fd never writes to another pipe by that
+number), where :func:`graphdist.step` writes one JSON record a line without ever blocking
+(:mod:`graphdist._distribute.progress`); the guard's relay thread forwards each line that is a
+JSON object, prefixed ``progress``, into the report, and drops it where the report pipe has less
+than :data:`REPORT_RESERVE` bytes free: the guard's own lines always fit, and never wait behind
+records a launcher has not read. The task never gets the report itself (the guard keeps it
+from its command): the guard's own lines there are what the launcher's verdicts read.
+
+The guard runs as a script (``python -I -S``), so this module imports the standard library only:
+the guard loads it by its path when it relays (``process._relay_class``)."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
+import stat
+import struct
+import termios
 import threading
 from typing import Any
 
 __all__ = [
     "MAX_PROGRESS_LINE",
     "PROGRESS_ENV",
+    "REPORT_RESERVE",
     "ProgressRelay",
+    "channel_fd",
+    "channel_value",
     "parse_progress",
     "parse_report",
 ]
 
-#: The environment variable naming the inherited fd a task writes its progress records to.
+#: The environment variable naming a task's progress channel: ``FD:INODE`` (the module docstring;
+#: :data:`graphdist._proc.process.PROGRESS_ENV` is the same name, for a guard that relays none).
 PROGRESS_ENV = "GRAPHDIST_PROGRESS_FD"
 #: The longest progress record relayed (bytes, with its newline): one atomic pipe write.
 MAX_PROGRESS_LINE = 2048
+#: Bytes of the report pipe a relay leaves free for the guard's own lines.
+REPORT_RESERVE = 4096
 _PREFIX = b"progress "
+_F_GETPIPE_SZ = 1032  # fcntl's F_GETPIPE_SZ (Linux), named by Python's fcntl from 3.10 on x86
 
 
 def parse_report(text: bytes) -> tuple[int | None, tuple[int, float] | None]:
     """The command's pid (the last said) and its end ``(code, wall time)`` (the first said) in
-    the whole lines of ``text``; None for what it does not say yet."""
+    the whole lines of ``text`` (split at newlines only); None for what it does not say yet."""
     pid: int | None = None
     end: tuple[int, float] | None = None
-    for words in (line.split() for line in text.decode("ascii", "replace").splitlines()):
-        if words[:1] == ["pid"] and len(words) == 2 and words[1].isdigit():
-            pid = int(words[1])
-        elif words[:1] == ["exit"] and len(words) == 3 and end is None:
-            end = (int(words[1]), float(words[2]))
+    for words in (line.decode("ascii", "replace").split(" ") for line in text.split(b"\n")):
+        try:
+            if words[0] == "pid" and len(words) == 2 and words[1].isdigit():
+                pid = int(words[1])
+            elif words[0] == "exit" and len(words) == 3 and end is None:
+                end = (int(words[1]), float(words[2]))
+        except ValueError:  # not a line a guard writes
+            continue
     return pid, end
+
+
+def channel_value(fd: int) -> str:
+    """:data:`PROGRESS_ENV`'s value for the pipe ``fd``: ``FD:INODE``."""
+    return f"{fd}:{os.fstat(fd).st_ino}"
+
+
+def channel_fd(value: str | None) -> int | None:
+    """The fd :data:`PROGRESS_ENV`'s ``value`` names, when this process has it open and it is
+    still that pipe; else None."""
+    fd, _, inode = (value or "").partition(":")
+    if not (fd.isdigit() and inode.isdigit()):
+        return None
+    try:
+        st = os.fstat(int(fd))
+    except OSError:
+        return None
+    return int(fd) if stat.S_ISFIFO(st.st_mode) and st.st_ino == int(inode) else None
 
 
 def _count(value: object, least: int) -> int | None:
@@ -99,8 +137,23 @@ class ProgressRelay:
         self.report_fd = report_fd
         self._read, self.write_fd = os.pipe2(os.O_CLOEXEC)
         os.set_inheritable(self.write_fd, True)
-        os.environ[PROGRESS_ENV] = str(self.write_fd)  # the exec'd command's environment
+        os.environ[PROGRESS_ENV] = channel_value(self.write_fd)  # the exec'd command's
+        os.register_at_fork(after_in_child=self._forked)  # a warm command execs nothing
         self._thread = threading.Thread(target=self._relay, daemon=True, name="progress-relay")
+        self._size: int | None = None  # not a pipe: its writes do not wait for a reader
+        with contextlib.suppress(OSError):
+            self._size = fcntl.fcntl(report_fd, _F_GETPIPE_SZ)
+
+    def _forked(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._read)
+
+    def _room(self, size: int) -> bool:
+        """Whether the report pipe has ``size`` bytes free beyond :data:`REPORT_RESERVE`."""
+        if self._size is None:
+            return True
+        (held,) = struct.unpack("i", fcntl.ioctl(self.report_fd, termios.FIONREAD, b"\0" * 4))
+        return bool(held + size + REPORT_RESERVE <= self._size)
 
     def started(self) -> None:
         """The command has its copy: ours goes, so that the relay ends with the command's tree,
@@ -130,8 +183,16 @@ class ProgressRelay:
             if len(pending) > MAX_PROGRESS_LINE:  # no line so long is ours: dropped whole
                 pending = b""
             for line in lines:
-                if 0 < len(line) < MAX_PROGRESS_LINE - len(_PREFIX):
+                if 0 < len(line) < MAX_PROGRESS_LINE - len(_PREFIX) and _is_object(line):
                     with contextlib.suppress(OSError):
-                        os.write(self.report_fd, _PREFIX + line + b"\n")
+                        if self._room(len(line) + len(_PREFIX) + 1):  # else: dropped
+                            os.write(self.report_fd, _PREFIX + line + b"\n")
         with contextlib.suppress(OSError):
             os.close(self._read)
+
+
+def _is_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False

@@ -53,17 +53,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KILL_WAIT_S",
-    "MARK_ENV",
     "NOW_SIGNAL",
     "STOP_GRACE_S",
     "TASK_STOP_GRACE_S",
     "ProcStat",
     "Stoppable",
     "descendants",
-    "end_marked",
     "guard",
     "guarded_argv",
-    "marked",
     "proc_stat",
     "set_child_subreaper",
     "set_parent_death_signal",
@@ -78,6 +75,8 @@ STOP_GRACE_S = 3.0
 TASK_STOP_GRACE_S = STOP_GRACE_S + 2.0
 #: Seconds to wait for SIGKILLed processes to be gone before reporting them as survivors.
 KILL_WAIT_S = 5.0
+#: A task's progress channel's variable (:data:`graphdist._proc.guardreport.PROGRESS_ENV`).
+PROGRESS_ENV = "GRAPHDIST_PROGRESS_FD"
 _POLL_S = 0.02
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -283,67 +282,6 @@ def descendants(pid: int) -> list[int]:
     return [p for p in found if (proc_stat(p) or ("Z", 0))[0] not in ("Z", "X")]
 
 
-#: The environment variable that marks every process of one launched task (its guard passes it
-#: on, and so does whatever the task starts, unless it clears its environment): what finds the
-#: task's leftovers when its guard could not end them (:func:`marked`).
-MARK_ENV = "GRAPHDIST_TASK_MARK"
-
-
-def marked(value: str, env: str = MARK_ENV) -> list[int]:
-    """The live processes of this user whose environment has ``env=value`` (this one excepted):
-    a task's processes once its guard is gone (re-parented to init, a ``setsid`` daemon
-    included), or a fault-injection run's (its own mark)."""
-    needle = f"{env}={value}".encode()
-    found = []
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read()
-        except OSError:  # gone, or another user's
-            continue
-        if needle in environ.split(b"\0") and (proc_stat(int(entry)) or ("Z", 0))[0] not in "ZX":
-            found.append(int(entry))
-    return found
-
-
-class _Marked:
-    """A process found by its mark, for :func:`stop_all` (psutil refuses a reused pid)."""
-
-    def __init__(self, pid: int) -> None:
-        import psutil
-
-        self._psutil = psutil
-        try:
-            self._proc: psutil.Process | None = psutil.Process(pid)
-        except psutil.Error:
-            self._proc = None
-
-    def signal(self, sig: int) -> None:
-        if self._proc is not None:
-            with contextlib.suppress(self._psutil.Error):
-                self._proc.send_signal(sig)
-
-    def running(self) -> bool:
-        if self._proc is None:
-            return False
-        try:
-            return bool(self._proc.status() != self._psutil.STATUS_ZOMBIE)
-        except self._psutil.Error:
-            return False
-
-
-def end_marked(value: str, grace_s: float = STOP_GRACE_S) -> list[int]:
-    """End every process marked ``MARK_ENV=value`` (:func:`marked`) as :func:`stop_all` does;
-    return the pids it found (normally none: a task's guard ends its tree itself)."""
-    pids = marked(value)
-    if pids:
-        stop_all([_Marked(pid) for pid in pids], grace_s)
-    return pids
-
-
 def guarded_argv(
     command: Sequence[str],
     owner: int | None = None,
@@ -352,17 +290,20 @@ def guarded_argv(
     name: str | None = None,
     report_fd: int | None = None,
     parent: bool = False,
+    progress: bool = False,
 ) -> list[str]:
     """The argv that runs ``command`` under a guard (see the module docstring) whose owner is
     ``owner`` (default: this process), which must be the process that starts it; ``parent``:
     whichever process starts it (a guard that another program starts for graphdist, as Slurm's
     step daemon does on a node). ``name`` (a task's, ``worker-1``) shows in ``ps``;
     ``report_fd``, an inherited pipe, gets the guard's reports (:mod:`graphdist._proc.
-    guardreport`), the command's end before the guard ends what it left behind."""
+    guardreport`), the command's end before the guard ends what it left behind; ``progress``:
+    and the command's progress records (only where the command is the task: never ``srun``)."""
     owner = os.getpid() if owner is None else owner
     script = os.path.abspath(__file__)
     options = [] if name is None else ["--name", name]
     options += [] if report_fd is None else ["--report", str(report_fd)]
+    options += ["--progress"] if progress and report_fd is not None else []
     whose = "parent" if parent else str(owner)
     head = [sys.executable, "-I", "-S", script, *options, whose, repr(float(grace_s))]
     return [*head, "--", *command]
@@ -411,8 +352,8 @@ class _Guard:
     def spawn(self) -> int | None:
         """Start the command (the signals we block, unblocked for it), dying with us: its
         ``PR_SET_PDEATHSIG`` is SIGKILL, so a SIGKILLed guard does not leave its command running
-        (what the command started is found by its mark: :func:`marked`). An exit code on
-        failure."""
+        (what the command started is found by its mark: :mod:`graphdist._proc.marks`). An exit
+        code on failure."""
         report_r, report_w = os.pipe2(os.O_CLOEXEC)  # closed by a successful exec
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child execs or exits
@@ -510,6 +451,17 @@ def _die_of(sig: int) -> None:
     os.kill(os.getpid(), sig)
 
 
+def _relay_class() -> Any:
+    """:class:`graphdist._proc.guardreport.ProgressRelay`; where the guard runs as a script
+    (``-I -S``: no package on its path), its sibling file, the path's last place."""
+    try:
+        from graphdist._proc.guardreport import ProgressRelay
+    except ImportError:
+        sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+        from guardreport import ProgressRelay  # type: ignore[import-not-found,no-redef]
+    return ProgressRelay
+
+
 def _report(fd: int | None, line: str) -> None:  # read by guardreport.parse_report
     if fd is not None:
         with contextlib.suppress(OSError):
@@ -517,23 +469,26 @@ def _report(fd: int | None, line: str) -> None:  # read by guardreport.parse_rep
 
 
 def _guard_main(args: Sequence[str]) -> int:
-    """``[--name NAME] [--report FD] OWNER GRACE_S -- COMMAND...``: run COMMAND as a guard for
-    OWNER (a pid, or ``parent``: whoever started it; module docstring)."""
+    """``[--name NAME] [--report FD [--progress]] OWNER GRACE_S -- COMMAND...``: run COMMAND as
+    a guard for OWNER (a pid, or ``parent``: whoever started it; module docstring)."""
     args = list(args)
-    report_fd = None
-    while args[:1] in (["--name"], ["--report"]) and len(args) > 1:
+    report_fd, progress = None, False
+    while args[:1] in (["--name"], ["--report"], ["--progress"]) and len(args) > 1:
+        progress = progress or args[0] == "--progress"
         if args[0] == "--report":
             report_fd = int(args[1])
-        args = args[2:]
+        args = args[1:] if args[0] == "--progress" else args[2:]
     if len(args) < 4 or args[2] != "--":
         print(
-            "usage: process.py [--name NAME] [--report FD] OWNER_PID|parent GRACE_S -- COMMAND...",
+            "usage: process.py [--name NAME] [--report FD [--progress]] OWNER_PID|parent GRACE_S "
+            "-- COMMAND...",
             file=sys.stderr,
         )
         return 2
     owner = os.getppid() if args[0] == "parent" else int(args[0])
     grace_s, command = float(args[1]), args[3:]
-    return guard(command, owner, grace_s, report_fd=report_fd, in_step=args[0] == "parent")
+    in_step = args[0] == "parent"
+    return guard(command, owner, grace_s, report_fd=report_fd, in_step=in_step, progress=progress)
 
 
 def guard(
@@ -544,7 +499,7 @@ def guard(
     report_fd: int | None = None,
     in_step: bool = False,
     run_child: Callable[[], object] | None = None,
-    progress: bool = True,
+    progress: bool = False,
 ) -> int:
     """Be ``command``'s guard (the module docstring) in this process, for ``owner`` (its parent)
     and return the exit code to exit with; ``run_child``: what the command's forked child runs
@@ -556,10 +511,10 @@ def guard(
     set_child_subreaper()
     if os.getppid() != owner:  # the owner died before the death signal was armed
         return 128 + GUARD_DEATH_SIGNAL
-    from graphdist._proc.guardreport import PROGRESS_ENV, ProgressRelay
-
     os.environ.pop(PROGRESS_ENV, None)  # the command gets ours, or none
-    relay = ProgressRelay(report_fd) if report_fd is not None and progress else None
+    if report_fd is not None:  # the guard's alone, never its command's
+        os.set_inheritable(report_fd, False)
+    relay = _relay_class()(report_fd) if report_fd is not None and progress else None
     guard = _Guard(command, grace_s, in_step=in_step, run_child=run_child)
     failed = guard.spawn()
     if relay is not None:
@@ -595,6 +550,5 @@ def guard(
     return guard.exit_code(stop or GUARD_DEATH_SIGNAL)
 
 
-if __name__ == "__main__":  # -I -S: the folder of our package is put on the path, nothing else
-    sys.path.insert(0, os.path.abspath(os.path.join(__file__, "..", "..", "..")))
+if __name__ == "__main__":
     sys.exit(_guard_main(sys.argv[1:]))

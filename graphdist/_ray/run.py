@@ -7,16 +7,15 @@ command task, ``STRICT_SPREAD`` (one task per node) where there are nodes enough
 place_bundles`, as a RayFleet does), so that every task's TF_CONFIG names its node's address
 before any task starts. Then a small Ray actor per bundle runs the command on its node, under
 graphdist's guard (:mod:`graphdist._proc.process`: nothing the command starts outlives the
-actor), and hands its output to this process, which shows it, logs it and watches its exit as for
-a local task.
+actor), and hands its output and its progress records to this process, which shows it, logs it
+and watches its exit as for a local task (a warm task's progress stays on its node: not relayed).
 
 Where the tasks' servers listen is decided as for a RayFleet (:func:`~graphdist._ray.nodes.
 plan_hosts`): all on this machine, loopback; on other hosts only with ``expose``, each on its
 node's own address, letting in only the Ray cluster's nodes (the bind shim, inherited by the
-command's processes). The command runs in the same folder on every node: the script must be
-reachable there: each task starts in this process's working folder where its node has it (a
-shared file system), or, with ``working_dir``, in that folder as Ray ships it to every node
-(Ray's ``runtime_env`` ``working_dir``: uploaded once per run, at most Ray's size limit).
+command's processes). The script must be reachable on every node: each task starts in this
+process's working folder where its node has it (a shared file system), or, with ``working_dir``,
+in that folder as Ray ships it (``runtime_env``: uploaded once per run, at most Ray's limit).
 In a parameter-server run (``ps``) the chief runs the command and the worker and ps tasks are
 servers, each a Ray actor as a RayFleet's (Ray brings a dead one back on its node and port; a
 worker then serves the coordinator again, a ps task's loss fails the coordinator and so restarts
@@ -43,6 +42,7 @@ from graphdist._distribute.warm import PRELOAD_OPTION, check_preload, warm_targe
 from graphdist._exceptions import ArgumentError, LaunchError
 from graphdist._net.policy import NetPolicy
 from graphdist._net.probe import GCS_PROBE_S, tcp_connect_error
+from graphdist._proc.guardreport import parse_progress
 from graphdist._proc.process import STOP_GRACE_S, guarded_argv
 from graphdist._proc.signals import SignalScope
 from graphdist._ray.agents import RayAgents
@@ -60,18 +60,16 @@ HEAD_PROBE_S = 0.5
 HEAD_MISSES = 2
 """Refused probes in a row that make the head lost (its GCS gone: the cluster ends with it)."""
 WARM_GRACE_MARGIN_S = 2.0
-"""How much longer a warm task's guard in its actor waits for the client than the warm guard on
-the node waits for the task: the task's stop is the warm guard's to end."""
+"""How much longer a warm task's guard in its actor waits for the client than the node's warm
+guard for the task (the task's stop is the warm guard's)."""
 
 
 class _Head:
-    """The Ray head, watched from the run: its GCS port is asked for a connection every
-    :data:`HEAD_PROBE_S`, and :data:`HEAD_MISSES` refusals in a row make it lost. Ray itself
-    only says so 60 s later, by killing this process ("Failed to connect to GCS within 60
-    seconds"; measured), and every Ray call that needs the GCS (placing, listing nodes, removing
-    a placement group) blocks until then. Once lost, the run's tasks end as lost with it (the
-    cluster ends with its head: without GCS fault tolerance every raylet exits), the run says so
-    in one line, the next attempt is refused, and nothing more asks the GCS."""
+    """The Ray head, watched from the run: its GCS port asked every :data:`HEAD_PROBE_S`,
+    :data:`HEAD_MISSES` refusals in a row make it lost (Ray says so 60 s later, by killing this
+    process; every call that needs the GCS blocks until then). Once lost, the run's tasks end
+    as lost with it (without GCS fault tolerance every raylet exits), the run says so in one
+    line, the next attempt is refused, and nothing more asks the GCS."""
 
     def __init__(self) -> None:
         import ray
@@ -144,15 +142,14 @@ class _CommandActor:
         from graphdist._distribute.nodewarm import client_argv
 
         grace = STOP_GRACE_S
-        if warm is not None:  # a client of its node's agent, the command its cold fallback;
-            # its own guard's grace a little longer than the warm guard's, which has the task
+        if warm is not None:  # a client of its node's agent, the command its cold fallback
             argv = [*client_argv(warm, name, argv, STOP_GRACE_S), *argv]
-            grace += WARM_GRACE_MARGIN_S
-
+            grace += WARM_GRACE_MARGIN_S  # the warm guard, which has the task, ends it first
         self._env = {**env, **NetPolicy().env(bind, env.get("LD_PRELOAD"), inherit=True)}
         # the driver's folder where the node has it; "" (a shipped working_dir): the actor's own
         self._cwd = cwd if cwd and os.path.isdir(cwd) else None
         self._chunks: collections.deque[bytes] = collections.deque()
+        self._progress: list[bytes] = []  # the guard's progress lines not taken yet
         self._ready = threading.Condition()
         self._code: int | None = None
         self._ended_at: float | None = None
@@ -165,22 +162,28 @@ class _CommandActor:
             self._ready.wait_for(lambda: self._pid is not None or self._error is not None, 60)
 
     def _run(self, argv: list[str], name: str, grace_s: float) -> None:
+        report_r, report_w = os.pipe2(os.O_CLOEXEC)  # the guard's report: its progress lines
         try:
             proc = subprocess.Popen(
-                guarded_argv(argv, grace_s=grace_s, name=name),
+                guarded_argv(argv, grace_s=grace_s, name=name, report_fd=report_w, progress=True),
                 env=self._env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 cwd=self._cwd,
+                pass_fds=(report_w,),
             )
         except OSError as exc:
+            os.close(report_r)
             with self._ready:
                 self._error = f"{type(exc).__name__}: {exc}"
                 self._code, self._ended_at = 127, time.time()
                 self._ready.notify_all()
             return
+        finally:
+            os.close(report_w)
+        threading.Thread(target=self._read_report, args=(report_r,), daemon=True).start()
         with self._ready:
             self._pid = proc.pid
             self._ready.notify_all()
@@ -194,17 +197,32 @@ class _CommandActor:
             self._code, self._ended_at = code, time.time()
             self._ready.notify_all()
 
+    def _read_report(self, fd: int) -> None:
+        """The guard's report as it comes: its progress lines, for :meth:`take`."""
+        with os.fdopen(fd, "rb") as report:
+            for line in report:
+                if line.startswith(b"progress "):
+                    with self._ready:
+                        self._progress.append(line)
+                        self._ready.notify_all()
+
     def pid(self) -> int | None:
         return self._pid
 
-    def take(self, wait_s: float) -> tuple[list[bytes], int | None, float | None, str | None]:
+    def take(
+        self, wait_s: float
+    ) -> tuple[list[bytes], int | None, float | None, str | None, bytes]:
         """The output since the last call (waiting up to ``wait_s`` for some), and once all of
-        it was taken, the exit code and when it ended (the node's wall clock)."""
+        it was taken, the exit code and when it ended (the node's wall clock); the guard's
+        progress lines since the last call."""
         with self._ready:
-            self._ready.wait_for(lambda: self._chunks or self._code is not None, wait_s)
-            chunks = list(self._chunks)
+            self._ready.wait_for(
+                lambda: self._chunks or self._progress or self._code is not None, wait_s
+            )
+            chunks, progress = list(self._chunks), b"".join(self._progress)
             self._chunks.clear()
-            return chunks, self._code, self._ended_at, self._error
+            self._progress.clear()
+            return chunks, self._code, self._ended_at, self._error, progress
 
     def signal(self, sig: int) -> None:
         if self._pid is not None and self._code is None:
@@ -249,7 +267,8 @@ class _RayTaskProcess(TaskOutput):
 
         while True:
             try:
-                chunks, code, ended_at, error = ray.get(self.actor.take.remote(POLL_WAIT_S))
+                taken = ray.get(self.actor.take.remote(POLL_WAIT_S))
+                chunks, code, ended_at, error, progress = taken
             except Exception as exc:  # the actor died: its node was lost, Ray's memory
                 # monitor killed it (Ray's error says so), or Ray went away
                 from graphdist._ray.nodes import ray_out_of_memory
@@ -263,6 +282,8 @@ class _RayTaskProcess(TaskOutput):
                     )
                 self._head_lost()
                 return
+            for record in parse_progress(progress):
+                self._run.progress(self.result.name, record)
             yield from chunks
             if self._head_lost():
                 return
@@ -394,17 +415,15 @@ class RayRun:
 
     def gone(self) -> str | None:
         """The Ray head's loss, in words, once it is lost (see :class:`_Head`)."""
-        if self._head.lost is None:
-            return None
-        return f"The Ray head is lost ({self._head.lost}), and the Ray cluster with it"
+        lost = self._head.lost
+        return lost and f"The Ray head is lost ({lost}), and the Ray cluster with it"
 
     def close(self) -> None:
         self._head.close()
         if self._head.lost is None:  # else Ray's calls would wait for the GCS
             self._agents.close()
-        # a lost head too (its shutdown then waits ~5 s for the GCS, measured): a process left
-        # connected to a dead GCS is ended by Ray itself 60 s later ("Failed to connect to GCS
-        # within 60 seconds"), which for a caller of run_command in a notebook is its kernel
+        # a lost head too (shutdown waits ~5 s for the GCS): Ray ends a process left connected
+        # to a dead GCS 60 s later, and a notebook's run_command is its kernel
         if self._owns_ray:
             from graphdist._ray.nodes import shutdown_ray
 
@@ -423,9 +442,8 @@ class _RayPlacement:
     free port reserved on each bundle's node, every task's address decided before any starts.
 
     Only nodes alive now count (:func:`~graphdist._ray.nodes.live_nodes`: their raylet
-    answers), and no bundle goes to a node found lost that Ray still lists alive: after a node
-    is lost the next attempt places on the nodes left at once, or, when they have too few CPUs
-    for the run, says so in one line (:class:`LaunchError`) instead of waiting for Ray."""
+    answers), none found lost that Ray still lists alive: the next attempt places on the nodes
+    left at once, or says in one line that they have too few CPUs (:class:`LaunchError`)."""
 
     def __init__(
         self,

@@ -24,6 +24,8 @@ from graphdist._exceptions import ArgumentError
 from graphdist._proc.guardreport import (
     MAX_PROGRESS_LINE,
     PROGRESS_ENV,
+    channel_fd,
+    channel_value,
     parse_progress,
     parse_report,
 )
@@ -36,7 +38,7 @@ from tests.distribute.test_runmetrics import samples
 def channel(monkeypatch):
     """A fresh channel of this process to a real pipe: (the channel, the pipe's read end)."""
     read, write = os.pipe()
-    monkeypatch.setenv(PROGRESS_ENV, str(write))
+    monkeypatch.setenv(PROGRESS_ENV, channel_value(write))
     fresh = progress_mod._Channel()
     monkeypatch.setattr(progress_mod, "_CHANNEL", fresh)
     os.set_blocking(read, False)
@@ -125,10 +127,45 @@ def test_too_many_scalars_leave_the_steps_in_the_record(channel):
 
 def test_an_inherited_number_that_is_no_pipe_is_not_written_to(tmp_path, monkeypatch):
     with open(tmp_path / "f", "wb") as f:
-        monkeypatch.setenv(PROGRESS_ENV, str(f.fileno()))
+        monkeypatch.setenv(PROGRESS_ENV, f"{f.fileno()}:{os.fstat(f.fileno()).st_ino}")
         monkeypatch.setattr(progress_mod, "_CHANNEL", progress_mod._Channel())
         step(3)
     assert (tmp_path / "f").read_bytes() == b""
+
+
+def test_a_variable_inherited_without_its_pipe_names_no_other_pipe():
+    read, write = os.pipe()
+    value = channel_value(write)
+    assert channel_fd(value) == write
+    os.close(write)
+    os.close(read)
+    again = os.pipe()  # the same numbers, another pipe: a descendant without the fd sees this
+    try:
+        assert channel_fd(value) is None
+        assert channel_fd(str(again[1])) is None  # a bare number is no channel
+    finally:
+        for fd in again:
+            os.close(fd)
+
+
+def test_a_child_forked_while_another_thread_writes_does_not_hang(channel):
+    chan, _ = channel
+    step(1)
+    with chan.lock:  # as if another thread were inside a write at the fork
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                step(2)
+                chan.flush()
+            finally:
+                os._exit(0)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
 
 
 def line(**record: object) -> bytes:
@@ -216,6 +253,27 @@ def at(s_: float, attempt: int, payload: object, task: str | None = None) -> Eve
     return Event.of(payload, s_, attempt, task)  # type: ignore[arg-type]
 
 
+def test_a_record_held_back_is_written_by_the_timer_and_an_exited_task_steps_no_more(
+    tmp_path, monkeypatch
+):
+    from graphdist._distribute import runmetrics
+    from graphdist._distribute.events import TaskExited
+
+    monkeypatch.setattr(runmetrics, "PROGRESS_WRITE_S", 0.3)
+    path = tmp_path / "q.prom"
+    metrics = RunMetrics(str(path))
+    metrics.feed(at(1.0, 1, Progress(10, None, None, {}), "worker-0"))
+    metrics.feed(at(1.1, 1, Progress(20, None, 50.0, {}), "worker-0"))  # held back
+    key = ("graphdist_run_task_steps", (("run", "q"), ("task", "worker-0")))
+    deadline = time.monotonic() + 10
+    while samples(path)[key] != 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert samples(path)[key] == 20  # the task went quiet: the timer wrote it
+    metrics.feed(at(2.0, 1, TaskExited(10, 0, "exited with code 0", 1.9), "worker-0"))
+    rate = ("graphdist_run_task_steps_per_second", (("run", "q"), ("task", "worker-0")))
+    assert samples(path)[rate] == 0
+
+
 def test_the_metrics_file_has_each_tasks_steps_rate_and_steps_redone(tmp_path, monkeypatch):
     path = tmp_path / "p.prom"
     metrics = RunMetrics(str(path))
@@ -234,7 +292,7 @@ def test_the_metrics_file_has_each_tasks_steps_rate_and_steps_redone(tmp_path, m
 def run_guard(code: str, env: dict[str, str] | None = None) -> tuple[bytes, int]:
     """``python -c CODE`` under a real guard with a report pipe: (its whole report, exit code)."""
     read, write = os.pipe2(os.O_CLOEXEC)
-    argv = guarded_argv([sys.executable, "-c", code], grace_s=1.0, report_fd=write)
+    argv = guarded_argv([sys.executable, "-c", code], grace_s=1.0, report_fd=write, progress=True)
     full = {**os.environ, "PYTHONPATH": REPO, **(env or {})}
     proc = subprocess.Popen(argv, env=full, pass_fds=(write,), stdout=subprocess.DEVNULL)
     os.close(write)
@@ -275,13 +333,84 @@ def test_a_guards_own_lines_are_never_lost_behind_a_flood_of_records():
 
 
 @pytest.mark.timeout(60)
-def test_a_command_sees_no_channel_but_its_own_guards():
+def test_a_guards_own_lines_never_wait_behind_records_nobody_read():
+    """The report is not read until the guard has exited: records fill what the relay may
+    use of the pipe, the rest are dropped, and the exit line still fits. Red if the relay
+    writes whatever comes (the guard blocks on its exit line for ever)."""
+    flood = (  # records of 1,024 bytes as relayed: a pipe's page holds 4, with no byte left
+        "import json, os\n"
+        f"fd = int(os.environ[{PROGRESS_ENV!r}].split(':')[0])\n"
+        "head = json.dumps({'step': 1, 't': 1.0, 'pad': ''})\n"
+        "line = json.dumps({'step': 1, 't': 1.0, 'pad': 'x' * (1014 - len(head))}) + '\\n'\n"
+        "assert len('progress ' + line) == 1024\n"
+        "for n in range(5_000):\n"
+        "    os.write(fd, line.encode())  # blocking: a relay that blocked would block it\n"
+        "raise SystemExit(3)\n"
+    )
+    read, write = os.pipe2(os.O_CLOEXEC)
+    argv = guarded_argv([sys.executable, "-c", flood], grace_s=1.0, report_fd=write, progress=True)
+    proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": REPO}, pass_fds=(write,))
+    os.close(write)
+    try:
+        code = proc.wait(timeout=40)  # nothing reads the report meanwhile
+    finally:
+        proc.kill()
+    with os.fdopen(read, "rb") as report:
+        text = report.read()
+    assert code == 3 and parse_report(text)[1] is not None and parse_report(text)[1][0] == 3
+    assert 0 < len(text) <= 65536
+
+
+@pytest.mark.timeout(60)
+def test_what_a_task_writes_to_its_channel_never_reads_as_the_guards_own_lines():
+    forged = (
+        "import os\n"
+        f"fd = int(os.environ[{PROGRESS_ENV!r}].split(':')[0])\n"
+        "os.write(fd, b'{}\\x1cexit 0 123.0\\n{}\\x0cexit x y\\nexit 0 1.0\\npid 1\\n')\n"
+        "raise SystemExit(3)\n"
+    )
+    text, code = run_guard(forged)
+    pid, end = parse_report(text)
+    assert code == 3 and end is not None and end[0] == 3 and pid != 1
+    assert parse_report(b"exit x y\nexit 4 2.0\n") == (None, (4, 2.0))  # no ValueError
+
+
+@pytest.mark.timeout(60)
+def test_a_command_gets_its_own_guards_channel_and_never_the_report():
+    """The command's channel is its guard's (a stale value in the environment replaced), it
+    is that pipe (fd and inode), and the report's fd is not the command's. With no report, or
+    no relay asked for, no channel at all."""
+    read, write = os.pipe2(os.O_CLOEXEC)
+    look = (
+        "import os, sys\n"
+        f"from graphdist._proc.guardreport import channel_fd\n"
+        f"value = os.environ.get({PROGRESS_ENV!r})\n"
+        "try:\n"
+        f"    os.fstat({write})\n"
+        "    report = 'open'\n"
+        "except OSError:\n"
+        "    report = 'closed'\n"
+        "print(value != '0:0', channel_fd(value) is not None, report)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": REPO, PROGRESS_ENV: "0:0"}
+    argv = guarded_argv([sys.executable, "-c", look], grace_s=1.0, report_fd=write, progress=True)
+    proc = subprocess.Popen(argv, env=env, pass_fds=(write,), stdout=subprocess.PIPE, text=True)
+    os.close(write)
+    out, _ = proc.communicate(timeout=60)
+    os.close(read)
+    assert out.split() == ["True", "True", "closed"]
     show_env = f"import os; print(os.environ.get({PROGRESS_ENV!r}))"
     argv = guarded_argv([sys.executable, "-c", show_env], grace_s=1.0)  # no report: no channel
-    out = subprocess.run(
-        argv, env={**os.environ, PROGRESS_ENV: "0"}, capture_output=True, text=True, timeout=60
-    )
-    assert out.stdout.strip() == "None"
+    out2 = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert out2.stdout.strip() == "None"
+    # a report but no relay asked for (an engine's step: srun, which would carry it elsewhere)
+    read, write = os.pipe2(os.O_CLOEXEC)
+    argv = guarded_argv([sys.executable, "-c", show_env], grace_s=1.0, report_fd=write)
+    proc = subprocess.Popen(argv, env=env, pass_fds=(write,), stdout=subprocess.PIPE, text=True)
+    os.close(write)
+    out3, _ = proc.communicate(timeout=60)
+    os.close(read)
+    assert out3.strip() == "None"
 
 
 # Each task reports 60 steps; worker-1 exits 3 after 41 in the first attempt, and the second
@@ -324,6 +453,21 @@ def test_a_restarted_run_reports_each_tasks_steps_and_the_steps_done_again(tmp_p
     run = (("run", "r"),)
     assert got[("graphdist_run_steps_redone_total", (*run, ("task", "worker-1")))] == 21
     assert got[("graphdist_run_task_steps", (*run, ("task", "worker-0")))] == 60
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_the_keras_callback_reports_steps_alone_where_logs_are_no_dict(channel):
+    """Under ParameterServerStrategy tf-keras hands the callback a RemoteValue, not a dict,
+    and the optimizer's step count may not be readable: the callback reports the batches it
+    saw. Red if it took dict(logs) (a TypeError in the first batch of fit)."""
+    _, read = channel
+    callback = progress_mod.progress()
+    callback.set_params({"epochs": 2, "steps": 3})
+    callback.set_model(type("Model", (), {"optimizer": None})())  # no iterations to read
+    callback.on_train_batch_end(0, logs=object())
+    (record,) = records(read)
+    assert (record["step"], record["total"], record["scalars"]) == (1, 6, {})
 
 
 FIT = (

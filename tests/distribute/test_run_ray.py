@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from graphdist._proc.process import marked
+from graphdist._proc.marks import marked
 from tests.conftest import EVENTUALLY_S, QUIET_TF, wait_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs("ray", extra="ray")]
@@ -182,3 +182,32 @@ def test_ray_tasks_run_warm_on_their_node_across_a_restart_and_leave_nothing(
         assert lines == ["COLD 0", "COLD 0", "COLD 1", "COLD 1"], lines
     [(key, value)] = mark.items()
     assert wait_gone(marked(value, env=key), EVENTUALLY_S) == []
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("preload", ["auto", "none"])
+def test_ray_tasks_report_their_steps_warm_or_cold_across_a_restart(
+    tmp_path: Any, preload: str
+) -> None:
+    """graphdist.step on Ray: each task's records cross its guard in its actor (a warm task's
+    through its node client's channel, handed to the agent's session) and come back as the
+    same progress events as a local run's, with the steps done again after the restart. Red if
+    the actor read no report (planted: no report_fd) or the client kept its channel."""
+    from tests.distribute.test_progress import STEPS
+
+    script = tmp_path / "task.py"
+    script.write_text(STEPS)
+    result = _graphdist(
+        "run", "--backend", "ray", "--workers", "2", "--max-restarts", "1", "--preload", preload,
+        "--output-format", "jsonl", "--", sys.executable, str(script), timeout=200,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    events = [json.loads(ln) for ln in result.stdout.splitlines() if ln.startswith("{")]
+    started = [e["warm"] for e in events if e["event"] == "task-started"]
+    assert started == [preload == "auto"] * 4
+    shown = [e for e in events if e["event"] == "progress"]
+    for task, first_end in (("worker-0", 60), ("worker-1", 41)):
+        mine = [e for e in shown if e["task"] == task]
+        assert [e["step"] for e in mine if e["attempt"] == 1][-1] == first_end, mine
+        assert [e["step"] for e in mine if e["attempt"] == 2][-1] == 60, mine
+        assert [(e["attempt"], e["redone"]) for e in mine if e["redone"]] == [(2, first_end - 20)]
