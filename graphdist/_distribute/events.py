@@ -34,7 +34,9 @@ gave-up            ``cause`` as above, ``reason`` ("budget", "startup", "failed"
 run-ended          ``outcome`` ("succeeded", "failed", "timed out", "stopped by SIGTERM" ...),
                    ``attempts``, ``logs`` (the run's log folder, or None), ``show`` (whether
                    the console showed the summary), ``ran`` (a success's command tasks, each
-                   exited 0; empty otherwise), ``served`` (the server tasks that served them)
+                   exited 0; empty otherwise), ``served`` (the server tasks that served them),
+                   ``steps`` (each task's last reported steps, :func:`graphdist.step`; empty
+                   where none reported), ``redone`` (the steps done again after restarts)
 output-lost        ``sink`` (the task's log file, or with no task the run's metrics file:
                    ``--metrics-file``), ``error``
 stopping           ``signal`` (the stop signal that came: SIGINT, SIGTERM, SIGHUP), ``tasks``
@@ -199,6 +201,8 @@ class RunEnded:
     show: bool = True
     ran: list[str] = field(default_factory=list)
     served: list[str] = field(default_factory=list)
+    steps: dict[str, int] = field(default_factory=dict)  # task -> its last reported steps
+    redone: int = 0  # steps done again after restarts, every task's
 
 
 @dataclass(frozen=True)
@@ -472,6 +476,11 @@ def summary(events: Sequence[Event]) -> str:
             elif e.kind == "restarting" and e.attempt + 1 in resumed:
                 line += f"; attempt {e.attempt + 1} resumed from {resumed[e.attempt + 1]}"
             lines.append(line)
+    steps = {} if ended is None else ended.data.get("steps") or {}
+    if steps:
+        line = "  steps: " + ", ".join(f"{task} {n}" for task, n in sorted(steps.items()))
+        redone = ended.data.get("redone", 0) if ended is not None else 0
+        lines.append(line + (f" ({redone} done again after restarts)" if redone else ""))
     if ended is not None and ended.data.get("logs"):
         lines.append(f"  logs: {ended.data['logs']}")
     return "\n".join(lines)

@@ -227,6 +227,11 @@ class StepBook:
     def __init__(self) -> None:
         self._last: dict[str, tuple[int, int, float]] = {}  # task -> (attempt, step, t)
         self._done: dict[str, int] = {}  # task -> the most steps it reported, any attempt
+        self.redone = 0  # every task's steps done again
+
+    def steps(self) -> dict[str, int]:
+        """Each task's last reported steps."""
+        return {task: last[1] for task, last in self._last.items()}
 
     def payload(self, task: str, attempt: int, record: Mapping[str, Any]) -> Progress:
         n, t = int(record["step"]), float(record["t"])
@@ -237,6 +242,7 @@ class StepBook:
         redone = 0
         if record.get("first") and (last is None or last[0] != attempt):
             redone = max(0, self._done.get(task, 0) - (n - 1))  # steps n.. done before
+        self.redone += redone
         self._last[task] = (attempt, n, t)
         self._done[task] = max(self._done.get(task, 0), n)
         return Progress(n, record.get("total"), rate, dict(record.get("scalars", {})), redone)

@@ -166,7 +166,10 @@ class RunState:
         self.ended = True
         logs = None if self.logs is None else self.logs.path
         served = [f"{job}-{i}" for job in self.spec.served for i in range(self.spec.jobs[job])]
-        ended = RunEnded(outcome, self.attempt, logs, show, list(ran), served if ran else [])
+        with self._lock:
+            steps, redone = self.steps.steps(), self.steps.redone
+        served = served if ran else []
+        ended = RunEnded(outcome, self.attempt, logs, show, list(ran), served, steps, redone)
         event = self.emit(ended)
         if self.logs is not None:
             self.logs.write_summary(summary(self.events[: self.events.index(event) + 1]))

@@ -249,6 +249,19 @@ def test_progress_events_are_recorded_but_neither_kept_nor_shown_as_text(tmp_pat
     assert (got.kind, got.task, got.data["step"]) == ("progress", "worker-0", 5)
 
 
+def test_the_summary_says_each_tasks_steps_and_those_done_again():
+    from graphdist._distribute.events import RunEnded, summary
+
+    ended = Event.of(
+        RunEnded("every task exited 0", 2, None, True, [], [], {"w-1": 9, "w-0": 9}, 4), 5.0, 2
+    )
+    assert summary([ended]).splitlines()[1:] == [
+        "  steps: w-0 9, w-1 9 (4 done again after restarts)"
+    ]
+    quiet = Event.of(RunEnded("every task exited 0", 1), 1.0, 1)
+    assert "steps" not in summary([quiet])
+
+
 def at(s_: float, attempt: int, payload: object, task: str | None = None) -> Event:
     return Event.of(payload, s_, attempt, task)  # type: ignore[arg-type]
 
@@ -449,6 +462,8 @@ def test_a_restarted_run_reports_each_tasks_steps_and_the_steps_done_again(tmp_p
         assert (again["attempt"], again["step"], again["redone"]) == (2, 21, first_end - 20)
         assert all(e["total"] == 60 for e in mine)
         assert any(e["steps_per_s"] for e in mine)
+    (ended,) = [e for e in events if e["event"] == "run-ended"]
+    assert (ended["steps"], ended["redone"]) == ({"worker-0": 60, "worker-1": 60}, 40 + 21)
     got = samples(tmp_path / "r.prom")
     run = (("run", "r"),)
     assert got[("graphdist_run_steps_redone_total", (*run, ("task", "worker-1")))] == 21
