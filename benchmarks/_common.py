@@ -298,6 +298,25 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
     add_readme_option(parser)
 
 
+def publish(
+    args: argparse.Namespace,
+    name: str,
+    script: str,
+    argv: Sequence[str] | None,
+    report: tuple[str, Sequence[tuple[str, bool]]],
+    figures: Any,
+) -> None:
+    """The end of a benchmark that checks targets (:func:`add_report_options`): print its
+    ``report`` (text, targets), rewrite its section ``name`` of ``--readme`` with both, write
+    ``--json`` and exit 1 for a missed target unless ``--no-check``."""
+    text, targets = report
+    print(text)
+    printed, missed = report_targets_kept(targets)
+    section = text + ("\n\n```\n" + "\n".join(printed) + "\n```" if printed else "")
+    update_readme_section(args.readme, name, section, command_line(script, argv))
+    finish(args.json, figures, [] if args.no_check else missed)
+
+
 def command_line(script: str, argv: Sequence[str] | None) -> str:
     """How ``benchmarks/SCRIPT`` was run with ``argv`` (None: this process's arguments), as a
     README stamp names it."""

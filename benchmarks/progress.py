@@ -140,14 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.rounds, args.steps = 2, 100
     figures = measure(args.rounds, args.steps, args.step_ms)
-    text, targets = report(figures)
-    print(text)
-    printed, missed = _common.report_targets_kept(targets)
-    section = text + "\n\n```\n" + "\n".join(printed) + "\n```"
-    _common.update_readme_section(
-        args.readme, NAME, section, _common.command_line("progress.py", argv)
-    )
-    _common.finish(args.json, figures, [] if args.no_check else missed)
+    _common.publish(args, NAME, "progress.py", argv, report(figures), figures)
     return 0
 
 

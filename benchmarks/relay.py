@@ -346,14 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds, args.trips, args.mb = 1, 100, 4
     with_stunnel = shutil.which("stunnel") is not None
     figures = measure(args.rounds, args.trips, args.size, args.mb, with_stunnel)
-    text, targets = report(figures)
-    print(text)
-    printed, missed = _common.report_targets_kept(targets)
-    section = text + ("\n\n```\n" + "\n".join(printed) + "\n```" if printed else "")
-    _common.update_readme_section(
-        args.readme, NAME, section, _common.command_line("relay.py", argv)
-    )
-    _common.finish(args.json, figures, [] if args.no_check else missed)
+    _common.publish(args, NAME, "relay.py", argv, report(figures), figures)
     return 0
 
 
