@@ -207,7 +207,6 @@ def run_command(
                 # SIGHUP) ends this process as the scope exits, so what the backend holds (a
                 # Slurm run's agent steps, Ray's actors) is given back first; signals that come
                 # meanwhile are noted, not acted on
-                run.close()
                 if logs is not None:
                     logs.close()
                 if engine is not None:
