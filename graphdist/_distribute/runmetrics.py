@@ -186,6 +186,7 @@ class RunMetrics:
         self._written_at = 0.0  # time.monotonic() of the last write
         self._later: threading.Timer | None = None  # a write of progress held back
         self._unsaid: str | None = None  # why the timer's write failed, not said yet
+        self._held = False  # a progress record changed what no write has written yet
         self._lock = threading.Lock()
 
     def feed(self, event: Event) -> str | None:
@@ -227,7 +228,8 @@ class RunMetrics:
             if data.get("redone"):
                 self.redone[event.task] = self.redone.get(event.task, 0) + int(data["redone"])
             elif (wait := self._written_at + PROGRESS_WRITE_S - time.monotonic()) > 0:
-                self._write_later(wait)  # what it changed is written then, if nothing else did
+                self._held = True  # written by the next write, or by the timer then
+                self._write_later(wait)
                 return None
         elif event.kind == "task-exited" and event.task in self.rates:
             self.rates[event.task] = 0.0  # it steps no more
@@ -243,7 +245,7 @@ class RunMetrics:
 
     def _write_if_stale(self) -> None:
         with self._lock:
-            if time.monotonic() - self._written_at >= PROGRESS_WRITE_S and self.up:
+            if self._held and self.up:  # no write since took it: this one does
                 self._unsaid = self.write()  # a failure is said with the next event
 
     def text(self) -> str:
@@ -260,7 +262,7 @@ class RunMetrics:
         still lets it go): left, it would say the run is up for as long as it is scraped."""
         if self.lost is not None:
             return None
-        self._written_at = time.monotonic()
+        self._written_at, self._held = time.monotonic(), False
         tmp = None
         try:
             text = self.text().encode()

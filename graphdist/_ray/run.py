@@ -7,8 +7,8 @@ command task, ``STRICT_SPREAD`` (one task per node) where there are nodes enough
 place_bundles`, as a RayFleet does), so that every task's TF_CONFIG names its node's address
 before any task starts. Then a small Ray actor per bundle runs the command on its node, under
 graphdist's guard (:mod:`graphdist._proc.process`: nothing the command starts outlives the
-actor), and hands its output and its progress records to this process, which shows it, logs it
-and watches its exit as for a local task (a warm task's progress stays on its node: not relayed).
+actor), and hands its output and its progress records (a warm task's through its node client's
+channel) to this process, which shows it, logs it and watches its exit as for a local task.
 
 Where the tasks' servers listen is decided as for a RayFleet (:func:`~graphdist._ray.nodes.
 plan_hosts`): all on this machine, loopback; on other hosts only with ``expose``, each on its
@@ -183,7 +183,8 @@ class _CommandActor:
             return
         finally:
             os.close(report_w)
-        threading.Thread(target=self._read_report, args=(report_r,), daemon=True).start()
+        reader = threading.Thread(target=self._read_report, args=(report_r,), daemon=True)
+        reader.start()
         with self._ready:
             self._pid = proc.pid
             self._ready.notify_all()
@@ -193,6 +194,7 @@ class _CommandActor:
                 self._chunks.append(chunk)
                 self._ready.notify_all()
         code = proc.wait()
+        reader.join(2.0)  # the guard's last records (it has exited: its report's end is near)
         with self._ready:
             self._code, self._ended_at = code, time.time()
             self._ready.notify_all()
@@ -200,11 +202,10 @@ class _CommandActor:
     def _read_report(self, fd: int) -> None:
         """The guard's report as it comes: its progress lines, for :meth:`take`."""
         with os.fdopen(fd, "rb") as report:
-            for line in report:
-                if line.startswith(b"progress "):
-                    with self._ready:
-                        self._progress.append(line)
-                        self._ready.notify_all()
+            for line in (ln for ln in report if ln.startswith(b"progress ")):
+                with self._ready:
+                    self._progress.append(line)
+                    self._ready.notify_all()
 
     def pid(self) -> int | None:
         return self._pid

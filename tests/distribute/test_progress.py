@@ -17,7 +17,7 @@ import time
 import pytest
 
 from graphdist._distribute import progress as progress_mod
-from graphdist._distribute.events import Event, Progress
+from graphdist._distribute.events import Cause, Event, Progress, Restarting
 from graphdist._distribute.progress import StepBook, step
 from graphdist._distribute.runmetrics import RunMetrics
 from graphdist._exceptions import ArgumentError
@@ -282,6 +282,14 @@ def test_a_record_held_back_is_written_by_the_timer_and_an_exited_task_steps_no_
     while samples(path)[key] != 20 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert samples(path)[key] == 20  # the task went quiet: the timer wrote it
+    # a record held back after another event's write is still written by the timer
+    metrics.feed(at(1.2, 1, Progress(30, None, 50.0, {}), "worker-0"))  # held back
+    metrics.feed(at(1.3, 1, Restarting(Cause("worker-1", 1, 3, "exited", 1.3), 0.0, "run", "r")))
+    metrics.feed(at(1.4, 2, Progress(35, None, 50.0, {}), "worker-0"))  # held back again
+    deadline = time.monotonic() + 10
+    while samples(path)[key] != 35 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert samples(path)[key] == 35
     metrics.feed(at(2.0, 1, TaskExited(10, 0, "exited with code 0", 1.9), "worker-0"))
     rate = ("graphdist_run_task_steps_per_second", (("run", "q"), ("task", "worker-0")))
     assert samples(path)[rate] == 0
