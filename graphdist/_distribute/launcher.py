@@ -207,10 +207,13 @@ def run_command(
                 # SIGHUP) ends this process as the scope exits, so what the backend holds (a
                 # Slurm run's agent steps, Ray's actors) is given back first; signals that come
                 # meanwhile are noted, not acted on
-                if logs is not None:
-                    logs.close()
-                if engine is not None:
-                    engine.close()
+                try:
+                    run.close()  # the live line away, whatever it raises
+                finally:
+                    if logs is not None:
+                        logs.close()
+                    if engine is not None:
+                        engine.close()
     except Interrupted as exc:  # the caller's own handler took the signal and returned
         raise LaunchError(
             f"The run was stopped by {exc.name}; every task was stopped",

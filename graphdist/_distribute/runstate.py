@@ -29,6 +29,7 @@ from graphdist._distribute.events import (
     summary,
 )
 from graphdist._distribute.fallout import DEATH_SLACK_S, Fallout
+from graphdist._distribute.liveline import LiveLine
 from graphdist._distribute.progress import StepBook
 from graphdist._distribute.runlogs import RunLogs
 from graphdist._distribute.runmetrics import RunMetrics
@@ -74,6 +75,8 @@ class RunState:
         self.ended = False
         self.metrics = None if spec.metrics_file is None else RunMetrics(spec.metrics_file)
         self.steps = StepBook()  # the tasks' progress records (graphdist.step)
+        self.live = LiveLine.maybe(spec.output, self.out.lock, self.jsonl)  # on a terminal
+        self.out.live = self.live
         self._lock = threading.Lock()
 
     @property
@@ -147,6 +150,8 @@ class RunState:
         if self.logs is not None:
             self.logs.record_event(event)
         lost = None if self.metrics is None else self.metrics.feed(event)
+        if self.live is not None:
+            self.live.feed(event)
         if self.jsonl:
             self.out.note(event.to_json())
         elif keep:
@@ -173,6 +178,11 @@ class RunState:
         event = self.emit(ended)
         if self.logs is not None:
             self.logs.write_summary(summary(self.events[: self.events.index(event) + 1]))
+
+    def close(self) -> None:
+        """Take the live line away (the run's output is over)."""
+        if self.live is not None:
+            self.live.stop()
 
     def timed_out(self, results: Sequence[TaskOutcome], doing: str) -> LaunchTimeoutError:
         return LaunchTimeoutError(

@@ -28,6 +28,7 @@ from typing import IO, Any, Protocol
 
 from graphdist._cluster import Task
 from graphdist._distribute.events import Event, OutputLost, Payload, Resumed, TaskStarted
+from graphdist._distribute.liveline import LiveLine
 from graphdist._distribute.resume import RESUMED_PREFIX, tf_keras_requirement
 from graphdist._distribute.runlogs import RunLogs
 from graphdist._distribute.warm import WarmProc, Zygote, warm_target
@@ -444,29 +445,34 @@ class Output:
         self._stream = stream
         self._had_stream = stream is not None
         self._kept = kept  # where every line is kept all the same (a run's log folder), if any
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # one line at a time, the live line's draws included
+        self.live: LiveLine | None = None  # the run's live line on a terminal, cleared first
 
     def write(self, line: str) -> None:
-        with self._lock:
+        with self.lock:
             stream = self._stream
             if stream is None:
                 return
             try:
+                if self.live is not None and self.live.shown:
+                    self.live.before_line()
                 stream.write(line + "\n")
                 stream.flush()
             except (OSError, ValueError) as exc:
                 self._stream = None
+                if self.live is not None:  # drawn no more (its stop takes this lock)
+                    self.live.shown = False
                 self._lost(stream, exc)
 
     @property
     def lost(self) -> bool:
         """Whether the stream failed (its lines are dropped, said once on stderr)."""
-        with self._lock:
+        with self.lock:
             return self._stream is None and self._had_stream
 
     def note(self, line: str) -> None:
         """graphdist's own line about the run: on the stream, or on stderr once it failed."""
-        with self._lock:
+        with self.lock:
             lost = self._stream is None
         if lost:
             with contextlib.suppress(OSError, ValueError):
