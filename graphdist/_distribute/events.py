@@ -48,6 +48,10 @@ progress           ``step`` (steps done), ``total`` (the steps the script will d
                    ``redone`` (on a later attempt's first record: the steps an earlier one had
                    done past this start); never rendered on the console, and not kept in
                    memory: ``events.jsonl`` and jsonl output have them
+straggler          ``node``, ``steps_per_s`` (the task's), ``others_per_s`` (the other tasks'
+                   median), ``costs_s`` (its step's time beyond theirs), ``for_s`` (how long
+                   it held): a task that stayed below a share of the others' rate; said once
+                   until it recovers, nothing restarted
 folded             ``lines`` (how many of the task's output lines, read once its attempt was
                    broken, the console left out), ``after`` (what broke it, in words), ``log``
                    (the task's log file, which has them whole; None: no log folder)
@@ -87,6 +91,7 @@ __all__ = [
     "Resumed",
     "RunEnded",
     "Stopping",
+    "Straggler",
     "TaskExited",
     "TaskStarted",
     "render",
@@ -242,6 +247,19 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Straggler:
+    """A task whose step rate stayed below a share of the other tasks' median for a while
+    (:class:`graphdist._distribute.progress.Stragglers`); nothing is restarted for it."""
+
+    KIND: ClassVar[str] = "straggler"
+    node: str | None  # where it runs (the attempt's nodes)
+    steps_per_s: float  # its rate
+    others_per_s: float  # the other tasks' median rate
+    costs_s: float  # what it costs a step: its step's time beyond the others'
+    for_s: float  # how long its rate has stayed that low
+
+
+@dataclass(frozen=True)
 class OutputLost:
     KIND: ClassVar[str] = "output-lost"
     sink: str | None
@@ -263,6 +281,7 @@ Payload = (
     | Stopping
     | Folded
     | Progress
+    | Straggler
 )
 _TYPES: dict[str, type[Any]] = {
     t.KIND: t
@@ -281,6 +300,7 @@ _TYPES: dict[str, type[Any]] = {
         Stopping,
         Folded,
         Progress,
+        Straggler,
     )
 }
 KINDS = tuple(_TYPES)
@@ -428,6 +448,13 @@ def render(event: Event, events: Sequence[Event] = (), *, success: bool = True) 
         return (
             f"graphdist: {event.task}: {count} line{'' if count == 1 else 's'} after "
             f"{data['after']} not shown ({kept})"
+        )
+    if event.kind == "straggler":
+        where = f" on {data['node']}" if data.get("node") else ""
+        return (
+            f"graphdist: {event.task}{where} is a straggler: {data['steps_per_s']:.1f} steps/s "
+            f"against the other tasks' {data['others_per_s']:.1f} for {data['for_s']:.0f} s, "
+            f"{data['costs_s'] * 1000:.0f} ms more a step (nothing is restarted for it)"
         )
     if event.kind == "run-ended":
         shown = [summary([*events, event])] if data.get("show", True) else []

@@ -22,20 +22,33 @@ import json
 import math
 import operator
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from graphdist._distribute.events import Progress
+from graphdist._distribute.events import Progress, Straggler
 from graphdist._exceptions import ArgumentError
 from graphdist._proc.guardreport import MAX_PROGRESS_LINE, PROGRESS_ENV, channel_fd
 from graphdist._validate import show
 
-__all__ = ["INTERVAL_S", "StepBook", "progress", "step"]
+__all__ = [
+    "INTERVAL_S",
+    "STRAGGLER_SHARE",
+    "STRAGGLER_WINDOW_S",
+    "StepBook",
+    "Stragglers",
+    "progress",
+    "step",
+]
 
 #: Seconds between two records of one process (its first is written at once).
 INTERVAL_S = 0.5
+#: A task whose rate stays below this share of the other tasks' median is a straggler...
+STRAGGLER_SHARE = 0.5
+#: ... once it has stayed there this many seconds.
+STRAGGLER_WINDOW_S = 30.0
 
 Count = int | Callable[[], int]
 
@@ -246,3 +259,44 @@ class StepBook:
         self._last[task] = (attempt, n, t)
         self._done[task] = max(self._done.get(task, 0), n)
         return Progress(n, record.get("total"), rate, dict(record.get("scalars", {})), redone)
+
+
+class Stragglers:
+    """The straggler rule over the tasks' rates (:class:`StepBook`'s): a task whose rate stays
+    below :data:`STRAGGLER_SHARE` of the other tasks' median for :data:`STRAGGLER_WINDOW_S` is
+    named once, and again only after it recovered. Every task's rate counts from its records in
+    the attempt (an attempt starts afresh, a task that exited counts no more). On a synchronous
+    strategy every worker steps at the slowest one's pace, so their rates agree and none is
+    named: this rule is for tasks that step apart (parameter-server workers, independent ones)."""
+
+    def __init__(self) -> None:
+        self._rates: dict[str, float] = {}
+        self._since: dict[str, float] = {}  # task -> when its rate first fell below
+        self._named: set[str] = set()
+
+    def forget(self, task: str | None = None) -> None:
+        """A task's rate counts no more (it exited), or none does (a new attempt)."""
+        for task_ in list(self._rates) if task is None else [task]:
+            self._rates.pop(task_, None)
+            self._since.pop(task_, None)
+            self._named.discard(task_)
+
+    def check(
+        self, task: str, at_s: float, rate: float | None, node: str | None
+    ) -> Straggler | None:
+        """Take ``task``'s rate at ``at_s`` (the run's clock); the event that names it, once."""
+        if rate is None:
+            return None
+        self._rates[task] = rate
+        others = [r for t, r in self._rates.items() if t != task]
+        mid = statistics.median(others) if others else 0.0
+        if mid <= 0 or rate >= STRAGGLER_SHARE * mid:
+            self._since.pop(task, None)
+            self._named.discard(task)  # recovered: named again if it falls behind again
+            return None
+        since = self._since.setdefault(task, at_s)
+        if at_s - since < STRAGGLER_WINDOW_S or task in self._named or rate <= 0:
+            return None  # (a task that steps no more is the heartbeat's to judge)
+        self._named.add(task)
+        costs = 1.0 / rate - 1.0 / mid
+        return Straggler(node, rate, round(mid, 3), round(costs, 6), round(at_s - since, 3))

@@ -25,12 +25,13 @@ from graphdist._distribute.events import (
     Progress,
     Restarting,
     RunEnded,
+    TaskExited,
     render,
     summary,
 )
 from graphdist._distribute.fallout import DEATH_SLACK_S, Fallout
 from graphdist._distribute.liveline import LiveLine
-from graphdist._distribute.progress import StepBook
+from graphdist._distribute.progress import StepBook, Stragglers
 from graphdist._distribute.runlogs import RunLogs
 from graphdist._distribute.runmetrics import RunMetrics
 from graphdist._distribute.runspec import RunSpec
@@ -75,6 +76,8 @@ class RunState:
         self.ended = False
         self.metrics = None if spec.metrics_file is None else RunMetrics(spec.metrics_file)
         self.steps = StepBook()  # the tasks' progress records (graphdist.step)
+        self.stragglers = Stragglers()  # the rule over their rates
+        self.nodes: dict[str, str] = {}  # the attempt's: task -> where it runs
         self.live = LiveLine.maybe(spec.output, self.out.lock, self.jsonl)  # on a terminal
         self.out.live = self.live
         self._lock = threading.Lock()
@@ -138,11 +141,20 @@ class RunState:
         task's rate and the steps redone (:class:`graphdist._distribute.progress.StepBook`)."""
         with self._lock:
             payload = self.steps.payload(task, self.attempt, record)
+            at_s = time.monotonic() - self.started
+            late = self.stragglers.check(task, at_s, payload.steps_per_s, self.nodes.get(task))
         self._emit(payload, task)
+        if late is not None:
+            self._emit(late, task)
 
     def _emit(self, payload: Payload, task: str | None = None) -> Event:
         keep = not isinstance(payload, Progress)  # a long run's many: recorded, never kept
         with self._lock:
+            if isinstance(payload, AttemptStarted):
+                self.nodes = dict(payload.nodes)
+                self.stragglers.forget()
+            elif isinstance(payload, TaskExited) and task is not None:
+                self.stragglers.forget(task)
             event = Event.of(payload, time.monotonic() - self.started, self.attempt, task)
             if keep:
                 self.events.append(event)

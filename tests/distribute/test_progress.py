@@ -512,3 +512,81 @@ def test_model_fit_reports_its_optimizers_steps_and_loss():
     assert shown[0]["step"] == 1 and shown[-1]["step"] == 24  # 8 batches a epoch, 3 epochs
     assert all(e["total"] == 24 for e in shown)
     assert all(isinstance(e["scalars"]["loss"], float) for e in shown)
+
+
+def test_a_task_below_half_the_others_median_for_the_window_is_named_once():
+    from graphdist._distribute.progress import STRAGGLER_WINDOW_S, Stragglers
+
+    rule = Stragglers()
+    w = STRAGGLER_WINDOW_S
+    assert rule.check("worker-0", 0.0, 40.0, "n0") is None
+    assert rule.check("worker-1", 0.0, 42.0, "n1") is None
+    assert rule.check("worker-2", 1.0, 19.0, "n2") is None  # below half of 41: since 1.0
+    assert rule.check("worker-2", 1.0 + w - 0.1, 19.0, "n2") is None  # not for the window yet
+    named = rule.check("worker-2", 1.0 + w, 19.0, "n2")
+    assert named is not None
+    assert (named.node, named.steps_per_s, named.others_per_s, named.for_s) == ("n2", 19.0, 41.0, w)
+    assert named.costs_s == pytest.approx(1 / 19 - 1 / 41, abs=1e-6)
+    assert rule.check("worker-2", 2.0 + w, 19.0, "n2") is None  # said once
+    assert rule.check("worker-2", 3.0 + w, 30.0, "n2") is None  # recovered (above half)
+    assert rule.check("worker-2", 4.0 + w, 10.0, "n2") is None  # below again: a new window
+    assert rule.check("worker-2", 4.0 + 2 * w, 10.0, "n2") is not None
+
+
+def test_a_synchronous_runs_equal_rates_a_stalled_task_and_an_exited_one_name_no_straggler():
+    from graphdist._distribute.progress import STRAGGLER_WINDOW_S, Stragglers
+
+    rule = Stragglers()
+    for t in (0.0, STRAGGLER_WINDOW_S + 1):
+        for task in ("worker-0", "worker-1", "worker-2"):
+            assert rule.check(task, t, 12.5, None) is None  # all at the slowest one's pace
+    rule.check("worker-0", 0.0, 40.0, None)
+    rule.check("worker-1", 0.0, 0.0, None)
+    assert rule.check("worker-1", STRAGGLER_WINDOW_S + 5, 0.0, None) is None  # the heartbeat's
+    rule.forget("worker-0")  # exited: no reference any more
+    rule.forget("worker-1")
+    assert rule.check("worker-2", 2 * STRAGGLER_WINDOW_S, 1.0, None) is None  # alone
+
+
+def test_a_stragglers_line_names_it_its_node_and_what_it_costs_a_step():
+    from graphdist._distribute.events import Straggler, render
+
+    event = Event.of(Straggler("n2", 19.0, 41.0, 1 / 19 - 1 / 41, 30.0), 40.0, 1, "worker-2")
+    assert render(event) == (
+        "graphdist: worker-2 on n2 is a straggler: 19.0 steps/s against the other tasks' 41.0 "
+        "for 30 s, 28 ms more a step (nothing is restarted for it)"
+    )
+    assert Event.from_json(event.to_json()) == event
+
+
+# worker-2 steps four times slower than the others; nothing else differs.
+SLOW = (
+    "import json, os, time, graphdist\n"
+    "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+    "for n in range(1, 121):\n"
+    "    time.sleep(0.08 if index == 2 else 0.02)\n"
+    "    graphdist.step(n)\n"
+    "    if index != 2 and n == 120: time.sleep(0.5)\n"
+)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_real_slow_worker_is_named_a_straggler_once_and_nothing_restarts(monkeypatch):
+    import graphdist
+    from graphdist._distribute import progress as progress_module
+
+    monkeypatch.setattr(progress_module, "STRAGGLER_WINDOW_S", 1.0)
+    out = io.StringIO()
+    graphdist.run_command(
+        [sys.executable, "-c", SLOW],
+        workers=3,
+        output=out,
+        output_format="jsonl",
+        env={"PYTHONPATH": REPO},
+    )
+    events = [json.loads(ln) for ln in out.getvalue().splitlines()]
+    named = [e for e in events if e["event"] == "straggler"]
+    assert [e["task"] for e in named] == ["worker-2"], named
+    assert named[0]["steps_per_s"] < 0.5 * named[0]["others_per_s"] and named[0]["for_s"] >= 1.0
+    assert not [e for e in events if e["event"] == "restarting"]
