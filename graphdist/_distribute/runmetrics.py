@@ -33,6 +33,7 @@ graphdist_run_task_steps               gauge    the steps a ``task`` last report
                                                 (:func:`graphdist.step`), by ``task``
 graphdist_run_task_steps_per_second    gauge    its rate between its last two records
 graphdist_run_steps_redone_total       counter  steps done again after restarts, by ``task``
+graphdist_run_stragglers_total         counter  times a ``task`` was named a straggler
 =====================================  =======  =============================================
 
 The progress series are there once a task reports progress (a script that calls
@@ -78,6 +79,7 @@ _COUNTED = (
     "run-ended",
     "progress",
     "task-exited",
+    "straggler",
 )
 #: Seconds between two writes that progress records alone cause (each other event writes).
 PROGRESS_WRITE_S = 1.0
@@ -183,6 +185,7 @@ class RunMetrics:
         self.steps: dict[str, int] = {}  # task -> steps done, as it last reported
         self.rates: dict[str, float] = {}  # task -> steps/s between its last two records
         self.redone: dict[str, int] = {}  # task -> steps done again after restarts
+        self.stragglers: dict[str, int] = {}  # task -> times named a straggler
         self._written_at = 0.0  # time.monotonic() of the last write
         self._later: threading.Timer | None = None  # a write of progress held back
         self._unsaid: str | None = None  # why the timer's write failed, not said yet
@@ -231,6 +234,8 @@ class RunMetrics:
                 self._held = True  # written by the next write, or by the timer then
                 self._write_later(wait)
                 return None
+        elif event.kind == "straggler" and event.task is not None:
+            self.stragglers[event.task] = self.stragglers.get(event.task, 0) + 1
         elif event.kind == "task-exited" and event.task in self.rates:
             self.rates[event.task] = 0.0  # it steps no more
         else:
@@ -334,3 +339,6 @@ class _Collector:
             redone = {(task,): m.redone.get(task, 0) for task in m.steps}
             doc = "Steps done again after restarts"
             yield family(counter, "steps_redone", doc, redone, ("task",))
+            named = {(task,): m.stragglers.get(task, 0) for task in m.steps}
+            doc = "Times a task was named a straggler"
+            yield family(counter, "stragglers", doc, named, ("task",))

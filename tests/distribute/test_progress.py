@@ -17,7 +17,7 @@ import time
 import pytest
 
 from graphdist._distribute import progress as progress_mod
-from graphdist._distribute.events import Cause, Event, Progress, Restarting
+from graphdist._distribute.events import Cause, Event, Progress, Restarting, Straggler
 from graphdist._distribute.progress import StepBook, step
 from graphdist._distribute.runmetrics import RunMetrics
 from graphdist._exceptions import ArgumentError
@@ -308,6 +308,10 @@ def test_the_metrics_file_has_each_tasks_steps_rate_and_steps_redone(tmp_path, m
     assert got[("graphdist_run_task_steps", (*run, ("task", "worker-0")))] == 41
     assert got[("graphdist_run_task_steps_per_second", (*run, ("task", "worker-0")))] == 100.0
     assert got[("graphdist_run_steps_redone_total", (*run, ("task", "worker-0")))] == 20
+    assert got[("graphdist_run_stragglers_total", (*run, ("task", "worker-0")))] == 0
+    metrics.feed(at(3.0, 2, Straggler(None, 1.0, 4.0, 0.75, 30.0), "worker-0"))
+    got = samples(path)
+    assert got[("graphdist_run_stragglers_total", (*run, ("task", "worker-0")))] == 1
 
 
 def run_guard(code: str, env: dict[str, str] | None = None) -> tuple[bytes, int]:
