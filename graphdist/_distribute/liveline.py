@@ -19,6 +19,7 @@ import contextlib
 import os
 import statistics
 import threading
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -30,7 +31,8 @@ __all__ = ["LiveLine"]
 REFRESH_S = 0.5
 #: Tasks named one by one with their rates; past it, their spread.
 NAMED_TASKS = 4
-_WITH_TOTAL = "{desc} |{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]"
+# the counts and the estimate first: a narrow terminal cuts the words, not them
+_WITH_TOTAL = "{n_fmt}/{total_fmt} |{bar:20}| {elapsed}<{remaining} | {desc}"
 _WITHOUT = "{desc}"
 
 
@@ -66,6 +68,7 @@ class LiveLine:
         self.failure: str | None = None
         self.shown = True
         self.drawn = False
+        self.started = False  # drawn from the first attempt on: not over an engine's start-up
         with self.lock:
             self.bar = tqdm(
                 total=None,
@@ -75,7 +78,8 @@ class LiveLine:
                 bar_format=_WITHOUT,
                 desc=self._words(),
                 mininterval=REFRESH_S,
-                miniters=1,  # no dynamic miniters: tqdm's monitor thread never draws it
+                miniters=1,  # no dynamic miniters, and no longest interval: tqdm's monitor
+                maxinterval=float("inf"),  # thread never draws it, only ours, under the lock
                 delay=REFRESH_S,  # nothing drawn by tqdm itself before the first refresh
             )
         self._stop = threading.Event()
@@ -85,9 +89,17 @@ class LiveLine:
     def _draw(self) -> None:
         while not self._stop.wait(REFRESH_S):
             with self.lock:
-                if self.shown:
-                    self.bar.refresh(nolock=True)
-                    self.drawn = True
+                if self.shown and self.started:
+                    self._safely(lambda: self.bar.refresh(nolock=True))
+                    self.drawn = self.shown
+
+    def _safely(self, write: Callable[[], object]) -> None:
+        """A write of the bar; one that fails (the terminal gone, a non-blocking one full) ends
+        the line, never the run: the output's own next write says whether it is lost."""
+        try:
+            write()
+        except (OSError, ValueError):
+            self.shown = False
 
     def before_line(self) -> None:
         """The bar away before a line of the run (the output's lock is held)."""
@@ -100,6 +112,7 @@ class LiveLine:
         data = event.data
         if event.kind == "attempt-started":
             self.attempt, self.rates, self.steps = event.attempt, {}, {}
+            self.started = True
         elif event.kind == "restarting":
             self.restarts += 1
             self.failure = f"{data['cause']['task']} {data['cause']['how']}"
@@ -109,24 +122,26 @@ class LiveLine:
             self.steps[event.task] = int(data["step"])
             if data.get("steps_per_s") is not None:
                 self.rates[event.task] = float(data["steps_per_s"])
-            self.total = data.get("total") or self.total
+            self.total = max(self.total or 0, data.get("total") or 0) or None
         elif event.kind == "task-exited" and event.task in self.rates:
             self.rates[event.task] = 0.0
         else:
             return
         with self.lock:
-            if not self.shown:
-                return
-            self.bar.set_description_str(self._words(), refresh=False)
-            self.bar.bar_format = _WITH_TOTAL if self.total else _WITHOUT
-            slowest = min(self.steps.values()) if self.steps else 0
-            if self.total != self.bar.total or slowest < self.bar.n:
-                self.bar.reset(total=self.total)  # the estimate starts again from here
-                self.bar.n = self.bar.last_print_n = slowest
-                self.drawn = True
-            elif slowest > self.bar.n:
-                self.bar.update(slowest - self.bar.n)  # its rate, for the end estimate
-                self.drawn = self.drawn or self.bar.last_print_n == self.bar.n
+            if self.shown:
+                self._safely(self._set)
+
+    def _set(self) -> None:
+        self.bar.set_description_str(self._words(), refresh=False)
+        self.bar.bar_format = _WITH_TOTAL if self.total else _WITHOUT
+        slowest = min(self.steps.values()) if self.steps else 0
+        if self.total != self.bar.total or slowest < self.bar.n:
+            self.bar.reset(total=self.total)  # the estimate starts again from here
+            self.bar.n = self.bar.last_print_n = slowest
+            self.drawn = True
+        elif slowest > self.bar.n:
+            self.bar.update(slowest - self.bar.n)  # its rate, for the end estimate
+            self.drawn = self.drawn or self.bar.last_print_n == self.bar.n
 
     def _words(self) -> str:
         words = [f"attempt {self.attempt}"]

@@ -267,7 +267,8 @@ class Stragglers:
     named once, and again only after it recovered. Every task's rate counts from its records in
     the attempt (an attempt starts afresh, a task that exited counts no more). On a synchronous
     strategy every worker steps at the slowest one's pace, so their rates agree and none is
-    named: this rule is for tasks that step apart (parameter-server workers, independent ones)."""
+    named: this rule is for tasks that step apart, each reporting its own loop's steps (under
+    ParameterServerStrategy only the coordinator runs the loop: its workers report nothing)."""
 
     def __init__(self) -> None:
         self._rates: dict[str, float] = {}
@@ -288,6 +289,9 @@ class Stragglers:
         if rate is None:
             return None
         self._rates[task] = rate
+        if rate <= 0:  # it steps no more: the heartbeat's to judge, and no window runs on
+            self._since.pop(task, None)
+            return None
         others = [r for t, r in self._rates.items() if t != task]
         mid = statistics.median(others) if others else 0.0
         if mid <= 0 or rate >= STRAGGLER_SHARE * mid:
@@ -295,8 +299,8 @@ class Stragglers:
             self._named.discard(task)  # recovered: named again if it falls behind again
             return None
         since = self._since.setdefault(task, at_s)
-        if at_s - since < STRAGGLER_WINDOW_S or task in self._named or rate <= 0:
-            return None  # (a task that steps no more is the heartbeat's to judge)
+        if at_s - since < STRAGGLER_WINDOW_S or task in self._named:
+            return None
         self._named.add(task)
         costs = 1.0 / rate - 1.0 / mid
         return Straggler(node, rate, round(mid, 3), round(costs, 6), round(at_s - since, 3))

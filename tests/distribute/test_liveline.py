@@ -47,7 +47,8 @@ def test_there_is_none_on_a_pipe_in_jsonl_or_on_a_dumb_terminal(monkeypatch):
         live = LiveLine.maybe(tty, lock, jsonl=False)
         assert live is not None
         live.stop()
-        live.stop()  # once only
+        live.stop()  # once only: nothing more to do
+        assert not live.shown
     os.close(read)
     os.close(main)
 
@@ -78,6 +79,26 @@ def test_it_says_the_attempt_restarts_rates_and_last_failure():
         assert "6 tasks 0.0-14.0 steps/s" in live._words()
     finally:
         live.stop()
+
+
+class Refusing(io.StringIO):
+    """A terminal whose writes fail as a full non-blocking one's do."""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+
+def test_a_bar_that_cannot_be_written_ends_the_line_never_the_run(monkeypatch):
+    monkeypatch.setenv("TERM", "xterm")
+    live = LiveLine.maybe(Refusing(), threading.Lock(), jsonl=False)
+    assert live is not None
+    live.feed(at(1, AttemptStarted([], [], 0, "local", {}, {})))
+    live.feed(at(1, Progress(10, 100, 20.0, {}), "worker-0"))  # draws: fails, said nowhere
+    assert not live.shown
+    live.stop()
 
 
 def run_on_a_terminal(script: str, workers: int = 2) -> str:
@@ -137,7 +158,7 @@ STEPS = (
 @pytest.mark.timeout(120)
 def test_a_run_on_a_terminal_keeps_whole_task_lines_and_removes_its_live_line():
     text = run_on_a_terminal(STEPS)
-    assert "attempt 1 | " in text and "steps/s" in text and "/30 [" in text, text[-2000:]
+    assert "| attempt 1 | " in text and "steps/s" in text and "/30 |" in text, text[-2000:]
     for task in ("worker-0", "worker-1"):
         for n in range(1, 31):
             at_ = text.index(f"[{task}] hello {n}\r\n")
@@ -156,7 +177,7 @@ def test_a_burst_of_lines_clears_the_live_line_once_not_once_a_line():
     next refresh (every 0.5 s), not after each line. Red if each line redrew it."""
     text = run_on_a_terminal(BURST + "import time; time.sleep(1.5)\n", workers=1)
     assert text.count("[worker-0] line ") == 3000
-    assert text.count("attempt 1") < 30, text.count("attempt 1")  # draws, not one a line
+    assert 1 <= text.count("attempt 1") < 30, text.count("attempt 1")  # draws, not one a line
 
 
 @pytest.mark.integration

@@ -540,16 +540,25 @@ def test_a_task_below_half_the_others_median_for_the_window_is_named_once():
 def test_a_synchronous_runs_equal_rates_a_stalled_task_and_an_exited_one_name_no_straggler():
     from graphdist._distribute.progress import STRAGGLER_WINDOW_S, Stragglers
 
+    w = STRAGGLER_WINDOW_S
     rule = Stragglers()
-    for t in (0.0, STRAGGLER_WINDOW_S + 1):
+    for t in (0.0, w + 1):
         for task in ("worker-0", "worker-1", "worker-2"):
             assert rule.check(task, t, 12.5, None) is None  # all at the slowest one's pace
+    # an exited task is no reference: worker-2, slow since 0, has none left at w + 1
+    rule = Stragglers()
     rule.check("worker-0", 0.0, 40.0, None)
-    rule.check("worker-1", 0.0, 0.0, None)
-    assert rule.check("worker-1", STRAGGLER_WINDOW_S + 5, 0.0, None) is None  # the heartbeat's
-    rule.forget("worker-0")  # exited: no reference any more
-    rule.forget("worker-1")
-    assert rule.check("worker-2", 2 * STRAGGLER_WINDOW_S, 1.0, None) is None  # alone
+    rule.check("worker-2", 0.0, 1.0, None)
+    rule.forget("worker-0")
+    assert rule.check("worker-2", w + 1, 1.0, None) is None
+    # a stalled task is the heartbeat's, and its stall is no part of a window
+    rule = Stragglers()
+    rule.check("worker-0", 0.0, 40.0, None)
+    assert rule.check("worker-1", 0.0, 0.0, None) is None
+    assert rule.check("worker-1", w + 5, 0.0, None) is None
+    assert rule.check("worker-1", w + 6, 5.0, None) is None  # slow from here: a window starts
+    named = rule.check("worker-1", 2 * w + 6, 5.0, None)
+    assert named is not None and named.for_s == w
 
 
 def test_a_stragglers_line_names_it_its_node_and_what_it_costs_a_step():
