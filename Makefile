@@ -37,6 +37,7 @@ lint: $(VENV)/.test-installed
 
 test: lint
 	sh tests/slurm/install-slurm.sh
+	sh tests/install-chromium.sh
 	$(BIN)/pytest
 
 check: lint

@@ -52,6 +52,32 @@ RESTART = (
     "it first if it runs; a task the restart policy gave up on comes back too) and wait until it "
     "answers. Sessions that used it are broken, new ones work."
 )
+TF_CONFIG_TEXT = (
+    "Print the TF_CONFIG of one task of a cluster, as JSON, for a tf.distribute program "
+    "started by other means than `graphdist run` (which sets every task's itself)."
+)
+REPORT = (
+    "Draw a run from its log folder (LOG_DIR/run-N of `graphdist run --log-dir`): one lane "
+    "per task with a bar per attempt, coloured by how it ended (done, failed, stopped, "
+    "preempted, running), restarts, preemptions and stragglers, and the steps done, "
+    "steps/s and loss each task reported (graphdist.step, graphdist.progress). Written as "
+    "one self-contained HTML page, or as a PNG when --output ends in .png."
+)
+CERTS = (
+    "Make the TLS credentials of a cluster: a new CA of its own, and for each host of the "
+    "cluster's tasks a folder under --out (DIR/hosts/HOST) with ca.pem, cert.pem (for that "
+    "host's IP address or DNS name) and key.pem, and one for the client (DIR/client). The "
+    "CA's private key is not kept (it is never written): to add a host, make new "
+    "credentials for the whole cluster."
+)
+WARM = (
+    "Start, show or stop a warm agent: a process of yours that has imported the preloads "
+    "(TensorFlow, tf-keras, NumPy) and waits. `graphdist run` on this machine forks its "
+    "tasks from it instead of importing TensorFlow again, so a run starts without waiting "
+    "for the import. It serves your user only, exits after --idle-timeout without a run "
+    "and is stopped by `graphdist warm stop` (the tasks of runs using it end with it). "
+    "Exit status of status: 0 it runs, 2 none runs."
+)
 HELP_WIDTH = 92  # descriptions are wrapped here: the epilogs' examples keep their own lines
 ENVIRONMENT = f"""environment:
   {TF_LOGS_ENV}=1  show TensorFlow's own log lines live (its C++ start-up notices,
@@ -67,6 +93,7 @@ EXAMPLES = {
   graphdist up --cluster worker=2 --detach        ...kept by a supervisor: `status`, `logs`,
                                                   `restart`, `down`
   graphdist run --workers 2 -- python train.py    one process per task, each with its TF_CONFIG
+  graphdist report logs/run-1                     a run's timeline, steps and loss as a page
   graphdist tf-config --cluster cluster.json --task worker:1
   graphdist serve --cluster cluster.json --job worker --task 0
 
@@ -114,6 +141,13 @@ cluster.json names every task's address, e.g.
 
 Every task's TF_CONFIG must describe the same cluster, so --cluster names addresses (JSON text
 or a file); job=N, which picks new free ports on each call, is refused.""",
+    "report": """examples:
+  graphdist run --workers 2 --max-restarts 2 --log-dir logs -- python train.py
+  graphdist report logs/run-1                      # logs/run-1/report.html
+  graphdist report logs/run-1 --output run.png     # the same figure as a PNG
+
+The page is one file (the figure inline, no script, nothing fetched): it opens from disk or as
+a CI artifact.""",
     "certs": """examples:
   graphdist certs --cluster cluster.json --out creds
   graphdist certs --cluster cluster.json --out creds --days 30

@@ -28,7 +28,14 @@ from graphdist._cli.fleetcmds import (
     cmd_up,
 )
 from graphdist._cli.parser import build_parser, cli_words, flags_of
-from graphdist._cli.runcmds import cmd_certs, cmd_run, cmd_serve, cmd_tf_config, cmd_warm
+from graphdist._cli.runcmds import (
+    cmd_certs,
+    cmd_report,
+    cmd_run,
+    cmd_serve,
+    cmd_tf_config,
+    cmd_warm,
+)
 from graphdist._cli.streams import (
     CommandStdout,
     is_output_error,
@@ -82,6 +89,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "restart": cmd_restart,
     "demo": cmd_demo,
     "certs": cmd_certs,
+    "report": cmd_report,
     "warm": cmd_warm,
 }
 

@@ -500,11 +500,7 @@ def build_parser() -> _Parser:
     )
 
     tfc = _command(
-        sub,
-        "tf-config",
-        "print a task's TF_CONFIG for a cluster, as JSON",
-        "Print the TF_CONFIG of one task of a cluster, as JSON, for a tf.distribute program "
-        "started by other means than `graphdist run` (which sets every task's itself).",
+        sub, "tf-config", "print a task's TF_CONFIG for a cluster, as JSON", helptext.TF_CONFIG_TEXT
     )
     tfc.add_argument(
         "--cluster",
@@ -516,15 +512,22 @@ def build_parser() -> _Parser:
         "--task", required=True, metavar="TYPE:INDEX", help="chief:0, worker:1, ps:0, evaluator:0"
     )
 
+    report = _command(
+        sub, "report", "draw a run's timeline, steps and loss from its log folder", helptext.REPORT
+    )
+    report.add_argument("run_dir", metavar="RUN_DIR", help="a run's log folder (LOG_DIR/run-N)")
+    report.add_argument(
+        "--output",
+        "-o",
+        metavar="PATH",
+        help="the file to write, .html or .png (default RUN_DIR/report.html); replaced whole",
+    )
+
     certs = _command(
         sub,
         "certs",
         "make a cluster's TLS credentials: a new CA, a key and certificate per host",
-        "Make the TLS credentials of a cluster: a new CA of its own, and for each host of the "
-        "cluster's tasks a folder under --out (DIR/hosts/HOST) with ca.pem, cert.pem (for that "
-        "host's IP address or DNS name) and key.pem, and one for the client (DIR/client). The "
-        "CA's private key is not kept (it is never written): to add a host, make new "
-        "credentials for the whole cluster.",
+        helptext.CERTS,
     )
     certs.add_argument(
         "--cluster",
@@ -543,12 +546,7 @@ def build_parser() -> _Parser:
         sub,
         "warm",
         "keep a warm agent: TensorFlow imported once, for every run on this machine",
-        "Start, show or stop a warm agent: a process of yours that has imported the preloads "
-        "(TensorFlow, tf-keras, NumPy) and waits. `graphdist run` on this machine forks its "
-        "tasks from it instead of importing TensorFlow again, so a run starts without waiting "
-        "for the import. It serves your user only, exits after --idle-timeout without a run "
-        "and is stopped by `graphdist warm stop` (the tasks of runs using it end with it). "
-        "Exit status of status: 0 it runs, 2 none runs.",
+        helptext.WARM,
     )
     warm.add_argument("action", choices=("start", "status", "stop"), help="what to do")
     warm.add_argument(

@@ -87,6 +87,13 @@ def cmd_tf_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from graphdist._distribute.report import write_report
+
+    print(write_report(args.run_dir, args.output))
+    return 0
+
+
 def cmd_certs(args: argparse.Namespace) -> int:
     from graphdist._net.tlscerts import CLIENT, make_credentials
 

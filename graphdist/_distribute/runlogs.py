@@ -38,7 +38,7 @@ from graphdist._validate import show
 if TYPE_CHECKING:
     from graphdist._distribute.events import Event
 
-__all__ = ["RunLogs", "check_log_dir", "folder_refusal"]
+__all__ = ["RunLogs", "check_log_dir", "check_output_file", "folder_refusal"]
 
 _RUN = re.compile(r"run-([0-9]{1,9})")
 
@@ -110,6 +110,37 @@ def folder_refusal(path: str, *, shared_ok: bool) -> str | None:
     if not os.access(path, os.W_OK | os.X_OK):
         return "you cannot write to it"
     return None
+
+
+def check_output_file(
+    value: object, *, name: str, suffixes: tuple[str, ...], what: str, why: str = ""
+) -> str:
+    """``value`` as an absolute path once it names a file a run's tool may write (and replace by
+    a rename): a name ending in one of ``suffixes``, not a hidden one (``why``: why only those),
+    in a folder that is the user's alone (:func:`folder_refusal` without the sticky bit's
+    exception), and no folder itself. :class:`ArgumentError` naming the argument ``name``."""
+    if isinstance(value, bytes) or not isinstance(value, str | os.PathLike):
+        raise ArgumentError(f"{name} must be a path, not {show(value)}", name=name, value=value)
+    text = os.fspath(value)
+    full = os.path.abspath(text) if isinstance(text, str) and "\0" not in text else ""
+    base = os.path.basename(full)
+    if not base.endswith(suffixes) or base in suffixes or base.startswith("."):
+        raise ArgumentError(
+            f"{name} must name a file ending in {' or '.join(suffixes)}, not a hidden one{why}, "
+            f"not {show(text)}",
+            name=name,
+            value=value,
+        )
+    refusal = folder_refusal(os.path.dirname(full), shared_ok=False)
+    if refusal is None and os.path.isdir(full):
+        refusal = f"{base} is a folder"
+    if refusal is not None:
+        raise ArgumentError(
+            f"Cannot write {what} in {os.path.dirname(full)}: {refusal}; pass another {name}",
+            name=name,
+            value=value,
+        )
+    return full
 
 
 def _shared(folder: str) -> bool:

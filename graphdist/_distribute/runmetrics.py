@@ -57,7 +57,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from graphdist._distribute.runlogs import folder_refusal
+from graphdist._distribute.runlogs import check_output_file
 from graphdist._exceptions import ArgumentError
 from graphdist._validate import show
 
@@ -89,25 +89,18 @@ def check_metrics_file(path: object) -> str:
     """``path`` as an absolute path once it is one a run may write its metrics to: a name
     ending in ``.prom`` in a folder that exists, is the user's (or root's) and that no one else
     can write to. Raises :class:`ArgumentError` naming it."""
-    if isinstance(path, bytes) or not isinstance(path, str | os.PathLike):
-        raise ArgumentError(
-            f"metrics_file must be a path, not {show(path)}", name="metrics_file", value=path
-        )
-    text = os.fspath(path)
-    full = os.path.abspath(text) if isinstance(text, str) and "\0" not in text else ""
-    name = os.path.basename(full)
-    if not name.endswith(SUFFIX) or name == SUFFIX or name.startswith("."):
-        raise ArgumentError(
-            f"metrics_file must name a file ending in {SUFFIX}, not a hidden one (node_exporter's "
-            f"textfile collector reads only those), not {show(text)}",
-            name="metrics_file",
-            value=path,
-        )
+    full = check_output_file(
+        path,
+        name="metrics_file",
+        suffixes=(SUFFIX,),
+        what="metrics",
+        why=" (node_exporter's textfile collector reads only those)",
+    )
     try:
-        name.encode("utf-8")  # it names the series (``run``): a label is UTF-8 text
+        os.path.basename(full).encode("utf-8")  # it names the series (``run``): a label is UTF-8
     except UnicodeEncodeError:
         raise ArgumentError(
-            f"metrics_file's name must be UTF-8 text, not {show(text)}",
+            f"metrics_file's name must be UTF-8 text, not {show(os.fspath(path))}",  # type: ignore[call-overload]
             name="metrics_file",
             value=path,
         ) from None
@@ -120,15 +113,6 @@ def check_metrics_file(path: object) -> str:
             name="metrics_file",
             value=path,
         ) from None
-    why = folder_refusal(os.path.dirname(full), shared_ok=False)
-    if why is None and os.path.isdir(full):
-        why = f"{name} is a folder"
-    if why is not None:
-        raise ArgumentError(
-            f"Cannot write metrics in {os.path.dirname(full)}: {why}; pass another metrics_file",
-            name="metrics_file",
-            value=path,
-        )
     return full
 
 

@@ -58,6 +58,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "demo": (["demo", "--master", "5"], MISTAKE),
     "certs": (["certs", "--cluster", "worker=2", "--out", "/nonexistent/graphdist-certs"], MISTAKE),
     "warm": (["warm", "status", "--idle-timeout", "3"], MISTAKE),
+    "report": (["report", "/nonexistent/graphdist-run"], MISTAKE),
     "--help": (["--help"], REAL),
     "--version": (["--version"], REAL),
 }
