@@ -27,15 +27,17 @@ from __future__ import annotations
 import contextlib
 import html
 import io
+import json
+import math
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from graphdist._distribute.events import Event, summary
-from graphdist._distribute.runlogs import check_output_file
+from graphdist._distribute.runlogs import check_output_folder, check_output_name
 from graphdist._exceptions import ArgumentError, GraphdistError
 from graphdist._validate import show
 
@@ -56,9 +58,10 @@ FORMATS = (".html", ".png")
 _JOBS = {"chief": 0, "worker": 1, "ps": 2, "evaluator": 3}
 _TASK = re.compile(r"(.*)-([0-9]+)")
 _LINE = '{"event": "line", '  # how Event.to_json starts a task's output line
-#: The most progress records drawn per task and attempt: a long run's are thinned to these
-#: (evenly, its first and last kept), so that a night of records draws in seconds.
-MAX_POINTS = 2000
+_PROGRESS = '{"event": "progress", '
+#: Progress records drawn per task and attempt: a long run's are thinned to at most twice as
+#: many, evenly spread as they are read (its first and last kept).
+MAX_POINTS = 1000
 
 
 @dataclass
@@ -122,10 +125,13 @@ def read_run(run_dir: object) -> tuple[list[Event], int]:
     if not os.path.isdir(path):
         why = "no such folder" if not os.path.lexists(path) else "it is not a folder"
         raise _refuse(path, f"{why}; pass a run's log folder (LOG_DIR/run-N)")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise _refuse(path, "you cannot read it")
     events_file = os.path.join(path, "events.jsonl")
     if not os.path.isfile(events_file):
         runs = sorted(
-            n for n in _listdir(path) if os.path.isfile(os.path.join(path, n, "events.jsonl"))
+            (n for n in _listdir(path) if os.path.isfile(os.path.join(path, n, "events.jsonl"))),
+            key=_order,  # run-2 before run-10
         )
         hint = (
             f"it holds runs ({', '.join(runs[:5])}{', ...' if len(runs) > 5 else ''}): pass one"
@@ -133,24 +139,71 @@ def read_run(run_dir: object) -> tuple[list[Event], int]:
             else "pass a run's log folder (LOG_DIR/run-N of graphdist run --log-dir)"
         )
         raise _refuse(path, f"it is not a run's log folder (no events.jsonl); {hint}")
-    events: list[Event] = []
+    events: list[tuple[int, Event]] = []  # (line number, event): progress thinned as read
+    thinned: dict[tuple[str, int], _Thin] = {}
     skipped = 0
     try:
         with open(events_file, encoding="utf-8", errors="replace") as f:
-            for line in f:
+            for number, line in enumerate(f):
                 if line.startswith(_LINE):  # a task's output line: not drawn, and the many
                     continue
                 try:
-                    events.append(Event.from_json(line))
-                except (ValueError, KeyError, TypeError):
+                    event = _progress(line) if line.startswith(_PROGRESS) else Event.from_json(line)
+                except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
+                    event = None
+                if event is None or not math.isfinite(event.at_s):
                     skipped += 1
+                elif event.kind == "progress" and event.task is not None:
+                    key = (event.task, event.attempt)
+                    thinned.setdefault(key, _Thin()).add((number, event))
+                else:
+                    events.append((number, event))
     except OSError as exc:
         raise _refuse(path, f"cannot read events.jsonl: {exc.strerror or exc}") from None
-    if not any(e.kind == "attempt-started" for e in events):
+    for thin in thinned.values():
+        events.extend(thin.items())
+    events.sort(key=lambda pair: pair[0])
+    if not any(e.kind == "attempt-started" for _, e in events):
         raise _refuse(
             path, "its events.jsonl has no run's events (no attempt started); pass a run's folder"
         )
-    return events, skipped
+    return [event for _, event in events], skipped
+
+
+def _progress(line: str) -> Event | None:
+    """A progress line as an event, read without the dataclass check every other kind gets
+    (a long run has hundreds of thousands), its fields checked for what is drawn."""
+    data = json.loads(line)
+    head = (data.pop("event"), data.pop("at_s"), data.pop("attempt"), data.pop("task", None))
+    kind, at_s, attempt, task = head
+    if type(attempt) is not int or type(data.get("step")) is not int or not isinstance(task, str):
+        return None
+    return Event(kind, float(at_s), attempt, task, data)
+
+
+class _Thin:
+    """At most ``2 * MAX_POINTS`` of one task's records in one attempt, evenly spread as they
+    come: past that, every other one kept goes and the stride doubles. The first (with its
+    ``redone``) and the newest are always kept."""
+
+    def __init__(self) -> None:
+        self.kept: list[Any] = []
+        self.stride, self.seen = 1, 0
+        self.newest: Any = None
+
+    def add(self, item: Any) -> None:
+        if self.seen % self.stride == 0:
+            self.kept.append(item)
+            self.newest = None
+        else:
+            self.newest = item
+        self.seen += 1
+        if len(self.kept) >= 2 * MAX_POINTS:
+            self.kept = self.kept[::2]
+            self.stride *= 2
+
+    def items(self) -> list[Any]:
+        return self.kept + ([] if self.newest is None else [self.newest])
 
 
 def _listdir(path: str) -> list[str]:
@@ -247,26 +300,32 @@ def timeline(events: Sequence[Event], skipped: int = 0) -> Timeline:
         elif e.kind == "straggler" and e.task is not None:
             marks.append((e.at_s, "straggler", e.task, "straggler"))
         elif e.kind == "progress" and e.task is not None:
-            loss = (d.get("scalars") or {}).get("loss")
+            scalars = d.get("scalars")
+            loss = scalars.get("loss") if isinstance(scalars, dict) else None
             progress.setdefault(e.task, []).append(
                 Point(
                     e.at_s,
                     attempt,
                     int(d["step"]),
-                    d.get("steps_per_s"),
-                    loss if isinstance(loss, int | float) else None,
+                    _finite(d.get("steps_per_s")),
+                    _finite(loss),
                     int(d.get("redone") or 0),
                 )
             )
     for task in list(open_):
         close(task, None)
     for task, series in progress.items():
-        progress[task] = _thin(series)
+        by_attempt: dict[int, _Thin] = {}
+        for point in series:
+            by_attempt.setdefault(point.attempt, _Thin()).add(point)
+        progress[task] = [p for a in sorted(by_attempt) for p in by_attempt[a].items()]
+    ended = next((e for e in reversed(events) if e.kind == "run-ended"), None)
+    if ended is not None:  # the launcher ended the last attempt: its tasks' exits were stops
+        stopped.add(ended.attempt)
     for span in spans:
         if span.state == "failed":  # a server's restart said so
             continue
         span.state = _state(span, causes.get(span.attempt), preempted.get(span.attempt), stopped)
-    ended = next((e for e in reversed(events) if e.kind == "run-ended"), None)
     took = max((e.at_s for e in events), default=0.0)
     for attempt in attempts:
         if attempt not in ends:
@@ -292,17 +351,8 @@ def timeline(events: Sequence[Event], skipped: int = 0) -> Timeline:
     )
 
 
-def _thin(series: list[Point]) -> list[Point]:
-    """At most :data:`MAX_POINTS` of each attempt's records, evenly spread, the first (with its
-    ``redone``) and the last kept."""
-    kept: list[Point] = []
-    for attempt in sorted({p.attempt for p in series}):
-        mine = [p for p in series if p.attempt == attempt]
-        if len(mine) > MAX_POINTS:
-            step = (len(mine) - 1) / (MAX_POINTS - 1)
-            mine = [mine[round(i * step)] for i in range(MAX_POINTS)]
-        kept.extend(mine)
-    return kept
+def _finite(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
 def _state(
@@ -310,9 +360,10 @@ def _state(
 ) -> str:
     """How a task's attempt ended, by rule: no exit → running; exit 0 → done; the attempt's
     cause (its task, and its pid where both say one) → failed; the preemption's code in a
-    preempted attempt → preempted; any other exit in an attempt that a cause, a preemption or
-    a stop signal ended, or a server's (the launcher ends them with the attempt) → stopped;
-    else → failed."""
+    preempted attempt → preempted; any other exit in an attempt that a cause, a preemption, a
+    stop signal or the run's end ended (a timeout, a task that could not start: the launcher
+    names a task's own failure as a cause, a ``gave-up`` at least), or a server's (the launcher
+    ends them with the attempt) → stopped; else (a launcher that died) → failed."""
     if span.end_s is None or (span.exitcode is None and span.how is None):
         return "running"
     if span.exitcode == 0:
@@ -354,6 +405,7 @@ def figure(tl: Timeline, *, title: bool = True) -> Figure:
         fig.suptitle(_title(tl), fontsize=11, x=0.01, ha="left")
     lanes = axes[0]
     row = {task: i for i, task in enumerate(tl.tasks)}
+    seen: dict[str, int] = {}
     for span in tl.spans:
         end = tl.took_s if span.end_s is None else span.end_s
         bar = lanes.barh(
@@ -364,7 +416,9 @@ def figure(tl: Timeline, *, title: bool = True) -> Figure:
             color=COLOURS[span.state],
             edgecolor="white",
         )
-        bar.patches[0].set_gid(f"lane-{span.task}-attempt-{span.attempt}-{span.state}")
+        gid = f"lane-{span.task}-attempt-{span.attempt}-{span.state}"
+        seen[gid] = seen.get(gid, 0) + 1  # a server restarted twice in one attempt
+        bar.patches[0].set_gid(gid if seen[gid] == 1 else f"{gid}-{seen[gid]}")
     for at_s, kind, task, words in tl.marks:
         if kind == "failure" and task in row:
             lanes.plot([at_s], [row[task]], marker="X", color="black", markersize=9)
@@ -444,6 +498,16 @@ def figure(tl: Timeline, *, title: bool = True) -> Figure:
     return fig
 
 
+@contextlib.contextmanager
+def _style() -> Iterator[None]:
+    """matplotlib's own defaults, whatever the user's matplotlibrc says (``text.usetex`` would
+    need LaTeX), and no mathtext: a ``$`` in a task's words is a dollar sign."""
+    import matplotlib.style
+
+    with matplotlib.style.context("default"), matplotlib.rc_context({"text.parse_math": False}):
+        yield
+
+
 def _title(tl: Timeline) -> str:
     attempts = len(tl.attempts)
     head = f"{attempts} attempt{'' if attempts == 1 else 's'} in {tl.took_s:.1f} s"
@@ -462,7 +526,7 @@ def _svg(fig: Figure) -> str:
 
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": "graphdist", "svg.fonttype": "path"}):
-        fig.savefig(buf, format="svg", metadata={"Date": None})
+        fig.savefig(buf, format="svg", metadata={"Date": None})  # in _style(): the defaults
     text = buf.getvalue()
     return text[text.index("<svg") :]
 
@@ -515,10 +579,12 @@ pre {{ background: #f5f5f5; padding: 0.6em; overflow-x: auto; }}
 
 def check_output(run_dir: str, output: object) -> str:
     """Where the report goes, as an absolute path: ``output``, or ``RUN_DIR/report.html``; it
-    must end in .html or .png and lie in a folder that is the user's alone."""
+    must end in .html or .png and lie in a folder that is the user's alone, or sticky."""
     if output is None:
         output = os.path.join(run_dir, "report.html")
-    return check_output_file(output, name="output", suffixes=FORMATS, what="the report")
+    full = check_output_name(output, name="output", suffixes=FORMATS)
+    # in a sticky folder too (/tmp): the report is written aside and renamed into place
+    return check_output_folder(full, output, name="output", what="the report", shared_ok=True)
 
 
 def write_report(
@@ -532,17 +598,20 @@ def write_report(
     path = check_output(os.path.abspath(os.fspath(run_dir)), output)
     tl = timeline(events, skipped)
     folder = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".tmp", dir=folder)
+    tmp = None
     try:
-        with os.fdopen(fd, "wb") as f:
-            if path.lower().endswith(".png"):
+        fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".tmp", dir=folder)
+        with os.fdopen(fd, "wb") as f, _style():
+            if path.endswith(".png"):
                 figure(tl).savefig(f, format="png", dpi=100, metadata={"Software": None})
-            else:
-                f.write(page(tl, os.path.abspath(os.fspath(run_dir))).encode("utf-8"))
+            else:  # a path that is no UTF-8 (bytes a file system allows) shown escaped
+                text = page(tl, os.path.abspath(os.fspath(run_dir)))
+                f.write(text.encode("utf-8", "backslashreplace"))
         os.replace(tmp, path)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         if isinstance(exc, OSError):
             raise GraphdistError(f"Cannot write the report {path}: {exc.strerror or exc}") from None
         raise

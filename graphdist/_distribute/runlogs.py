@@ -38,7 +38,13 @@ from graphdist._validate import show
 if TYPE_CHECKING:
     from graphdist._distribute.events import Event
 
-__all__ = ["RunLogs", "check_log_dir", "check_output_file", "folder_refusal"]
+__all__ = [
+    "RunLogs",
+    "check_log_dir",
+    "check_output_folder",
+    "check_output_name",
+    "folder_refusal",
+]
 
 _RUN = re.compile(r"run-([0-9]{1,9})")
 
@@ -81,7 +87,7 @@ def check_log_dir(log_dir: object) -> str:
     return path
 
 
-def folder_refusal(path: str, *, shared_ok: bool) -> str | None:
+def folder_refusal(path: str, *, shared_ok: bool, what: str = "the run's folder") -> str | None:
     """Why a run may not write into the folder ``path``, in words, or None: it must be a folder
     (or a link to one that the user or root made) owned by the user or root, that the user can
     write to and no one else can, except, with ``shared_ok``, where the sticky bit keeps others
@@ -103,8 +109,7 @@ def folder_refusal(path: str, *, shared_ok: bool) -> str | None:
     if mode & 0o022 and not (shared_ok and mode & stat.S_ISVTX):
         if shared_ok:
             return (
-                f"others can write to it (mode {mode:04o}, no sticky bit) and could replace the "
-                "run's folder"
+                f"others can write to it (mode {mode:04o}, no sticky bit) and could replace {what}"
             )
         return f"others can write to it (mode {mode:04o}) and could replace what the run writes"
     if not os.access(path, os.W_OK | os.X_OK):
@@ -112,31 +117,43 @@ def folder_refusal(path: str, *, shared_ok: bool) -> str | None:
     return None
 
 
-def check_output_file(
-    value: object, *, name: str, suffixes: tuple[str, ...], what: str, why: str = ""
-) -> str:
-    """``value`` as an absolute path once it names a file a run's tool may write (and replace by
-    a rename): a name ending in one of ``suffixes``, not a hidden one (``why``: why only those),
-    in a folder that is the user's alone (:func:`folder_refusal` without the sticky bit's
-    exception), and no folder itself. :class:`ArgumentError` naming the argument ``name``."""
+def check_output_name(value: object, *, name: str, suffixes: tuple[str, ...], why: str = "") -> str:
+    """``value`` as an absolute path once it names a file (not a folder's path, ``x/``) whose
+    name ends in one of ``suffixes`` and is no hidden one (``why``: why only those);
+    :class:`ArgumentError` naming the argument ``name``. Its folder: :func:`check_output_folder`."""
     if isinstance(value, bytes) or not isinstance(value, str | os.PathLike):
         raise ArgumentError(f"{name} must be a path, not {show(value)}", name=name, value=value)
     text = os.fspath(value)
     full = os.path.abspath(text) if isinstance(text, str) and "\0" not in text else ""
     base = os.path.basename(full)
-    if not base.endswith(suffixes) or base in suffixes or base.startswith("."):
+    if (
+        not base.endswith(suffixes)
+        or base in suffixes
+        or base.startswith(".")
+        or text.endswith(os.sep)
+    ):
         raise ArgumentError(
             f"{name} must name a file ending in {' or '.join(suffixes)}, not a hidden one{why}, "
             f"not {show(text)}",
             name=name,
             value=value,
         )
-    refusal = folder_refusal(os.path.dirname(full), shared_ok=False)
+    return full
+
+
+def check_output_folder(
+    full: str, value: object, *, name: str, what: str, shared_ok: bool = False
+) -> str:
+    """``full`` (from :func:`check_output_name`) once its folder is one to write ``what`` into
+    and replace it by a rename: :func:`folder_refusal`'s (``shared_ok``: a sticky folder, such
+    as ``/tmp``, too), and ``full`` no folder itself; :class:`ArgumentError` naming ``name``."""
+    folder = os.path.dirname(full)
+    refusal = folder_refusal(folder, shared_ok=shared_ok, what=what)
     if refusal is None and os.path.isdir(full):
-        refusal = f"{base} is a folder"
+        refusal = f"{os.path.basename(full)} is a folder"
     if refusal is not None:
         raise ArgumentError(
-            f"Cannot write {what} in {os.path.dirname(full)}: {refusal}; pass another {name}",
+            f"Cannot write {what} in {folder}: {refusal}; pass another {name}",
             name=name,
             value=value,
         )

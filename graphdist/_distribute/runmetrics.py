@@ -57,7 +57,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from graphdist._distribute.runlogs import check_output_file
+from graphdist._distribute.runlogs import check_output_folder, check_output_name
 from graphdist._exceptions import ArgumentError
 from graphdist._validate import show
 
@@ -89,11 +89,10 @@ def check_metrics_file(path: object) -> str:
     """``path`` as an absolute path once it is one a run may write its metrics to: a name
     ending in ``.prom`` in a folder that exists, is the user's (or root's) and that no one else
     can write to. Raises :class:`ArgumentError` naming it."""
-    full = check_output_file(
+    full = check_output_name(
         path,
         name="metrics_file",
         suffixes=(SUFFIX,),
-        what="metrics",
         why=" (node_exporter's textfile collector reads only those)",
     )
     try:
@@ -113,7 +112,7 @@ def check_metrics_file(path: object) -> str:
             name="metrics_file",
             value=path,
         ) from None
-    return full
+    return check_output_folder(full, path, name="metrics_file", what="metrics")
 
 
 def restart_cause(cause: dict[str, Any]) -> str:

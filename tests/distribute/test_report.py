@@ -6,6 +6,7 @@ in the screenshot."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -185,11 +186,78 @@ def test_progress_is_read_per_task_and_attempt_and_a_long_runs_is_thinned():
         (2, 10, 0, 0.1),
     ]
     many = [started(1, 0.0)] + [
-        Event.of(Progress(i, None, 1.0, {}), i / 10, 1, "worker-0") for i in range(5 * MAX_POINTS)
+        Event.of(Progress(i, None, 1.0, {}), i / 10, 1, "worker-0") for i in range(50 * MAX_POINTS)
     ]
     thinned = timeline(many).progress["worker-0"]
-    assert len(thinned) == MAX_POINTS
-    assert (thinned[0].step, thinned[-1].step) == (0, 5 * MAX_POINTS - 1)
+    assert MAX_POINTS <= len(thinned) <= 2 * MAX_POINTS + 1
+    assert (thinned[0].step, thinned[-1].step) == (0, 50 * MAX_POINTS - 1)
+    gaps = {b.step - a.step for a, b in itertools.pairwise(thinned[:-1])}
+    assert len(gaps) == 1  # evenly spread
+
+
+def test_a_long_runs_file_is_thinned_as_it_is_read(tmp_path):
+    """Only the drawn records are kept in memory: a night's worth is read into at most twice
+    MAX_POINTS per task and attempt, each attempt's first (its redone) and last kept."""
+    lines = [started(1, 0.0), task(1, 0.0, "worker-0", 10)]
+    lines += [Event.of(Progress(i, None, 9.0, {}), i, 1, "worker-0") for i in range(30_000)]
+    lines += [started(2, 30_001.0), task(2, 30_001.0, "worker-0", 20)]
+    lines += [Event.of(Progress(5, None, None, {}, redone=7), 30_002.0, 2, "worker-0")]
+    read, skipped = read_run(run_dir(tmp_path, lines))
+    steps = [(e.attempt, e.data["step"]) for e in read if e.kind == "progress"]
+    assert skipped == 0 and len(steps) <= 2 * MAX_POINTS + 2
+    assert steps[0] == (1, 0) and (1, 29_999) in steps and steps[-1] == (2, 5)
+    assert [e.kind for e in read][:2] == ["attempt-started", "task-started"]  # in file order
+
+
+def test_a_timeout_or_a_failed_start_shows_the_launchers_stops_not_failures():
+    """No cause in the run's last attempt, and a run-ended: the launcher stopped the tasks (a
+    timeout, a task that could not start); with no run-ended (the launcher died) an exit with
+    no cause is the task's own failure."""
+    events = [
+        started(1, 1.0),
+        task(1, 1.0, "worker-0", 10),
+        task(1, 1.0, "worker-1", 11),
+        exited(1, 5.0, "worker-0", 10, -15, 5.0),
+        exited(1, 5.0, "worker-1", 11, -15, 5.0),
+    ]
+    assert set(states(events).values()) == {"failed"}
+    ended = Event.of(RunEnded("timed out after 4 s", 1), 5.1, 1)
+    assert set(states([*events, ended]).values()) == {"stopped"}
+
+
+def test_odd_values_and_hostile_words_are_drawn_or_left_out_never_a_traceback(tmp_path):
+    """A hand-edited or cut events.jsonl (Infinity, NaN, an attempt past any int), a task named
+    with markup or mathtext, a path with no UTF-8: a page, escaped, and no script in it."""
+    hostile = "<img src=x onerror=alert(1)>$\\frac{$"
+    events = [
+        started(1, 1.0),
+        Event.of(TaskStarted(10, True), 1.0, 1, hostile),
+        Event.of(Progress(1, None, None, {"loss": 0.5}), 1.5, 1, hostile),
+        Event.of(Progress(2, None, 3.0, {"loss": 0.4}), 2.0, 1, hostile),
+        Event.of(TaskExited(10, 3, "exited <b>3</b> $x$", ended_at_s=2.5), 2.6, 1, hostile),
+        Event.of(
+            GaveUp(Cause(hostile, 10, 3, "exited <b>3</b> $x$", 2.5), "failed", "end"), 2.7, 1
+        ),
+    ]
+    extra = (
+        '{"event": "progress", "at_s": 2.1, "attempt": 1, "task": "worker-0", "step": 3, '
+        '"total": null, "steps_per_s": Infinity, "scalars": {"loss": NaN}, "redone": 0}\n'
+        '{"event": "task-started", "at_s": Infinity, "attempt": 1, "task": "worker-0", '
+        '"pid": 1, "warm": true, "cold_because": null, "spare": false}\n'
+        '{"event": "task-started", "at_s": 1.0, "attempt": 1e999, "task": "worker-0", '
+        '"pid": 1, "warm": true, "cold_because": null, "spare": false}\n' + "[" * 100_000 + "\n"
+    )
+    folder = tmp_path / "run-\udcff"
+    folder.mkdir()
+    (folder / "events.jsonl").write_text("".join(e.to_json() + "\n" for e in events) + extra)
+    _, skipped = read_run(folder)
+    assert skipped == 3
+    path = write_report(str(folder))
+    text = Path(path).read_bytes().decode("utf-8")
+    assert "<img" not in text and "onerror=alert" not in text.replace("onerror=alert(1)&gt;", "")
+    assert "&lt;img src=x onerror=alert(1)&gt;" in text and "<b>" not in text
+    assert "run-\\udcff" in text  # the path, escaped
+    write_report(str(folder), tmp_path / "odd.png")
 
 
 def run_dir(tmp_path, events: list[Event], extra: str = "") -> str:
@@ -234,8 +302,15 @@ def test_the_page_is_one_file_that_fetches_nothing_and_runs_no_script(tmp_path):
 def test_the_png_is_the_same_figure(tmp_path):
     folder = run_dir(tmp_path, restarted_run())
     path = write_report(folder, tmp_path / "run.png")
-    with open(path, "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    from matplotlib.image import imread
+
+    pixels = imread(path)[..., :3]
+    for state in ("failed", "stopped", "done"):  # the same bars, in the same colours
+        want = [int(COLOURS[state][i : i + 2], 16) / 255 for i in (1, 3, 5)]
+        assert (abs(pixels - want) < 0.02).all(axis=-1).sum() > 400, state
+    assert (
+        abs(pixels - [int(COLOURS["preempted"][i : i + 2], 16) / 255 for i in (1, 3, 5)]) < 0.02
+    ).all(axis=-1).sum() < 400  # only its legend
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".report-")]  # no temp left
 
 
@@ -273,12 +348,35 @@ def test_events_of_no_run_and_outputs_that_cannot_be_written_are_refused(tmp_pat
     for output, fragment in (
         ("r.txt", "--output must name a file ending in .html or .png"),
         (str(tmp_path / "missing" / "r.html"), "No such file or directory"),
-        (str(shared / "r.html"), "others can write to it (mode 0777)"),
+        (str(shared / "r.html"), "others can write to it (mode 0777, no sticky bit)"),
         (folder, "--output must name a file ending"),
+        (str(tmp_path / "r.html") + "/", "--output must name a file ending"),
     ):
         result = run_cli("report", folder, "--output", output)
         assert result.returncode == 2 and fragment in result.stderr, result
     assert not os.listdir(shared)
+    shared.chmod(0o1777)  # sticky, as /tmp: written aside, then renamed into place
+    result = run_cli("report", folder, "--output", str(shared / "r.html"))
+    assert result.returncode == 0 and os.listdir(shared) == ["r.html"], result
+    os.chmod(folder, 0)
+    try:
+        if not os.access(folder, os.R_OK):  # root reads it anyway
+            assert "you cannot read it" in run_cli("report", folder).stderr
+    finally:
+        os.chmod(folder, 0o700)
+
+
+def test_a_user_matplotlibrc_changes_nothing(tmp_path, monkeypatch):
+    """text.usetex in the user's matplotlibrc needs LaTeX, which this machine lacks: the report
+    draws with matplotlib's defaults (line widths its own, not the user's 9), and draws."""
+    folder = run_dir(tmp_path, restarted_run())
+    import matplotlib
+
+    monkeypatch.setitem(matplotlib.rcParams, "text.usetex", True)
+    monkeypatch.setitem(matplotlib.rcParams, "lines.linewidth", 9.0)
+    text = Path(write_report(folder, tmp_path / "b.html")).read_text()
+    assert "stroke-width: 1.2" in text and "stroke-width: 9" not in text
+    write_report(folder, tmp_path / "b.png")
 
 
 def test_a_write_that_fails_leaves_no_temp_file_and_says_why(tmp_path, monkeypatch):

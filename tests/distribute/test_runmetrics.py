@@ -220,12 +220,14 @@ def test_a_runs_end_is_one_of_five_label_words(outcome, ran, word):
         (".x.prom", "not a hidden one"),
         ("no-such-folder/x.prom", "No such file or directory"),
         ("folder.prom", "folder.prom is a folder"),
+        ("no-such-folder/\udcff.prom", "name must be UTF-8 text"),  # the name first
+        ("x.prom/", "must name a file ending in .prom"),
     ],
 )
 def test_a_metrics_file_that_cannot_be_kept_is_refused(tmp_path, name, fragment):
     (tmp_path / "folder.prom").mkdir()
     with pytest.raises(ArgumentError, match=fragment) as info:
-        check_metrics_file(str(tmp_path / name))
+        check_metrics_file(f"{tmp_path}/{name}")  # a trailing / kept
     assert info.value.name == "metrics_file"
 
 
