@@ -153,7 +153,8 @@ class VariableError(GraphdistError, ValueError):
 
 
 class PictureError(GraphdistError):
-    """A placement picture or TensorBoard log cannot be written to ``path``."""
+    """A picture (a placement picture, a run's report) or a TensorBoard log cannot be written
+    to ``path``."""
 
     def __init__(self, message: str, path: str | None = None) -> None:
         super().__init__(message)

@@ -108,8 +108,9 @@ class TaskEnd:
     - ``name``: the task (``worker-1``);
     - ``ended_at_s``: when it ended, on one clock for every task of the run (seconds);
     - ``exitcode``: Popen's convention (``-N``: killed by signal N); None if unknown;
-    - ``frozen``: graphdist killed it because it was frozen; ``lost``: its node was lost;
-      ``oom``: it was killed for memory (whatever its exit status: srun's is 1).
+    - ``frozen``: graphdist killed it because it was frozen, or a straggler (the user asked
+      for that); ``lost``: its node was lost; ``oom``: it was killed for memory (whatever its
+      exit status: srun's is 1).
     """
 
     name: str

@@ -78,6 +78,11 @@ WARM = (
     "and is stopped by `graphdist warm stop` (the tasks of runs using it end with it). "
     "Exit status of status: 0 it runs, 2 none runs."
 )
+STRAGGLERS = (
+    "kill a task named a straggler (its steps/s below half the other tasks' median for 30 s) "
+    "and restart the run, as for a killed task (needs --max-restarts; by default a straggler "
+    "is only named)"
+)
 HELP_WIDTH = 92  # descriptions are wrapped here: the epilogs' examples keep their own lines
 ENVIRONMENT = f"""environment:
   {TF_LOGS_ENV}=1  show TensorFlow's own log lines live (its C++ start-up notices,

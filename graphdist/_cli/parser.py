@@ -446,6 +446,8 @@ def build_parser() -> _Parser:
         help="keep the run's metrics (attempts, restarts, recoveries) in PATH, a .prom file "
         "for node_exporter's textfile collector, in a folder that is yours alone",
     )
+    stragglers = "--restart-stragglers"
+    run.add_argument(stragglers, action="store_true", default=None, help=helptext.STRAGGLERS)
     run.add_argument(
         "--output-format",
         dest="output_format",

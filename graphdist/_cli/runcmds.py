@@ -25,7 +25,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not command:
         raise UsageError("No command to run; put it after `--`, e.g. -- python train.py")
     if not args.max_restarts:
-        refuse_unused(args, "--max-restarts N", "restart_window_s", "min_uptime_s")
+        refuse_unused(
+            args, "--max-restarts N", "restart_window_s", "min_uptime_s", "restart_stragglers"
+        )
     given = {  # what was given: the library's defaults for the rest
         key: getattr(args, key)
         for key in ("max_restarts", "restart_window_s", "min_uptime_s")
@@ -44,6 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         expose=args.expose,
         log_dir=args.log_dir,
         metrics_file=args.metrics_file,
+        restart_stragglers=bool(args.restart_stragglers),
         output_format=args.output_format,
         backend=args.backend,
         tls=args.tls,

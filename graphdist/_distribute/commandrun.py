@@ -87,9 +87,10 @@ class _StepTask(GuardedTask):
     """A command task as a step: the engine's command line under a local guard, the command
     under a guard on its node. Its processes are the node's (the heartbeat probes its server
     instead); a SIGKILL (a frozen task, a broken attempt) goes through the engine, which
-    reaches a stopped one. Its progress records stay on its node (not relayed yet)."""
+    reaches a stopped one. Its progress records come on the step's stderr, from the guard (or
+    the warm client) on its node, and the local guard relays them (``"step"``)."""
 
-    RELAYS_PROGRESS = False
+    RELAYS_PROGRESS = "step"
 
     def __init__(
         self,
@@ -240,7 +241,16 @@ class _StepPlacement:
         node_env = [f"{k}={v}" for k, v in self._node_env(task).items()]
         # the engine kills at its own grace (Slurm's KillWait) anyway
         grace = max(STOP_GRACE_S, self.engine.kill_wait_s)
-        guarded = guarded_argv(self.spec.command, grace_s=grace, name=task.name, parent=True)
+        # its report (its command's progress records) on the step's stderr, which srun brings
+        # back to the local guard's relay; the command's stderr joins its stdout
+        guarded = guarded_argv(
+            self.spec.command,
+            grace_s=grace,
+            name=task.name,
+            parent=True,
+            report_fd=2,
+            progress=True,
+        )
         cold_because = self._warm_client(task, env)
         if cold_because is None:  # a client of its node's agent, the cold command its fallback
             guarded = self.agents.client_argv(self.nodes[task.name], task.name, grace, guarded)
@@ -332,7 +342,8 @@ class _Agents:
 
     def client_argv(self, node: str, name: str, grace: float, cold: Sequence[str]) -> list[str]:
         """A task's command on ``node`` as a client of its agent; ``cold`` where it cannot be."""
-        return [*client_argv(self.paths[node], name, self.spec.command, grace), *cold]
+        client = client_argv(self.paths[node], name, self.spec.command, grace, relay=True)
+        return [*client, *cold]
 
     def ensure(self, nodes: Sequence[str]) -> None:
         """Start the agents of ``nodes`` that are not running, and wait for their first line

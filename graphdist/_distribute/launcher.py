@@ -101,6 +101,7 @@ def run_command(
     heartbeat_timeout_s: float | None = HEARTBEAT_TIMEOUT_S,
     tls: bool = False,
     metrics_file: str | os.PathLike[str] | None = None,
+    restart_stragglers: bool = False,
     **options: Any,
 ) -> list[TaskResult]:
     """Run ``command`` once per task of a fresh local cluster (see the module docstring).
@@ -133,6 +134,10 @@ def run_command(
     ``metrics_file``: a ``.prom`` file the run keeps its metrics in, in the Prometheus text
     format (attempts, restarts by cause, recovery times: :mod:`graphdist._distribute.
     runmetrics`), in a folder that exists and no one else can write to.
+    ``restart_stragglers`` (needs ``max_restarts``): a task named a straggler (its steps per
+    second below half the other tasks' median for 30 s: :mod:`graphdist._distribute.progress`)
+    is killed, and the run restarts as for a killed task, its cause the straggler; by default
+    a straggler is only named.
 
     ``heartbeat_timeout_s`` (default :data:`HEARTBEAT_TIMEOUT_S`, at least 2 s; ``None``:
     off): a task stopped (SIGSTOP) that long, or whose server (every MWMS worker and PS task
@@ -173,6 +178,7 @@ def run_command(
         heartbeat_timeout_s=heartbeat_timeout_s,
         backend=backend,
         metrics_file=metrics_file,
+        restart_stragglers=restart_stragglers,
     )
     kind = run_backend(spec.backend)
     if spec.tls and not getattr(kind, "tls", False):

@@ -38,12 +38,14 @@ sockets are per network namespace: a node's agent and its tasks share the node's
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 
 from graphdist._distribute.warm import warm_target
 from graphdist._distribute.warmagent import SESSION_RLIMITS
 from graphdist._distribute.zygote import TASK_SIGNALS
+from graphdist._proc import guardreport
 from graphdist._proc.guardreport import PROGRESS_ENV
 from graphdist._proc.oom import NODE_OOM_PREFIX
 
@@ -66,7 +68,12 @@ CLIENT_CODE = (
     r"""
 import json, os, resource, signal, socket, sys
 path, spec, cold = sys.argv[1], json.loads(sys.argv[2]), sys.argv[4:]
+relay = None
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 def run_cold():
+    if relay is not None:  # the cold command's guard makes its own
+        os.environ.pop(PROGRESS_ENV, None)
+        os.close(relay.write_fd)
     os.execvp(cold[0], cold)
 def said():
     data = sock.recv(1 << 20)
@@ -97,20 +104,30 @@ try:
     if mine:
         fds.append(int(fd))  # our guard's progress channel: the warm task's own
         spec["progress"] = True
+    elif spec.get("relay"):  # none (a step's client): ours, on our stderr as a node guard's
+        sys.path.append(spec.pop("relay"))
+        from guardreport import ProgressRelay
+        relay = ProgressRelay(2)
+        fds.append(relay.write_fd)
+        spec["progress"] = True
     socket.send_fds(sock, [json.dumps(spec).encode()], fds)
     answer = said()
-except (OSError, ValueError, EOFError):
+except (OSError, ValueError, EOFError, ImportError):
     run_cold()
 if "pid" not in answer:  # it runs cold, or the session could not fork it
     sock.close()
     run_cold()
 guard = int(answer["pid"])
+if relay is not None:  # its thread never takes the signals forward() passes on
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    relay.started()
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 def forward(sig, frame):
     try:
         os.kill(guard, sig)
     except ProcessLookupError:
         pass
-for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+for sig in FORWARDED:
     signal.signal(sig, forward)
 while True:
     try:
@@ -121,6 +138,8 @@ while True:
         sys.exit(70)
     if answer.get("exit") != guard:
         continue
+    if relay is not None:  # the task's last records, before its end
+        relay.finish(1.0)
     if answer.get("oom"):  # its node's kernel killed the task for memory: say so first
         os.write(2, (NODE_OOM_PREFIX + answer["oom"] + "\n").encode())
     code = os.waitstatus_to_exitcode(int(answer["status"]))
@@ -153,8 +172,15 @@ def run_cold_because(
     return target if isinstance(target, str) else None
 
 
-def client_argv(path: str, name: str, command: Sequence[str], grace_s: float) -> list[str]:
+def client_argv(
+    path: str, name: str, command: Sequence[str], grace_s: float, *, relay: bool = False
+) -> list[str]:
     """The client's argv up to its ``--`` (the cold command follows): task ``name`` running
-    ``command`` as a client of the agent at ``path``, its warm guard's grace ``grace_s``."""
-    spec = json.dumps({"name": name, "command": list(command), "grace_s": grace_s})
-    return [sys.executable, "-I", "-S", "-c", CLIENT_CODE, path, spec, "--"]
+    ``command`` as a client of the agent at ``path``, its warm guard's grace ``grace_s``.
+    ``relay``: a client with no guard's channel (a Slurm step's) makes one of its own, whose
+    records it writes on its stderr as a node guard does (``process.guarded_argv``'s
+    ``report_fd`` 2), loading :mod:`graphdist._proc.guardreport` from its folder."""
+    spec: dict[str, object] = {"name": name, "command": list(command), "grace_s": grace_s}
+    if relay:
+        spec["relay"] = os.path.dirname(os.path.abspath(guardreport.__file__))
+    return [sys.executable, "-I", "-S", "-c", CLIENT_CODE, path, json.dumps(spec), "--"]

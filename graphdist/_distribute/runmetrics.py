@@ -16,7 +16,8 @@ graphdist_run_attempt                  gauge    the attempt running now (from 1)
 graphdist_run_attempts_total           counter  attempts started
 graphdist_run_restarts_total           counter  restarts, by ``cause``: ``signal`` (a task
                                                 killed by one), ``exit`` (an error exit),
-                                                ``frozen``, ``lost`` (its node), ``oom``; and
+                                                ``frozen``, ``straggler``, ``lost`` (its
+                                                node), ``oom``; and
                                                 ``scope``: ``run`` (every task), ``server``
                                                 (a ps run's server alone)
 graphdist_run_task_failures_total      counter  failures that caused a restart or the end, by
@@ -69,7 +70,7 @@ if TYPE_CHECKING:
 __all__ = ["RunMetrics", "check_metrics_file", "restart_cause", "run_outcome"]
 
 SUFFIX = ".prom"  # what node_exporter's textfile collector reads, and nothing else
-CAUSES = ("signal", "exit", "frozen", "lost", "oom")
+CAUSES = ("signal", "exit", "frozen", "straggler", "lost", "oom")
 _COUNTED = (
     "attempt-started",
     "task-started",
@@ -117,8 +118,8 @@ def check_metrics_file(path: object) -> str:
 
 def restart_cause(cause: dict[str, Any]) -> str:
     """A failure as one of the few words a label may take: ``oom``, ``lost``, ``frozen``,
-    ``signal`` or ``exit``, read from its ``how`` (:func:`graphdist._distribute.taskproc.how`'s
-    words) and exit code."""
+    ``straggler``, ``signal`` or ``exit``, read from its ``how``
+    (:func:`graphdist._distribute.taskproc.how`'s words) and exit code."""
     how = str(cause.get("how") or "")
     if "out of memory" in how:
         return "oom"
@@ -126,6 +127,8 @@ def restart_cause(cause: dict[str, Any]) -> str:
         return "lost"
     if "frozen" in how:
         return "frozen"
+    if "was a straggler" in how:
+        return "straggler"
     code = cause.get("exitcode")
     return "signal" if isinstance(code, int) and code < 0 else "exit"
 

@@ -95,6 +95,7 @@ class RunSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
     tls: bool = False
     metrics_file: str | None = None
+    restart_stragglers: bool = False
 
     @property
     def jobs(self) -> dict[str, int]:
@@ -133,6 +134,7 @@ class RunSpec:
         backend: str = "local",
         tls: bool = False,
         metrics_file: str | os.PathLike[str] | None = None,
+        restart_stragglers: bool = False,
     ) -> RunSpec:
         """The spec of a run from the caller's arguments (those of :func:`graphdist.
         run_command`), every one checked: ArgumentError or ClusterSpecError naming the first
@@ -165,6 +167,19 @@ class RunSpec:
                 value=argv[0],
             )
         counts(workers, ps, chief)
+        if not isinstance(restart_stragglers, bool):
+            raise ArgumentError(
+                f"restart_stragglers must be True or False, not {show(restart_stragglers)}",
+                name="restart_stragglers",
+                value=restart_stragglers,
+            )
+        if restart_stragglers and not max_restarts:
+            raise ArgumentError(
+                "restart_stragglers needs max_restarts=N (N > 0): a straggler is killed and the "
+                "run restarted, which no restart left would end",
+                name="restart_stragglers",
+                value=restart_stragglers,
+            )
         metrics = None if metrics_file is None else check_metrics_file(metrics_file)
         spec = cls(
             command=tuple(argv),
@@ -185,6 +200,7 @@ class RunSpec:
             backend=backend,
             tls=bool(tls),
             metrics_file=metrics,
+            restart_stragglers=restart_stragglers,
         )
         return spec
 

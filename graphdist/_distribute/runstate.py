@@ -77,6 +77,7 @@ class RunState:
         self.metrics = None if spec.metrics_file is None else RunMetrics(spec.metrics_file)
         self.steps = StepBook()  # the tasks' progress records (graphdist.step)
         self.stragglers = Stragglers()  # the rule over their rates
+        self._slow: dict[str, str] = {}  # stragglers to kill (--restart-stragglers), and why
         self.nodes: dict[str, str] = {}  # the attempt's: task -> where it runs
         self.live = LiveLine.maybe(spec.output, self.out.lock, self.jsonl)  # on a terminal
         self.out.live = self.live
@@ -146,6 +147,19 @@ class RunState:
         self._emit(payload, task)
         if late is not None:
             self._emit(late, task)
+            if self.spec.restart_stragglers:
+                with self._lock:
+                    self._slow[task] = (
+                        f"{late.steps_per_s:.1f} steps/s against the other tasks' "
+                        f"{late.others_per_s:.1f} for {late.for_s:.0f} s"
+                    )
+
+    def take_stragglers(self) -> dict[str, str]:
+        """The stragglers named since the last call, to kill (``--restart-stragglers``): task
+        -> why, in words."""
+        with self._lock:
+            slow, self._slow = self._slow, {}
+        return slow
 
     def _emit(self, payload: Payload, task: str | None = None) -> Event:
         keep = not isinstance(payload, Progress)  # a long run's many: recorded, never kept

@@ -376,6 +376,16 @@ def _kill_frozen(procs: Sequence[TaskProcess], frozen: Mapping[str, str]) -> Non
             proc.signal(signal.SIGKILL)
 
 
+def _kill_stragglers(procs: Sequence[TaskProcess], slow: Mapping[str, str]) -> None:
+    """Kill the stragglers the run names (``--restart-stragglers``), as frozen ones are: the
+    restart resumes from the last backup, and their end is the attempt's cause."""
+    for proc in procs:
+        why = slow.get(proc.result.name)
+        if why is not None and proc.result.straggler is None and proc.ended() is None:
+            proc.result.straggler = why
+            proc.signal(signal.SIGKILL)
+
+
 def _watch(
     procs: list[TaskProcess],
     signals: SignalScope,
@@ -399,6 +409,7 @@ def _watch(
                     stop_broken(procs)
                     raise
         _kill_frozen(procs, frozen)
+        _kill_stragglers(procs, run.take_stragglers())
         codes = [p.ended() for p in procs]
         failed = next((p for p, c in zip(procs, codes, strict=True) if c not in (None, 0)), None)
         if failed is not None:
@@ -453,7 +464,8 @@ def _end(proc: TaskProcess) -> TaskEnd:
         result.name,
         proc.ended_at_s(),
         proc.ended(),
-        frozen=getattr(result, "frozen", None) is not None,
+        frozen=getattr(result, "frozen", None) is not None
+        or getattr(result, "straggler", None) is not None,
         lost=getattr(result, "lost", None) is not None,
         oom=getattr(result, "oom", None) is not None,
     )

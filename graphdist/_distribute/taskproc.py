@@ -79,6 +79,7 @@ class TaskResult:
     frozen: str | None = None  # why the run's heartbeat found it frozen (it was then killed)
     lost: str | None = None  # its node was lost with it (a backend's words: Slurm's node failure)
     oom: str | None = None  # it was killed for memory: ``out of memory (...)``, from the record
+    straggler: str | None = None  # why it was stopped as a straggler (--restart-stragglers)
 
     @property
     def name(self) -> str:
@@ -190,9 +191,10 @@ class GuardedTask(TaskOutput):
     process.guarded_argv`): the guard's reports (the command's pid and when it ended, the
     command's progress records), the thread that drains its output, its log."""
 
-    #: Whether the command is the task itself, whose guard relays its progress records (an
-    #: engine's step is its command line, ``srun``: a channel would travel to another host).
-    RELAYS_PROGRESS = True
+    #: Whether the command is the task itself, whose guard relays its progress records, or
+    #: ``"step"``: an engine's step (``srun``), whose stderr carries them from the guard on its
+    #: node (a channel in its environment would travel to another host).
+    RELAYS_PROGRESS: bool | str = True
 
     def __init__(
         self,
@@ -510,6 +512,9 @@ def how(result: TaskOutcome) -> str:
     lost = getattr(result, "lost", None)
     if lost is not None:
         return f"was lost with its node ({lost})"
+    slow = getattr(result, "straggler", None)
+    if slow is not None:
+        return f"was a straggler ({slow}) and was killed"
     return how_ended(result.exitcode)
 
 
@@ -545,10 +550,15 @@ is missing, its code does not parse, its script or ``-m`` module does not exist 
 def unfixable_error(tail: Sequence[str]) -> str | None:
     """The error line of a task's output (``tail``) that says it failed in a way no restart
     fixes (:data:`_UNFIXABLE`), or ``None``."""
-    lines = [line.strip() for line in tail if line.strip()]
+    lines = [_SGR.sub("", line).strip() for line in tail if line.strip()]
     if lines and _UNFIXABLE.match(lines[-1]):
         return lines[-1]
     return None
+
+
+# Colour codes (ECMA-48 SGR): Python 3.13 colours a traceback written to a terminal, as a task's
+# stderr is under srun --unbuffered (its pty) or a warm task's
+_SGR = re.compile(r"\x1b\[[0-9;]*m")
 
 
 #: The words before the command a wrong-Python hint gives; the CLI puts its own options there.

@@ -24,6 +24,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import stat
 import struct
 import termios
@@ -49,6 +50,7 @@ MAX_PROGRESS_LINE = 2048
 #: Bytes of the report pipe a relay leaves free for the guard's own lines.
 REPORT_RESERVE = 4096
 _PREFIX = b"progress "
+_GUARD_LINE = re.compile(rb"pid [0-9]+|exit -?[0-9]+ [0-9.e+-]+")  # what a guard says of itself
 _F_GETPIPE_SZ = 1032  # fcntl's F_GETPIPE_SZ (Linux), named by Python's fcntl from 3.10 on x86
 
 
@@ -131,13 +133,27 @@ def parse_progress(text: bytes) -> list[dict[str, Any]]:
 class ProgressRelay:
     """A guard's progress channel (the module docstring): made, it names its pipe's write end in
     the environment the command inherits; from :meth:`started` a thread forwards each whole line
-    to the report until every writer closed it; :meth:`finish` waits for that briefly."""
+    to the report until every writer closed it; :meth:`finish` waits for that briefly.
 
-    def __init__(self, report_fd: int) -> None:
+    ``step=True``: the command is an engine's step (``srun``), whose stderr carries the report of
+    the guard on its node (that guard's ``report_fd`` is 2, its command's stderr joined to its
+    stdout) and the engine's own messages. Then the pipe is the command's stderr (the guard puts
+    it there), no variable names it (``srun`` would carry it to the node), and the thread
+    forwards the node guard's ``progress`` lines to the report, drops its ``pid`` and ``exit``
+    lines (of a pid on another host) and writes every other line to stdout, as the command's
+    own stderr went before."""
+
+    #: Seconds a step-mode guard waits for srun's last words before it says srun's exit: srun
+    #: has exited, so only a launcher that no longer reads its output keeps them waiting.
+    DRAIN_S = 60.0
+
+    def __init__(self, report_fd: int, *, step: bool = False) -> None:
         self.report_fd = report_fd
+        self.step = step
         self._read, self.write_fd = os.pipe2(os.O_CLOEXEC)
-        os.set_inheritable(self.write_fd, True)
-        os.environ[PROGRESS_ENV] = channel_value(self.write_fd)  # the exec'd command's
+        if not step:  # else the guard's child dups it onto its stderr
+            os.set_inheritable(self.write_fd, True)
+            os.environ[PROGRESS_ENV] = channel_value(self.write_fd)  # the exec'd command's
         os.register_at_fork(after_in_child=self._forked)  # a warm command execs nothing
         self._thread = threading.Thread(target=self._relay, daemon=True, name="progress-relay")
         self._size: int | None = None  # not a pipe: its writes do not wait for a reader
@@ -167,11 +183,16 @@ class ProgressRelay:
         self._thread.start()
 
     def finish(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for the last lines (the tree ended: the pipe's end is near)."""
-        self._thread.join(timeout_s)
+        """Wait up to ``timeout_s`` for the last lines (the tree ended: the pipe's end is near).
+        In step mode the guard waits so before it says its command's exit (:attr:`DRAIN_S`):
+        srun's last words (a lost node, a task out of memory), which it once wrote to stdout
+        itself, are there before the launcher reads the exit, however slowly it reads."""
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout_s)
 
     def _relay(self) -> None:
         pending = b""
+        long = False  # in a line too long to be a record: passed on (step) or dropped, whole
         while True:
             try:
                 chunk = os.read(self._read, 65536)
@@ -179,16 +200,42 @@ class ProgressRelay:
                 chunk = b""
             if not chunk:
                 break
+            if long:
+                rest, newline, chunk = chunk.partition(b"\n")
+                if self.step:
+                    _write_all(1, rest + newline)
+                if not newline:
+                    continue
+                long = False
             *lines, pending = (pending + chunk).split(b"\n")
-            if len(pending) > MAX_PROGRESS_LINE:  # no line so long is ours: dropped whole
-                pending = b""
             for line in lines:
-                if 0 < len(line) < MAX_PROGRESS_LINE - len(_PREFIX) and _is_object(line):
-                    with contextlib.suppress(OSError):
-                        if self._room(len(line) + len(_PREFIX) + 1):  # else: dropped
-                            os.write(self.report_fd, _PREFIX + line + b"\n")
+                self._forward(line, b"\n")
+            if len(pending) > MAX_PROGRESS_LINE:  # no line so long is ours
+                if self.step:  # the engine's words, after those before them
+                    _write_all(1, pending)
+                pending, long = b"", True
+        if pending:
+            self._forward(pending, b"")
         with contextlib.suppress(OSError):
             os.close(self._read)
+
+    def _forward(self, line: bytes, end: bytes) -> None:
+        if self.step:
+            record = line[len(_PREFIX) :] if line.startswith(_PREFIX) else None
+            if record is None and _GUARD_LINE.fullmatch(line) is None:
+                _write_all(1, line + end)  # srun's own words, the node's messages
+                return
+            line = b"" if record is None else record  # a guard's pid or exit: dropped
+        if 0 < len(line) < MAX_PROGRESS_LINE - len(_PREFIX) and _is_object(line):
+            with contextlib.suppress(OSError):
+                if self._room(len(line) + len(_PREFIX) + 1):  # else: dropped
+                    os.write(self.report_fd, _PREFIX + line + b"\n")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        while data:
+            data = data[os.write(fd, data) :]
 
 
 def _is_object(line: bytes) -> bool:

@@ -290,7 +290,7 @@ def guarded_argv(
     name: str | None = None,
     report_fd: int | None = None,
     parent: bool = False,
-    progress: bool = False,
+    progress: bool | str = False,
 ) -> list[str]:
     """The argv that runs ``command`` under a guard (see the module docstring) whose owner is
     ``owner`` (default: this process), which must be the process that starts it; ``parent``:
@@ -298,12 +298,16 @@ def guarded_argv(
     step daemon does on a node). ``name`` (a task's, ``worker-1``) shows in ``ps``;
     ``report_fd``, an inherited pipe, gets the guard's reports (:mod:`graphdist._proc.
     guardreport`), the command's end before the guard ends what it left behind; ``progress``:
-    and the command's progress records (only where the command is the task: never ``srun``)."""
+    and the command's progress records (where the command is the task), or ``"step"``: those
+    its command's stderr carries from the guard on an engine's node (the command is ``srun``:
+    :class:`~graphdist._proc.guardreport.ProgressRelay`). A guard whose ``report_fd`` is 2 (on a
+    node, its report on the step's stderr) gives its command its stdout as stderr."""
     owner = os.getpid() if owner is None else owner
     script = os.path.abspath(__file__)
     options = [] if name is None else ["--name", name]
     options += [] if report_fd is None else ["--report", str(report_fd)]
-    options += ["--progress"] if progress and report_fd is not None else []
+    if progress and report_fd is not None:
+        options += ["--progress-step" if progress == "step" else "--progress"]
     whose = "parent" if parent else str(owner)
     head = [sys.executable, "-I", "-S", script, *options, whose, repr(float(grace_s))]
     return [*head, "--", *command]
@@ -317,8 +321,10 @@ class _Guard:
         *,
         in_step: bool = False,
         run_child: Callable[[], object] | None = None,
+        stderr_fd: int | None = None,
     ) -> None:
         self.command = list(command)
+        self.stderr_fd = stderr_fd  # what the command gets as its stderr, if not ours
         # the command run in the forked child instead of exec'ing it (a warm task: the child
         # of an interpreter that has imported what the command needs; it never returns)
         self.run_child = run_child
@@ -365,6 +371,8 @@ class _Guard:
                 if self.run_child is not None:  # no exec to close the report: it runs
                     os.close(report_w)
                     self.run_child()
+                if self.stderr_fd is not None:
+                    os.dup2(self.stderr_fd, 2)
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as subprocess's restore_signals
                     signal.signal(sig, signal.SIG_DFL)
                 if self.in_step:  # the notice meant for us reaches the command too
@@ -468,27 +476,37 @@ def _report(fd: int | None, line: str) -> None:  # read by guardreport.parse_rep
             os.write(fd, (line + "\n").encode())
 
 
+def _report_exit(fd: int | None, status: int, relay: Any) -> None:
+    """Say the command's exit; a step's (srun's: ``relay.step``) once srun's last words are on
+    stdout (``guardreport.DRAIN_S``), so that the launcher reads them first."""
+    if relay is not None and relay.step:
+        relay.finish(relay.DRAIN_S)
+    _report(fd, f"exit {os.waitstatus_to_exitcode(status)} {time.time()!r}")
+
+
 def _guard_main(args: Sequence[str]) -> int:
     """``[--name NAME] [--report FD [--progress]] OWNER GRACE_S -- COMMAND...``: run COMMAND as
     a guard for OWNER (a pid, or ``parent``: whoever started it; module docstring)."""
     args = list(args)
-    report_fd, progress = None, False
-    while args[:1] in (["--name"], ["--report"], ["--progress"]) and len(args) > 1:
-        progress = progress or args[0] == "--progress"
+    report_fd, progress = None, ""
+    flags = ("--progress", "--progress-step")
+    while args[:1] in (["--name"], ["--report"], *([f] for f in flags)) and len(args) > 1:
+        progress = args[0] if args[0] in flags else progress
         if args[0] == "--report":
             report_fd = int(args[1])
-        args = args[1:] if args[0] == "--progress" else args[2:]
+        args = args[1:] if args[0] in flags else args[2:]
     if len(args) < 4 or args[2] != "--":
         print(
-            "usage: process.py [--name NAME] [--report FD [--progress]] OWNER_PID|parent GRACE_S "
-            "-- COMMAND...",
+            "usage: process.py [--name NAME] [--report FD [--progress|--progress-step]] "
+            "OWNER_PID|parent GRACE_S -- COMMAND...",
             file=sys.stderr,
         )
         return 2
     owner = os.getppid() if args[0] == "parent" else int(args[0])
     grace_s, command = float(args[1]), args[3:]
     in_step = args[0] == "parent"
-    return guard(command, owner, grace_s, report_fd=report_fd, in_step=in_step, progress=progress)
+    how: bool | str = "step" if progress == "--progress-step" else bool(progress)
+    return guard(command, owner, grace_s, report_fd=report_fd, in_step=in_step, progress=how)
 
 
 def guard(
@@ -499,7 +517,7 @@ def guard(
     report_fd: int | None = None,
     in_step: bool = False,
     run_child: Callable[[], object] | None = None,
-    progress: bool = False,
+    progress: bool | str = False,
 ) -> int:
     """Be ``command``'s guard (the module docstring) in this process, for ``owner`` (its parent)
     and return the exit code to exit with; ``run_child``: what the command's forked child runs
@@ -514,8 +532,13 @@ def guard(
     os.environ.pop(PROGRESS_ENV, None)  # the command gets ours, or none
     if report_fd is not None:  # the guard's alone, never its command's
         os.set_inheritable(report_fd, False)
-    relay = _relay_class()(report_fd) if report_fd is not None and progress else None
-    guard = _Guard(command, grace_s, in_step=in_step, run_child=run_child)
+    relay = None
+    if report_fd is not None and progress:
+        relay = _relay_class()(report_fd, step=progress == "step")
+    stderr_fd = 1 if report_fd == 2 else None  # the report has our stderr: the command's joins
+    if relay is not None and relay.step:  # its stdout (node), or is read by our relay (srun)
+        stderr_fd = relay.write_fd
+    guard = _Guard(command, grace_s, in_step=in_step, run_child=run_child, stderr_fd=stderr_fd)
     failed = guard.spawn()
     if relay is not None:
         relay.started()
@@ -541,10 +564,10 @@ def guard(
             stop = GUARD_DEATH_SIGNAL
     ended_first = guard.status is not None
     if guard.status is not None:  # the command ended by itself: said before its leftovers end
-        _report(report_fd, f"exit {os.waitstatus_to_exitcode(guard.status)} {time.time()!r}")
+        _report_exit(report_fd, guard.status, relay)
     guard.end_tree()
     if not ended_first and guard.status is not None:  # stopped, and ended by the stop
-        _report(report_fd, f"exit {os.waitstatus_to_exitcode(guard.status)} {time.time()!r}")
+        _report_exit(report_fd, guard.status, relay)
     if relay is not None:  # the tree is gone: what it wrote last is read at once
         relay.finish(1.0)
     return guard.exit_code(stop or GUARD_DEATH_SIGNAL)

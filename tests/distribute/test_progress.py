@@ -7,6 +7,7 @@ real ``model.fit``, report their steps."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -603,3 +604,184 @@ def test_a_real_slow_worker_is_named_a_straggler_once_and_nothing_restarts(monke
     assert [e["task"] for e in named] == ["worker-2"], named
     assert named[0]["steps_per_s"] < 0.5 * named[0]["others_per_s"] and named[0]["for_s"] >= 1.0
     assert not [e for e in events if e["event"] == "restarting"]
+
+
+# worker-2 is slow in the first attempt only; the others step on long enough for it to be named
+SLOW_ONCE = (
+    "import json, os, time, graphdist\n"
+    "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+    "first = os.environ['GRAPHDIST_RESTART'] == '0'\n"
+    "for n in range(1, 400 if first else 20):\n"
+    "    time.sleep(0.08 if index == 2 and first else 0.02)\n"
+    "    graphdist.step(n)\n"
+)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_straggler_is_killed_and_the_run_restarted_only_when_asked(monkeypatch, run_cli):
+    """--restart-stragglers: the named straggler is killed, the restart's cause is it (a
+    straggler, in words and in the metrics' cause label), and the next attempt runs; without
+    --max-restarts the flag is refused, as it would end the run."""
+    import graphdist
+    from graphdist._distribute import progress as progress_module
+
+    refused = run_cli("run", "--workers", "3", "--restart-stragglers", "--", sys.executable)
+    assert refused.returncode == 2 and "--max-restarts" in refused.stderr, refused
+    monkeypatch.setattr(progress_module, "STRAGGLER_WINDOW_S", 1.0)
+    out = io.StringIO()
+    graphdist.run_command(
+        [sys.executable, "-c", SLOW_ONCE],
+        workers=3,
+        max_restarts=1,
+        restart_stragglers=True,
+        output=out,
+        output_format="jsonl",
+        env={"PYTHONPATH": REPO},
+    )
+    events = [json.loads(ln) for ln in out.getvalue().splitlines()]
+    named = [e for e in events if e["event"] == "straggler"]
+    (restarting,) = [e for e in events if e["event"] == "restarting"]
+    assert [e["task"] for e in named] == ["worker-2"], named
+    assert restarting["cause"]["task"] == "worker-2", restarting
+    assert restarting["cause"]["how"].startswith("was a straggler ("), restarting
+    assert restarting["cause"]["how"].endswith(") and was killed"), restarting
+    assert [e["attempt"] for e in events if e["event"] == "attempt-started"] == [1, 2]
+    assert events[-1]["event"] == "run-ended" and events[-1]["ran"], events[-1]
+
+
+# A task on an engine's node: its command line (srun, here left out: the node's guard is run
+# directly) under a local guard in "step" mode, the command under a guard whose report is its
+# stderr (report_fd 2), as commandrun starts them.
+ON_NODE = (
+    "import sys\n"
+    "import graphdist\n"
+    "print('to stdout', flush=True)\n"
+    "print('to stderr', file=sys.stderr, flush=True)\n"
+    "for n in range(1, 4): graphdist.step(n, total=3)\n"
+    'sys.stderr.write(\'pid 999999\\nexit 0 1.0\\nprogress {"step": 99, "t": 1.0}\\n\')\n'
+    "raise SystemExit(3)\n"
+)
+
+
+@pytest.mark.timeout(60)
+def test_a_steps_records_come_back_on_its_stderr_and_nothing_else_is_lost_or_forged():
+    """The node guard's report (its pid, its exit, the records) rides on the step's stderr, the
+    command's stderr joined to its stdout; the local guard relays the records into its own
+    report, drops the node guard's pid and exit lines, and passes every other line (srun's own
+    words) to stdout. What the command writes, on either stream, is output: never a record
+    (its forged ones are not relayed) and never a verdict."""
+    on_node = guarded_argv(
+        [sys.executable, "-c", ON_NODE], grace_s=1.0, parent=True, report_fd=2, progress=True
+    )
+    srun = [
+        sys.executable,
+        "-c",
+        "import subprocess, sys; print('srun: words', file=sys.stderr, "
+        "flush=True); sys.exit(subprocess.call(sys.argv[1:]))",
+        *on_node,
+    ]
+    read, write = os.pipe2(os.O_CLOEXEC)
+    argv = guarded_argv(srun, grace_s=1.0, report_fd=write, progress="step")
+    env = {**os.environ, "PYTHONPATH": REPO, PROGRESS_ENV: "0:0"}
+    proc = subprocess.Popen(
+        argv, env=env, pass_fds=(write,), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    os.close(write)
+    out, _ = proc.communicate(timeout=60)
+    with os.fdopen(read, "rb") as report:
+        text = report.read()
+    assert proc.returncode == 3
+    assert [r["step"] for r in parse_progress(text)] == [1, 3]  # the first, then the last
+    pid, end = parse_report(text)
+    assert end is not None and end[0] == 3 and pid != 999999
+    lines = out.decode().splitlines()
+    assert sorted(lines) == sorted(  # the node guard's pid and exit lines are not among them
+        [
+            "to stdout",
+            "to stderr",
+            "srun: words",
+            "pid 999999",  # the command's own, output as written
+            "exit 0 1.0",
+            'progress {"step": 99, "t": 1.0}',
+        ]
+    )
+
+
+# srun's last words after 87 KB of its stderr (a lost node's), then it exits 0 at once: its
+# stderr pipe and the relay's stdout hold it all, so srun ends while the relay still waits
+LAST_WORDS = (
+    "import os, sys\n"
+    "for i in range(1500): os.write(2, b'srun: noise %05d' % i + b'x' * 40 + b'\\n')\n"
+    "os.write(2, b'x' * 3000 + b'\\nsrun: error: Node failure on n1\\n')\n"
+)
+
+
+@pytest.mark.timeout(60)
+def test_srun_s_last_words_reach_stdout_before_its_exit_whoever_reads_slowly():
+    """A step-mode guard says srun's exit only once srun's stderr, relayed to stdout, is all
+    there: the launcher reads the exit and finds a lost node's words already waiting, though
+    it read nothing of the output for seconds (a slow terminal); a line too long to be a
+    record is passed on whole, after the lines before it. Red when the exit comes first."""
+    import fcntl
+    import selectors
+    import struct
+    import termios
+
+    read, write = os.pipe2(os.O_CLOEXEC)
+    argv = guarded_argv(
+        [sys.executable, "-c", LAST_WORDS], grace_s=1.0, report_fd=write, progress="step"
+    )
+    proc = subprocess.Popen(argv, pass_fds=(write,), stdout=subprocess.PIPE)
+    os.close(write)
+    assert proc.stdout is not None
+    out_fd = proc.stdout.fileno()
+    time.sleep(2.5)  # nothing read: the relay waits on a full stdout, srun has ended
+    os.set_blocking(out_fd, False)
+    os.set_blocking(read, False)
+    out, report = b"", b""
+    with contextlib.suppress(BlockingIOError):
+        report += os.read(read, 65536)  # the report first: an exit there now came too early
+    with selectors.DefaultSelector() as sel:
+        sel.register(out_fd, selectors.EVENT_READ)
+        sel.register(read, selectors.EVENT_READ)
+        while parse_report(report)[1] is None:
+            for key, _ in sel.select(timeout=30):
+                with contextlib.suppress(BlockingIOError):
+                    if key.fd == read:
+                        report += os.read(read, 65536)
+                    else:
+                        out += os.read(out_fd, 1 << 20)
+    # what stdout held when the exit was read: no more (the relay may still be writing)
+    (held,) = struct.unpack("i", fcntl.ioctl(out_fd, termios.FIONREAD, b"\0" * 4))
+    while held > 0:
+        chunk = os.read(out_fd, held)
+        out, held = out + chunk, held - len(chunk)
+    assert b"srun: error: Node failure on n1\n" in out.split(b"x" * 3000 + b"\n", 1)[1]
+    assert out.count(b"srun: noise") == 1500
+    assert proc.wait(timeout=30) == 0
+    os.close(read)
+
+
+def test_a_step_relay_passes_a_long_line_on_whole_after_the_lines_before_it(capfd):
+    """A line too long to be a record (srun's words, a flood) reaches stdout whole and in its
+    place, however the pipe cut it: never before the lines ahead of it (a lost node's line
+    glued behind it would no longer be read), and its tail never read as a record."""
+    from graphdist._proc.guardreport import ProgressRelay
+
+    read, write = os.pipe()
+    relay = ProgressRelay(write, step=True)
+    srun = os.dup(relay.write_fd)
+    relay.started()
+    os.write(srun, b"srun: error: Node failure on n1\n" + b"x" * 3000)
+    time.sleep(0.3)  # the relay has read that much
+    os.write(srun, b'progress {"step": 1, "t": 1.0}\nprogress {"step": 2, "t": 2.0}\n')
+    os.close(srun)
+    relay.finish(10.0)
+    os.close(write)
+    with os.fdopen(read, "rb") as report:
+        assert [r["step"] for r in parse_progress(report.read())] == [2]
+    out = capfd.readouterr().out
+    assert (
+        out == "srun: error: Node failure on n1\n" + "x" * 3000 + 'progress {"step": 1, "t": 1.0}\n'
+    )

@@ -33,14 +33,9 @@ from graphdist._distribute.events import (
     TaskExited,
     TaskStarted,
 )
-from graphdist._distribute.report import (
-    COLOURS,
-    MAX_POINTS,
-    page,
-    read_run,
-    timeline,
-    write_report,
-)
+from graphdist._distribute.report import read_run, write_report
+from graphdist._distribute.reportdraw import COLOURS, page
+from graphdist._distribute.runtimeline import MAX_POINTS, timeline
 from graphdist._exceptions import ArgumentError
 from tests.conftest import REPO, run_python
 
@@ -385,10 +380,10 @@ def test_a_write_that_fails_leaves_no_temp_file_and_says_why(tmp_path, monkeypat
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("graphdist._distribute.report.page", full)
-    from graphdist._exceptions import GraphdistError
+    monkeypatch.setattr("graphdist._distribute.reportdraw.page", full)
+    from graphdist._exceptions import PictureError
 
-    with pytest.raises(GraphdistError, match="No space left on device"):
+    with pytest.raises(PictureError, match="No space left on device"):
         write_report(folder)
     assert sorted(os.listdir(folder)) == ["events.jsonl"]
 

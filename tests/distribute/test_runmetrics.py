@@ -89,7 +89,7 @@ def test_a_runs_events_become_counters_and_gauges_in_the_prometheus_format(tmp_p
         "graphdist_run_recovery_seconds": "counter",
         "graphdist_run_last_recovery_seconds": "gauge",
     }
-    for cause in ("exit", "frozen", "lost", "oom"):  # from 0: a rate sees the first one
+    for cause in ("exit", "frozen", "straggler", "lost", "oom"):  # from 0: a rate sees the first
         assert (
             got[("graphdist_run_restarts_total", (("cause", cause), *run, ("scope", "run")))] == 0
         )
@@ -185,6 +185,7 @@ def test_a_failed_write_removes_the_file_and_is_said_once(tmp_path, monkeypatch)
             "oom",
         ),
         (SimpleNamespace(exitcode=-9, frozen="stopped for 10 s"), "frozen"),
+        (SimpleNamespace(exitcode=-9, straggler="2.0 steps/s against 9.0 for 30 s"), "straggler"),
         (SimpleNamespace(exitcode=-9, lost="node n2 is gone"), "lost"),
         (SimpleNamespace(exitcode=-9), "signal"),
         (SimpleNamespace(exitcode=1), "exit"),

@@ -347,6 +347,15 @@ def test_the_interpreters_own_start_up_errors_are_unfixable(argv):
     assert unfixable_error(done.stderr.splitlines()) is not None, done.stderr
 
 
+def test_a_coloured_traceback_is_read_as_its_words():
+    """Python 3.13 colours a traceback written to a terminal (a task's stderr under srun's pty,
+    or a warm task's): the same words, the same verdict, said without the codes."""
+    from graphdist._distribute.taskproc import unfixable_error
+
+    line = "\x1b[1;35mModuleNotFoundError\x1b[0m: \x1b[35mNo module named 'nope'\x1b[0m"
+    assert unfixable_error(["Traceback ...", line]) == "ModuleNotFoundError: No module named 'nope'"
+
+
 def test_an_error_a_restart_may_fix_is_not_unfixable():
     from graphdist._distribute.taskproc import unfixable_error
 

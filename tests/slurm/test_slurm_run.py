@@ -650,3 +650,39 @@ def test_a_task_over_its_steps_memory_limit_is_named_out_of_memory_and_not_resta
         pids = slurm.job_pids(jobid)
         slurm.scancel(jobid)
         assert wait_gone(pids, 20) == []
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+@pytest.mark.parametrize("slurm", ["site"], indirect=True)
+def test_a_restarted_run_on_slurm_reports_each_tasks_steps_from_its_node(slurm, alloc, warm):
+    """Each task's progress records come from its node on the step's stderr (the node's guard
+    or warm client writes them there, the local guard relays them), with the same fields as a
+    local run's: both attempts' steps, and the steps redone after worker-1 exits 3. What a task
+    writes on its stderr is still its output, a line of the task."""
+    from tests.distribute.test_progress import STEPS
+
+    script = STEPS + "print('done', file=__import__('sys').stderr)\n"
+    args = ["--jobid", str(alloc), "--workers", "2", "--max-restarts", "1"]
+    args += [] if warm else ["--preload", "none"]
+    code, events, lines = _run_jsonl(
+        slurm, [*args, "--", sys.executable, "-c", script], lambda e: None
+    )
+    assert code == 0, "".join(lines[-60:])
+    started = [e for e in events if e["event"] == "task-started"]
+    assert len(started) == 4 and {e["warm"] for e in started} == {warm}, started
+    shown = [e for e in events if e["event"] == "progress"]
+    for task, first_end in (("worker-0", 60), ("worker-1", 41)):
+        mine = [e for e in shown if e["task"] == task]
+        assert [e["step"] for e in mine if e["attempt"] == 1][-1] == first_end, mine
+        assert [e["step"] for e in mine if e["attempt"] == 2][-1] == 60, mine
+        (again,) = [e for e in mine if e["redone"]]
+        assert (again["attempt"], again["step"], again["redone"]) == (2, 21, first_end - 20)
+    (ended,) = [e for e in events if e["event"] == "run-ended"]
+    assert (ended["steps"], ended["redone"]) == ({"worker-0": 60, "worker-1": 60}, 40 + 21)
+    said = [e for e in events if e["event"] == "line" and e["text"] == "done"]
+    assert len(said) == 3, "".join(lines[-60:])  # worker-0 twice, worker-1 once
+    assert not [
+        e for e in events if e["event"] == "line" and e["text"].startswith(("pid ", "progress "))
+    ]
+    assert _steps(slurm, alloc) == []
