@@ -132,8 +132,9 @@ def write_report(
 ) -> str:
     """Draw the run of ``run_dir`` (a ``LOG_DIR/run-N`` folder) into ``output`` (``.html``: one
     self-contained page; ``.png``: the figure), by default ``RUN_DIR/report.html``, replaced
-    whole; returns its path. :class:`ArgumentError` for a folder that is not a run's, or an
-    output that cannot be written."""
+    whole; returns its path. :class:`ArgumentError` for a folder that is not a run's or an
+    output refused before anything is written, :class:`PictureError` for a write that failed
+    (a full disk)."""
     from graphdist._distribute.reportdraw import figure, page, style  # matplotlib: only here
 
     events, skipped = read_run(run_dir)

@@ -1,5 +1,5 @@
 """Drawing a run's report (:mod:`graphdist._distribute.report`): one matplotlib figure, from a
-:class:`~graphdist._distribute.report.Timeline`, with matplotlib's object API (no pyplot, so a
+:class:`~graphdist._distribute.runtimeline.Timeline`, with matplotlib's object API (no pyplot, so a
 notebook's backend is left as it is) under matplotlib's own defaults (:func:`style`), and the
 page that shows it inline as SVG."""
 

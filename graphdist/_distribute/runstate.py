@@ -77,7 +77,8 @@ class RunState:
         self.metrics = None if spec.metrics_file is None else RunMetrics(spec.metrics_file)
         self.steps = StepBook()  # the tasks' progress records (graphdist.step)
         self.stragglers = Stragglers()  # the rule over their rates
-        self._slow: dict[str, str] = {}  # stragglers to kill (--restart-stragglers), and why
+        # stragglers to kill (--restart-stragglers): task -> (its attempt, why)
+        self._slow: dict[str, tuple[int, str]] = {}
         self.nodes: dict[str, str] = {}  # the attempt's: task -> where it runs
         self.live = LiveLine.maybe(spec.output, self.out.lock, self.jsonl)  # on a terminal
         self.out.live = self.live
@@ -141,6 +142,7 @@ class RunState:
         """A task's progress record (its guard relays it): a ``progress`` event, with the
         task's rate and the steps redone (:class:`graphdist._distribute.progress.StepBook`)."""
         with self._lock:
+            event_attempt = self.attempt
             payload = self.steps.payload(task, self.attempt, record)
             at_s = time.monotonic() - self.started
             late = self.stragglers.check(task, at_s, payload.steps_per_s, self.nodes.get(task))
@@ -148,18 +150,22 @@ class RunState:
         if late is not None:
             self._emit(late, task)
             if self.spec.restart_stragglers:
+                why = (
+                    f"{late.steps_per_s:.1f} steps/s against the other tasks' "
+                    f"{late.others_per_s:.1f} for {late.for_s:.0f} s"
+                )
                 with self._lock:
-                    self._slow[task] = (
-                        f"{late.steps_per_s:.1f} steps/s against the other tasks' "
-                        f"{late.others_per_s:.1f} for {late.for_s:.0f} s"
-                    )
+                    self._slow[task] = (event_attempt, why)
 
     def take_stragglers(self) -> dict[str, str]:
-        """The stragglers named since the last call, to kill (``--restart-stragglers``): task
-        -> why, in words."""
+        """The stragglers of this attempt named since the last call, to kill
+        (``--restart-stragglers``): task -> why, in words; none where the policy would not
+        restart the run (its budget spent: a straggler that finishes beats a run that fails)."""
         with self._lock:
             slow, self._slow = self._slow, {}
-        return slow
+        if self.policy.in_window >= self.policy.max_restarts:
+            return {}
+        return {task: why for task, (attempt, why) in slow.items() if attempt == self.attempt}
 
     def _emit(self, payload: Payload, task: str | None = None) -> Event:
         keep = not isinstance(payload, Progress)  # a long run's many: recorded, never kept
@@ -167,6 +173,7 @@ class RunState:
             if isinstance(payload, AttemptStarted):
                 self.nodes = dict(payload.nodes)
                 self.stragglers.forget()
+                self._slow.clear()
             elif isinstance(payload, TaskExited) and task is not None:
                 self.stragglers.forget(task)
             event = Event.of(payload, time.monotonic() - self.started, self.attempt, task)

@@ -25,10 +25,12 @@ import json
 import math
 import os
 import re
+import select
 import stat
 import struct
 import termios
 import threading
+import time
 from typing import Any
 
 __all__ = [
@@ -156,6 +158,7 @@ class ProgressRelay:
             os.environ[PROGRESS_ENV] = channel_value(self.write_fd)  # the exec'd command's
         os.register_at_fork(after_in_child=self._forked)  # a warm command execs nothing
         self._thread = threading.Thread(target=self._relay, daemon=True, name="progress-relay")
+        self._idle = False
         self._size: int | None = None  # not a pipe: its writes do not wait for a reader
         with contextlib.suppress(OSError):
             self._size = fcntl.fcntl(report_fd, _F_GETPIPE_SZ)
@@ -183,18 +186,41 @@ class ProgressRelay:
         self._thread.start()
 
     def finish(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for the last lines (the tree ended: the pipe's end is near).
-        In step mode the guard waits so before it says its command's exit (:attr:`DRAIN_S`):
-        srun's last words (a lost node, a task out of memory), which it once wrote to stdout
-        itself, are there before the launcher reads the exit, however slowly it reads."""
+        """Wait up to ``timeout_s`` for the last lines (the tree ended: the pipe's end is near)."""
         if self._thread.ident is not None:  # started
             self._thread.join(timeout_s)
+
+    def drained(self) -> bool:
+        """Whether everything written to the pipe so far was forwarded: the thread waits for
+        more (not busy with a chunk, not blocked writing one to a slow stdout) and the pipe holds
+        nothing. Once srun has exited nothing of its own comes any more, even while a leftover
+        process still holds the pipe open."""
+        if not self._idle:
+            return False
+        (held,) = struct.unpack("i", fcntl.ioctl(self._read, termios.FIONREAD, b"\0" * 4))
+        return bool(held == 0)
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` until :meth:`drained` (or the relay ended): in step mode the
+        guard waits so before it says srun's exit (:attr:`DRAIN_S`), so that srun's last words
+        (a lost node, a task out of memory), which it once wrote to stdout itself, are there
+        before the launcher reads the exit, however slowly it reads; a leftover that holds the
+        pipe open delays nothing."""
+        deadline = time.monotonic() + timeout_s
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                if self.drained():
+                    return
+            self._thread.join(0.02)
 
     def _relay(self) -> None:
         pending = b""
         long = False  # in a line too long to be a record: passed on (step) or dropped, whole
         while True:
+            self._idle = True  # set only between chunks: drained() reads it, then the pipe
             try:
+                select.select([self._read], [], [])
+                self._idle = False
                 chunk = os.read(self._read, 65536)
             except OSError:
                 chunk = b""

@@ -480,7 +480,7 @@ def _report_exit(fd: int | None, status: int, relay: Any) -> None:
     """Say the command's exit; a step's (srun's: ``relay.step``) once srun's last words are on
     stdout (``guardreport.DRAIN_S``), so that the launcher reads them first."""
     if relay is not None and relay.step:
-        relay.finish(relay.DRAIN_S)
+        relay.drain(relay.DRAIN_S)
     _report(fd, f"exit {os.waitstatus_to_exitcode(status)} {time.time()!r}")
 
 

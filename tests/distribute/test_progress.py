@@ -785,3 +785,61 @@ def test_a_step_relay_passes_a_long_line_on_whole_after_the_lines_before_it(capf
     assert (
         out == "srun: error: Node failure on n1\n" + "x" * 3000 + 'progress {"step": 1, "t": 1.0}\n'
     )
+
+
+@pytest.mark.timeout(60)
+def test_a_leftover_holding_sruns_stderr_does_not_hold_back_its_exit():
+    """srun's words drained, its exit is said at once, though a process it left (a site's
+    wrapper) still holds its stderr open: the drain waits for srun's words, not for the pipe's
+    end. Red when the guard waits for the relay to end (DRAIN_S)."""
+    left = (
+        "import subprocess, sys; subprocess.Popen(['sleep', '30']); print('bye', file=sys.stderr)"
+    )
+    read, write = os.pipe2(os.O_CLOEXEC)
+    argv = guarded_argv([sys.executable, "-c", left], grace_s=1.0, report_fd=write, progress="step")
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, pass_fds=(write,), stdout=subprocess.PIPE)
+    os.close(write)
+    report = b""
+    while parse_report(report)[1] is None:
+        chunk = os.read(read, 65536)
+        assert chunk, report
+        report += chunk
+    took = time.monotonic() - started
+    assert proc.communicate(timeout=30)[0] == b"bye\n"
+    os.close(read)
+    assert took < 15, took  # a drain that waits for the pipe's end: 60 s
+
+
+def test_a_straggler_is_killed_only_in_its_own_attempt_and_while_a_restart_is_left(monkeypatch):
+    """take_stragglers: the stragglers of this attempt, named since the last call; one named as
+    its attempt broke is never the next attempt's namesake's death, and with the restart budget
+    spent a straggler is named only (a slow run that ends beats a run that fails)."""
+    from graphdist._distribute.events import AttemptStarted
+    from graphdist._distribute.runspec import RunSpec
+    from graphdist._distribute.runstate import RunState
+
+    monkeypatch.setattr(progress_mod, "STRAGGLER_WINDOW_S", 0.0)
+    spec = RunSpec.check(
+        ["python", "train.py"], workers=3, max_restarts=1, restart_stragglers=True,
+        output=io.StringIO(), output_format="jsonl",
+    )  # fmt: skip
+    state = RunState(spec, None)
+    tasks = ["worker-0", "worker-1", "worker-2"]
+
+    def attempt(n: int, *, steps: bool = True) -> None:
+        state.attempt = n
+        state._emit(AttemptStarted(tasks, [], n - 1, "local", {}, {}))
+        for t in (1.0, 2.0) if steps else ():
+            for task, rate in (("worker-0", 40), ("worker-1", 42), ("worker-2", 5)):
+                state.progress(task, record(int(rate * t), t, first=t == 1.0))
+
+    attempt(1)
+    assert list(state.take_stragglers()) == ["worker-2"]
+    assert state.take_stragglers() == {}  # taken once
+    attempt(2)  # named again as the attempt broke, not taken: the next attempt's is not it
+    state.attempt = 3
+    assert state.take_stragglers() == {}
+    attempt(4)
+    state.policy.restarted(state.policy.failed(what="worker-2", startup=False))
+    assert state.take_stragglers() == {}  # no restart left: named, not killed
