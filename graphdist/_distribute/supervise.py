@@ -366,23 +366,15 @@ def supervise(
             heartbeat.close()
 
 
-def _kill_frozen(procs: Sequence[TaskProcess], frozen: Mapping[str, str]) -> None:
-    """Kill every frozen command task (SIGKILL reaches a stopped process; its guard may be
-    stopped too) and remember why."""
+def _kill(procs: Sequence[TaskProcess], why: Mapping[str, str], reason: str) -> None:
+    """Kill the command tasks named in ``why`` (SIGKILL reaches a stopped process; its guard may
+    be stopped too) and remember why on their result's ``reason`` field: ``frozen`` (the
+    heartbeat's), or ``straggler`` (``--restart-stragglers``). Their end is then the attempt's
+    cause, and the restart resumes from the last backup."""
     for proc in procs:
-        why = frozen.get(proc.result.name)
-        if why is not None and proc.result.frozen is None:
-            proc.result.frozen = why
-            proc.signal(signal.SIGKILL)
-
-
-def _kill_stragglers(procs: Sequence[TaskProcess], slow: Mapping[str, str]) -> None:
-    """Kill the stragglers the run names (``--restart-stragglers``), as frozen ones are: the
-    restart resumes from the last backup, and their end is the attempt's cause."""
-    for proc in procs:
-        why = slow.get(proc.result.name)
-        if why is not None and proc.result.straggler is None and proc.ended() is None:
-            proc.result.straggler = why
+        said = why.get(proc.result.name)
+        if said is not None and getattr(proc.result, reason) is None and proc.ended() is None:
+            setattr(proc.result, reason, said)
             proc.signal(signal.SIGKILL)
 
 
@@ -408,8 +400,8 @@ def _watch(
                     run.fallout.broke()  # a server's death: known now
                     stop_broken(procs)
                     raise
-        _kill_frozen(procs, frozen)
-        _kill_stragglers(procs, run.take_stragglers())
+        _kill(procs, frozen, "frozen")
+        _kill(procs, run.take_stragglers(), "straggler")
         codes = [p.ended() for p in procs]
         failed = next((p for p, c in zip(procs, codes, strict=True) if c not in (None, 0)), None)
         if failed is not None:

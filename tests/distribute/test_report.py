@@ -294,18 +294,21 @@ def test_the_page_is_one_file_that_fetches_nothing_and_runs_no_script(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) & 0o077 == 0
 
 
+def coloured(png: str, state: str) -> int:
+    """How many pixels of the image ``png`` have the colour of a bar in ``state``."""
+    from matplotlib.image import imread
+
+    pixels = imread(png)[..., :3]
+    want = [int(COLOURS[state][i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    return int((abs(pixels - want) < 0.02).all(axis=-1).sum())
+
+
 def test_the_png_is_the_same_figure(tmp_path):
     folder = run_dir(tmp_path, restarted_run())
     path = write_report(folder, tmp_path / "run.png")
-    from matplotlib.image import imread
-
-    pixels = imread(path)[..., :3]
     for state in ("failed", "stopped", "done"):  # the same bars, in the same colours
-        want = [int(COLOURS[state][i : i + 2], 16) / 255 for i in (1, 3, 5)]
-        assert (abs(pixels - want) < 0.02).all(axis=-1).sum() > 400, state
-    assert (
-        abs(pixels - [int(COLOURS["preempted"][i : i + 2], 16) / 255 for i in (1, 3, 5)]) < 0.02
-    ).all(axis=-1).sum() < 400  # only its legend
+        assert coloured(path, state) > 400, state
+    assert coloured(path, "preempted") < 400  # only its legend
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".report-")]  # no temp left
 
 
@@ -455,12 +458,8 @@ def test_a_real_restarted_runs_page_loads_in_chromium_with_no_console_error_and_
     shot = tmp_path / "shot.png"
     done = headless(f"file://{path}", tmp_path, f"--screenshot={shot}", "--window-size=1200,1000")
     assert shot.exists(), done.stderr[-2000:]
-    from matplotlib.image import imread
-
-    pixels = imread(str(shot))[..., :3]
     for state in ("failed", "stopped", "done"):  # the lanes' bars, drawn on screen
-        want = [int(COLOURS[state][i : i + 2], 16) / 255 for i in (1, 3, 5)]
-        near = (abs(pixels - want) < 0.02).all(axis=-1).sum()
+        near = coloured(str(shot), state)
         assert near > 400, (state, near)  # a bar: tens of pixels each way
     with open(os.path.join(folder, "events.jsonl")) as f:
         assert any(json.loads(ln)["event"] == "progress" for ln in f)
