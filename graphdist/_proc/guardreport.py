@@ -31,6 +31,7 @@ import struct
 import termios
 import threading
 import time
+import weakref
 from typing import Any
 
 __all__ = [
@@ -156,16 +157,21 @@ class ProgressRelay:
         if not step:  # else the guard's child dups it onto its stderr
             os.set_inheritable(self.write_fd, True)
             os.environ[PROGRESS_ENV] = channel_value(self.write_fd)  # the exec'd command's
-        os.register_at_fork(after_in_child=self._forked)  # a warm command execs nothing
+        _HOLDING.add(self)  # a warm command execs nothing: a forked child closes our read end
         self._thread = threading.Thread(target=self._relay, daemon=True, name="progress-relay")
         self._idle = False
         self._size: int | None = None  # not a pipe: its writes do not wait for a reader
         with contextlib.suppress(OSError):
             self._size = fcntl.fcntl(report_fd, _F_GETPIPE_SZ)
 
-    def _forked(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._read)
+    def _release(self) -> None:
+        """Give up the read end: forgotten first, so that a fork from now on (see
+        :func:`_close_in_child`) never closes the number, which may be another file's by then."""
+        fd, self._read = self._read, -1
+        _HOLDING.discard(self)
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _room(self, size: int) -> bool:
         """Whether the report pipe has ``size`` bytes free beyond :data:`REPORT_RESERVE`."""
@@ -242,8 +248,7 @@ class ProgressRelay:
                 pending, long = b"", True
         if pending:
             self._forward(pending, b"")
-        with contextlib.suppress(OSError):
-            os.close(self._read)
+        self._release()
 
     def _forward(self, line: bytes, end: bytes) -> None:
         if self.step:
@@ -269,3 +274,18 @@ def _is_object(line: bytes) -> bool:
         return isinstance(json.loads(line), dict)
     except ValueError:
         return False
+
+
+#: The relays whose read end is open: a forked child closes each (:func:`_close_in_child`).
+_HOLDING: weakref.WeakSet[ProgressRelay] = weakref.WeakSet()
+
+
+def _close_in_child() -> None:
+    # One hook for every relay, registered once: a hook per relay would outlive it and close,
+    # in every later fork's child, a number the process had since given to another file (a
+    # Popen's pipe, whose child then failed with EBADF before its exec).
+    for relay in list(_HOLDING):
+        relay._release()
+
+
+os.register_at_fork(after_in_child=_close_in_child)

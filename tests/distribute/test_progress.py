@@ -788,6 +788,40 @@ def test_a_step_relay_passes_a_long_line_on_whole_after_the_lines_before_it(capf
 
 
 @pytest.mark.timeout(60)
+def test_a_finished_relay_leaves_later_forks_their_files():
+    """A relay's read end is closed in a forked child only while the relay holds it: once it
+    ended, its number may be another file's (here: a later pipe's), and a fork then (a Popen
+    with a preexec_fn runs the at-fork hooks before its dup2s) must keep that file. Red when
+    the child closes the number the relay once had (CI: Popens failing with EBADF, in the test
+    process that ran a relay)."""
+    from graphdist._proc.guardreport import ProgressRelay
+
+    read, write = os.pipe()
+    relay = ProgressRelay(write, step=True)
+    old = relay._read
+    relay.started()  # the relay's write end goes, and there is no other: it ends at once
+    relay.finish(10.0)
+    assert not relay._thread.is_alive()
+    os.close(write)
+    os.close(read)
+    held_r, held_w = os.pipe()
+    try:
+        os.dup2(held_r, old)  # the number is another file's now, as in a busy process
+        code = subprocess.run(
+            [sys.executable, "-c", f"import os; os.fstat({old})"],
+            pass_fds=(old,),
+            preexec_fn=lambda: None,
+            timeout=30,
+            check=False,
+        ).returncode
+        assert code == 0
+    finally:
+        for fd in {held_r, held_w, old}:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+@pytest.mark.timeout(60)
 def test_a_leftover_holding_sruns_stderr_does_not_hold_back_its_exit():
     """srun's words drained, its exit is said at once, though a process it left (a site's
     wrapper) still holds its stderr open: the drain waits for srun's words, not for the pipe's
