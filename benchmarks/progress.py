@@ -4,7 +4,8 @@ without ``graphdist.step`` after each step, in one real task of ``graphdist run`
 The task (one worker, warm, under its guard, its records relayed to the launcher as in any run)
 runs ``--rounds`` rounds, each ``--steps`` steps of ``--step-ms`` of CPU work (a spin on the
 thread's CPU clock: a sleep's jitter would hide the figure, and a preemption does not shorten a
-step) without the call and as many with it (``graphdist.step(n, total=..., loss=...)``), back to
+step) without the call and as many with it (``graphdist.step(n, total=..., loss=..., ready=...)``,
+its costliest form: a synchronous run's wait with it), back to
 back, the order swapped every round. The ratio is the median of the rounds' own ratios of steps
 per second without the call over those with it, on the wall clock (each round's two blocks saw
 the same load) and on the task's CPU clock (which other load does not move). The launcher's
@@ -51,7 +52,9 @@ TASK = textwrap.dedent(
             while time.thread_time() < until:
                 pass
             if report:
-                graphdist.step(n + 1, total=2 * rounds * steps, loss=1.0 / (n + 1))
+                graphdist.step(
+                    n + 1, total=2 * rounds * steps, loss=1.0 / (n + 1), ready=time.time()
+                )
         return time.perf_counter() - began, time.thread_time() - cpu
 
     done = 0

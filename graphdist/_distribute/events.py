@@ -46,12 +46,16 @@ progress           ``step`` (steps done), ``total`` (the steps the script will d
                    said), ``steps_per_s`` (since the task's record before in this attempt;
                    None for its first), ``scalars`` (e.g. ``loss``; None: not finite),
                    ``redone`` (on a later attempt's first record: the steps an earlier one had
-                   done past this start); never rendered on the console, and not kept in
-                   memory: ``events.jsonl`` and jsonl output have them
+                   done past this start), ``wait_s`` (what the task waited for the others
+                   in its step: ``graphdist.step(ready=...)``; None where not said); never
+                   rendered on the console, and not kept in memory: ``events.jsonl`` and
+                   jsonl output have them
 straggler          ``node``, ``steps_per_s`` (the task's), ``others_per_s`` (the other tasks'
-                   median), ``costs_s`` (its step's time beyond theirs), ``for_s`` (how long
-                   it held): a task that stayed below a share of the others' rate; said once
-                   until it recovers, nothing restarted
+                   median), ``costs_s`` (its step's time beyond theirs; synchronous: what the
+                   others wait for it a step), ``for_s`` (how long it held), ``others_wait_s``
+                   (synchronous: the others' median wait a step; None for the rate rule): a
+                   task that stayed below a share of the others' rate, or the one the others
+                   waited for; said once until it recovers, nothing restarted unless asked
 folded             ``lines`` (how many of the task's output lines, read once its attempt was
                    broken, the console left out), ``after`` (what broke it, in words), ``log``
                    (the task's log file, which has them whole; None: no log folder)
@@ -244,19 +248,22 @@ class Progress:
     steps_per_s: float | None  # since the task's record before, in this attempt
     scalars: dict[str, float | None]  # e.g. loss; None: not a finite number
     redone: int = 0  # steps an earlier attempt had done past this one's start: done again
+    wait_s: float | None = None  # what the task waited for the others in its step (its ready)
 
 
 @dataclass(frozen=True)
 class Straggler:
-    """A task whose step rate stayed below a share of the other tasks' median for a while
-    (:class:`graphdist._distribute.progress.Stragglers`); nothing is restarted for it."""
+    """A task whose step rate stayed below a share of the other tasks' median for a while, or
+    (synchronous) the one the others waited for (:class:`graphdist._distribute.progress.
+    Stragglers`); nothing is restarted for it unless the user asked."""
 
     KIND: ClassVar[str] = "straggler"
     node: str | None  # where it runs (the attempt's nodes)
     steps_per_s: float  # its rate
     others_per_s: float  # the other tasks' median rate
-    costs_s: float  # what it costs a step: its step's time beyond the others'
-    for_s: float  # how long its rate has stayed that low
+    costs_s: float  # what it costs a step: its step's time beyond the others' (or their wait)
+    for_s: float  # how long it has held
+    others_wait_s: float | None = None  # synchronous: the others' wait a step (the wait rule)
 
 
 @dataclass(frozen=True)
@@ -451,6 +458,12 @@ def render(event: Event, events: Sequence[Event] = (), *, success: bool = True) 
         )
     if event.kind == "straggler":
         where = f" on {data['node']}" if data.get("node") else ""
+        if data.get("others_wait_s") is not None:
+            return (
+                f"graphdist: {event.task}{where} is a straggler: the other tasks wait "
+                f"{data['costs_s'] * 1000:.0f} ms a step for it, for {data['for_s']:.0f} s, at "
+                f"{data['steps_per_s']:.1f} steps/s (nothing is restarted for it)"
+            )
         return (
             f"graphdist: {event.task}{where} is a straggler: {data['steps_per_s']:.1f} steps/s "
             f"against the other tasks' {data['others_per_s']:.1f} for {data['for_s']:.0f} s, "

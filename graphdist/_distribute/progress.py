@@ -17,6 +17,7 @@ the same from every engine whose guard relays the channel.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import json
 import math
@@ -26,6 +27,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from graphdist._distribute.events import Progress, Straggler
@@ -45,10 +47,15 @@ __all__ = [
 
 #: Seconds between two records of one process (its first is written at once).
 INTERVAL_S = 0.5
+#: The longest wait :func:`step`'s ``ready`` may say (more: no time of this step).
+MAX_WAIT_S = 3600.0
 #: A task whose rate stays below this share of the other tasks' median is a straggler...
 STRAGGLER_SHARE = 0.5
 #: ... once it has stayed there this many seconds.
 STRAGGLER_WINDOW_S = 30.0
+#: Under a synchronous strategy, a task whose wait a step is this share of a step below the
+#: other tasks' is the one they wait for (their steps would be that much shorter without it).
+STRAGGLER_WAIT_SHARE = 0.2
 
 Count = int | Callable[[], int]
 
@@ -71,6 +78,29 @@ def _number(name: str, value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _wait(ready: object, at: float) -> float:
+    """The seconds from ``ready`` (the step's wall-clock time when this task had its part
+    ready to synchronize) to ``at`` (its :func:`step` call): what it waited for the others."""
+    number = None
+    if not isinstance(ready, bool | str | bytes):
+        with contextlib.suppress(TypeError, ValueError):
+            number = float(ready)  # type: ignore[arg-type]  # a tf.timestamp() tensor
+    if number is None or not math.isfinite(number) or not -1.0 <= at - number <= MAX_WAIT_S:
+        raise ArgumentError(
+            f"graphdist.step's ready must be the step's wall-clock time when this task had its "
+            f"part ready (time.time() or tf.timestamp(), before the step's all-reduce), not "
+            f"{show(ready)}",
+            name="ready",
+            value=ready,
+        )
+    return max(0.0, at - number)
+
+
+#: What reads a step's wait when its record is written (None: not known).
+WaitReader = Callable[[], float | None]
+_Pending = tuple[Count, int | None, Mapping[str, object], WaitReader | None]
+
+
 class _Channel:
     """This process's end of its guard's progress channel (one per process: a forked child
     finds its own on its first call) and the record waiting for its turn."""
@@ -80,7 +110,7 @@ class _Channel:
         self.fd = -1
         self.first = True
         self.next_at = 0.0
-        self.pending: tuple[Count, int | None, Mapping[str, object]] | None = None
+        self.pending: _Pending | None = None
         self.lock = threading.Lock()
 
     def forked(self) -> None:
@@ -97,13 +127,19 @@ class _Channel:
             self.fd = fd
             atexit.register(self.flush)
 
-    def update(self, n: Count, total: int | None, scalars: Mapping[str, object]) -> None:
+    def update(
+        self,
+        n: Count,
+        total: int | None,
+        scalars: Mapping[str, object],
+        wait: WaitReader | None = None,
+    ) -> None:
         with self.lock:
             if self.pid != os.getpid():
                 self._open()
             if self.fd < 0:
                 return
-            self.pending = (n, total, scalars)
+            self.pending = (n, total, scalars, wait)
             now = time.monotonic()
             if now >= self.next_at:
                 self.next_at = now + INTERVAL_S
@@ -121,7 +157,7 @@ class _Channel:
     def _write(self) -> None:
         if self.pending is None:
             return
-        n, total, raw = self.pending
+        n, total, raw, wait = self.pending
         self.pending = None
         scalars = {str(name): _number(str(name), value) for name, value in raw.items()}
         record: dict[str, Any] = {
@@ -131,6 +167,9 @@ class _Channel:
             "first": self.first,
             "scalars": scalars,
         }
+        waited = None if wait is None else wait()
+        if waited is not None:
+            record["wait"] = round(waited, 6)
         line = json.dumps(record, separators=(",", ":")).encode() + b"\n"
         if len(line) > MAX_PROGRESS_LINE // 2:  # too many scalars: the steps still go
             record["scalars"] = {}
@@ -167,17 +206,25 @@ def _check_count(value: object, name: str, least: int) -> int:
     return count
 
 
-def step(n: int, /, *, total: int | None = None, **scalars: object) -> None:
+def step(n: int, /, *, total: int | None = None, ready: object = None, **scalars: object) -> None:
     """Report that this task has done ``n`` steps (counted from the run's start, so a resumed
     attempt goes on from where it resumed), with scalars such as ``loss=...`` (numbers, tensors
     read only when a record is written); ``total``: the steps the run will do. Call it after
     each step of a custom training loop under ``graphdist run``: the launcher's ``progress``
     events and ``--metrics-file`` get the task's steps, rate and scalars. Never blocks; does
-    nothing outside ``graphdist run``."""
+    nothing outside ``graphdist run``.
+
+    ``ready``, under a synchronous strategy (MultiWorkerMirroredStrategy): the wall-clock time
+    at which this task had the step's gradients, before the all-reduce, such as a
+    ``tf.timestamp()`` the step function takes under a control dependency on them. The time
+    from it to this call is what the task waited for the others; the one the others wait for
+    is named a straggler (:class:`Stragglers`)."""
     n = _check_count(n, "n", 0)
     if total is not None:
         total = _check_count(total, "total", 1)
-    _CHANNEL.update(n, total, scalars)
+    _CHANNEL.update(
+        n, total, scalars, None if ready is None else partial(_wait, ready, time.time())
+    )
 
 
 def _iterations(model: Any, batches: int) -> int:
@@ -188,6 +235,66 @@ def _iterations(model: Any, batches: int) -> int:
         return int(count.numpy()) if hasattr(count, "numpy") else int(count)
     except Exception:  # whatever a strategy's variable raises
         return batches
+
+
+def _marks_of(model: Any) -> tuple[Any, Any] | None:
+    """Under MultiWorkerMirroredStrategy: two variables of this worker's own, set by each step of
+    ``fit``: when the step had its batch (after the distributed iterator's own all-reduce, which
+    agrees whether every worker has data) and when it had its gradients (before their
+    all-reduce). ``model.train_step`` and, with a tf-keras optimizer, its
+    ``aggregate_gradients`` are wrapped for it, once per model, before ``fit`` first traces its
+    step. None elsewhere (another strategy, an optimizer that aggregates otherwise)."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+    optimizer = getattr(model, "optimizer", None)
+    aggregate = getattr(optimizer, "aggregate_gradients", None)
+    if optimizer is None or aggregate is None:
+        return None
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return None
+    marks: tuple[Any, Any] | None = getattr(model, "_graphdist_marks", None)
+    if marks is not None:
+        return marks
+    with strategy.scope():  # one copy a worker, never reduced: read, it is this worker's
+        had_batch, had_grads = (
+            tf.Variable(
+                0.0,
+                dtype=tf.float64,
+                trainable=False,
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                name=name,
+            )
+            for name in ("graphdist_had_batch", "graphdist_had_grads")
+        )
+    train_step = model.train_step
+
+    def marked_train_step(data: Any) -> Any:
+        with tf.control_dependencies(tf.nest.flatten(data, expand_composites=True)):
+            had_batch.assign(tf.timestamp())
+        return train_step(data)
+
+    def marked_aggregate(grads_and_vars: Any) -> Any:
+        pairs = list(grads_and_vars)
+        with tf.control_dependencies([g for g, _ in pairs if g is not None]):
+            had_grads.assign(tf.timestamp())
+        return aggregate(pairs)
+
+    model.train_step = marked_train_step
+    optimizer.aggregate_gradients = marked_aggregate
+    model._graphdist_marks = marks = (had_batch, had_grads)
+    return marks
+
+
+def _fit_wait(marks: tuple[Any, Any], began: float, ended: float) -> float | None:
+    """What a step of ``fit`` waited for the other workers: from its start (``began``, the
+    batch's begin) to its batch, and from its gradients to its end (``ended``, the batch's end);
+    None where the marks are not this step's (a step traced before they were made)."""
+    had_batch, had_grads = (float(mark.read_value()) for mark in marks)
+    if not began - 1.0 <= had_batch <= had_grads <= ended + 1.0:
+        return None
+    return max(0.0, had_batch - began) + max(0.0, ended - had_grads)
 
 
 _CALLBACK: type[Any] | None = None
@@ -207,6 +314,14 @@ def _callback_class() -> type[Any]:
             super().__init__()
             self._supports_tf_logs = True  # logs stay tensors: read only when a record goes
             self._batches = 0
+            self._marks: tuple[Any, Any] | None = None
+            self._began = 0.0
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            self._marks = _marks_of(self.model)
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self._began = time.time()
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             self._batches += 1
@@ -217,7 +332,9 @@ def _callback_class() -> type[Any]:
             model = self.model
             # a dict of tensors; under ParameterServerStrategy a RemoteValue: steps alone
             scalars = dict(logs) if isinstance(logs, Mapping) else {}
-            _CHANNEL.update(lambda: _iterations(model, batches), total or None, scalars)
+            marks = self._marks
+            wait = None if marks is None else partial(_fit_wait, marks, self._began, time.time())
+            _CHANNEL.update(lambda: _iterations(model, batches), total or None, scalars, wait)
 
         def on_train_end(self, logs: Any = None) -> None:
             _CHANNEL.flush()
@@ -258,34 +375,51 @@ class StepBook:
         self.redone += redone
         self._last[task] = (attempt, n, t)
         self._done[task] = max(self._done.get(task, 0), n)
-        return Progress(n, record.get("total"), rate, dict(record.get("scalars", {})), redone)
+        scalars = dict(record.get("scalars", {}))
+        return Progress(n, record.get("total"), rate, scalars, redone, record.get("wait"))
 
 
 class Stragglers:
-    """The straggler rule over the tasks' rates (:class:`StepBook`'s): a task whose rate stays
-    below :data:`STRAGGLER_SHARE` of the other tasks' median for :data:`STRAGGLER_WINDOW_S` is
-    named once, and again only after it recovered. Every task's rate counts from its records in
-    the attempt (an attempt starts afresh, a task that exited counts no more). On a synchronous
-    strategy every worker steps at the slowest one's pace, so their rates agree and none is
-    named: this rule is for tasks that step apart, each reporting its own loop's steps (under
-    ParameterServerStrategy only the coordinator runs the loop: its workers report nothing)."""
+    """The straggler rules over the tasks' records (:class:`StepBook`'s payloads), each named
+    once when it held for :data:`STRAGGLER_WINDOW_S`, and again only after it recovered:
+
+    - the rate rule, for tasks that step apart (each reporting its own loop's steps; under
+      ParameterServerStrategy only the coordinator runs the loop, its workers report nothing):
+      a task whose rate stays below :data:`STRAGGLER_SHARE` of the other tasks' median;
+    - the wait rule, for a synchronous strategy, where every worker steps at the slowest one's
+      pace and the rates agree: a task that reports its wait (``graphdist.step(ready=...)``)
+      and whose median wait over the window is below the other tasks' by at least
+      :data:`STRAGGLER_WAIT_SHARE` of a step: it reaches each step's all-reduce last, and the
+      others wait for it. A wait is read on one host's clock (from the task's ready to its
+      step's end, which every worker reaches together), so hosts' clocks need not agree.
+
+    Every task counts from its records in the attempt (an attempt starts afresh, a task that
+    exited counts no more)."""
 
     def __init__(self) -> None:
         self._rates: dict[str, float] = {}
-        self._since: dict[str, float] = {}  # task -> when its rate first fell below
+        self._waits: dict[str, collections.deque[tuple[float, float]]] = {}  # at_s, wait
+        self._since: dict[str, float] = {}  # task -> when it first fell behind
         self._named: set[str] = set()
 
     def forget(self, task: str | None = None) -> None:
-        """A task's rate counts no more (it exited), or none does (a new attempt)."""
-        for task_ in list(self._rates) if task is None else [task]:
+        """A task counts no more (it exited), or none does (a new attempt)."""
+        for task_ in list(self._rates) + list(self._waits) if task is None else [task]:
             self._rates.pop(task_, None)
+            self._waits.pop(task_, None)
             self._since.pop(task_, None)
             self._named.discard(task_)
 
     def check(
-        self, task: str, at_s: float, rate: float | None, node: str | None
+        self,
+        task: str,
+        at_s: float,
+        rate: float | None,
+        node: str | None,
+        wait: float | None = None,
     ) -> Straggler | None:
-        """Take ``task``'s rate at ``at_s`` (the run's clock); the event that names it, once."""
+        """Take ``task``'s rate (and wait) at ``at_s`` (the run's clock); the event that names
+        it, once."""
         if rate is None:
             return None
         self._rates[task] = rate
@@ -294,13 +428,43 @@ class Stragglers:
             return None
         others = [r for t, r in self._rates.items() if t != task]
         mid = statistics.median(others) if others else 0.0
-        if mid <= 0 or rate >= STRAGGLER_SHARE * mid:
+        if wait is not None:
+            return self._check_wait(task, at_s, rate, node, wait, mid)
+        for_s = self._held(task, at_s, behind=mid > 0 and rate < STRAGGLER_SHARE * mid)
+        if for_s is None:
+            return None
+        return Straggler(node, rate, round(mid, 3), round(1.0 / rate - 1.0 / mid, 6), for_s)
+
+    def _check_wait(
+        self, task: str, at_s: float, rate: float, node: str | None, wait: float, mid: float
+    ) -> Straggler | None:
+        self._waits.setdefault(task, collections.deque()).append((at_s, wait))
+        medians = {}
+        for name, samples in self._waits.items():
+            while samples and samples[0][0] < at_s - STRAGGLER_WINDOW_S:
+                samples.popleft()
+            if samples:
+                medians[name] = statistics.median(w for _, w in samples)
+        others = [m for name, m in medians.items() if name != task]
+        if not others:  # none said a wait within the window (a pause, an evaluation): no news
+            return None
+        theirs = statistics.median(others)
+        lag = theirs - medians[task]
+        for_s = self._held(task, at_s, behind=lag >= STRAGGLER_WAIT_SHARE / rate)
+        if for_s is None:
+            return None
+        return Straggler(node, rate, round(mid, 3), round(lag, 6), for_s, round(theirs, 6))
+
+    def _held(self, task: str, at_s: float, *, behind: bool) -> float | None:
+        """How long ``task`` has been behind, when that is the window and it was not named
+        yet (it is now); None otherwise. A task not behind has recovered: named again if it
+        falls behind again."""
+        if not behind:
             self._since.pop(task, None)
-            self._named.discard(task)  # recovered: named again if it falls behind again
+            self._named.discard(task)
             return None
         since = self._since.setdefault(task, at_s)
         if at_s - since < STRAGGLER_WINDOW_S or task in self._named:
             return None
         self._named.add(task)
-        costs = 1.0 / rate - 1.0 / mid
-        return Straggler(node, rate, round(mid, 3), round(costs, 6), round(at_s - since, 3))
+        return round(at_s - since, 3)

@@ -145,13 +145,18 @@ class RunState:
             event_attempt = self.attempt
             payload = self.steps.payload(task, self.attempt, record)
             at_s = time.monotonic() - self.started
-            late = self.stragglers.check(task, at_s, payload.steps_per_s, self.nodes.get(task))
+            late = self.stragglers.check(
+                task, at_s, payload.steps_per_s, self.nodes.get(task), payload.wait_s
+            )
         self._emit(payload, task)
         if late is not None:
             self._emit(late, task)
             if self.spec.restart_stragglers:
                 why = (
-                    f"{late.steps_per_s:.1f} steps/s against the other tasks' "
+                    f"the other tasks waited {late.costs_s * 1000:.0f} ms a step for it "
+                    f"for {late.for_s:.0f} s"
+                    if late.others_wait_s is not None
+                    else f"{late.steps_per_s:.1f} steps/s against the other tasks' "
                     f"{late.others_per_s:.1f} for {late.for_s:.0f} s"
                 )
                 with self._lock:

@@ -99,7 +99,8 @@ def _record(line: bytes) -> dict[str, Any] | None:
     """One progress record as the launcher takes it, or None for one it cannot trust: ``step``
     (steps done, an int >= 0), ``t`` (the task's wall clock), ``total`` (an int > 0, or None),
     ``first`` (the process's first record), ``scalars`` (name -> a finite float, or None for a
-    number that is not finite)."""
+    number that is not finite), ``wait`` (seconds the task waited for the others in its step,
+    ``graphdist.step``'s ``ready``; None where not said)."""
     try:
         data = json.loads(line)
     except ValueError:
@@ -114,12 +115,16 @@ def _record(line: bytes) -> dict[str, Any] | None:
     for name, value in raw.items() if isinstance(raw, dict) else ():
         if type(value) in (int, float):
             scalars[str(name)] = float(value) if math.isfinite(value) else None
+    wait = data.get("wait")
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < math.inf:
+        wait = None
     return {
         "step": step,
         "t": float(t),
         "total": _count(total, 1),
         "first": data.get("first") is True,
         "scalars": scalars,
+        "wait": None if wait is None else float(wait),
     }
 
 

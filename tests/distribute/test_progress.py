@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -31,7 +32,7 @@ from graphdist._proc.guardreport import (
     parse_report,
 )
 from graphdist._proc.process import guarded_argv
-from tests.conftest import REPO, run_python
+from tests.conftest import QUIET_TF, REPO, run_python
 from tests.distribute.test_runmetrics import samples
 
 
@@ -190,7 +191,7 @@ def line(**record: object) -> bytes:
 )
 def test_a_line_that_is_no_record_is_left_out(bad):
     assert parse_progress(bad + b"\n" + line(step=2, t=3.0)) == [
-        {"step": 2, "t": 3.0, "total": None, "first": False, "scalars": {}}
+        {"step": 2, "t": 3.0, "total": None, "first": False, "scalars": {}, "wait": None}
     ]
 
 
@@ -206,10 +207,22 @@ def test_a_records_scalars_are_numbers_or_none_and_a_bad_total_is_none():
         "total": None,
         "first": True,
         "scalars": {"loss": 0.5, "n": 3.0},
+        "wait": None,
     }
     assert parse_progress(b'progress {"step": 5, "t": 2.0, "scalars": {"loss": Infinity}}') == [
-        {"step": 5, "t": 2.0, "total": None, "first": False, "scalars": {"loss": None}}
+        {
+            "step": 5,
+            "t": 2.0,
+            "total": None,
+            "first": False,
+            "scalars": {"loss": None},
+            "wait": None,
+        }
     ]
+    # a wait is a number of seconds, 0 or more; anything else is none
+    waits = [0.25, 0, -1.0, "1", True, None]
+    got_waits = [parse_progress(line(step=1, t=1.0, wait=w))[0]["wait"] for w in waits]
+    assert got_waits == [0.25, 0.0, None, None, None, None]
 
 
 def record(n: int, t: float, first: bool = False) -> dict:
@@ -562,6 +575,81 @@ def test_a_synchronous_runs_equal_rates_a_stalled_task_and_an_exited_one_name_no
     assert named is not None and named.for_s == w
 
 
+def test_under_a_synchronous_strategy_the_task_the_others_wait_for_is_named_once():
+    """Equal rates (every worker at the slowest one's pace): the one whose wait a step stays
+    below the others' by a share of a step is named, with what they wait for it; the others,
+    who wait more, never are; noise below the share names none."""
+    from graphdist._distribute.progress import STRAGGLER_WAIT_SHARE, STRAGGLER_WINDOW_S, Stragglers
+
+    w, rate = STRAGGLER_WINDOW_S, 2.0  # a step of 0.5 s: behind from a lag of 0.1 s
+    rule = Stragglers()
+    waits = {"worker-0": 0.2, "worker-1": 0.001, "worker-2": 0.22}
+    named = []
+    for i in range(int(2 * w) + 1):
+        for task, wait in waits.items():
+            if (event := rule.check(task, float(i), rate, f"n{task[-1]}", wait)) is not None:
+                named.append((task, i, event))
+    assert [(task, i) for task, i, _ in named] == [("worker-1", w)]
+    event = named[0][2]
+    assert (event.node, event.steps_per_s, event.others_per_s, event.for_s) == ("n1", 2.0, 2.0, w)
+    assert event.others_wait_s == pytest.approx(0.21) and event.costs_s == pytest.approx(0.209)
+    # it recovers (waits as the others do for a window), then falls behind again: named anew
+    again = []
+    for i in range(int(2 * w) + 1, int(6 * w)):
+        for task in ("worker-0", "worker-2"):
+            assert rule.check(task, float(i), rate, None, 0.2) is None
+        wait = 0.2 if i <= 3 * w else 0.0
+        if (event := rule.check("worker-1", float(i), rate, None, wait)) is not None:
+            again.append(event)
+    assert [e.for_s for e in again] == [w]
+    # a pause longer than the window (an evaluation: no other task's wait in it) is no recovery
+    rule = Stragglers()
+    for i in range(int(w) + 1):
+        rule.check("worker-0", float(i), rate, None, 0.2)
+        rule.check("worker-1", float(i), rate, None, 0.0)
+    assert rule.check("worker-1", 3 * w, rate, None, 0.0) is None  # alone in its window
+    for i in range(int(3 * w), int(5 * w)):
+        assert rule.check("worker-0", float(i), rate, None, 0.2) is None
+        assert rule.check("worker-1", float(i), rate, None, 0.0) is None  # named before: once
+    # noise: waits apart by less than the share of a step name nobody
+    rule = Stragglers()
+    lag = 0.9 * STRAGGLER_WAIT_SHARE / rate
+    for i in range(int(2 * w)):
+        assert rule.check("worker-0", float(i), rate, None, 0.05 + lag) is None
+        assert rule.check("worker-1", float(i), rate, None, 0.05) is None
+    # alone, or with a stalled peer, a task is no straggler either
+    rule = Stragglers()
+    for i in range(int(2 * w)):
+        assert rule.check("worker-0", float(i), rate, None, 0.0) is None
+        assert rule.check("worker-1", float(i), 0.0, None, 0.3) is None
+
+
+def test_a_steps_ready_becomes_its_records_wait_and_a_bad_one_is_refused(channel):
+    import numpy as np
+
+    _, read = channel
+    before = time.time()
+    step(1, ready=np.float64(before - 0.25))  # a tf.timestamp() reads as such a float
+    (record,) = records(read)
+    assert 0.25 <= record["wait"] < 0.25 + (time.time() - before)
+    assert "wait" not in (step(2) or records(read) or [{}])[0]
+    for bad in ("soon", time.monotonic() - 1e7, float("nan"), True):
+        progress_mod._CHANNEL.next_at = 0.0
+        with pytest.raises(ArgumentError, match=r"graphdist\.step's ready must be the step's"):
+            step(3, ready=bad)
+
+
+def test_a_sync_stragglers_line_says_what_the_others_wait_for_it():
+    from graphdist._distribute.events import Straggler, render
+
+    event = Event.of(Straggler("n1", 2.0, 2.0, 0.209, 30.0, 0.21), 40.0, 1, "worker-1")
+    assert render(event) == (
+        "graphdist: worker-1 on n1 is a straggler: the other tasks wait 209 ms a step for it, "
+        "for 30 s, at 2.0 steps/s (nothing is restarted for it)"
+    )
+    assert Event.from_json(event.to_json()) == event
+
+
 def test_a_stragglers_line_names_it_its_node_and_what_it_costs_a_step():
     from graphdist._distribute.events import Straggler, render
 
@@ -604,6 +692,101 @@ def test_a_real_slow_worker_is_named_a_straggler_once_and_nothing_restarts(monke
     assert [e["task"] for e in named] == ["worker-2"], named
     assert named[0]["steps_per_s"] < 0.5 * named[0]["others_per_s"] and named[0]["for_s"] >= 1.0
     assert not [e for e in events if e["event"] == "restarting"]
+
+
+# MultiWorkerMirroredStrategy, a custom loop: worker-1 starts each step 0.15 s late, so worker-0
+# waits in the step's all-reduce for it; both step at the same pace.
+SYNC_SLOW = """
+import json, os, time
+import tensorflow as tf
+import graphdist
+
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    w = tf.Variable(1.0)
+
+@tf.function
+def train_step():
+    def replica():
+        with tf.GradientTape() as tape:
+            loss = (2.0 * w - 1.0) ** 2
+        grad = tape.gradient(loss, w)
+        with tf.control_dependencies([grad]):
+            ready = tf.timestamp()  # this task's part is ready: the all-reduce comes next
+        with tf.control_dependencies([ready]):
+            grad = tf.distribute.get_replica_context().all_reduce("sum", grad)
+        w.assign_sub(0.01 * grad)
+        return loss, ready
+    return strategy.run(replica)
+
+for n in range(1, 81):
+    if index == 1:
+        time.sleep(0.15)
+    loss, ready = train_step()
+    graphdist.step(n, ready=ready, loss=loss)
+"""
+
+
+# The same under model.fit (tf-keras): worker-1 begins each batch 0.15 s late, so worker-0 waits
+# in the step's first collective (the distributed iterator's: has every worker data?); a second
+# fit reuses the traced step.
+SYNC_SLOW_FIT = """
+import json, os, time
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import numpy as np
+import tensorflow as tf
+import graphdist
+
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+
+class Late(tf.keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        if index == 1:
+            time.sleep(0.15)
+
+x = np.random.RandomState(0).rand(64 * 40, 4).astype("float32")
+data = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True))).batch(64)
+model.fit(data, epochs=1, verbose=0, callbacks=[Late(), graphdist.progress()])
+model.fit(data, epochs=1, verbose=0, callbacks=[Late(), graphdist.progress()])
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("script", [SYNC_SLOW, SYNC_SLOW_FIT], ids=["custom-loop", "fit"])
+def test_a_real_mwms_worker_the_other_waits_for_is_named_though_rates_agree(monkeypatch, script):
+    import graphdist
+    from graphdist._distribute import progress as progress_module
+
+    monkeypatch.setattr(progress_module, "STRAGGLER_WINDOW_S", 2.0)
+    out = io.StringIO()
+    graphdist.run_command(
+        [sys.executable, "-c", script],
+        workers=2,
+        output=out,
+        output_format="jsonl",
+        env={"PYTHONPATH": REPO, **QUIET_TF},
+        timeout_s=200,
+    )
+    events = [json.loads(ln) for ln in out.getvalue().splitlines()]
+    ended = [e for e in events if e["event"] == "run-ended"]
+    assert ended and ended[0]["ran"] == ["worker-0", "worker-1"], out.getvalue()[-3000:]
+    named = [e for e in events if e["event"] == "straggler"]
+    progress = [e for e in events if e["event"] == "progress"]
+    seen = [(e["at_s"], e["task"][-1], e["step"], e["wait_s"]) for e in progress]
+    assert [e["task"] for e in named] == ["worker-1"], (named, seen)
+    assert named[0]["others_wait_s"] >= 0.1 and named[0]["costs_s"] >= 0.1, named
+    waits = {
+        task: statistics.median(e["wait_s"] for e in progress if e["task"] == task)
+        for task in ("worker-0", "worker-1")
+    }
+    assert waits["worker-0"] - waits["worker-1"] >= 0.1, waits
+    assert progress[-1]["step"] == 80 and progress[-1]["wait_s"] is not None  # the 2nd fit's too
 
 
 # worker-2 is slow in the first attempt only; the others step on long enough for it to be named
