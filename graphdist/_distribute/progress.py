@@ -26,6 +26,7 @@ import os
 import statistics
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -253,8 +254,8 @@ def _marks_of(model: Any) -> tuple[Any, Any] | None:
         return None
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return None
-    marks: tuple[Any, Any] | None = getattr(model, "_graphdist_marks", None)
-    if marks is not None:
+    marks = _MARKS.get(model)  # never the model's attribute: its weights and checkpoints
+    if marks is not None:  # would hold them
         return marks
     with strategy.scope():  # one copy a worker, never reduced: read, it is this worker's
         had_batch, had_grads = (
@@ -283,8 +284,12 @@ def _marks_of(model: Any) -> tuple[Any, Any] | None:
 
     model.train_step = marked_train_step
     optimizer.aggregate_gradients = marked_aggregate
-    model._graphdist_marks = marks = (had_batch, had_grads)
+    _MARKS[model] = marks = (had_batch, had_grads)
     return marks
+
+
+#: Each model's marks (:func:`_marks_of`), as long as the model lives.
+_MARKS: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
 
 
 def _fit_wait(marks: tuple[Any, Any], began: float, ended: float) -> float | None:

@@ -753,6 +753,9 @@ x = np.random.RandomState(0).rand(64 * 40, 4).astype("float32")
 data = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True))).batch(64)
 model.fit(data, epochs=1, verbose=0, callbacks=[Late(), graphdist.progress()])
 model.fit(data, epochs=1, verbose=0, callbacks=[Late(), graphdist.progress()])
+# the marks are no part of the model: its weights (and so its checkpoints) are its own
+assert [w.name for w in model.weights] == ["dense/kernel:0", "dense/bias:0"], model.weights
+assert len(graphdist._distribute.progress._MARKS) == 1
 """
 
 
