@@ -469,10 +469,13 @@ STEPS = (
 
 @pytest.mark.integration
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
-def test_a_restarted_run_reports_each_tasks_steps_and_the_steps_done_again(tmp_path, warm):
+@pytest.mark.parametrize(
+    ("warm", "tls"), [(True, False), (False, False), (True, True)], ids=["warm", "cold", "tls"]
+)
+def test_a_restarted_run_reports_each_tasks_steps_and_the_steps_done_again(tmp_path, warm, tls):
     python = sys.executable if warm else "python3"  # not graphdist's Python: a cold task
     argv = ["-m", "graphdist", "run", "--workers", "2", "--max-restarts", "1"]
+    argv += ["--tls"] if tls else []
     argv += ["--metrics-file", str(tmp_path / "r.prom"), "--output-format", "jsonl"]
     done = run_python([*argv, "--", python, "-c", STEPS], env={"PYTHONPATH": REPO}, timeout=100)
     assert done.returncode == 0, done.stdout + done.stderr
