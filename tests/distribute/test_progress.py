@@ -677,20 +677,26 @@ SLOW = (
 
 @pytest.mark.integration
 @pytest.mark.timeout(120)
-def test_a_real_slow_worker_is_named_a_straggler_once_and_nothing_restarts(monkeypatch):
+def straggler_run(monkeypatch, script: str, workers: int, window_s: float) -> list[dict]:
+    """The events of a real run of ``script`` (jsonl), the straggler window ``window_s``."""
     import graphdist
     from graphdist._distribute import progress as progress_module
 
-    monkeypatch.setattr(progress_module, "STRAGGLER_WINDOW_S", 1.0)
+    monkeypatch.setattr(progress_module, "STRAGGLER_WINDOW_S", window_s)
     out = io.StringIO()
     graphdist.run_command(
-        [sys.executable, "-c", SLOW],
-        workers=3,
+        [sys.executable, "-c", script],
+        workers=workers,
         output=out,
         output_format="jsonl",
-        env={"PYTHONPATH": REPO},
+        env={"PYTHONPATH": REPO, **QUIET_TF},
+        timeout_s=200,
     )
-    events = [json.loads(ln) for ln in out.getvalue().splitlines()]
+    return [json.loads(ln) for ln in out.getvalue().splitlines()]
+
+
+def test_a_real_slow_worker_is_named_a_straggler_once_and_nothing_restarts(monkeypatch):
+    events = straggler_run(monkeypatch, SLOW, workers=3, window_s=1.0)
     named = [e for e in events if e["event"] == "straggler"]
     assert [e["task"] for e in named] == ["worker-2"], named
     assert named[0]["steps_per_s"] < 0.5 * named[0]["others_per_s"] and named[0]["for_s"] >= 1.0
@@ -766,22 +772,9 @@ assert len(graphdist._distribute.progress._MARKS) == 1
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("script", [SYNC_SLOW, SYNC_SLOW_FIT], ids=["custom-loop", "fit"])
 def test_a_real_mwms_worker_the_other_waits_for_is_named_though_rates_agree(monkeypatch, script):
-    import graphdist
-    from graphdist._distribute import progress as progress_module
-
-    monkeypatch.setattr(progress_module, "STRAGGLER_WINDOW_S", 2.0)
-    out = io.StringIO()
-    graphdist.run_command(
-        [sys.executable, "-c", script],
-        workers=2,
-        output=out,
-        output_format="jsonl",
-        env={"PYTHONPATH": REPO, **QUIET_TF},
-        timeout_s=200,
-    )
-    events = [json.loads(ln) for ln in out.getvalue().splitlines()]
+    events = straggler_run(monkeypatch, script, workers=2, window_s=2.0)
     ended = [e for e in events if e["event"] == "run-ended"]
-    assert ended and ended[0]["ran"] == ["worker-0", "worker-1"], out.getvalue()[-3000:]
+    assert ended and ended[0]["ran"] == ["worker-0", "worker-1"], events[-20:]
     named = [e for e in events if e["event"] == "straggler"]
     progress = [e for e in events if e["event"] == "progress"]
     seen = [(e["at_s"], e["task"][-1], e["step"], e["wait_s"]) for e in progress]
