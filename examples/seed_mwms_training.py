@@ -107,7 +107,9 @@ def main():
         train_dataset,
         epochs=args.epochs,
         steps_per_epoch=steps_per_epoch,
-        callbacks=[backup, Report()],  # the backup first: an epoch reported done is backed up
+        # the backup first: an epoch reported done is backed up; graphdist.progress(): each
+        # worker's steps, loss and wait to the launcher (nothing outside graphdist run)
+        callbacks=[backup, Report(), graphdist.progress()],
         verbose=0,
     )
     print("Training complete.", flush=True)

@@ -52,7 +52,7 @@ from graphdist._exceptions import (
 _LAZY: dict[str, tuple[str, ...]] = {
     "graphdist._cluster": ("Cluster", "Task"),
     "graphdist._distribute.launcher": ("TaskResult", "run_command", "run_function"),
-    "graphdist._distribute.progress": ("progress", "step"),
+    "graphdist._distribute.progress": ("progress", "ready_time", "step"),
     "graphdist._distribute.resume": (
         "backup_and_restore",
         "preemption_handler",
@@ -101,7 +101,7 @@ if _TYPE_CHECKING:
     from graphdist._cluster import Cluster, Task
     from graphdist._detached.fleet import DetachedFleet, attach
     from graphdist._distribute.launcher import TaskResult, run_command, run_function
-    from graphdist._distribute.progress import progress, step
+    from graphdist._distribute.progress import progress, ready_time, step
     from graphdist._distribute.resume import (
         backup_and_restore,
         preemption_handler,
@@ -237,6 +237,7 @@ __all__ = [
     "parse_tf_config",
     "preemption_handler",
     "progress",
+    "ready_time",
     "resume_checkpoint",
     "run_command",
     "run_function",

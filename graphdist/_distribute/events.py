@@ -47,7 +47,8 @@ progress           ``step`` (steps done), ``total`` (the steps the script will d
                    None for its first), ``scalars`` (e.g. ``loss``; None: not finite),
                    ``redone`` (on a later attempt's first record: the steps an earlier one had
                    done past this start), ``wait_s`` (what the task waited for the others
-                   in its step: ``graphdist.step(ready=...)``; None where not said); never
+                   in its step: ``graphdist.step(ready=...)``, or ``graphdist.progress()``'s
+                   marks in ``fit``; None where not said); never
                    rendered on the console, and not kept in memory: ``events.jsonl`` and
                    jsonl output have them
 straggler          ``node``, ``steps_per_s`` (the task's), ``others_per_s`` (the other tasks'

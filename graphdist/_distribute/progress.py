@@ -43,6 +43,7 @@ __all__ = [
     "StepBook",
     "Stragglers",
     "progress",
+    "ready_time",
     "step",
 ]
 
@@ -61,15 +62,31 @@ STRAGGLER_WAIT_SHARE = 0.2
 Count = int | Callable[[], int]
 
 
-def _number(name: str, value: object) -> float | None:
-    """A scalar as a record holds it (None: not finite); ArgumentError for what is no number."""
-    if isinstance(value, bool | str | bytes):
-        number = None
-    else:
+def _local(value: object) -> list[object]:
+    """A value's parts on this worker: a strategy's per-replica value (``strategy.run``'s result
+    on a worker of several devices) has one a replica; anything else is its own."""
+    parts = getattr(value, "values", None)
+    return list(parts) if isinstance(parts, tuple) and parts else [value]
+
+
+def _float(value: object, pick: Callable[[list[float]], float]) -> float | None:
+    """``value`` as a float (``pick`` of its replicas' where it has several); None for what is
+    no number."""
+    numbers = []
+    for part in _local(value):
+        if isinstance(part, bool | str | bytes):
+            return None
         try:
-            number = float(value)  # type: ignore[arg-type]  # a tensor, a NumPy scalar
+            numbers.append(float(part))  # type: ignore[arg-type]  # a tensor, a NumPy scalar
         except (TypeError, ValueError):
-            number = None
+            return None
+    return pick(numbers)
+
+
+def _number(name: str, value: object) -> float | None:
+    """A scalar as a record holds it (None: not finite); ArgumentError for what is no number.
+    A per-replica value's replicas are averaged."""
+    number = _float(value, statistics.fmean)
     if number is None:
         raise ArgumentError(
             f"graphdist.step's scalar {name} must be a number, not {show(value)}",
@@ -82,10 +99,7 @@ def _number(name: str, value: object) -> float | None:
 def _wait(ready: object, at: float) -> float:
     """The seconds from ``ready`` (the step's wall-clock time when this task had its part
     ready to synchronize) to ``at`` (its :func:`step` call): what it waited for the others."""
-    number = None
-    if not isinstance(ready, bool | str | bytes):
-        with contextlib.suppress(TypeError, ValueError):
-            number = float(ready)  # type: ignore[arg-type]  # a tf.timestamp() tensor
+    number = _float(ready, max)  # a tf.timestamp() tensor; per replica: the last one ready
     if number is None or not math.isfinite(number) or not -1.0 <= at - number <= MAX_WAIT_S:
         raise ArgumentError(
             f"graphdist.step's ready must be the step's wall-clock time when this task had its "
@@ -238,68 +252,138 @@ def _iterations(model: Any, batches: int) -> int:
         return batches
 
 
-def _marks_of(model: Any) -> tuple[Any, Any] | None:
-    """Under MultiWorkerMirroredStrategy: two variables of this worker's own, set by each step of
-    ``fit``: when the step had its batch (after the distributed iterator's own all-reduce, which
-    agrees whether every worker has data) and when it had its gradients (before their
-    all-reduce). ``model.train_step`` and, with a tf-keras optimizer, its
-    ``aggregate_gradients`` are wrapped for it, once per model, before ``fit`` first traces its
-    step. None elsewhere (another strategy, an optimizer that aggregates otherwise)."""
+def ready_time(gradients: Any) -> Any:
+    """A ``tf.timestamp()`` taken once every gradient in ``gradients`` (a structure of tensors,
+    IndexedSlices or None) is computed, for :func:`step`'s ``ready``: call it in the step
+    function, before the gradients are all-reduced. It depends on their values (one element of
+    each, brought to this host's CPU), not only on their ops, so that on a GPU the kernels'
+    run counts, not their launch."""
     import tensorflow as tf
 
-    strategy = tf.distribute.get_strategy()
-    optimizer = getattr(model, "optimizer", None)
-    aggregate = getattr(optimizer, "aggregate_gradients", None)
-    if optimizer is None or aggregate is None:
-        return None
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return None
-    marks = _MARKS.get(model)  # never the model's attribute: its weights and checkpoints
-    if marks is not None:  # would hold them
-        return marks
-    with strategy.scope():  # one copy a worker, never reduced: read, it is this worker's
-        had_batch, had_grads = (
-            tf.Variable(
-                0.0,
-                dtype=tf.float64,
-                trainable=False,
-                synchronization=tf.VariableSynchronization.ON_READ,
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-                name=name,
+    firsts = []
+    for grad in tf.nest.flatten(gradients):
+        if grad is not None:
+            values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+            firsts.append(tf.cast(tf.reshape(values, [-1])[:1], tf.float64))
+    with tf.device("CPU:0"), tf.control_dependencies([tf.concat(firsts, 0)] if firsts else []):
+        return tf.timestamp()
+
+
+class _FitMarks:
+    """Under MultiWorkerMirroredStrategy, what ``fit``'s steps tell of their waits: two
+    variables of this worker's own (one copy a worker, never reduced), set in each step when it
+    had its batch (after the distributed iterator's own all-reduce, which agrees whether every
+    worker has data) and when it had its gradients (:func:`ready_time`, before their
+    all-reduce in the tf-keras optimizer's ``aggregate_gradients``). :meth:`wrap` puts them into
+    the model's ``train_step`` and that method for one ``fit`` (traced anew where the step was
+    traced without them), :meth:`unwrap` takes them out again. Kept beside the model, never on
+    it: as its attribute they would join its weights and its checkpoints."""
+
+    def __init__(self, strategy: Any) -> None:
+        import tensorflow as tf
+
+        with strategy.scope():
+            self.had_batch, self.had_grads = (
+                tf.Variable(
+                    0.0,
+                    dtype=tf.float64,
+                    trainable=False,
+                    synchronization=tf.VariableSynchronization.ON_READ,
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                    name=name,
+                )
+                for name in ("graphdist_had_batch", "graphdist_had_grads")
             )
-            for name in ("graphdist_had_batch", "graphdist_had_grads")
+        self.traced: Any = None  # the train function traced with the marks
+        self.saved: list[tuple[Any, str, Any]] = []  # what wrap replaced: unwrap puts it back
+
+    @staticmethod
+    def of(model: Any) -> _FitMarks | None:
+        """The model's marks, where they tell a wait: None under another strategy, with an
+        optimizer that aggregates otherwise (a legacy one), under XLA (``jit_compile``: no
+        timestamp there) or several steps per execution (the batch hooks see only the last)."""
+        import tensorflow as tf
+
+        strategy = tf.distribute.get_strategy()
+        optimizer = getattr(model, "optimizer", None)
+        inner = getattr(optimizer, "inner_optimizer", optimizer)  # mixed precision's is inside
+        if (
+            not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            or getattr(inner, "aggregate_gradients", None) is None
+            or getattr(model, "jit_compile", False)
+            or _steps_per_execution(model) != 1
+        ):
+            return None
+        marks = _MARKS.get(model)
+        if marks is None:
+            _MARKS[model] = marks = _FitMarks(strategy)
+        return marks
+
+    def wrap(self, model: Any) -> None:
+        import tensorflow as tf
+
+        self.unwrap()  # what a fit that raised left (it never reached its on_train_end)
+        inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        train_step, aggregate = model.train_step, inner.aggregate_gradients
+        had_batch, had_grads = self.had_batch, self.had_grads
+
+        def marked_train_step(data: Any) -> Any:
+            if not getattr(model, "jit_compile", False):  # read as it traces
+                with tf.control_dependencies(tf.nest.flatten(data, expand_composites=True)):
+                    had_batch.assign(tf.timestamp())
+            return train_step(data)
+
+        def marked_aggregate(grads_and_vars: Any) -> Any:
+            pairs = list(grads_and_vars)
+            if not getattr(model, "jit_compile", False):
+                had_grads.assign(ready_time([g for g, _ in pairs]))
+            return aggregate(pairs)
+
+        for owner, name, wrapper in (
+            (model, "train_step", marked_train_step),
+            (inner, "aggregate_gradients", marked_aggregate),
+        ):
+            self.saved.append((owner, name, vars(owner).get(name, _NONE)))
+            setattr(owner, name, wrapper)
+        if model.train_function is not self.traced:  # traced without the marks, or not yet
+            model.train_function = self.traced = model.make_train_function(force=True)
+
+    def unwrap(self) -> None:
+        while self.saved:
+            owner, name, before = self.saved.pop()
+            if before is _NONE:
+                with contextlib.suppress(AttributeError):
+                    delattr(owner, name)
+            else:
+                setattr(owner, name, before)
+
+    def wait(self, began: float, ended: float) -> float | None:
+        """What a step waited for the other workers: from its start (``began``, the batch's
+        begin) to its batch, and from its gradients to its end (``ended``, the batch's end);
+        None where the marks are not this step's (a step that aggregates by itself)."""
+        had_batch, had_grads = (
+            float(mark.read_value()) for mark in (self.had_batch, self.had_grads)
         )
-    train_step = model.train_step
-
-    def marked_train_step(data: Any) -> Any:
-        with tf.control_dependencies(tf.nest.flatten(data, expand_composites=True)):
-            had_batch.assign(tf.timestamp())
-        return train_step(data)
-
-    def marked_aggregate(grads_and_vars: Any) -> Any:
-        pairs = list(grads_and_vars)
-        with tf.control_dependencies([g for g, _ in pairs if g is not None]):
-            had_grads.assign(tf.timestamp())
-        return aggregate(pairs)
-
-    model.train_step = marked_train_step
-    optimizer.aggregate_gradients = marked_aggregate
-    _MARKS[model] = marks = (had_batch, had_grads)
-    return marks
+        if not began - 1.0 <= had_batch <= had_grads <= ended + 1.0:
+            return None
+        return max(0.0, had_batch - began) + max(0.0, ended - had_grads)
 
 
-#: Each model's marks (:func:`_marks_of`), as long as the model lives.
-_MARKS: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
-
-
-def _fit_wait(marks: tuple[Any, Any], began: float, ended: float) -> float | None:
-    """What a step of ``fit`` waited for the other workers: from its start (``began``, the
-    batch's begin) to its batch, and from its gradients to its end (``ended``, the batch's end);
-    None where the marks are not this step's (a step traced before they were made)."""
-    had_batch, had_grads = (float(mark.read_value()) for mark in marks)
-    if not began - 1.0 <= had_batch <= had_grads <= ended + 1.0:
+def _steps_per_execution(model: Any) -> int | None:
+    """The model's steps per execution of its train function (1 unless compiled with more);
+    None where it cannot be read."""
+    steps = getattr(model, "_steps_per_execution", None)
+    if steps is None:
+        return 1
+    try:
+        return int(steps.numpy() if hasattr(steps, "numpy") else steps)
+    except Exception:  # whatever a strategy's variable raises
         return None
-    return max(0.0, had_batch - began) + max(0.0, ended - had_grads)
+
+
+_NONE = object()
+#: Each model's marks (:class:`_FitMarks`), as long as the model lives.
+_MARKS: weakref.WeakKeyDictionary[Any, _FitMarks] = weakref.WeakKeyDictionary()
 
 
 _CALLBACK: type[Any] | None = None
@@ -319,11 +403,13 @@ def _callback_class() -> type[Any]:
             super().__init__()
             self._supports_tf_logs = True  # logs stay tensors: read only when a record goes
             self._batches = 0
-            self._marks: tuple[Any, Any] | None = None
+            self._marks: _FitMarks | None = None
             self._began = 0.0
 
         def on_train_begin(self, logs: Any = None) -> None:
-            self._marks = _marks_of(self.model)
+            self._marks = _FitMarks.of(self.model)
+            if self._marks is not None:
+                self._marks.wrap(self.model)
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             self._began = time.time()
@@ -338,10 +424,12 @@ def _callback_class() -> type[Any]:
             # a dict of tensors; under ParameterServerStrategy a RemoteValue: steps alone
             scalars = dict(logs) if isinstance(logs, Mapping) else {}
             marks = self._marks
-            wait = None if marks is None else partial(_fit_wait, marks, self._began, time.time())
+            wait = None if marks is None else partial(marks.wait, self._began, time.time())
             _CHANNEL.update(lambda: _iterations(model, batches), total or None, scalars, wait)
 
         def on_train_end(self, logs: Any = None) -> None:
+            if self._marks is not None:
+                self._marks.unwrap()
             _CHANNEL.flush()
 
     _CALLBACK = GraphdistProgress
@@ -435,6 +523,9 @@ class Stragglers:
         mid = statistics.median(others) if others else 0.0
         if wait is not None:
             return self._check_wait(task, at_s, rate, node, wait, mid)
+        said = self._waits.get(task)
+        if said and said[-1][0] >= at_s - STRAGGLER_WINDOW_S:  # a step without its wait, in a
+            return None  # synchronous run: no news, and no reason to judge it by its rate
         for_s = self._held(task, at_s, behind=mid > 0 and rate < STRAGGLER_SHARE * mid)
         if for_s is None:
             return None

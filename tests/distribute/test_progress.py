@@ -578,6 +578,94 @@ def test_a_synchronous_runs_equal_rates_a_stalled_task_and_an_exited_one_name_no
     assert named is not None and named.for_s == w
 
 
+# fit under a one-worker MultiWorkerMirroredStrategy (no TF_CONFIG), its channel a file: the
+# waits fit's marks give in each case, as "case: waits said / records"
+FIT_CORNERS = """
+import json, os, sys
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import numpy as np
+import tensorflow as tf
+import graphdist
+from graphdist._distribute import progress
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+x = np.random.RandomState(0).rand(256, 4).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+got = []
+progress._CHANNEL.update = lambda n, total, scalars, wait=None: got.append(wait and wait())
+
+def fit(case, model):
+    del got[:]
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[graphdist.progress()])
+    said = sum(w is not None for w in got)
+    print(f"{case}: {said}/{len(got)}", flush=True)
+    assert [w.name for w in model.weights] == names, model.weights
+    return model
+
+def model_of(**compile_args):
+    global names
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+        model.compile(loss="mse", **{"optimizer": "adam", **compile_args})
+    names = [w.name for w in model.weights]
+    return model
+
+model = fit("plain", model_of())
+fit("again", model)
+with strategy.scope():
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
+fit("recompiled", model)
+plain = model_of()
+plain.fit(x, y, batch_size=32, epochs=1, verbose=0)
+fit("traced-before", plain)
+fit("jit", model_of(jit_compile=True))
+fit("steps-per-execution", model_of(steps_per_execution=4))
+tf.keras.mixed_precision.set_global_policy("mixed_float16")
+fit("mixed-precision", model_of())
+tf.keras.mixed_precision.set_global_policy("float32")
+fit("legacy-optimizer", model_of(optimizer=tf.keras.optimizers.legacy.Adam()))
+model = model_of(jit_compile=True)  # wrapped once, then compiled with XLA: still fits
+model.jit_compile = False
+fit("before-jit", model)
+model.jit_compile = True
+model.compile(loss="mse", optimizer="adam", jit_compile=True)
+model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+print("xla after: fits", flush=True)
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_fits_marks_tell_a_wait_where_they_can_and_never_break_a_fit():
+    """Every fit step says its wait, across fits (traced once), after a re-compile with a new
+    optimizer, where the step was traced before the callback came, and with mixed precision
+    (its optimizer aggregates with the one inside); none where the marks cannot tell (XLA has
+    no timestamp, several steps per execution, a legacy optimizer) and there the fit runs as
+    without the callback, as it does later under XLA. The model's weights stay its own."""
+    done = subprocess.run(
+        [sys.executable, "-c", FIT_CORNERS],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env={**os.environ, "PYTHONPATH": REPO, **QUIET_TF},
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    said = dict(line.split(": ") for line in done.stdout.splitlines())
+    assert said == {
+        "plain": "8/8",
+        "again": "8/8",
+        "recompiled": "8/8",
+        "traced-before": "8/8",
+        "jit": "0/8",
+        "steps-per-execution": "0/2",
+        "mixed-precision": "8/8",
+        "legacy-optimizer": "0/8",
+        "before-jit": "8/8",
+        "xla after": "fits",
+    }, done.stdout
+
+
 def test_under_a_synchronous_strategy_the_task_the_others_wait_for_is_named_once():
     """Equal rates (every worker at the slowest one's pace): the one whose wait a step stays
     below the others' by a share of a step is named, with what they wait for it; the others,
@@ -625,6 +713,38 @@ def test_under_a_synchronous_strategy_the_task_the_others_wait_for_is_named_once
     for i in range(int(2 * w)):
         assert rule.check("worker-0", float(i), rate, None, 0.0) is None
         assert rule.check("worker-1", float(i), 0.0, None, 0.3) is None
+
+
+def test_a_record_without_its_wait_in_a_synchronous_run_neither_names_nor_clears():
+    """A step that said no wait (a fit step that aggregated by itself, a loop that passes
+    ready only sometimes) is no recovery: the straggler stays named once; nor is it judged by
+    its rate."""
+    from graphdist._distribute.progress import STRAGGLER_WINDOW_S, Stragglers
+
+    w, rule, named = STRAGGLER_WINDOW_S, Stragglers(), []
+    for i in range(int(5 * w)):
+        rule.check("worker-0", float(i), 2.0, None, 0.2)
+        wait = None if i % 7 == 0 else 0.0
+        if rule.check("worker-1", float(i), 2.0, None, wait) is not None:
+            named.append(i)
+    assert named == [int(w) + 1]  # since 1 (its first record, at 0, said none)
+
+
+def test_a_per_replica_ready_and_scalar_are_read_on_this_worker(channel):
+    """strategy.run's results on a worker of several devices: ready is the last replica's,
+    a scalar their mean."""
+
+    class PerReplica:  # what tf.distribute's per-replica values show: .values, one a replica
+        def __init__(self, *values):
+            self.values = values
+
+    import numpy as np
+
+    _, read = channel
+    now = time.time()
+    step(1, ready=PerReplica(np.float64(now - 0.5), np.float64(now - 0.2)), loss=PerReplica(1, 3))
+    (record,) = records(read)
+    assert 0.2 <= record["wait"] < 0.45 and record["scalars"] == {"loss": 2.0}
 
 
 def test_a_steps_ready_becomes_its_records_wait_and_a_bad_one_is_refused(channel):

@@ -557,6 +557,9 @@ def test_a_run_on_ray_in_tls_mode_trains_across_hosts_with_no_server_on_a_host_a
     assert outside and all(a.startswith(hosts[1].address + ":") for a in outside), rows
     assert len(outside) == 1, rows  # the gateway for the worker on host 2, nothing else
     assert os.path.exists(str(tmp_path / "tls" / "weights-worker-0.npz")), "".join(lines[-40:])
+    # each worker's steps came back through its actor, with its wait in the step's collectives
+    waits = {e["task"]: e["wait_s"] for e in events if e.get("event") == "progress"}
+    assert set(waits) == {"worker-0", "worker-1"} and None not in waits.values(), waits
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and any(
         "graphdist._net.gateway" in _cmdline(p) for host in hosts[:2] for p in host.pids()

@@ -360,6 +360,10 @@ def test_a_tls_run_trains_behind_the_nodes_gateways_and_restarts_with_fresh_cred
     assert len(outside) == 1 and outside[0].startswith(node.address + ":"), seen["listening"]
     assert seen["received"] == [], seen["received"]
     assert any(e.get("event") == "resumed" for e in events), "".join(lines[-60:])
+    # each worker's steps came back from its node, with its wait in the step's collectives
+    waits = {(e["attempt"], e["task"]): e["wait_s"] for e in events if e.get("event") == "progress"}
+    assert {task for _, task in waits} == {"worker-0", "worker-1"}, waits
+    assert {attempt for attempt, _ in waits} == {1, 2} and None not in waits.values(), waits
     assert _steps(slurm, alloc) == []
     assert all(is_gone(p) for p in killed)
     gateways = [p for n in slurm.nodes for p in n.pids() if "graphdist._net.gateway" in _cmdline(p)]
