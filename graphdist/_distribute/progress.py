@@ -51,6 +51,9 @@ __all__ = [
 INTERVAL_S = 0.5
 #: The longest wait :func:`step`'s ``ready`` may say (more: no time of this step).
 MAX_WAIT_S = 3600.0
+#: Seconds a fit step's marks (``tf.timestamp()``) may read before its batch's begin hook
+#: (``time.time()``): one clock, so only its rounding.
+CLOCK_SLACK_S = 0.005
 #: A task whose rate stays below this share of the other tasks' median is a straggler...
 STRAGGLER_SHARE = 0.5
 #: ... once it has stayed there this many seconds.
@@ -265,7 +268,10 @@ def ready_time(gradients: Any) -> Any:
         if grad is not None:
             values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
             firsts.append(tf.cast(tf.reshape(values, [-1])[:1], tf.float64))
-    with tf.device("CPU:0"), tf.control_dependencies([tf.concat(firsts, 0)] if firsts else []):
+    probe = [tf.reduce_sum(tf.concat(firsts, 0))] if firsts else []  # on the gradients' device
+    with tf.device("CPU:0"):
+        copied = [tf.identity(p) for p in probe]  # one copy to the host
+    with tf.device("CPU:0"), tf.control_dependencies(copied):
         return tf.timestamp()
 
 
@@ -294,7 +300,10 @@ class _FitMarks:
                 )
                 for name in ("graphdist_had_batch", "graphdist_had_grads")
             )
-        self.traced: Any = None  # the train function traced with the marks
+        # the train function traced with the marks (weakly: it holds the model), and how many
+        # times it had traced when the last fit ended (a fit without the marks may trace again)
+        self.traced: weakref.ref[Any] | None = None
+        self.tracings = -1
         self.saved: list[tuple[Any, str, Any]] = []  # what wrap replaced: unwrap puts it back
 
     @staticmethod
@@ -312,6 +321,7 @@ class _FitMarks:
             or getattr(inner, "aggregate_gradients", None) is None
             or getattr(model, "jit_compile", False)
             or _steps_per_execution(model) != 1
+            or getattr(model, "autotune_steps_per_execution", False)
         ):
             return None
         marks = _MARKS.get(model)
@@ -345,10 +355,20 @@ class _FitMarks:
         ):
             self.saved.append((owner, name, vars(owner).get(name, _NONE)))
             setattr(owner, name, wrapper)
-        if model.train_function is not self.traced:  # traced without the marks, or not yet
-            model.train_function = self.traced = model.make_train_function(force=True)
+        function = model.train_function
+        if function is not getattr(model, "train_tf_function", None):
+            return  # the user's own (fit keeps it): not traced anew, no wait said
+        if (
+            self.traced is None
+            or self.traced() is not function
+            or _tracings(function) != self.tracings
+        ):
+            function = model.train_function = model.make_train_function(force=True)
+            self.traced = weakref.ref(function)
 
-    def unwrap(self) -> None:
+    def unwrap(self, model: Any = None) -> None:
+        if model is not None:
+            self.tracings = _tracings(model.train_function)
         while self.saved:
             owner, name, before = self.saved.pop()
             if before is _NONE:
@@ -360,13 +380,22 @@ class _FitMarks:
     def wait(self, began: float, ended: float) -> float | None:
         """What a step waited for the other workers: from its start (``began``, the batch's
         begin) to its batch, and from its gradients to its end (``ended``, the batch's end);
-        None where the marks are not this step's (a step that aggregates by itself)."""
+        None where the marks are not this step's (a step that aggregates by itself, a step
+        traced without them): the marks and the batch's hooks read the same clock."""
         had_batch, had_grads = (
             float(mark.read_value()) for mark in (self.had_batch, self.had_grads)
         )
-        if not began - 1.0 <= had_batch <= had_grads <= ended + 1.0:
+        if not began - CLOCK_SLACK_S <= had_batch <= had_grads <= ended + CLOCK_SLACK_S:
             return None
         return max(0.0, had_batch - began) + max(0.0, ended - had_grads)
+
+
+def _tracings(function: Any) -> int:
+    """How many times a train function traced (-1: not known)."""
+    try:
+        return int(function.experimental_get_tracing_count())
+    except Exception:  # not a tf.function
+        return -1
 
 
 def _steps_per_execution(model: Any) -> int | None:
@@ -429,7 +458,7 @@ def _callback_class() -> type[Any]:
 
         def on_train_end(self, logs: Any = None) -> None:
             if self._marks is not None:
-                self._marks.unwrap()
+                self._marks.unwrap(self.model)
             _CHANNEL.flush()
 
     _CALLBACK = GraphdistProgress
