@@ -233,10 +233,12 @@ def step(n: int, /, *, total: int | None = None, ready: object = None, **scalars
     nothing outside ``graphdist run``.
 
     ``ready``, under a synchronous strategy (MultiWorkerMirroredStrategy): the wall-clock time
-    at which this task had the step's gradients, before the all-reduce, such as a
-    ``tf.timestamp()`` the step function takes under a control dependency on them. The time
-    from it to this call is what the task waited for the others; the one the others wait for
-    is named a straggler (:class:`Stragglers`)."""
+    at which this task had the step's gradients, before their all-reduce: the step function's
+    :func:`ready_time` of them (a per-replica value: its last replica's). The time from it to
+    this call is what the task waited for the others; the one the others wait for is named a
+    straggler (:class:`Stragglers`). A ``ready`` that is no wall-clock time of this step (a
+    string, another clock's reading) raises :class:`ArgumentError` when its record is written
+    (the first at once)."""
     n = _check_count(n, "n", 0)
     if total is not None:
         total = _check_count(total, "total", 1)
