@@ -505,7 +505,8 @@ class StepBook:
 
 class Stragglers:
     """The straggler rules over the tasks' records (:class:`StepBook`'s payloads), each named
-    once when it held for :data:`STRAGGLER_WINDOW_S`, and again only after it recovered:
+    once when it held for :data:`STRAGGLER_WINDOW_S`, and again only after it recovered for as
+    long (a blip, such as a pause between two fits, neither names nor clears):
 
     - the rate rule, for tasks that step apart (each reporting its own loop's steps; under
       ParameterServerStrategy only the coordinator runs the loop, its workers report nothing):
@@ -513,18 +514,21 @@ class Stragglers:
     - the wait rule, for a synchronous strategy, where every worker steps at the slowest one's
       pace and the rates agree: a task that reports its wait (``graphdist.step(ready=...)``)
       and whose median wait over the window is below the other tasks' by at least
-      :data:`STRAGGLER_WAIT_SHARE` of a step: it reaches each step's all-reduce last, and the
-      others wait for it. A wait is read on one host's clock (from the task's ready to its
-      step's end, which every worker reaches together), so hosts' clocks need not agree.
+      :data:`STRAGGLER_WAIT_SHARE` of its median step in the window: it reaches each step's
+      all-reduce last, and the others wait for it. A wait is read on one host's clock (from
+      the task's ready to its step's end, which every worker reaches together), so hosts'
+      clocks need not agree.
 
     Every task counts from its records in the attempt (an attempt starts afresh, a task that
     exited counts no more)."""
 
     def __init__(self) -> None:
         self._rates: dict[str, float] = {}
-        self._waits: dict[str, collections.deque[tuple[float, float]]] = {}  # at_s, wait
+        # task -> its records' (at_s, wait, rate) in the window
+        self._waits: dict[str, collections.deque[tuple[float, float, float]]] = {}
         self._since: dict[str, float] = {}  # task -> when it first fell behind
         self._named: set[str] = set()
+        self._fine: dict[str, float] = {}  # a named task -> since when it is no longer behind
 
     def forget(self, task: str | None = None) -> None:
         """A task counts no more (it exited), or none does (a new attempt)."""
@@ -533,6 +537,7 @@ class Stragglers:
             self._waits.pop(task_, None)
             self._since.pop(task_, None)
             self._named.discard(task_)
+            self._fine.pop(task_, None)
 
     def check(
         self,
@@ -565,31 +570,39 @@ class Stragglers:
     def _check_wait(
         self, task: str, at_s: float, rate: float, node: str | None, wait: float, mid: float
     ) -> Straggler | None:
-        self._waits.setdefault(task, collections.deque()).append((at_s, wait))
+        self._waits.setdefault(task, collections.deque()).append((at_s, wait, rate))
         medians = {}
         for name, samples in self._waits.items():
             while samples and samples[0][0] < at_s - STRAGGLER_WINDOW_S:
                 samples.popleft()
             if samples:
-                medians[name] = statistics.median(w for _, w in samples)
+                medians[name] = statistics.median(w for _, w, _ in samples)
         others = [m for name, m in medians.items() if name != task]
         if not others:  # none said a wait within the window (a pause, an evaluation): no news
             return None
         theirs = statistics.median(others)
         lag = theirs - medians[task]
-        for_s = self._held(task, at_s, behind=lag >= STRAGGLER_WAIT_SHARE / rate)
+        step_s = 1.0 / statistics.median(r for _, _, r in self._waits[task])  # a pause's rate
+        for_s = self._held(task, at_s, behind=lag >= STRAGGLER_WAIT_SHARE * step_s)  # is one
         if for_s is None:
             return None
         return Straggler(node, rate, round(mid, 3), round(lag, 6), for_s, round(theirs, 6))
 
     def _held(self, task: str, at_s: float, *, behind: bool) -> float | None:
         """How long ``task`` has been behind, when that is the window and it was not named
-        yet (it is now); None otherwise. A task not behind has recovered: named again if it
-        falls behind again."""
+        yet (it is now); None otherwise. A task not named that is not behind starts afresh; a
+        named one has recovered once it was not behind for the window (then it is named again
+        when it falls behind again, for the window)."""
         if not behind:
+            if task in self._named:
+                fine = self._fine.setdefault(task, at_s)
+                if at_s - fine < STRAGGLER_WINDOW_S:
+                    return None  # still named: a blip, or a recovery under way
+                self._named.discard(task)
+                self._fine.pop(task)
             self._since.pop(task, None)
-            self._named.discard(task)
             return None
+        self._fine.pop(task, None)
         since = self._since.setdefault(task, at_s)
         if at_s - since < STRAGGLER_WINDOW_S or task in self._named:
             return None
