@@ -52,7 +52,8 @@ from graphdist._exceptions import (
 _LAZY: dict[str, tuple[str, ...]] = {
     "graphdist._cluster": ("Cluster", "Task"),
     "graphdist._distribute.launcher": ("TaskResult", "run_command", "run_function"),
-    "graphdist._distribute.progress": ("progress", "ready_time", "step"),
+    "graphdist._distribute.fitmarks": ("ready_time",),
+    "graphdist._distribute.progress": ("progress", "step"),
     "graphdist._distribute.resume": (
         "backup_and_restore",
         "preemption_handler",
@@ -100,8 +101,9 @@ _WHERE = {name: module for module, names in _LAZY.items() for name in names}
 if _TYPE_CHECKING:
     from graphdist._cluster import Cluster, Task
     from graphdist._detached.fleet import DetachedFleet, attach
+    from graphdist._distribute.fitmarks import ready_time
     from graphdist._distribute.launcher import TaskResult, run_command, run_function
-    from graphdist._distribute.progress import progress, ready_time, step
+    from graphdist._distribute.progress import progress, step
     from graphdist._distribute.resume import (
         backup_and_restore,
         preemption_handler,

@@ -590,7 +590,7 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import numpy as np
 import tensorflow as tf
 import graphdist
-from graphdist._distribute import progress
+from graphdist._distribute import fitmarks, progress
 
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 x = np.random.RandomState(0).rand(256, 4).astype("float32")
@@ -909,7 +909,7 @@ model.fit(data, epochs=1, verbose=0, callbacks=[Late(), graphdist.progress()])
 model.fit(data, epochs=1, verbose=0, callbacks=[Late(), graphdist.progress()])
 # the marks are no part of the model: its weights (and so its checkpoints) are its own
 assert [w.name for w in model.weights] == ["dense/kernel:0", "dense/bias:0"], model.weights
-assert len(graphdist._distribute.progress._MARKS) == 1
+assert len(graphdist._distribute.fitmarks._MARKS) == 1
 """
 
 
