@@ -100,6 +100,7 @@ __all__ = [
     "TaskExited",
     "TaskStarted",
     "render",
+    "straggler_why",
     "summary",
 ]
 
@@ -411,6 +412,20 @@ def _lines_before(task: str | None, events: Sequence[Event]) -> list[str]:
     return lines[::-1]
 
 
+def straggler_why(data: Mapping[str, Any]) -> str:
+    """Why a task was named a straggler, in words (a ``straggler`` event's fields): the
+    console's line and a restart's cause (``--restart-stragglers``) both say it."""
+    if data.get("others_wait_s") is not None:
+        return (
+            f"the other tasks wait {data['costs_s'] * 1000:.0f} ms a step for it, "
+            f"for {data['for_s']:.0f} s"
+        )
+    return (
+        f"{data['steps_per_s']:.1f} steps/s against the other tasks' "
+        f"{data['others_per_s']:.1f} for {data['for_s']:.0f} s"
+    )
+
+
 def render(event: Event, events: Sequence[Event] = (), *, success: bool = True) -> str | None:
     """The console's words for ``event`` (``None``: it shows nothing); ``events``, every event
     of the run so far, for the summary that ``run-ended`` shows; ``success``: whether a run that
@@ -459,16 +474,14 @@ def render(event: Event, events: Sequence[Event] = (), *, success: bool = True) 
         )
     if event.kind == "straggler":
         where = f" on {data['node']}" if data.get("node") else ""
-        if data.get("others_wait_s") is not None:
-            return (
-                f"graphdist: {event.task}{where} is a straggler: the other tasks wait "
-                f"{data['costs_s'] * 1000:.0f} ms a step for it, for {data['for_s']:.0f} s, at "
-                f"{data['steps_per_s']:.1f} steps/s (nothing is restarted for it)"
-            )
+        more = (
+            f"at {data['steps_per_s']:.1f} steps/s"
+            if data.get("others_wait_s") is not None
+            else f"{data['costs_s'] * 1000:.0f} ms more a step"
+        )
         return (
-            f"graphdist: {event.task}{where} is a straggler: {data['steps_per_s']:.1f} steps/s "
-            f"against the other tasks' {data['others_per_s']:.1f} for {data['for_s']:.0f} s, "
-            f"{data['costs_s'] * 1000:.0f} ms more a step (nothing is restarted for it)"
+            f"graphdist: {event.task}{where} is a straggler: {straggler_why(data)}, {more} "
+            "(nothing is restarted for it)"
         )
     if event.kind == "run-ended":
         shown = [summary([*events, event])] if data.get("show", True) else []

@@ -5,6 +5,7 @@ attempt it is in, and its events, rendered for the console, recorded in the log 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -27,6 +28,7 @@ from graphdist._distribute.events import (
     RunEnded,
     TaskExited,
     render,
+    straggler_why,
     summary,
 )
 from graphdist._distribute.fallout import DEATH_SLACK_S, Fallout
@@ -152,13 +154,7 @@ class RunState:
         if late is not None:
             self._emit(late, task)
             if self.spec.restart_stragglers:
-                why = (
-                    f"the other tasks waited {late.costs_s * 1000:.0f} ms a step for it "
-                    f"for {late.for_s:.0f} s"
-                    if late.others_wait_s is not None
-                    else f"{late.steps_per_s:.1f} steps/s against the other tasks' "
-                    f"{late.others_per_s:.1f} for {late.for_s:.0f} s"
-                )
+                why = straggler_why(dataclasses.asdict(late))
                 with self._lock:
                     self._slow[task] = (event_attempt, why)
 
